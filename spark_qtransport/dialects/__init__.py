@@ -1,0 +1,26 @@
+"""Database dialects: all SQL text and identifier quoting lives here, one module per database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import ClaimResult, Dialect, QueueAddress, Statement
+
+__all__ = ["ClaimResult", "Dialect", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
+
+
+def dialect_named(name: str) -> Dialect:
+    if name == "postgres":
+        from .postgres import PostgresDialect
+
+        return PostgresDialect()
+    if name == "sqlserver":
+        from .sqlserver import SqlServerDialect
+
+        return SqlServerDialect()
+    raise ValueError(f"unknown dialect {name!r}")
+
+
+def dialect_for(url: Any) -> Dialect:
+    """The dialect a `ConnectionURL` selects."""
+    return dialect_named(url.dialect)

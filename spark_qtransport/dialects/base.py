@@ -1,0 +1,197 @@
+"""What every database dialect provides: address parsing, identifier quoting and SQL statements.
+
+A dialect never executes anything: each method returns a `Statement` (SQL text with quoted
+identifiers inlined and every value as a driver parameter) that the dialect-free code in
+`spark_qtransport.queues` runs on a DB-API connection. Only already-quoted identifiers are ever
+formatted into SQL text.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["QueueAddress", "Statement", "Dialect", "ClaimResult"]
+
+
+@dataclass(frozen=True)
+class QueueAddress:
+    """A parsed, unquoted queue address. ``schema``/``catalog`` are None for the connection's default."""
+
+    table: str
+    schema: str | None = None
+    catalog: str | None = None
+
+    def with_table(self, table: str) -> QueueAddress:
+        return QueueAddress(table, self.schema, self.catalog)
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.catalog, self.schema, self.table) if p is not None]
+        return ".".join(parts)
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One SQL statement: text plus bound parameters (a dict for psycopg, a tuple for pyodbc)."""
+
+    sql: str
+    params: Any = field(default=None)
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """What one claim transaction did."""
+
+    deleted: int  # rows removed from the queue
+    expired: int  # of which expired, dropped and counted
+    poison: int  # of which moved raw to the error queue
+    claimed: int  # of which inserted into the claim table
+    max_claim: int | None  # highest claim sequence inserted, None if none
+    max_source: int | None  # highest queue sequence seen, None if none
+
+
+def check_name(kind: str, name: str, *, max_bytes: int) -> str:
+    """Validate one identifier part; quoting makes any text safe, but some text is never a name."""
+    if not name or not name.strip():
+        raise ConfigError(f"{kind} name is empty")
+    if "\x00" in name:
+        raise ConfigError(f"{kind} name {name!r} contains a NUL character")
+    if len(name.encode("utf-8")) > max_bytes:
+        raise ConfigError(f"{kind} name {name!r} is longer than {max_bytes} bytes")
+    return name
+
+
+class Dialect(ABC):
+    """The SQL of one database. Subclasses: `PostgresDialect`, `SqlServerDialect`."""
+
+    name: str
+    #: the schema used when an address names none
+    default_schema: str
+    #: longest table name the database accepts, in bytes
+    max_table_bytes: int
+
+    # -- addresses and identifiers ------------------------------------------------------------
+
+    @abstractmethod
+    def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
+        """Parse a queue address in this transport's syntax; errors name `option`."""
+
+    @abstractmethod
+    def format_address(self, address: QueueAddress) -> str:
+        """The canonical address text, as it would appear in a ReplyToAddress header."""
+
+    @abstractmethod
+    def quote(self, name: str) -> str:
+        """Quote one identifier part."""
+
+    def qualified(self, address: QueueAddress) -> str:
+        """The fully quoted table name (``"schema"."table"`` / ``[catalog].[schema].[table]``)."""
+        schema = address.schema or self.default_schema
+        parts = [schema, address.table]
+        if address.catalog:
+            parts.insert(0, address.catalog)
+        return ".".join(self.quote(p) for p in parts)
+
+    def claims_table(self, queue: QueueAddress) -> QueueAddress:
+        """The claim table that belongs to a queue: ``<queue>.Claims`` beside it."""
+        name = f"{queue.table}.Claims"
+        if len(name.encode("utf-8")) > self.max_table_bytes:
+            raise ConfigError(
+                f"queue name {queue.table!r} is too long: its claim table {name!r} would exceed "
+                f"{self.max_table_bytes} bytes"
+            )
+        return queue.with_table(name)
+
+    # -- installers ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def create_queue(self, queue: QueueAddress, *, seq_bits: int = 64) -> list[Statement]:
+        """Idempotent DDL for an NServiceBus-compatible queue table."""
+
+    @abstractmethod
+    def create_claims(self, claims: QueueAddress) -> list[Statement]:
+        """Idempotent DDL for a queue's claim table."""
+
+    # -- receive ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def table_id(self, table: QueueAddress) -> Statement:
+        """One row, one column: an id that changes when the table is dropped and created again
+        (NULL when it does not exist)."""
+
+    @abstractmethod
+    def queue_columns(self, table: QueueAddress) -> Statement:
+        """Rows of (lower-cased column name, type name) for a table; none if it does not exist."""
+
+    @abstractmethod
+    def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        """One row, one boolean: a session-level lock on (claim table, consumer) was taken."""
+
+    @abstractmethod
+    def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        """Release the lock taken by `try_lock_consumer`."""
+
+    @abstractmethod
+    def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
+        """One row, one column: the lowest unlocked queue sequence > after (and <= upto), or NULL.
+
+        Skips rows locked by other consumers and never blocks on them; takes no lock when the
+        queue is empty, so an idle queue costs no write."""
+
+    @abstractmethod
+    def claim(
+        self,
+        queue: QueueAddress,
+        claims: QueueAddress,
+        error: QueueAddress,
+        *,
+        consumer: str,
+        limit: int,
+        after: int,
+        upto: int | None,
+    ) -> list[Statement]:
+        """Move at most `limit` of the oldest unlocked queue rows (sequence > after, <= upto) into
+        the claim table, dropping expired ones and moving poison ones raw to the error queue.
+        The LAST statement returns one row shaped like `ClaimResult`'s fields, in order."""
+
+    @abstractmethod
+    def backlog(self, queue: QueueAddress) -> Statement:
+        """One row, one column: an estimate of the messages waiting (span of unlocked sequences)."""
+
+    @abstractmethod
+    def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
+        """One row: (max claim sequence or NULL, min claim sequence or NULL) for the consumer."""
+
+    @abstractmethod
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        """Rows (claim_seq, native_id text, expires, headers, body, source_seq, claimed_at) ordered
+        by claim_seq, for claim_seq in (after, upto]."""
+
+    @abstractmethod
+    def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        """Delete at most `batch` claims of the consumer with claim_seq <= upto (rowcount = deleted)."""
+
+    @abstractmethod
+    def max_source_seq(self, queue: QueueAddress) -> Statement:
+        """One row, one column: the highest sequence in the queue (NULL when empty)."""
+
+    # -- connections --------------------------------------------------------------------------
+
+    def streaming_cursor(self, conn: Any) -> Any:
+        """A cursor whose fetchmany() streams rows instead of holding the whole result in memory."""
+        return conn.cursor()
+
+    @abstractmethod
+    def connect(self, url: Any) -> Any:
+        """Open a DB-API connection (autocommit off, READ COMMITTED) for a `ConnectionURL`."""
+
+    @abstractmethod
+    def is_transient(self, exc: BaseException) -> bool:
+        """True for faults worth a retry on a new connection (connection lost, deadlock victim...)."""
+
+    @abstractmethod
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        """True when the error says a table does not exist."""

