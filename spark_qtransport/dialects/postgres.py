@@ -62,8 +62,6 @@ class PostgresDialect(Dialect):
                 break
         else:
             table = self._unquote(text)
-        if quotes % 2:
-            raise ConfigError(f"option '{option}': unbalanced double quote in queue address {text!r}")
         try:
             check_name("table", table, max_bytes=self.max_table_bytes)
             if schema is not None:
@@ -78,12 +76,21 @@ class PostgresDialect(Dialect):
 
     # -- installers ---------------------------------------------------------------------------
 
+    def _ddl_lock(self, table: QueueAddress) -> Statement:
+        # CREATE TABLE IF NOT EXISTS races with itself (both see "absent", one fails on pg_type);
+        # a transaction-scoped advisory lock on the name serialises concurrent installers.
+        return Statement(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))",
+            {"key": f"sqlqueue ddl {self.qualified(table)}"},
+        )
+
     def create_queue(self, queue: QueueAddress, *, seq_bits: int = 64) -> list[Statement]:
         seq_type = {32: "serial", 64: "bigserial"}.get(seq_bits)
         if seq_type is None:
             raise ConfigError(f"seq_bits must be 32 or 64, not {seq_bits!r}")
         t = self.qualified(queue)
         stmts = [
+            self._ddl_lock(queue),
             Statement(
                 f"CREATE TABLE IF NOT EXISTS {t} (\n"
                 "    id uuid NOT NULL PRIMARY KEY,\n"
@@ -95,12 +102,13 @@ class PostgresDialect(Dialect):
             ),
         ]
         if queue.schema:
-            stmts.insert(0, Statement(f"CREATE SCHEMA IF NOT EXISTS {self.quote(queue.schema)}"))
+            stmts.insert(1, Statement(f"CREATE SCHEMA IF NOT EXISTS {self.quote(queue.schema)}"))
         return stmts
 
     def create_claims(self, claims: QueueAddress) -> list[Statement]:
         t = self.qualified(claims)
         return [
+            self._ddl_lock(claims),
             Statement(
                 f"CREATE TABLE IF NOT EXISTS {t} (\n"
                 "    consumer text NOT NULL,\n"

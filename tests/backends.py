@@ -1,0 +1,175 @@
+"""Test helpers that speak to a real database the way an NServiceBus endpoint would.
+
+`Backend` wraps one database (the embedded PostgreSQL, or a SQL Server named by
+SQLQUEUE_TEST_SQLSERVER_URL) with NServiceBus's own send and receive SQL, so tests can produce and
+consume messages exactly as .NET endpoints sharing the database do.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from spark_qtransport.connections import parse_url
+from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
+
+# NServiceBus.Transport.PostgreSql PostgreSqlConstants (SendText, ReceiveText, CreateQueueText),
+# with {0} the quoted table name. Used verbatim so our tables stay interchangeable with theirs.
+PG_NSB_CREATE_QUEUE = """
+CREATE TABLE IF NOT EXISTS {0} (
+    Id uuid NOT NULL PRIMARY KEY,
+    Expires TIMESTAMP,
+    Headers TEXT NOT NULL,
+    Body BYTEA,
+    Seq serial NOT NULL UNIQUE
+)"""
+PG_NSB_SEND = "INSERT INTO {0} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
+PG_NSB_SEND_TTBR = (
+    "INSERT INTO {0} (Id, Expires, Headers, Body) "
+    "VALUES (%s, (now() AT TIME ZONE 'UTC') + %s * interval '1 millisecond', %s, %s)"
+)
+PG_NSB_RECEIVE = """
+DELETE FROM {0} rs
+WHERE rs.id = (SELECT id FROM {0} ORDER BY Seq LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING rs.id,
+    CASE WHEN Expires IS NULL THEN 0 WHEN Expires > now() AT TIME ZONE 'UTC' THEN 0 ELSE 1 END Expired,
+    rs.Headers, rs.Body"""
+
+# NServiceBus.Transport.SqlServer SqlServerConstants (SendText, ReceiveText), trimmed to the columns.
+MS_NSB_SEND = (
+    "INSERT INTO {0} (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body) "
+    "VALUES (?, NULL, NULL, 1, CASE WHEN ? IS NULL THEN NULL ELSE DATEADD(ms, ?, GETUTCDATE()) END, ?, ?)"
+)
+MS_NSB_RECEIVE = """
+WITH message AS (SELECT TOP(1) * FROM {0} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion)
+DELETE FROM message
+OUTPUT deleted.Id,
+    CASE WHEN deleted.Expires IS NULL THEN 0 WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END,
+    deleted.Headers, deleted.Body"""
+
+
+def nsb_headers(message_id: str | None = None, **extra: str) -> dict[str, str]:
+    """The headers every NServiceBus-sent message carries."""
+    mid = message_id or str(uuid.uuid4())
+    h = {
+        "NServiceBus.MessageId": mid,
+        "NServiceBus.MessageIntent": "Send",
+        "NServiceBus.ConversationId": str(uuid.uuid4()),
+        "NServiceBus.CorrelationId": mid,
+        "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrder, Shop.Messages",
+        "NServiceBus.ContentType": "application/json",
+        "NServiceBus.TimeSent": "2025-11-28 00:05:18:653833 Z",
+        "NServiceBus.OriginatingEndpoint": "Shop.Web",
+        "NServiceBus.OriginatingMachine": "web-1",
+        "NServiceBus.Version": "9.2.3",
+        "NServiceBus.ReplyToAddress": "Shop.Web@[dbo]",
+    }
+    h.update(extra)
+    return h
+
+
+@dataclass
+class Backend:
+    """One live database with NServiceBus send/receive SQL."""
+
+    url: str
+
+    def __post_init__(self) -> None:
+        self.parsed = parse_url(self.url)
+        self.dialect: Dialect = dialect_for(self.parsed)
+
+    @property
+    def name(self) -> str:
+        return self.dialect.name
+
+    def connect(self, *, autocommit: bool = True) -> Any:
+        conn = self.dialect.connect(self.parsed)
+        conn.autocommit = autocommit
+        return conn
+
+    def address(self, text: str) -> QueueAddress:
+        return self.dialect.parse_address(text)
+
+    def q(self, text: str) -> str:
+        return self.dialect.qualified(self.address(text))
+
+    # -- tables -------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, *, nsb: bool = False) -> str:
+        """Create a queue with our installer, or (nsb=True) with NServiceBus's own DDL (int4 seq)."""
+        with self.connect() as conn:
+            cur = conn.cursor()
+            if nsb and self.name == "postgres":
+                addr = self.address(name)
+                if addr.schema:
+                    cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.dialect.quote(addr.schema)}")
+                cur.execute(PG_NSB_CREATE_QUEUE.format(self.q(name)))
+            else:
+                for stmt in self.dialect.create_queue(self.address(name)):
+                    cur.execute(stmt.sql, stmt.params) if stmt.params is not None else cur.execute(stmt.sql)
+        return name
+
+    def drop(self, name: str) -> None:
+        with self.connect() as conn:
+            conn.cursor().execute(f"DROP TABLE IF EXISTS {self.q(name)}")
+
+    def count(self, name: str, where: str = "") -> int:
+        with self.connect() as conn:
+            cur = conn.cursor()
+            cur.execute(f"SELECT count(*) FROM {self.q(name)} {where}")
+            return int(cur.fetchone()[0])
+
+    # -- NServiceBus send / receive -----------------------------------------------------------
+
+    def send(
+        self,
+        queue: str,
+        headers: dict[str, str | None] | str,
+        body: bytes | None = b"{}",
+        *,
+        ttbr_ms: int | None = None,
+        native_id: uuid.UUID | None = None,
+        conn: Any = None,
+    ) -> uuid.UUID:
+        """Insert one message with NServiceBus's send SQL. `headers` may be raw (corrupted) text."""
+        text = headers if isinstance(headers, str) else json.dumps(headers, ensure_ascii=False)
+        nid = native_id or uuid.uuid4()
+        own = conn is None
+        conn = conn or self.connect()
+        try:
+            cur = conn.cursor()
+            if self.name == "postgres":
+                if ttbr_ms is None:
+                    cur.execute(PG_NSB_SEND.format(self.q(queue)), (nid, text, body))
+                else:
+                    cur.execute(PG_NSB_SEND_TTBR.format(self.q(queue)), (nid, ttbr_ms, text, body))
+            else:
+                cur.execute(MS_NSB_SEND.format(self.q(queue)), (str(nid), ttbr_ms, ttbr_ms, text, body))
+        finally:
+            if own:
+                conn.close()
+        return nid
+
+    def send_many(self, queue: str, messages: list[tuple[dict[str, str] | str, bytes]]) -> None:
+        with self.connect(autocommit=False) as conn:
+            for headers, body in messages:
+                self.send(queue, headers, body, conn=conn)
+            conn.commit()
+
+    def receive_one(self, queue: str, conn: Any) -> tuple[Any, ...] | None:
+        """NServiceBus's receive SQL: one row per transaction (caller commits)."""
+        cur = conn.cursor()
+        sql = PG_NSB_RECEIVE if self.name == "postgres" else MS_NSB_RECEIVE
+        cur.execute(sql.format(self.q(queue)))
+        row = cur.fetchone()
+        return tuple(row) if row is not None else None
+
+    def rows(self, queue: str) -> list[tuple[str, str, bytes | None]]:
+        """(id, headers, body) of every row, in queue order."""
+        order = "seq" if self.name == "postgres" else "RowVersion"
+        with self.connect() as conn:
+            cur = conn.cursor()
+            cur.execute(f"SELECT CAST(id AS varchar(36)), headers, body FROM {self.q(queue)} ORDER BY {order}")
+            return [(str(r[0]).lower(), r[1], None if r[2] is None else bytes(r[2])) for r in cur.fetchall()]

@@ -1,0 +1,102 @@
+"""Shared fixtures: one embedded PostgreSQL and one local SparkSession for the whole test session.
+
+Set SQLQUEUE_TEST_PG_URL to use your own PostgreSQL instead of the embedded one, and
+SQLQUEUE_TEST_SQLSERVER_URL to run the contract suite against SQL Server as well.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from backends import Backend
+
+# Spark must bind to loopback and start its Python workers with this interpreter.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    url = os.environ.get("SQLQUEUE_TEST_PG_URL")
+    if url:
+        yield url
+        return
+    from spark_qtransport.embedded import EmbeddedPostgres
+
+    # fsync off: tests kill processes, not machines; durability against power loss is not tested.
+    with EmbeddedPostgres(fsync=False) as pg:
+        yield pg.url
+
+
+@pytest.fixture(scope="session")
+def pg(pg_url: str) -> Backend:
+    return Backend(pg_url)
+
+
+def _backends() -> list[object]:
+    params: list[object] = ["postgres"]
+    marks = []
+    if not os.environ.get("SQLQUEUE_TEST_SQLSERVER_URL"):
+        marks.append(pytest.mark.skip(reason="SQLQUEUE_TEST_SQLSERVER_URL not set"))
+    params.append(pytest.param("sqlserver", marks=[pytest.mark.sqlserver, *marks]))
+    return params
+
+
+@pytest.fixture(scope="session", params=_backends())
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The contract suite's database: PostgreSQL always, SQL Server when a URL is configured."""
+    if request.param == "postgres":
+        return request.getfixturevalue("pg")  # type: ignore[no-any-return]
+    return Backend(os.environ["SQLQUEUE_TEST_SQLSERVER_URL"])
+
+
+@pytest.fixture
+def names(request: pytest.FixtureRequest) -> "Names":
+    return Names(request.node.name)
+
+
+class Names:
+    """Unique queue names per test, so tests never see each other's messages."""
+
+    def __init__(self, test: str) -> None:
+        self.tag = uuid.uuid4().hex[:8]
+
+    def __call__(self, base: str) -> str:
+        return f"{base}_{self.tag}"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    from spark_qtransport import register
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark-qtransport-tests")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.pollingDelay", "10ms")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> str:
+    return str(tmp_path / "checkpoint")

@@ -1,0 +1,428 @@
+"""Contract suite for receiving, run per dialect (PostgreSQL always, SQL Server when configured).
+
+Drives the same code Spark drives (claim on the driver, read slices as executors do, acknowledge)
+without a SparkSession, so every dialect is held to one behaviour. Test names follow the
+NServiceBus transport conformance scenarios (../shared/CONFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import pytest
+
+from backends import Backend, nsb_headers
+from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
+from spark_qtransport.options import ReaderOptions
+from spark_qtransport.queues.receive import ClaimOffset, Receiver, read_slice
+
+
+def make_receiver(backend: Backend, queue: str, error: str, **extra: str) -> Receiver:
+    opts = {"url": backend.url, "queue": queue, "errorQueue": error, **extra}
+    return Receiver(ReaderOptions.parse(opts))
+
+
+def read_batch(r: Receiver, start: ClaimOffset, end: ClaimOffset) -> list[tuple]:
+    rows: list[tuple] = []
+    for part in r.slices(start, end):
+        rows.extend(read_slice(part))
+    return rows
+
+
+def drain(r: Receiver, start: ClaimOffset | None = None, *, limit: int = 1000, ack: bool = True) -> tuple[list[tuple], ClaimOffset]:
+    """Run micro-batches the way Spark does until a batch comes back empty."""
+    start = start or r.initial_offset()
+    out: list[tuple] = []
+    while True:
+        end = r.latest(start, limit)
+        if end == start:
+            return out, start
+        out.extend(read_batch(r, start, end))
+        if ack:
+            r.ack(end)
+        start = end
+
+
+@pytest.fixture
+def queues(backend: Backend, names):  # type: ignore[no-untyped-def]
+    q, e = names("Sales"), names("error")
+    backend.create_queue(q)
+    backend.create_queue(e)
+    yield q, e
+    for t in (q, e, f"{q}.Claims"):
+        backend.drop(f'"{t}"' if backend.name == "postgres" else t)
+
+
+def test_message_is_available(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    headers = nsb_headers("order-1", **{"Custom.Empty": "", "Custom.Null": None})  # type: ignore[arg-type]
+    body = b'{"OrderId": 1, "bytes": "\x00\xff"}'
+    nid = backend.send(q, headers, body)
+    r = make_receiver(backend, q, e)
+    try:
+        rows, _ = drain(r)
+    finally:
+        r.close()
+    assert len(rows) == 1
+    message_id, native_id, got_headers, got_body = rows[0][:4]
+    assert message_id == "order-1"
+    assert native_id == str(nid)
+    assert got_headers == headers
+    assert got_body == body
+    assert backend.count(q) == 0
+
+
+def test_unicode_in_headers(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    headers = nsb_headers(**{"Zeichen.Ünïcödé": "值 😀 \u00e9", "emoji.🚀": "𝄞 surrogate pair"})
+    backend.send(q, headers, "héllo 😀".encode())
+    r = make_receiver(backend, q, e)
+    try:
+        rows, _ = drain(r)
+    finally:
+        r.close()
+    assert rows[0][2] == headers
+    assert rows[0][3].decode() == "héllo 😀"
+
+
+def test_queue_contains_expired_messages(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    for i in range(5):
+        backend.send(q, nsb_headers(f"expired-{i}"), ttbr_ms=-60_000)
+    for i in range(3):
+        backend.send(q, nsb_headers(f"alive-{i}"), ttbr_ms=3_600_000)
+    backend.send(q, nsb_headers("forever"))
+    r = make_receiver(backend, q, e)
+    try:
+        rows, _ = drain(r)
+        assert r.stats.expired == 5
+    finally:
+        r.close()
+    assert sorted(row[0] for row in rows) == ["alive-0", "alive-1", "alive-2", "forever"]
+    assert all(row[4] is not None for row in rows if row[0].startswith("alive"))
+    assert backend.count(q) == 0
+    assert backend.count(e) == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<corrupted headers",
+        "[1, 2, 3]",
+        '{"nested": {"a": "b"}}',
+        '{"number": 5}',
+        '"just a string"',
+        "",
+    ],
+)
+def test_corrupted_headers(backend: Backend, queues, bad: str) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    backend.send(q, nsb_headers("before"))
+    poison_id = backend.send(q, bad, b"poison body")
+    backend.send(q, nsb_headers("after"))
+    r = make_receiver(backend, q, e)
+    try:
+        rows, _ = drain(r)
+        assert r.stats.poison == 1
+    finally:
+        r.close()
+    assert [row[0] for row in rows] == ["before", "after"]
+    # moved raw: same native id, headers text and body, in the claim transaction
+    assert backend.rows(e) == [(str(poison_id), bad, b"poison body")]
+    assert backend.count(q) == 0
+
+
+def test_starting_again_with_new_messages(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    backend.send(q, nsb_headers("first"))
+    r = make_receiver(backend, q, e)
+    rows, last = drain(r)
+    r.close()
+    backend.send(q, nsb_headers("second"))
+    r2 = make_receiver(backend, q, e)
+    try:
+        rows2, _ = drain(r2, last)
+    finally:
+        r2.close()
+    assert [x[0] for x in rows] == ["first"]
+    assert [x[0] for x in rows2] == ["second"]
+
+
+def test_stop_during_a_batch_redelivers_claims(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """A batch that was claimed and read but never committed is delivered again, complete."""
+    q, e = queues
+    for i in range(10):
+        backend.send(q, nsb_headers(f"m{i}"))
+    r = make_receiver(backend, q, e)
+    start = r.initial_offset()
+    end = r.latest(start, 1000)
+    first = [row[0] for row in read_batch(r, start, end)]
+    r.close()  # the query dies here: no commit, no ack
+    # same checkpoint: Spark replays batch (start, end]
+    r2 = make_receiver(backend, q, e)
+    try:
+        replay = [row[0] for row in read_batch(r2, start, end)]
+        # new checkpoint: the held claims are found and delivered again
+        fresh, _ = drain(r2, r2.initial_offset())
+    finally:
+        r2.close()
+    assert first == replay == [row for row in (f"m{i}" for i in range(10))]
+    assert [row[0] for row in fresh] == first
+
+
+def test_deleted_checkpoint_gets_unacknowledged_claims(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    for i in range(4):
+        backend.send(q, nsb_headers(f"m{i}"))
+    r = make_receiver(backend, q, e)
+    rows, _ = drain(r, limit=2, ack=False)  # delivered, never acknowledged (commit never came)
+    r.close()
+    assert len(rows) == 4
+    r2 = make_receiver(backend, q, e)
+    try:
+        again, _ = drain(r2, r2.initial_offset())
+    finally:
+        r2.close()
+    assert sorted(x[0] for x in again) == ["m0", "m1", "m2", "m3"]
+
+
+def test_claims_a_crashed_planner_made_are_delivered(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """The driver died after the claim committed, before Spark wrote the offset: no loss."""
+    q, e = queues
+    for i in range(3):
+        backend.send(q, nsb_headers(f"m{i}"))
+    r = make_receiver(backend, q, e)
+    start = r.initial_offset()
+    r.latest(start, 1000)  # claimed; Spark never learns the end offset
+    r.close()
+    r2 = make_receiver(backend, q, e)
+    try:
+        rows, _ = drain(r2, start)
+    finally:
+        r2.close()
+    assert [x[0] for x in rows] == ["m0", "m1", "m2"]
+
+
+def test_fifo_in_batches(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    backend.send_many(q, [(nsb_headers(f"{i:04d}"), b"x") for i in range(250)])
+    r = make_receiver(backend, q, e, numPartitions="3")
+    try:
+        rows, _ = drain(r, limit=40)
+    finally:
+        r.close()
+    assert [x[0] for x in rows] == [f"{i:04d}" for i in range(250)]
+    seqs = [x[-3] for x in rows]
+    assert seqs == sorted(seqs)
+
+
+def test_peek_while_a_row_is_held(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """Rows another consumer holds are skipped: no blocking, no claim of held rows."""
+    q, e = queues
+    backend.send(q, nsb_headers("held"))
+    backend.send(q, nsb_headers("free"))
+    other = backend.connect(autocommit=False)
+    try:
+        held = backend.receive_one(q, other)  # an NServiceBus endpoint is mid-handling this row
+        assert held is not None
+        r = make_receiver(backend, q, e)
+        try:
+            assert r.backlog() == 1
+            rows, _ = drain(r)
+            assert [x[0] for x in rows] == ["free"]
+            assert r.backlog() == 0
+        finally:
+            r.close()
+    finally:
+        other.rollback()  # the endpoint fails: the row is back
+        other.close()
+    assert backend.count(q) == 1
+
+
+def test_receive_stops_at_first_empty_claim(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """An overestimated backlog (all rows held elsewhere) costs one empty peek, not a storm."""
+    q, e = queues
+    for i in range(3):
+        backend.send(q, nsb_headers(f"m{i}"))
+    other = backend.connect(autocommit=False)
+    try:
+        for _ in range(3):
+            assert backend.receive_one(q, other) is not None
+        r = make_receiver(backend, q, e)
+        try:
+            start = r.initial_offset()
+            assert r.latest(start, 100) == start
+            assert r.stats.claims == 0  # no claim transaction ran
+            assert r.stats.empty_peeks == 1
+        finally:
+            r.close()
+    finally:
+        other.rollback()
+        other.close()
+
+
+def test_an_empty_queue_makes_no_write(pg: Backend, names) -> None:  # type: ignore[no-untyped-def]
+    q, e = pg.create_queue(names("Idle")), pg.create_queue(names("error"))
+    r = make_receiver(pg, q, e)
+    try:
+        start = r.initial_offset()  # set-up (claim table, lock) happens here
+        with pg.connect() as watch:
+            cur = watch.cursor()
+            cur.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+            before = cur.fetchone()[0]
+            for _ in range(20):
+                assert r.latest(start, 100) == start
+            cur.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+            after = cur.fetchone()[0]
+        # no transaction id was assigned: nothing in the database was written
+        assert after == before
+        assert r.stats.claims == 0
+    finally:
+        r.close()
+
+
+def test_competing_consumers_never_share_a_message(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """Two receivers with different endpoints and a raw NServiceBus consumer drain one queue."""
+    q, e = queues
+    total = 600
+    backend.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(total)])
+    got: dict[str, list[str]] = {"a": [], "b": [], "nsb": []}
+    errors: list[BaseException] = []
+
+    def spark_like(endpoint: str) -> None:
+        r = make_receiver(backend, q, e, endpoint=endpoint)
+        try:
+            rows, _ = drain(r, limit=25)
+            got[endpoint].extend(x[0] for x in rows)
+        except BaseException as exc:  # reported by the test thread below
+            errors.append(exc)
+        finally:
+            r.close()
+
+    def nsb() -> None:
+        conn = backend.connect(autocommit=False)
+        try:
+            while True:
+                row = backend.receive_one(q, conn)
+                conn.commit()
+                if row is None:
+                    break
+                got["nsb"].append(json.loads(row[2])["NServiceBus.MessageId"])
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=spark_like, args=("a",)), threading.Thread(target=spark_like, args=("b",)), threading.Thread(target=nsb)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    everything = got["a"] + got["b"] + got["nsb"]
+    assert len(everything) == len(set(everything)) == total
+    assert backend.count(q) == 0
+
+
+def test_one_running_query_per_endpoint(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    r1 = make_receiver(backend, q, e, endpoint="Billing")
+    r1.initial_offset()
+    r2 = make_receiver(backend, q, e, endpoint="Billing")
+    try:
+        with pytest.raises(ConsumerBusyError, match="Billing"):
+            r2.initial_offset()
+    finally:
+        r1.close()
+        r2.close()
+    r3 = make_receiver(backend, q, e, endpoint="Billing")  # released on close
+    r3.initial_offset()
+    r3.close()
+
+
+def test_missing_queue_is_a_clear_error(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
+    e = backend.create_queue(names("error"))
+    r = make_receiver(backend, names("Nowhere"), e)
+    with pytest.raises(QueueNotFoundError, match="option 'queue'.*Nowhere.*does not exist"):
+        r.initial_offset()
+    r.close()
+
+
+def test_create_queues_option(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
+    q, e = names("Made"), names("error")
+    r = make_receiver(backend, q, e, createQueues="true")
+    try:
+        r.initial_offset()
+    finally:
+        r.close()
+    backend.send(q, nsb_headers("x"))
+    assert backend.count(q) == 1
+
+
+def test_recreated_claim_table_starts_from_its_beginning(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    backend.send(q, nsb_headers("old"))
+    r = make_receiver(backend, q, e)
+    _, last = drain(r)
+    r.close()
+    backend.drop(f'"{q}.Claims"' if backend.name == "postgres" else f"{q}.Claims")
+    backend.send(q, nsb_headers("new"))
+    r2 = make_receiver(backend, q, e)
+    try:
+        assert r2.table_id != last.table
+        rows, _ = drain(r2, last)
+    finally:
+        r2.close()
+    assert [x[0] for x in rows] == ["new"]
+
+
+def test_nsb_created_queue_with_int4_seq(pg: Backend, names) -> None:  # type: ignore[no-untyped-def]
+    q, e = pg.create_queue(names("Legacy"), nsb=True), pg.create_queue(names("error"), nsb=True)
+    with pg.connect() as c:
+        typ = c.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_name = %s AND column_name = 'seq'", (q,)
+        ).fetchone()[0]
+    assert typ == "integer"
+    for i in range(5):
+        pg.send(q, nsb_headers(f"m{i}"))
+    pg.send(q, "<corrupted headers")
+    r = make_receiver(pg, q, e)
+    try:
+        rows, _ = drain(r, limit=2)
+    finally:
+        r.close()
+    assert [x[0] for x in rows] == [f"m{i}" for i in range(5)]
+    assert pg.count(e) == 1
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        'Sa"les',
+        "A_]_B",
+        "[X]",
+        "Orders.Retries",  # PostgreSQL: schema Orders, table Retries
+        '"my schema"."Sales.Dotted"',
+        "error]; DROP TABLE [Victim]; --",
+        "'; DROP TABLE \"Victim\"; --",
+        "Ünïcode 😀",
+    ],
+)
+def test_brackets_and_special_characters_in_names(pg: Backend, address: str) -> None:
+    tag = uuid.uuid4().hex[:6]
+    a = pg.dialect.parse_address(address)
+    name = pg.dialect.format_address(a.with_table(a.table + tag))
+    err = pg.create_queue(f"err_{tag}")
+    with pg.connect() as c:
+        c.execute('CREATE TABLE IF NOT EXISTS "Victim" (x int)')
+    pg.create_queue(name)
+    pg.send(name, nsb_headers("quoted"))
+    r = make_receiver(pg, name, err)
+    try:
+        rows, _ = drain(r)
+    finally:
+        r.close()
+    assert [x[0] for x in rows] == ["quoted"]
+    assert rows[0][-4] == name  # the queue column is the canonical address
+    with pg.connect() as c:
+        assert c.execute("SELECT to_regclass('\"Victim\"') IS NOT NULL").fetchone()[0]
