@@ -109,11 +109,11 @@ class ReaderOptions:
             )
         url = resolve_url(opts)
         dialect = dialect_for(url)
-        if not opts.get(OPT_QUEUE):
+        if opts.get(OPT_QUEUE) is None:
             raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales')")
         queue = dialect.parse_address(opts[OPT_QUEUE], option="queue")
         error_queue = dialect.parse_address(opts.get(OPT_ERROR_QUEUE) or "error", option="errorQueue")
-        if error_queue == queue:
+        if dialect.qualified(error_queue) == dialect.qualified(queue):
             raise ConfigError("option 'errorQueue' must name another queue than option 'queue'")
         endpoint = opts.get(OPT_ENDPOINT)
         if endpoint is not None and not str(endpoint).strip():

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -60,7 +60,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 
 @pytest.fixture
-def names(request: pytest.FixtureRequest) -> "Names":
+def names(request: pytest.FixtureRequest) -> Names:
     return Names(request.node.name)
 
 
@@ -88,6 +88,7 @@ def spark() -> Iterator[object]:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.pollingDelay", "10ms")
+        .config("spark.sql.streaming.noDataProgressEventInterval", "0")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )

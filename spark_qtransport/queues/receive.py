@@ -316,7 +316,7 @@ class Receiver:
         return [
             ClaimSlice(self.options.url, self.dialect.name, queue_text, self.claims,
                        self.options.consumer, end.table, lo, hi)
-            for lo, hi in zip(bounds, bounds[1:])
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
             if hi > lo
         ]
 

@@ -1,0 +1,618 @@
+"""SQL Server: every SQL statement and identifier rule of the NServiceBus SQL Server transport tables.
+
+Addresses are ``table@[schema]@[catalog]`` and are parsed exactly as NServiceBus's
+``QueueAddress.Parse`` does: the table is everything up to the first ``@`` (taken literally, never
+unquoted), then schema and catalog, each optionally bracket-quoted (and then allowed to contain
+``@``, with ``]`` doubled). Identifiers are quoted ``[like]]this]`` (NServiceBus's ``NameHelper``).
+
+Queue tables are NServiceBus's (``SqlServerConstants.CreateQueueText``): a heap with
+``Index_RowVersion`` and a filtered ``Index_Expires``; ``RowVersion bigint IDENTITY`` is the FIFO
+order. Columns are always named explicitly, so an added ``BodyString`` column does not matter.
+
+Statements are DB-API statements for pyodbc: ``?`` markers, parameters as a tuple in marker order.
+A parameterized statement runs inside ``sp_executesql``/``sp_prepexec`` on the server, so the
+``SET NOCOUNT``/``SET XACT_ABORT`` of a batch end with it and never leak into the session.
+Parameters are never None (pyodbc would have to guess a NULL's type): optional parts of a
+statement are left out of its text instead. SQL comments inside statements hold no quote or
+question-mark characters, so no driver mistakes them for literals or parameter markers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Dialect, QueueAddress, Statement
+
+__all__ = ["SqlServerDialect"]
+
+#: sysname is nvarchar(128): identifiers are limited to 128 characters (UTF-16 code units)
+MAX_NAME_CHARS = 128
+#: longest quoted three-part name: 3 * (2 + 2 * 128) + 2 dots
+_QNAME = "nvarchar(776)"
+#: Consumer column width of the claim table
+MAX_CONSUMER_CHARS = 200
+#: application lock resource names are nvarchar(255)
+_MAX_RESOURCE = 255
+#: rows deleted from a queue per DELETE statement of a claim. SQL Server escalates to a table lock
+#: once ONE statement holds about 5,000 locks on one table or index (a heap row costs a RID lock,
+#: a key lock per index and page intent locks): a table lock on a queue would block every
+#: NServiceBus sender and receiver until the claim commits. Below the threshold, never.
+CLAIM_CHUNK = 2000
+
+# A flat JSON object whose values are strings or null (OPENJSON type 0 = null, 1 = string).
+# ISJSON accepts objects and arrays: the first non-blank character tells them apart (JSON allows
+# tab, CR and LF before it as well as spaces; LTRIM alone removes only spaces). OPENJSON raises on
+# invalid text and the optimizer may evaluate a subquery before the CASE that guards it, so
+# OPENJSON's own argument is guarded too: it only ever sees valid JSON or NULL (no rows).
+_POISON = (
+    "CASE WHEN ISJSON(Headers) = 1 AND LEFT(LTRIM(REPLACE(REPLACE(REPLACE(LEFT(Headers, 64),"
+    " NCHAR(9), N' '), NCHAR(10), N' '), NCHAR(13), N' ')), 1) = N'{'"
+    " THEN CASE WHEN EXISTS (SELECT 1 FROM OPENJSON(CASE WHEN ISJSON(Headers) = 1 THEN Headers END)"
+    " WHERE type NOT IN (0, 1)) THEN 1 ELSE 0 END"
+    " ELSE 1 END"
+)
+
+# error numbers worth a retry on a new connection
+_TRANSIENT_NUMBERS = frozenset(
+    {
+        -2,  # client timeout (SqlClient's number; ODBC reports SQLSTATE HYT00)
+        233,  # no process on the other end of the pipe
+        1205,  # deadlock victim
+        4060,  # cannot open database (failover in progress)
+        10053, 10054, 10060,  # connection aborted / reset / timed out
+        40197, 40501, 40613,  # Azure SQL: service error, busy, database unavailable
+        49918, 49919, 49920,  # Azure SQL: too many operations in progress
+    }
+)
+# pyodbc formats each diagnostic record as "[SQLSTATE] message (native error) (function)", the
+# records joined by "; ": a native number is the parenthesized integer before "(SQL...", ";" or the end.
+_NATIVE_NUMBER = re.compile(r"\((-?\d+)\)(?=\s*(?:\(SQL|;|$))")
+
+
+def _check(kind: str, name: str, option: str | None = None) -> str:
+    """Validate one identifier part (quoting makes any text safe, but some text is never a name)."""
+    where = f"option '{option}': " if option else ""
+    if not isinstance(name, str) or not name or not name.strip():
+        raise ConfigError(f"{where}{kind} name is empty")
+    if "\x00" in name:
+        raise ConfigError(f"{where}{kind} name {name!r} contains a NUL character")
+    if len(name.encode("utf-16-le")) // 2 > MAX_NAME_CHARS:
+        raise ConfigError(f"{where}{kind} name {name!r} is longer than {MAX_NAME_CHARS} characters")
+    return name
+
+
+def _unquote(part: str) -> str | None:
+    """NServiceBus's SafeUnquote: strip one pair of brackets (undoubling ``]]``); blank is None."""
+    if len(part) >= 2 and part.startswith("[") and part.endswith("]"):
+        part = part[1:-1].replace("]]", "]")
+    return part if part.strip() else None
+
+
+def _next_part(text: str) -> tuple[str, str]:
+    """Split off the next ``@``-separated part; inside a bracket-quoted part ``@`` does not count.
+
+    An ``@`` ends a part that does not start with ``[``, or one after an odd number of ``]``
+    (the closing bracket: inner ones come doubled). The first character is never a separator.
+    """
+    closing = 0
+    for i in range(1, len(text)):
+        ch = text[i]
+        if ch == "@" and (text[0] != "[" or closing % 2 == 1):
+            return text[:i], text[i + 1 :]
+        if ch == "]":
+            closing += 1
+    return text, ""
+
+
+def _literal(value: Any) -> str:
+    """A T-SQL literal, for scripts shown to people (never for statements that are executed)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return "0x" + bytes(value).hex()
+    return "N'" + str(value).replace("'", "''") + "'"
+
+
+def placeholders(sql: str) -> list[int]:
+    """Offsets of the ``?`` parameter markers of a statement: those outside ``'literals'``,
+    ``[identifiers]``, ``"identifiers"`` and comments (a queue may be named ``[what?]``)."""
+    found: list[int] = []
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in "'[\"":
+            close = "]" if ch == "[" else ch
+            i += 1
+            while i < n:
+                if sql[i] == close:
+                    if i + 1 < n and sql[i + 1] == close:  # doubled: an escaped closing character
+                        i += 2
+                        continue
+                    break
+                i += 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end < 0 else end
+        elif sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end < 0 else end + 1
+        elif ch == "?":
+            found.append(i)
+        i += 1
+    return found
+
+
+class SqlServerDialect(Dialect):
+    name = "sqlserver"
+    default_schema = "dbo"
+    max_table_bytes = 128  # really 128 characters; see _check
+
+    # -- addresses ----------------------------------------------------------------------------
+
+    def quote(self, name: str) -> str:
+        _check("identifier", name)
+        return "[" + name.replace("]", "]]") + "]"
+
+    def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
+        """``table``, ``table@schema``, ``table@[schema]@[catalog]``, as NServiceBus parses them.
+
+        The table is everything before the first ``@``, taken literally: ``[X]`` is a table whose
+        name has brackets, as in NServiceBus. Text after the catalog part is ignored, as there.
+        """
+        if text is None or not str(text).strip():
+            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales' or 'Sales@[dbo]'")
+        text = str(text)
+        table, sep, rest = text.partition("@")
+        schema = catalog = None
+        if sep:
+            part, rest = _next_part(rest)
+            schema = _unquote(part)
+            if rest:
+                part, _ = _next_part(rest)
+                catalog = _unquote(part)
+        try:
+            _check("table", table)
+            if table.startswith("#"):
+                raise ConfigError(f"table name {table!r} starts with '#', which SQL Server reserves for temporary tables")
+            if schema is not None:
+                _check("schema", schema)
+            if catalog is not None:
+                _check("catalog", catalog)
+        except ConfigError as exc:
+            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}") from None
+        return QueueAddress(table, schema, catalog)
+
+    def format_address(self, address: QueueAddress) -> str:
+        """``table@[schema]`` or ``table@[schema]@[catalog]``: NServiceBus's canonical form."""
+        if "@" in address.table:
+            raise ConfigError(f"table name {address.table!r} contains '@' and cannot be written as an address")
+        text = f"{_check('table', address.table)}@{self.quote(address.schema or self.default_schema)}"
+        if address.catalog:
+            text += f"@{self.quote(address.catalog)}"
+        return text
+
+    def claims_table(self, queue: QueueAddress) -> QueueAddress:
+        """``<queue>.Claims`` beside the queue; SQL Server counts the 128 in characters, not bytes."""
+        name = f"{queue.table}.Claims"
+        if len(name.encode("utf-16-le")) // 2 > MAX_NAME_CHARS:
+            raise ConfigError(
+                f"queue name {queue.table!r} is too long: its claim table {name!r} would exceed "
+                f"{MAX_NAME_CHARS} characters"
+            )
+        return queue.with_table(name)
+
+    def _sys(self, address: QueueAddress) -> str:
+        """The catalog views of the address's database: ``sys.`` or ``[catalog].sys.``."""
+        return f"{self.quote(address.catalog)}.sys." if address.catalog else "sys."
+
+    # -- installers ---------------------------------------------------------------------------
+
+    def _create_batch(self, table: QueueAddress, ddl: str) -> Statement:
+        """Idempotent creation, the NServiceBus installer way: existence check, then the
+        ``<table>_lock`` application lock inside a transaction, check again, create.
+
+        The lock resource is the one NServiceBus uses (its quoted ``[catalog].[schema].[table]``
+        plus ``_lock``, the catalog defaulting to the current database), so this installer and
+        an NServiceBus endpoint starting at the same moment never both create the table.
+        """
+        sys_ = self._sys(table)
+        qualified = self.qualified(table)
+        params: list[Any] = [qualified]
+        lock = "@table + N'_lock'" if table.catalog else "QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock'"
+        declare_schema = create_schema = ""
+        if table.schema:
+            params += [table.schema, self.quote(table.schema)]
+            declare_schema = "DECLARE @schema sysname = ?;\nDECLARE @createSchema nvarchar(max) = N'CREATE SCHEMA ' + ?;\n"
+            # CREATE SCHEMA must be alone in its batch and run in the catalog it belongs to.
+            create_schema = (
+                f"        IF NOT EXISTS (SELECT * FROM {sys_}schemas WHERE name = @schema)\n"
+                "        BEGIN\n"
+                "            BEGIN TRY\n"
+                f"                EXEC {sys_}sp_executesql @createSchema;\n"
+                "            END TRY\n"
+                "            BEGIN CATCH\n"
+                "                -- 2714: another installer created the schema meanwhile\n"
+                "                IF ERROR_NUMBER() <> 2714 THROW;\n"
+                "            END CATCH\n"
+                "        END\n"
+            )
+        body = "\n".join("            " + line if line else "" for line in ddl.strip().splitlines())
+        sql = (
+            "SET NOCOUNT ON;\n"
+            f"DECLARE @table {_QNAME} = ?;\n"
+            f"DECLARE @lock nvarchar(255) = {lock};\n"
+            "DECLARE @rc int;\n"
+            f"{declare_schema}"
+            "-- Fast path: the table exists, no lock is taken.\n"
+            f"IF NOT EXISTS (SELECT * FROM {sys_}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')\n"
+            "BEGIN\n"
+            "    BEGIN TRANSACTION;\n"
+            "    BEGIN TRY\n"
+            "        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';\n"
+            "        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;\n"
+            f"{create_schema}"
+            "        -- Check again under the lock: another installer may have been first.\n"
+            f"        IF NOT EXISTS (SELECT * FROM {sys_}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')\n"
+            "        BEGIN\n"
+            f"{body}\n"
+            "        END\n"
+            "        COMMIT TRANSACTION;\n"
+            "    END TRY\n"
+            "    BEGIN CATCH\n"
+            "        -- 2714 table and 1913 index already exist: created by someone not taking the lock\n"
+            "        -- (sys.objects may lag under load, says NServiceBus). The table is there: done.\n"
+            "        IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1\n"
+            "            COMMIT TRANSACTION;\n"
+            "        ELSE\n"
+            "        BEGIN\n"
+            "            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;\n"
+            "            THROW;\n"
+            "        END\n"
+            "    END CATCH\n"
+            "END"
+        )
+        return Statement(sql, tuple(params))
+
+    def create_queue(self, queue: QueueAddress, *, seq_bits: int = 64) -> list[Statement]:
+        seq_type = {32: "int", 64: "bigint"}.get(seq_bits)
+        if seq_type is None:
+            raise ConfigError(f"seq_bits must be 32 or 64, not {seq_bits!r}")
+        t = self.qualified(queue)
+        # Column for column NServiceBus's CreateQueueText: a heap (a clustered RowVersion index
+        # makes every insert and delete fight over the last page), FIFO through Index_RowVersion,
+        # expiry purges through the filtered Index_Expires.
+        ddl = f"""
+CREATE TABLE {t} (
+    Id uniqueidentifier NOT NULL,
+    CorrelationId varchar(255) NULL,
+    ReplyToAddress varchar(255) NULL,
+    Recoverable bit NOT NULL,
+    Expires datetime NULL,
+    Headers nvarchar(max) NOT NULL,
+    Body varbinary(max) NULL,
+    RowVersion {seq_type} IDENTITY(1,1) NOT NULL
+);
+CREATE NONCLUSTERED INDEX [Index_RowVersion] ON {t} (RowVersion);
+CREATE NONCLUSTERED INDEX [Index_Expires] ON {t} (Expires) INCLUDE (Id, RowVersion) WHERE Expires IS NOT NULL;
+"""
+        return [self._create_batch(queue, ddl)]
+
+    def create_claims(self, claims: QueueAddress) -> list[Statement]:
+        t = self.qualified(claims)
+        # Clustered on (Consumer, ClaimSeq): a consumer's claims are one contiguous range, read in
+        # slices by executors and deleted from the front by acknowledgements. No lock escalation:
+        # a claim inserting, or an acknowledgement deleting, thousands of rows must not take a
+        # table lock that blocks executors reading the previous batch.
+        ddl = f"""
+CREATE TABLE {t} (
+    Consumer nvarchar({MAX_CONSUMER_CHARS}) NOT NULL,
+    ClaimSeq bigint IDENTITY(1,1) NOT NULL,
+    Id uniqueidentifier NOT NULL,
+    Expires datetime NULL,
+    Headers nvarchar(max) NOT NULL,
+    Body varbinary(max) NULL,
+    SourceSeq bigint NOT NULL,
+    ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+    PRIMARY KEY CLUSTERED (Consumer, ClaimSeq)
+);
+ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
+"""
+        return [self._create_batch(claims, ddl)]
+
+    def script(self, statements: list[Statement]) -> str:
+        """The statements as a T-SQL script for people (``sqlqueue ddl``, ``sql/sqlserver/``):
+        parameters inlined as literals, batches separated by ``GO``."""
+        out = []
+        for stmt in statements:
+            sql, params = stmt.sql, tuple(stmt.params or ())
+            marks = placeholders(sql)
+            if len(marks) != len(params):
+                raise ValueError(f"statement has {len(marks)} parameter markers but {len(params)} parameters")
+            for pos, value in reversed(list(zip(marks, params, strict=True))):
+                sql = sql[:pos] + _literal(value) + sql[pos + 1 :]
+            out.append(sql.strip() + "\nGO\n")
+        return "\n".join(out)
+
+    # -- receive ------------------------------------------------------------------------------
+
+    def table_id(self, table: QueueAddress) -> Statement:
+        # OBJECT_ID changes when the table is dropped and created again; NULL when there is none.
+        return Statement("SELECT CAST(OBJECT_ID(?) AS nvarchar(20))", (self.qualified(table),))
+
+    def queue_columns(self, table: QueueAddress) -> Statement:
+        sys_ = self._sys(table)
+        # user_type_id, not system_type_id: nvarchar and sysname share a system type id.
+        return Statement(
+            "SELECT LOWER(c.name),"
+            " CASE WHEN t.name IN (N'varchar', N'char', N'varbinary', N'binary')"
+            " THEN t.name + N'(' + CASE WHEN c.max_length = -1 THEN N'max' ELSE CAST(c.max_length AS nvarchar(10)) END + N')'"
+            " WHEN t.name IN (N'nvarchar', N'nchar')"
+            " THEN t.name + N'(' + CASE WHEN c.max_length = -1 THEN N'max' ELSE CAST(c.max_length / 2 AS nvarchar(10)) END + N')'"
+            " ELSE t.name END"
+            f" FROM {sys_}columns AS c JOIN {sys_}types AS t ON t.user_type_id = c.user_type_id"
+            " WHERE c.object_id = OBJECT_ID(?) ORDER BY c.column_id",
+            (self.qualified(table),),
+        )
+
+    def _check_consumer(self, consumer: str) -> str:
+        if not consumer or "\x00" in consumer or len(consumer) > MAX_CONSUMER_CHARS:
+            raise ConfigError(
+                f"option 'endpoint': consumer name {consumer!r} must be 1 to {MAX_CONSUMER_CHARS} characters "
+                "without NUL (the Consumer column of the claim table)"
+            )
+        return consumer
+
+    def _lock_resource(self, claims: QueueAddress, consumer: str) -> str:
+        """The application lock of (claim table, consumer). Resources are nvarchar(255): longer
+        names get a digest, so two long names never share a lock by truncation."""
+        self._check_consumer(consumer)
+        text = f"sqlqueue consumer {self.qualified(claims)} {consumer}"
+        if len(text) <= _MAX_RESOURCE:
+            return text
+        digest = hashlib.sha256(f"{self.qualified(claims)}\n{consumer}".encode()).hexdigest()
+        return f"sqlqueue consumer {digest}"
+
+    def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        # Session-owned: held across transactions until released or the connection closes.
+        # LockTimeout 0: a busy consumer is reported at once (return code -1), never waited for.
+        return Statement(
+            "SET NOCOUNT ON;\n"
+            "DECLARE @rc int;\n"
+            "EXEC @rc = sys.sp_getapplock @Resource = ?, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = 0;\n"
+            "SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)",
+            (self._lock_resource(claims, consumer),),
+        )
+
+    def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        # Releasing a lock not held is an error (1223): only release what this session holds.
+        resource = self._lock_resource(claims, consumer)
+        return Statement(
+            "IF APPLOCK_MODE(N'public', ?, N'Session') <> N'NoLock'\n"
+            "BEGIN\n"
+            "    EXEC sys.sp_releaseapplock @Resource = ?, @LockOwner = N'Session';\n"
+            "END",
+            (resource, resource),
+        )
+
+    def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
+        # UPDLOCK + READPAST: rows another consumer (or NServiceBus endpoint) holds are skipped,
+        # never waited for and never counted as work for us (counting them would start a storm
+        # of empty claims). ROWLOCK keeps the lock on the one row found; an empty range locks
+        # nothing, so an idle queue costs a read, not a write.
+        cond = "RowVersion > ?" + (" AND RowVersion <= ?" if upto is not None else "")
+        params = (int(after),) + ((int(upto),) if upto is not None else ())
+        return Statement(
+            f"SELECT TOP (1) RowVersion FROM {self.qualified(queue)} WITH (UPDLOCK, READPAST, ROWLOCK)"
+            f" WHERE {cond} ORDER BY RowVersion",
+            params,
+        )
+
+    def claim(
+        self,
+        queue: QueueAddress,
+        claims: QueueAddress,
+        error: QueueAddress,
+        *,
+        consumer: str,
+        limit: int,
+        after: int,
+        upto: int | None,
+    ) -> list[Statement]:
+        q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
+        limit = int(limit)
+        if limit < 1:
+            raise ValueError(f"claim limit must be at least 1, not {limit}")
+        params: list[Any] = [limit, int(after)]
+        declare_upto, cond_upto = "", ""
+        if upto is not None:
+            params.append(int(upto))
+            declare_upto, cond_upto = "DECLARE @upto bigint = ?;\n", " AND RowVersion <= @upto"
+        params += [self._check_consumer(consumer), e]
+        # The INSERT naming Recoverable runs as dynamic SQL: a batch that names a column an
+        # existing table lacks does not compile, even in a branch that never runs. The dynamic
+        # text is made of constants and the quoted error table name; it reads the temp table of
+        # this batch, which nested batches see (a table variable they would not).
+        insert_recoverable = (
+            "N'INSERT INTO ' + @error + N' (Id, Recoverable, Expires, Headers, Body)"
+            " SELECT Id, 1, NULL, Headers, Body FROM #sqlqueue_moved"
+            " WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion'"
+        )
+        sql = f"""
+SET NOCOUNT ON;
+-- Any error undoes the whole claim: a row leaves the queue only together with its copy in the
+-- claim table or the error queue.
+SET XACT_ABORT ON;
+DECLARE @limit bigint = ?;
+DECLARE @after bigint = ?;
+{declare_upto}DECLARE @consumer nvarchar({MAX_CONSUMER_CHARS}) = ?;
+DECLARE @error {_QNAME} = ?;
+DECLARE @chunk bigint, @n bigint;
+DECLARE @deleted int, @expired int, @poison int, @claimed int, @maxClaim bigint, @maxSource bigint;
+DECLARE @claimedSeq TABLE (ClaimSeq bigint NOT NULL);
+IF OBJECT_ID(N'tempdb..#sqlqueue_moved') IS NOT NULL DROP TABLE #sqlqueue_moved;
+CREATE TABLE #sqlqueue_moved (
+    Id uniqueidentifier NOT NULL,
+    Expires datetime NULL,
+    Headers nvarchar(max) NOT NULL,
+    Body varbinary(max) NULL,
+    RowVersion bigint NOT NULL,
+    Expired bit NULL,
+    Poison bit NULL
+);
+-- Take the oldest rows, CLAIM_CHUNK per statement so no statement escalates to a table lock.
+-- UPDLOCK + READPAST: rows locked by competing consumers and NServiceBus endpoints are skipped,
+-- never waited for, never taken twice. ROWLOCK: lock only the rows taken. This is the receive
+-- of NServiceBus (TOP 1), batched. The rows are deleted from the queue and kept in the temp table.
+WHILE @limit > 0
+BEGIN
+    SET @chunk = CASE WHEN @limit < {CLAIM_CHUNK} THEN @limit ELSE {CLAIM_CHUNK} END;
+    WITH picked AS (
+        SELECT TOP (@chunk) Id, Expires, Headers, Body, RowVersion
+        FROM {q} WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE RowVersion > @after{cond_upto}
+        ORDER BY RowVersion
+    )
+    DELETE FROM picked
+    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion
+    INTO #sqlqueue_moved (Id, Expires, Headers, Body, RowVersion);
+    SET @n = @@ROWCOUNT;
+    SET @limit = @limit - @n;
+    IF @n < @chunk BREAK;
+    -- Go on after the last row taken: the skipped ones below it belong to others.
+    SELECT @after = MAX(RowVersion) FROM #sqlqueue_moved;
+END
+-- Expired rows are dropped (counted, never delivered). Poison rows: headers that are not a flat
+-- JSON object of strings or nulls.
+UPDATE #sqlqueue_moved SET
+    Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END,
+    Poison = {_POISON};
+SELECT @poison = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0;
+IF @poison > 0
+BEGIN
+    -- Poison rows go raw to the error queue: same Id, Headers and Body, no expiry, Recoverable = 1
+    -- where the table has that legacy column (NServiceBus tables have it, with no default).
+    IF EXISTS (SELECT 1 FROM {self._sys(error)}columns WHERE object_id = OBJECT_ID(@error) AND name = N'Recoverable')
+    BEGIN
+        DECLARE @insertError nvarchar(max) = {insert_recoverable};
+        EXEC sys.sp_executesql @insertError;
+    END
+    ELSE
+    BEGIN
+        INSERT INTO {e} (Id, Expires, Headers, Body)
+        SELECT Id, NULL, Headers, Body FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion;
+    END
+END
+-- The rest is claimed. INSERT ... SELECT ... ORDER BY assigns the IDENTITY values in ORDER BY
+-- order (documented by SQL Server), so claim order is queue order.
+INSERT INTO {c} (Consumer, Id, Expires, Headers, Body, SourceSeq)
+OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)
+SELECT @consumer, Id, Expires, Headers, Body, RowVersion
+FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;
+SET @claimed = @@ROWCOUNT;
+SELECT @maxClaim = MAX(ClaimSeq) FROM @claimedSeq;
+SELECT @deleted = COUNT(*), @expired = COUNT(CASE WHEN Expired = 1 THEN 1 END), @maxSource = MAX(RowVersion)
+FROM #sqlqueue_moved;
+DROP TABLE #sqlqueue_moved;
+SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS claimed,
+       @maxClaim AS max_claim, @maxSource AS max_source;
+"""
+        return [Statement(sql.strip(), tuple(params))]
+
+    def backlog(self, queue: QueueAddress) -> Statement:
+        # NServiceBus's peek: the span of unlocked sequences. READPAST skips rows being received
+        # or inserted; READCOMMITTEDLOCK keeps locking reads on a READ_COMMITTED_SNAPSHOT database.
+        return Statement(
+            "SELECT isnull(cast(max(RowVersion) - min(RowVersion) + 1 AS bigint), 0)"
+            f" FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
+        c = self.qualified(claims)
+        # Two TOP (1) seeks at the ends of the consumer's range, not an aggregate over all of it.
+        return Statement(
+            f"SELECT (SELECT TOP (1) ClaimSeq FROM {c} WHERE Consumer = ? ORDER BY ClaimSeq DESC),"
+            f" (SELECT TOP (1) ClaimSeq FROM {c} WHERE Consumer = ? ORDER BY ClaimSeq)",
+            (self._check_consumer(consumer), consumer),
+        )
+
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        return Statement(
+            "SELECT ClaimSeq, CAST(Id AS varchar(36)), Expires, Headers, Body, SourceSeq, ClaimedAt"
+            f" FROM {self.qualified(claims)}"
+            " WHERE Consumer = ? AND ClaimSeq > ? AND ClaimSeq <= ?"
+            " ORDER BY ClaimSeq",
+            (self._check_consumer(consumer), int(after), int(upto)),
+        )
+
+    def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        # The claims of a consumer up to `upto` are all acknowledged: which of them a TOP deletes
+        # first does not matter. The claim table never escalates to a table lock (create_claims).
+        return Statement(
+            f"DELETE TOP (?) FROM {self.qualified(claims)} WHERE Consumer = ? AND ClaimSeq <= ?",
+            (int(batch), self._check_consumer(consumer), int(upto)),
+        )
+
+    def max_source_seq(self, queue: QueueAddress) -> Statement:
+        # READPAST: rows being inserted (not in the queue yet) or received by others (leaving it)
+        # are not waited for.
+        return Statement(
+            f"SELECT max(RowVersion) FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    # -- connections --------------------------------------------------------------------------
+
+    # streaming_cursor: pyodbc's default cursor is a forward-only firehose whose fetchmany()
+    # reads rows off the wire as asked, so the base implementation streams already.
+
+    def connect(self, url: Any) -> Any:
+        import pyodbc
+
+        conn = pyodbc.connect(url.odbc_string(), autocommit=False)
+        try:
+            # READCOMMITTED: READPAST and UPDLOCK keep their meaning (SNAPSHOT would break them).
+            # Set on every connection: a pooled connection keeps its previous isolation level.
+            cur = conn.cursor()
+            cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            cur.close()
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _diagnostics(exc: BaseException) -> tuple[str, set[int]]:
+        """(SQLSTATE, native error numbers) of a pyodbc error: args are (sqlstate, message), the
+        message carrying each native number in parentheses, e.g. ``... (1205) (SQLExecDirectW)``."""
+        args = getattr(exc, "args", ()) or ()
+        state = args[0] if args and isinstance(args[0], str) and len(args[0]) == 5 else ""
+        text = " ".join(str(a) for a in args[1:]) if state else " ".join(str(a) for a in args)
+        numbers = {int(m) for m in _NATIVE_NUMBER.findall(text)}
+        number = getattr(exc, "number", None)  # other drivers (pymssql, SqlClient-style)
+        if isinstance(number, int):
+            numbers.add(number)
+        return state.upper(), numbers
+
+    def is_transient(self, exc: BaseException) -> bool:
+        try:
+            import pyodbc
+        except ImportError:  # no ODBC driver manager here: judge by the diagnostics alone
+            pyodbc = None
+        if pyodbc is not None and isinstance(exc, pyodbc.OperationalError):
+            return True
+        state, numbers = self._diagnostics(exc)
+        # 08xxx connection errors, 40001 deadlock victim / serialization, HYT00/HYT01 timeouts
+        if state.startswith("08") or state in ("40001", "HYT00", "HYT01"):
+            return True
+        return bool(numbers & _TRANSIENT_NUMBERS)
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        state, numbers = self._diagnostics(exc)
+        return state == "42S02" or 208 in numbers

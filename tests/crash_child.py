@@ -1,0 +1,87 @@
+"""A streaming job that test_crash.py starts in its own process and kills with SIGKILL.
+
+queue -> Spark -> a PostgreSQL table keyed by message id (an idempotent sink), plus a log table
+with one row per delivery (so duplicates before the sink's key are visible). The environment
+variable CRASH_POINT makes the job stop dead at one point, after touching a marker file:
+
+- ``during_read``: a Python UDF sleeps while the executor reads the batch's claims;
+- ``after_sink``: the batch's rows are committed to the sink, the checkpoint's commit is not.
+
+(``during_claim`` needs no help from here: the test makes the claim transaction block on a
+database trigger and kills the job while it waits.)
+
+Usage: crash_child.py URL QUEUE ERROR CHECKPOINT SINK_TABLE MARKER_DIR [available-now]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def main() -> None:
+    url, queue, error, checkpoint, sink_table, marker_dir = sys.argv[1:7]
+    available_now = len(sys.argv) > 7 and sys.argv[7] == "available-now"
+    point = os.environ.get("CRASH_POINT", "")
+    markers = Path(marker_dir)
+
+    import psycopg
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from spark_qtransport import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+
+    @F.udf("string")
+    def passthrough(message_id: str) -> str:
+        if point == "during_read":
+            (markers / "during_read").touch()
+            time.sleep(600)
+        return message_id
+
+    df = (
+        spark.readStream.format("sqlqueue")
+        .option("url", url)
+        .option("queue", queue)
+        .option("errorQueue", error)
+        .option("maxMessagesPerTrigger", "400")
+        .load()
+        .select(passthrough("message_id").alias("message_id"), "native_id", "claim_seq")
+    )
+    sink_sql = f'INSERT INTO "{sink_table}" (message_id, batch_id) VALUES (%s, %s) ON CONFLICT (message_id) DO NOTHING'
+    log_sql = f'INSERT INTO "{sink_table}_log" (message_id, batch_id) VALUES (%s, %s)'
+
+    def write(batch, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        rows = [(r.message_id, batch_id) for r in batch.collect()]
+        with psycopg.connect(url) as conn:  # one transaction: idempotent thanks to the key
+            with conn.cursor() as cur:
+                cur.executemany(sink_sql, rows)
+                cur.executemany(log_sql, rows)
+        (markers / f"batch-{batch_id}").touch()
+        if point == "after_sink" and rows:
+            (markers / "after_sink").touch()
+            time.sleep(600)
+
+    writer = df.writeStream.foreachBatch(write).option("checkpointLocation", checkpoint)
+    if available_now:
+        writer.trigger(availableNow=True).start().awaitTermination()
+    else:
+        writer.trigger(processingTime="200 milliseconds").start().awaitTermination()
+
+
+if __name__ == "__main__":
+    main()

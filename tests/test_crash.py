@@ -1,0 +1,182 @@
+"""Crash test: a queue -> Spark -> idempotent sink job is SIGKILLed at awkward points and restarted.
+
+Every process the job started dies with it (driver, JVM, Python workers: pyspark.daemon moves
+workers into their own process group, so they are found by an environment tag, not by group).
+After each kill the job restarts from its checkpoint; at the end every message has reached the
+sink exactly once and the queue is empty.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from backends import Backend, nsb_headers
+
+pytestmark = pytest.mark.slow
+
+CHILD = Path(__file__).with_name("crash_child.py")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Job:
+    """One run of crash_child.py, tagged so that every process it spawns can be killed."""
+
+    def __init__(self, args: list[str], point: str = "", *, log: Path) -> None:
+        self.tag = uuid.uuid4().hex
+        env = {**os.environ, "CRASH_POINT": point, "SQLQUEUE_CRASH_TAG": self.tag,
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), *args], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def processes(self) -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("SQLQUEUE_CRASH_TAG") == self.tag:
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    def kill(self) -> int:
+        """SIGKILL every process of the job, repeatedly until none is left."""
+        killed = 0
+        for _ in range(20):
+            procs = self.processes()
+            if not procs:
+                break
+            for p in procs:
+                try:
+                    p.send_signal(signal.SIGKILL)
+                    killed += 1
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.1)
+        self.proc.wait(30)
+        self.log.close()
+        return killed
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, job: Job) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if job.proc.poll() is not None:
+            raise AssertionError(f"job exited (code {job.proc.returncode}) before {what}; see {job.log.name}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, names: Any, tmp_path: Path) -> None:
+    q, e = pg.create_queue(names("Orders")), pg.create_queue(names("error"))
+    sink = names("sink")
+    claims = f'"{q}.Claims"'
+    with pg.connect() as c:
+        c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
+        c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint)')
+    checkpoint, markers, log = tmp_path / "ckpt", tmp_path / "markers", tmp_path / "job.log"
+    markers.mkdir()
+    # executors and the driver notice a dead peer quickly, so a killed claim rolls back at once
+    url = pg.url + "?options=-c%20client_connection_check_interval%3D200"
+    args = [url, q, e, str(checkpoint), sink, str(markers)]
+    sent = 0
+
+    def produce(n: int) -> None:
+        nonlocal sent
+        pg.send_many(q, [(nsb_headers(f"m{sent + i:06d}"), b'{"n": 1}') for i in range(n)])
+        sent += n
+
+    def delivered() -> int:
+        with pg.connect() as c:
+            return int(c.execute(f'SELECT count(*) FROM "{sink}"').fetchone()[0])
+
+    produce(1500)
+    kills: list[str] = []
+
+    # 1. during the claim: a trigger holds the claim transaction after its DELETE ran
+    job = Job(args, log=log)
+    wait_for(lambda: delivered() > 0, 120, "a first batch", job)
+    with pg.connect() as c:
+        c.execute(
+            "CREATE OR REPLACE FUNCTION sqlqueue_test_stall() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_sleep(600); RETURN NEW; END $$"
+        )
+        c.execute(f"CREATE TRIGGER stall BEFORE INSERT ON {claims} FOR EACH ROW EXECUTE FUNCTION sqlqueue_test_stall()")
+
+    def claim_stalled() -> bool:
+        with pg.connect() as c:
+            return bool(c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%%WITH picked%%'"
+            ).fetchone()[0])
+
+    wait_for(claim_stalled, 120, "a stalled claim", job)
+    queued_before = pg.count(q)
+    job.kill()
+    kills.append("during claim")
+    with pg.connect() as c:
+        c.execute(f"DROP TRIGGER stall ON {claims}")
+        # the server notices the dead client within client_connection_check_interval
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and claim_stalled():
+            time.sleep(0.1)
+    assert not claim_stalled()
+    assert pg.count(q) == queued_before  # the killed claim rolled back: nothing left the queue
+
+    # 2. during the read of a batch, in an executor
+    produce(500)
+    job = Job(args, "during_read", log=log)
+    wait_for(lambda: (markers / "during_read").exists(), 180, "a read in progress", job)
+    job.kill()
+    kills.append("during read")
+
+    # 3. after the sink committed a batch, before Spark's commit log entry
+    produce(500)
+    job = Job(args, "after_sink", log=log)
+    wait_for(lambda: (markers / "after_sink").exists(), 180, "a written batch", job)
+    job.kill()
+    kills.append("after sink, before checkpoint commit")
+
+    # 4. at random moments while producers keep sending
+    rnd = random.Random(int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122")))
+    for _ in range(2):
+        produce(500)
+        job = Job(args, log=log)
+        wait_for(lambda: any(markers.glob("batch-*")), 180, "the job to run", job)
+        time.sleep(rnd.uniform(0.2, 2.0))
+        job.kill()
+        kills.append("random")
+
+    # finally: restart and drain everything that is there
+    produce(300)
+    job = Job([*args, "available-now"], log=log)
+    assert job.wait(300) == 0, log.read_text()[-3000:]
+
+    with pg.connect() as c:
+        ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
+        deliveries = int(c.execute(f'SELECT count(*) FROM "{sink}_log"').fetchone()[0])
+    assert len(kills) == 5
+    assert ids == [f"m{i:06d}" for i in range(sent)], "every message reached the sink exactly once"
+    assert deliveries >= sent  # redeliveries happen (at-least-once) and the sink's key absorbs them
+    assert pg.count(q) == 0
+    assert pg.count(e) == 0
+    assert pg.count(claims) <= 400  # only the last batch's claims, acknowledged on the next run

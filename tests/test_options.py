@@ -1,0 +1,104 @@
+"""Options and URLs: bad input fails at load() with a message naming the option; no password leaks."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from spark_qtransport.connections import mask, parse_url
+from spark_qtransport.errors import ConfigError, QTransportError, QueueNotFoundError
+from spark_qtransport.options import ReaderOptions
+from spark_qtransport.source import SqlQueueStreamReader
+
+URL = "postgresql://app:s3cr3t-pw@127.0.0.1:5432/db"
+
+
+class TestReaderOptions:
+    def test_minimal(self) -> None:
+        o = ReaderOptions.parse({"url": URL, "queue": "Sales"})
+        assert o.queue.table == "Sales" and o.queue.schema is None
+        assert o.consumer == "Sales"
+        assert o.error_queue.table == "error"
+        assert o.max_messages == 10_000
+
+    def test_keys_are_case_insensitive(self) -> None:
+        o = ReaderOptions.parse({"URL": URL, "Queue": "Sales", "MAXMESSAGESPERTRIGGER": "7", "Endpoint": "Billing"})
+        assert o.max_messages == 7 and o.consumer == "Billing"
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({"url": URL}, "option 'queue' is required"),
+            ({"url": URL, "queue": "  "}, "option 'queue' is empty"),
+            ({"url": URL, "queue": "Sales", "colour": "red"}, "unknown option.*'colour'"),
+            ({"url": "mysql://h/db", "queue": "Sales"}, "option 'url' has an unsupported scheme"),
+            ({"url": "postgresql://h:notaport/db", "queue": "Sales"}, "option 'url' is not a valid URL"),
+            ({"url": "postgresql:///db", "queue": "Sales"}, "option 'url' has no host"),
+            ({"url": URL, "queue": "Sales", "maxMessagesPerTrigger": "lots"}, "option 'maxMessagesPerTrigger' must be a whole number"),
+            ({"url": URL, "queue": "Sales", "maxMessagesPerTrigger": "0"}, "option 'maxMessagesPerTrigger' must be at least 1"),
+            ({"url": URL, "queue": "Sales", "numPartitions": "-2"}, "option 'numPartitions' must be at least 1"),
+            ({"url": URL, "queue": "Sales", "createQueues": "maybe"}, "option 'createQueues' must be true or false"),
+            ({"url": URL, "queue": "x" * 70}, "option 'queue': invalid queue address"),
+            ({"url": URL, "queue": "Sales", "errorQueue": '"public"."Sales"'}, "option 'errorQueue' must name another queue"),
+            ({"url": URL, "queue": "bad\x00name"}, "option 'queue'.*NUL"),
+            ({"url": URL, "queue": "Sales", "endpoint": " "}, "option 'endpoint' is empty"),
+        ],
+    )
+    def test_bad_options_name_the_option(self, options: dict[str, str], message: str) -> None:
+        with pytest.raises(ConfigError, match=message) as info:
+            ReaderOptions.parse(options)
+        assert "s3cr3t" not in str(info.value)
+
+    def test_url_from_environment(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("SQLQUEUE_URL", URL)
+        assert ReaderOptions.parse({"queue": "Sales"}).url.host == "127.0.0.1"
+        monkeypatch.delenv("SQLQUEUE_URL")
+        with pytest.raises(ConfigError, match="option 'url' is required.*SQLQUEUE_URL"):
+            ReaderOptions.parse({"queue": "Sales"})
+
+    def test_password_option_overrides_url(self) -> None:
+        o = ReaderOptions.parse({"url": "postgresql://app@db.example/x", "queue": "Sales", "password": "pw2"})
+        assert o.url.password == "pw2"
+        assert "pw2" not in repr(o) and "pw2" not in str(o.url)
+
+
+class TestMasking:
+    def test_url_repr_hides_password(self) -> None:
+        u = parse_url(URL)
+        assert u.password == "s3cr3t-pw"
+        for text in (repr(u), str(u), u.masked):
+            assert "s3cr3t" not in text
+            assert "app:***@127.0.0.1:5432" in text
+
+    def test_reader_repr_and_pickled_partition_repr(self) -> None:
+        reader = SqlQueueStreamReader(ReaderOptions.parse({"url": URL, "queue": "Sales"}))
+        assert "s3cr3t" not in repr(reader)
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "postgresql://u:s3cr3t-pw@h/db",
+            "odbc:Driver={ODBC Driver 18 for SQL Server};Server=h;UID=sa;PWD=s3cr3t-pw;",
+            "odbc:Driver=x;Password={s3cr3t-pw;with;semis};",
+            "sqlserver://h/db?password=s3cr3t-pw&x=1",
+        ],
+    )
+    def test_mask(self, text: str) -> None:
+        assert "s3cr3t" not in mask(text)
+        assert "s3cr3t" not in parse_url(text).masked
+
+    def test_sqlserver_url_to_odbc(self) -> None:
+        u = parse_url("sqlserver://sa:p%3Bw@sql.local:1433/Shop?TrustServerCertificate=yes")
+        s = u.odbc_string()
+        assert s.startswith("Driver={ODBC Driver 18 for SQL Server};Server=sql.local,1433;Database=Shop;UID=sa;")
+        assert "PWD={p;w}" in s and "TrustServerCertificate=yes" in s
+        assert "p;w" not in repr(u)
+
+
+class TestErrors:
+    def test_errors_pickle(self) -> None:
+        for exc in (ConfigError("option 'queue' is required"), QueueNotFoundError("queue x")):
+            again = pickle.loads(pickle.dumps(exc))
+            assert type(again) is type(exc) and str(again) == str(exc)
+            assert isinstance(again, QTransportError)
