@@ -1,0 +1,44 @@
+# spark-qtransport developer commands. Each target sets up what it needs, so any works on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: setup system-deps test test-fast demo bench lint clean
+
+setup: $(STAMP)
+
+# unixODBC + FreeTDS let pyodbc (the SQL Server driver) load; best effort: needs root and apt-get.
+system-deps:
+	@if ! ldconfig -p 2>/dev/null | grep -q libodbc.so.2; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing unixODBC and FreeTDS (for pyodbc)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq unixodbc tdsodbc >/dev/null) \
+	      || echo "warning: could not install unixODBC; SQL Server connections will not work"; \
+	  else echo "note: unixODBC not found; SQL Server connections need it (apt-get install unixodbc tdsodbc)"; fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+demo: setup
+	$(PY) jobs/demo.py
+
+bench: setup
+	$(PY) bench/receive_bench.py
+
+lint: setup
+	$(PY) -m ruff check spark_qtransport tests jobs bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

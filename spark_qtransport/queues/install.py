@@ -1,0 +1,24 @@
+"""Installers: create queue tables with the dialect's idempotent DDL (used by jobs, tests and the CLI)."""
+
+from __future__ import annotations
+
+from ..connections import ConnectionURL
+from ..dialects import dialect_for
+
+__all__ = ["create_queues"]
+
+
+def create_queues(url: ConnectionURL, *addresses: str, seq_bits: int = 64) -> list[str]:
+    """Create each queue if missing; return their canonical addresses. Safe to run concurrently."""
+    dialect = dialect_for(url)
+    parsed = [dialect.parse_address(a) for a in addresses]
+    conn = dialect.connect(url)
+    try:
+        cur = conn.cursor()
+        for address in parsed:
+            for stmt in dialect.create_queue(address, seq_bits=seq_bits):
+                cur.execute(stmt.sql) if stmt.params is None else cur.execute(stmt.sql, stmt.params)
+            conn.commit()
+    finally:
+        conn.close()
+    return [dialect.format_address(a) for a in parsed]
