@@ -25,7 +25,7 @@ from pyspark.sql.types import (
 )
 
 from .options import ReaderOptions
-from .queues.receive import ClaimOffset, ClaimSlice, Receiver, read_slice
+from .queues.receive import ClaimOffset, ClaimSlice, Receiver, read_chunks
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -162,5 +162,13 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executors -----------------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        return read_slice(partition.part)  # type: ignore[attr-defined]
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        # Arrow record batches built column by column: Spark takes them as they are.
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from .arrow import rows_to_batch
+
+        part: ClaimSlice = partition.part  # type: ignore[attr-defined]
+        schema = to_arrow_schema(SCHEMA, timezone="UTC")
+        for rows in read_chunks(part):
+            yield rows_to_batch(part.queue, rows, schema)

@@ -74,6 +74,12 @@ def parse_time(text: str | None) -> datetime | None:
     """Inverse of `format_time`; None for text in another format."""
     if not text:
         return None
+    # "2025-11-28 00:05:18:653833 Z" -> ISO 8601, which the C parser reads fast
+    if len(text) == 28 and text[19] == ":" and text.endswith(" Z"):
+        try:
+            return datetime.fromisoformat(f"{text[:10]}T{text[11:19]}.{text[20:26]}+00:00")
+        except ValueError:
+            return None
     try:
         return datetime.strptime(text, _TIME_FORMAT).replace(tzinfo=timezone.utc)
     except ValueError:

@@ -256,7 +256,8 @@ SELECT (SELECT count(*) FROM checked),
 
     def streaming_cursor(self, conn: Any) -> Any:
         # A server-side cursor: a slice of large bodies never sits whole in an executor's memory.
-        return conn.cursor(name="sqlqueue_read")
+        # Binary results: bytea bodies arrive as bytes, not as hex text twice their size.
+        return conn.cursor(name="sqlqueue_read", binary=True)
 
     def connect(self, url: Any) -> Any:
         import psycopg

@@ -34,7 +34,7 @@ from ..errors import ConsumerBusyError, OffsetError, QTransportError, QueueNotFo
 from ..options import ReaderOptions
 from ..wire import H, parse_time
 
-__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "read_slice", "ReceiveStats"]
+__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "read_chunks", "read_slice", "ReceiveStats"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -351,11 +351,14 @@ class Receiver:
 # -- executors ----------------------------------------------------------------------------------
 
 _CACHE = ConnectionCache()
-_FETCH = 2000
+_FETCH = 5000
 
 
-def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
-    """Yield the rows of one slice as output tuples (see `spark_qtransport.source.SCHEMA`)."""
+def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple[Any, ...]]]:
+    """Yield the raw claim rows of one slice in order, `chunk` at a time, on a reused connection.
+
+    Rows are (claim_seq, native_id text, expires, headers text, body, source_seq, claimed_at).
+    """
     dialect = dialect_named(part.dialect)
     conn = _CACHE.get(part.url, dialect.connect)
     healthy = False
@@ -371,11 +374,10 @@ def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
         cur = dialect.streaming_cursor(conn)
         cur.execute(*_args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
         while True:
-            rows = cur.fetchmany(_FETCH)
+            rows = cur.fetchmany(chunk)
             if not rows:
                 break
-            for row in rows:
-                yield _to_output(part.queue, row)
+            yield rows
         cur.close()
         conn.commit()
         healthy = True
@@ -384,6 +386,13 @@ def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
             _CACHE.put(part.url, conn)
         else:
             _close(conn)
+
+
+def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
+    """Yield the rows of one slice as output tuples (see `spark_qtransport.source.SCHEMA`)."""
+    for rows in read_chunks(part):
+        for row in rows:
+            yield _to_output(part.queue, row)
 
 
 def _utc(v: datetime | None) -> datetime | None:

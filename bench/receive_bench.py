@@ -1,0 +1,188 @@
+"""Receive benchmark: raw SQL baseline vs. the connector end to end, on a durable PostgreSQL.
+
+Prints, in one run:
+  1. the NServiceBus way: one receive transaction per message (its own SQL), one connection;
+  2. raw SQL claim + read + ack without Spark (the connector's statements, driven from Python);
+  3. connector end to end: queue -> Spark -> noop sink, Trigger.AvailableNow;
+  4. the ratio of 3 to 2;
+  5. the fixed cost of a micro-batch, from a run of tiny batches.
+
+    python bench/receive_bench.py [--messages 200000] [--size 1024] [--per-trigger 50000]
+
+Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "jobs"))
+
+
+def fill(url: str, queue: str, n: int, size: int) -> float:
+    """Insert n messages with NServiceBus-shaped headers using COPY; returns seconds taken."""
+    import psycopg
+
+    headers = json.dumps({
+        "NServiceBus.MessageId": "x", "NServiceBus.MessageIntent": "Send",
+        "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrder, Shop.Messages",
+        "NServiceBus.ContentType": "application/json", "NServiceBus.ConversationId": str(uuid.uuid4()),
+        "NServiceBus.TimeSent": "2026-11-22 00:00:00:000000 Z", "NServiceBus.OriginatingEndpoint": "Shop.Web",
+        "NServiceBus.ReplyToAddress": "Shop.Web",
+    })
+    body = b"x" * size
+    t = time.perf_counter()
+    with psycopg.connect(url) as conn, conn.cursor() as cur:
+        with cur.copy(f'COPY "{queue}" (id, headers, body) FROM STDIN') as copy:
+            for _ in range(n):
+                copy.write_row((uuid.uuid4(), headers.replace('"x"', f'"{uuid.uuid4()}"', 1), body))
+    return time.perf_counter() - t
+
+
+def reset(url: str, *queues: str) -> None:
+    import psycopg
+
+    from spark_qtransport.connections import parse_url
+    from spark_qtransport.queues.install import create_queues
+
+    with psycopg.connect(url, autocommit=True) as c:
+        for q in queues:
+            c.execute(f'DROP TABLE IF EXISTS "{q}", "{q}.Claims"')
+    create_queues(parse_url(url), *queues)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE")
+
+
+def nsb_one_row(url: str, n: int, size: int) -> float:
+    import psycopg
+
+    reset(url, "BenchNsb", "error")
+    fill(url, "BenchNsb", n, size)
+    sql = (
+        'DELETE FROM "BenchNsb" rs WHERE rs.id = (SELECT id FROM "BenchNsb" ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) '
+        "RETURNING rs.id, rs.headers, rs.body"
+    )
+    got = 0
+    t = time.perf_counter()
+    with psycopg.connect(url) as conn:
+        while True:
+            row = conn.execute(sql).fetchone()
+            conn.commit()
+            if row is None:
+                break
+            got += 1
+    dt = time.perf_counter() - t
+    assert got == n, (got, n)
+    return n / dt
+
+
+def raw_claim_read_ack(url: str, n: int, size: int, per_trigger: int) -> float:
+    from spark_qtransport.options import ReaderOptions
+    from spark_qtransport.queues.receive import Receiver, read_slice
+
+    reset(url, "BenchRaw", "error")
+    fill(url, "BenchRaw", n, size)
+    r = Receiver(ReaderOptions.parse({"url": url, "queue": "BenchRaw", "numPartitions": "1"}))
+    start = r.initial_offset()
+    got = 0
+    t = time.perf_counter()
+    while True:
+        end = r.latest(start, per_trigger)
+        if end == start:
+            break
+        for part in r.slices(start, end):
+            for _ in read_slice(part):
+                got += 1
+        r.ack(end)
+        start = end
+    dt = time.perf_counter() - t
+    r.close()
+    assert got == n, (got, n)
+    return n / dt
+
+
+def spark_e2e(spark, url: str, n: int, size: int, per_trigger: int, queue: str = "BenchSpark") -> dict:  # type: ignore[no-untyped-def]
+    import tempfile
+
+    reset(url, queue, "error")
+    fill(url, queue, n, size)
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+    df = (
+        spark.readStream.format("sqlqueue").option("url", url).option("queue", queue)
+        .option("maxMessagesPerTrigger", str(per_trigger)).load()
+    )
+    t = time.perf_counter()
+    q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    q.awaitTermination()
+    wall = time.perf_counter() - t
+    progress = [p for p in q.recentProgress]
+    rows = sum(p["numInputRows"] for p in progress)
+    busy = [p for p in progress if p["numInputRows"]]
+    trigger_ms = [p["durationMs"]["triggerExecution"] for p in busy]
+    assert rows == n, (rows, n)
+    # the first batch of a query pays Python worker start-up; steady state excludes it
+    steady = sum(p["numInputRows"] for p in busy[1:]) / (sum(trigger_ms[1:]) / 1000) if len(busy) > 1 else float("nan")
+    return {
+        "wall_rate": n / wall,
+        "batch_rate": rows / (sum(trigger_ms) / 1000),
+        "steady_rate": steady,
+        "batches": len(busy),
+        "first_batch_s": trigger_ms[0] / 1000,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
+    ap.add_argument("--per-trigger", type=int, default=50_000)
+    ap.add_argument("--nsb-messages", type=int, default=20_000, help="messages for the one-row baseline")
+    args = ap.parse_args()
+
+    from spark_qtransport.embedded import EmbeddedPostgres
+
+    pg = None
+    url = os.environ.get("SQLQUEUE_URL")
+    if not url:
+        pg = EmbeddedPostgres(fsync=True).start()
+        url = pg.url
+    try:
+        print(f"PostgreSQL: {'embedded, fsync on' if pg else 'from SQLQUEUE_URL'}; cores: {os.cpu_count()}")
+        print(f"messages: {args.messages:,} x {args.size} B bodies; maxMessagesPerTrigger {args.per_trigger:,}\n")
+        nsb = nsb_one_row(url, args.nsb_messages, args.size)
+        print(f"1. NServiceBus way (1 row / transaction, 1 connection):  {nsb:>10,.0f} msg/s  ({args.nsb_messages:,} msgs)")
+        raw = raw_claim_read_ack(url, args.messages, args.size, args.per_trigger)
+        print(f"2. raw SQL claim + read + ack, no Spark:                  {raw:>10,.0f} msg/s")
+
+        from _spark import session
+
+        spark = session("sqlqueue-bench")
+        spark_e2e(spark, url, 2_000, args.size, 1_000, queue="BenchWarm")  # JVM and worker warm-up
+        e2e = spark_e2e(spark, url, args.messages, args.size, args.per_trigger)
+        print(f"3. connector end to end, queue -> Spark -> noop sink:     {e2e['wall_rate']:>10,.0f} msg/s wall clock"
+              f" ({e2e['batches']} batches, first {e2e['first_batch_s']:.2f}s)")
+        print(f"   ... counting micro-batch time only:                   {e2e['batch_rate']:>10,.0f} msg/s;"
+              f" steady state {e2e['steady_rate']:,.0f} msg/s")
+        print(f"4. ratio end to end / raw SQL:                            {e2e['wall_rate'] / raw:>10.2f}"
+              f"   (micro-batch time only: {e2e['batch_rate'] / raw:.2f})")
+
+        tiny = spark_e2e(spark, url, 600, 64, 10, queue="BenchTiny")
+        reset(url, "BenchTiny", "error")
+        tq_ms = 1000 * 600 / tiny["batch_rate"] / 60
+        print(f"5. fixed cost per micro-batch (60 batches of 10):        {tq_ms:>10.0f} ms")
+        spark.stop()
+    finally:
+        if pg is not None:
+            pg.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

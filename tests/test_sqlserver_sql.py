@@ -1,0 +1,1048 @@
+"""The SQL Server dialect without a database: addresses, quoting, and the SQL it generates.
+
+Every statement is checked for: as many ``?`` markers as parameters, no user text outside quoted
+identifiers and parameters, and T-SQL that sqlglot parses. sqlglot 30 parses single T-SQL
+statements well but control flow (IF/WHILE/BEGIN...END/TRY...CATCH) only shallowly: nested blocks
+fall back to opaque "Command" nodes. So each batch is cut into its simple statements (control-flow
+words dropped, IF/WHILE conditions parsed as ``SELECT CASE WHEN <condition> THEN 1 END``) and each
+of those is parsed; the block structure is checked by counting. The few constructs sqlglot cannot
+parse at all are listed in SQLGLOT_GAPS with the reason and asserted on as text instead.
+
+`TestSqlServerLive` runs the statements on a real SQL Server when SQLQUEUE_TEST_SQLSERVER_URL is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+import types
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlglot
+from sqlglot import exp
+from sqlglot.tokens import TokenType
+
+from spark_qtransport.dialects import dialect_named
+from spark_qtransport.dialects.base import QueueAddress, Statement
+from spark_qtransport.dialects.sqlserver import CLAIM_CHUNK, SqlServerDialect, placeholders
+from spark_qtransport.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+D = SqlServerDialect()
+TSQL = sqlglot.Dialect.get_or_raise("tsql")
+
+
+class _Tokenizer(TSQL.tokenizer_class):  # type: ignore[name-defined,misc]
+    # sqlglot lexes everything from a statement-initial END to the next ";" as one raw string
+    # (END is one of its "commands"); T-SQL blocks need END to stay a keyword.
+    COMMANDS = TSQL.tokenizer_class.COMMANDS - {TokenType.END}
+
+
+def tokenize(sql: str) -> list[Any]:
+    return _Tokenizer(dialect=TSQL).tokenize(sql)
+
+EVIL = "evil'; DROP TABLE x; --"
+EVIL_TABLE = "error] ...; DROP TABLE [Victim]; --"
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+#: (pattern, replacement, why): constructs of our SQL that sqlglot 30's T-SQL parser rejects.
+#: The statement must match the pattern (so the text is asserted), then the rest is parsed.
+SQLGLOT_GAPS = [
+    (r"\bPRIMARY KEY CLUSTERED\b", "PRIMARY KEY",
+     "sqlglot parses CLUSTERED only after a named CONSTRAINT; ours is unnamed (names are per schema)"),
+    (r"(\bINTO\s+[#@]\w+)\s*\([^()]*\)", r"\1",
+     "sqlglot parses OUTPUT ... INTO <table> but not the column list after it"),
+]
+#: statements sqlglot misreads rather than rejects ("THROW" parses as a column name)
+TEXT_ONLY = {
+    "THROW": re.compile(r"^THROW(\s+5\d{4}, N'[^']*', 1)?$"),
+}
+
+_STARTERS = {
+    "SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "SET", "DECLARE", "EXEC", "EXECUTE", "THROW",
+    "BREAK", "COMMIT", "ROLLBACK", "DROP", "CREATE", "ALTER", "BEGIN", "IF", "WHILE", "RETURN",
+}
+_QUOTED = {TokenType.IDENTIFIER, TokenType.STRING, TokenType.NATIONAL_STRING}
+
+
+def _word(tok: Any) -> str:
+    return "" if tok.token_type in _QUOTED else tok.text.upper()
+
+
+def simple_statements(sql: str) -> list[tuple[str, str]]:
+    """Cut a T-SQL batch into ("statement" | "condition", text) parts, dropping control flow."""
+    toks = tokenize(sql)
+    out: list[tuple[str, str]] = []
+
+    def text(a: int, b: int) -> str:
+        return sql[toks[a].start : toks[b].end + 1]
+
+    i = 0
+    while i < len(toks):
+        w = _word(toks[i])
+        nxt = _word(toks[i + 1]) if i + 1 < len(toks) else ""
+        if toks[i].token_type == TokenType.SEMICOLON:
+            i += 1
+        elif w in ("BEGIN", "END") and nxt in ("TRY", "CATCH"):
+            i += 2
+        elif (w == "BEGIN" and nxt not in ("TRANSACTION", "TRAN")) or w in ("END", "ELSE", "BREAK"):
+            i += 1
+        elif w in ("IF", "WHILE"):
+            j, depth = i + 1, 0
+            while j < len(toks):
+                t = toks[j]
+                if t.token_type == TokenType.L_PAREN:
+                    depth += 1
+                elif t.token_type == TokenType.R_PAREN:
+                    depth -= 1
+                elif depth == 0 and _word(t) in _STARTERS:
+                    break
+                j += 1
+            out.append(("condition", f"SELECT CASE WHEN {text(i + 1, j - 1)} THEN 1 END"))
+            i = j
+        else:
+            j, depth, case = i, 0, 0
+            while j < len(toks):
+                t, tw = toks[j], _word(toks[j])
+                if t.token_type == TokenType.L_PAREN:
+                    depth += 1
+                elif t.token_type == TokenType.R_PAREN:
+                    depth -= 1
+                elif depth == 0:
+                    if t.token_type == TokenType.SEMICOLON:
+                        break
+                    if tw == "CASE":
+                        case += 1
+                    elif tw == "END":
+                        if not case:
+                            break
+                        case -= 1
+                    elif j > i and not case and tw in ("ELSE", "BEGIN", "IF", "WHILE"):
+                        break
+                j += 1
+            out.append(("statement", text(i, j - 1)))
+            i = j
+    return out
+
+
+def parse_all(sql: str) -> list[exp.Expression]:
+    """Parse every simple statement of a batch; fail on anything sqlglot does not understand."""
+    parsed: list[exp.Expression] = []
+    for _kind, part in simple_statements(sql):
+        first = part.split(None, 1)[0].upper()
+        if first in TEXT_ONLY:
+            assert TEXT_ONLY[first].match(part), part
+            continue
+        try:
+            trees = sqlglot.parse(part, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+        except sqlglot.errors.ParseError:
+            patched = part
+            for pattern, repl, _why in SQLGLOT_GAPS:
+                patched = re.sub(pattern, repl, patched)
+            assert patched != part, f"sqlglot cannot parse and no known gap applies:\n{part}"
+            trees = sqlglot.parse(patched, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+        assert len(trees) == 1 and trees[0] is not None, part
+        commands = list(trees[0].find_all(exp.Command))
+        assert not commands, f"sqlglot fell back to an opaque command: {commands[0]}"
+        parsed.append(trees[0])
+    return parsed
+
+
+def block_words(sql: str) -> list[str]:
+    """BEGIN/END words of the batch's control flow (CASE ... END and BEGIN TRANSACTION left out)."""
+    toks = tokenize(sql)
+    words, case = [], 0
+    for i, t in enumerate(toks):
+        w, nxt = _word(t), (_word(toks[i + 1]) if i + 1 < len(toks) else "")
+        if w == "CASE":
+            case += 1
+        elif w == "END" and case:
+            case -= 1
+        elif w == "BEGIN" and nxt not in ("TRANSACTION", "TRAN"):
+            words.append("BEGIN " + nxt if nxt in ("TRY", "CATCH") else "BEGIN")
+        elif w == "END":
+            words.append("END " + nxt if nxt in ("TRY", "CATCH") else "END")
+    return words
+
+
+def comments(sql: str) -> list[str]:
+    return [c for t in tokenize(sql) for c in t.comments]
+
+
+ADDRESSES = {
+    "plain": ("Sales", "error"),
+    "schema_catalog": ("Sales@[billing]@[shop]", "error@[ops]"),
+    "odd_names": ("A_]_B@[my@schema]", f"{EVIL_TABLE}@[x]]y]@[c.d]"),
+    "dots": ("Sales.Orders.v1", "errors.all"),
+}
+
+
+def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[str, list[Statement]]:
+    """Every statement the dialect makes, by method name (the consumer is EVIL unless told)."""
+    q, e = D.parse_address(queue_text), D.parse_address(error_text, option="errorQueue")
+    c = D.claims_table(q)
+    return {
+        "create_queue": D.create_queue(q),
+        "create_queue_32": D.create_queue(q, seq_bits=32),
+        "create_error": D.create_queue(e),
+        "create_claims": D.create_claims(c),
+        "table_id": [D.table_id(c)],
+        "queue_columns": [D.queue_columns(e)],
+        "try_lock_consumer": [D.try_lock_consumer(c, consumer)],
+        "unlock_consumer": [D.unlock_consumer(c, consumer)],
+        "peek": [D.peek(q, after=0, upto=None)],
+        "peek_upto": [D.peek(q, after=10, upto=99)],
+        "claim": D.claim(q, c, e, consumer=consumer, limit=500, after=0, upto=None),
+        "claim_upto": D.claim(q, c, e, consumer=consumer, limit=5000, after=7, upto=12345),
+        "backlog": [D.backlog(q)],
+        "max_claim": [D.max_claim(c, consumer)],
+        "read_claims": [D.read_claims(c, consumer, after=3, upto=9)],
+        "ack_claims": [D.ack_claims(c, consumer, upto=9, batch=4000)],
+        "max_source_seq": [D.max_source_seq(q)],
+    }
+
+
+ALL = [
+    pytest.param(method, stmt, id=f"{case}-{method}-{i}")
+    for case, (qt, et) in ADDRESSES.items()
+    for method, stmts in statements(qt, et).items()
+    for i, stmt in enumerate(stmts)
+]
+
+
+def one(stmts: list[Statement]) -> Statement:
+    assert len(stmts) == 1
+    return stmts[0]
+
+
+# -- addresses and quoting ----------------------------------------------------------------------
+
+
+class TestAddresses:
+    def test_registered(self) -> None:
+        d = dialect_named("sqlserver")
+        assert isinstance(d, SqlServerDialect)
+        assert (d.name, d.default_schema, d.max_table_bytes) == ("sqlserver", "dbo", 128)
+
+    @pytest.mark.parametrize(
+        ("text", "table", "schema", "catalog"),
+        [
+            ("Sales", "Sales", None, None),
+            ("Sales@dbo", "Sales", "dbo", None),
+            ("Sales@[billing]", "Sales", "billing", None),
+            ("Sales@[billing]@[shop]", "Sales", "billing", "shop"),
+            ("Sales@billing@shop", "Sales", "billing", "shop"),
+            ("table@[my@schema]@[cat]", "table", "my@schema", "cat"),
+            ("t@[a]]@b]@[c]]d]", "t", "a]@b", "c]d"),
+            ("t@[]@[cat]", "t", None, "cat"),  # NServiceBus writes an empty schema as []
+            ("t@", "t", None, None),
+            ("t@[ ]", "t", None, None),  # blank parts mean the default, as in NServiceBus
+            ("t@s@c@ignored", "t", "s", "c"),  # parsing stops after the catalog, as in NServiceBus
+            ("t@@cat", "t", "@cat", None),  # NServiceBus quirk: a part's first character never splits
+            ("[X]", "[X]", None, None),  # the table part is literal: brackets are part of the name
+            ("A_]_B", "A_]_B", None, None),
+            ("Sales.Orders.v1", "Sales.Orders.v1", None, None),  # dots belong to the table name
+            ("t@[a.b]", "t", "a.b", None),
+            ("Sales@[unterminated", "Sales", "[unterminated", None),  # unquoted as NServiceBus does: not at all
+            (" Sales", " Sales", None, None),  # names are not trimmed: NServiceBus does not trim either
+            ("Verkäufe@[Größe]", "Verkäufe", "Größe", None),
+        ],
+    )
+    def test_parse_like_nservicebus(self, text: str, table: str, schema: str | None, catalog: str | None) -> None:
+        assert D.parse_address(text) == QueueAddress(table, schema, catalog)
+
+    @pytest.mark.parametrize(
+        ("address", "quoted"),
+        [
+            (QueueAddress("Sales"), "[dbo].[Sales]"),
+            (QueueAddress("[X]"), "[dbo].[[X]]]"),
+            (QueueAddress("A_]_B"), "[dbo].[A_]]_B]"),
+            (QueueAddress("Sales.Orders.v1", "sch"), "[sch].[Sales.Orders.v1]"),
+            (QueueAddress("table", "my@schema", "cat"), "[cat].[my@schema].[table]"),
+            (QueueAddress(EVIL_TABLE), "[dbo].[error]] ...; DROP TABLE [Victim]]; --]"),
+        ],
+    )
+    def test_qualified(self, address: QueueAddress, quoted: str) -> None:
+        assert D.qualified(address) == quoted
+
+    def test_quote_doubles_closing_brackets_only(self) -> None:
+        assert D.quote("a]b[c") == "[a]]b[c]"
+        assert D.quote("]]") == "[]]]]]"
+
+    @pytest.mark.parametrize("name", ["[X]", "A_]_B", EVIL_TABLE, "Sales.Orders.v1", "a]]]b", "x'y\"z", "--", "/*"])
+    def test_quoted_name_is_one_identifier(self, name: str) -> None:
+        """Whatever the name, it comes out of sqlglot's T-SQL parser as exactly one table name:
+        it cannot end the identifier early and run as SQL."""
+        for addr in (QueueAddress(name), QueueAddress("t", name, name)):
+            trees = sqlglot.parse(f"SELECT * FROM {D.qualified(addr)}", read="tsql")
+            assert len(trees) == 1
+            table = trees[0].find(exp.Table)
+            assert (table.name, table.db or None, table.catalog or None) == (
+                addr.table, addr.schema or "dbo", addr.catalog,
+            )
+            assert not list(trees[0].find_all(exp.Drop, exp.Command))
+
+    @pytest.mark.parametrize(
+        ("address", "text"),
+        [
+            (QueueAddress("Sales"), "Sales@[dbo]"),
+            (QueueAddress("Sales", "billing"), "Sales@[billing]"),
+            (QueueAddress("Sales", "billing", "shop"), "Sales@[billing]@[shop]"),
+            (QueueAddress("Sales", None, "shop"), "Sales@[dbo]@[shop]"),
+            (QueueAddress("table", "my@schema", "c]at"), "table@[my@schema]@[c]]at]"),
+            (QueueAddress("[X]"), "[X]@[dbo]"),
+        ],
+    )
+    def test_format_canonical(self, address: QueueAddress, text: str) -> None:
+        assert D.format_address(address) == text
+
+    @pytest.mark.parametrize(
+        "address",
+        [
+            QueueAddress("Sales"),
+            QueueAddress("A_]_B", "x]]y", "c@t"),
+            QueueAddress("table", "my@schema", "cat"),
+            QueueAddress("t", "[lead", "]trail"),
+            QueueAddress("Sales.Orders.v1", "a.b", "c.d"),
+            QueueAddress(EVIL_TABLE, EVIL_TABLE, EVIL_TABLE),
+        ],
+    )
+    def test_format_parse_round_trip(self, address: QueueAddress) -> None:
+        back = D.parse_address(D.format_address(address))
+        assert back == QueueAddress(address.table, address.schema or "dbo", address.catalog)
+
+    def test_format_refuses_at_in_table(self) -> None:
+        with pytest.raises(ConfigError, match="contains '@'"):
+            D.format_address(QueueAddress("a@b"))
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("", "option 'errorQueue' is empty"),
+            ("   ", "option 'errorQueue' is empty"),
+            ("@dbo", "option 'errorQueue': invalid queue address '@dbo': table name is empty"),
+            (" @dbo", "table name is empty"),
+            ("a\x00b", "NUL"),
+            ("t@[s\x00]", "schema name .* NUL"),
+            ("x" * 129, "longer than 128 characters"),
+            ("t@" + "s" * 129, "schema name .* longer than 128"),
+            ("t@s@" + "c" * 129, "catalog name .* longer than 128"),
+            ("#temp", "temporary tables"),
+        ],
+    )
+    def test_invalid(self, text: str, message: str) -> None:
+        with pytest.raises(ConfigError, match=message):
+            D.parse_address(text, option="errorQueue")
+
+    def test_none_is_empty(self) -> None:
+        with pytest.raises(ConfigError, match="option 'queue' is empty"):
+            D.parse_address(None)  # type: ignore[arg-type]
+
+    def test_128_characters_not_bytes(self) -> None:
+        assert D.parse_address("x" * 128).table == "x" * 128
+        assert D.parse_address("ä" * 128).table == "ä" * 128  # 256 bytes in UTF-8: still a valid name
+        with pytest.raises(ConfigError):
+            D.quote("ä" * 129)
+
+    def test_claims_table(self) -> None:
+        assert D.claims_table(D.parse_address("Sales@[b]@[c]")) == QueueAddress("Sales.Claims", "b", "c")
+        assert D.claims_table(QueueAddress("ä" * 121)).table == "ä" * 121 + ".Claims"
+        with pytest.raises(ConfigError, match="claim table .* would exceed 128 characters"):
+            D.claims_table(QueueAddress("x" * 122))
+
+
+# -- every statement ----------------------------------------------------------------------------
+
+
+class TestEveryStatement:
+    @pytest.mark.parametrize(("method", "stmt"), ALL)
+    def test_markers_match_params(self, method: str, stmt: Statement) -> None:
+        params = stmt.params
+        assert params is None or isinstance(params, tuple), "pyodbc takes positional parameters"
+        n = len(params or ())
+        assert len(placeholders(stmt.sql)) == n
+        assert sum(t.token_type == TokenType.PLACEHOLDER for t in tokenize(stmt.sql)) == n
+        if "?" not in "".join(a for pair in ADDRESSES.values() for a in pair):
+            assert stmt.sql.count("?") == n
+
+    @pytest.mark.parametrize(("method", "stmt"), ALL)
+    def test_consumer_never_in_sql_text(self, method: str, stmt: Statement) -> None:
+        assert EVIL not in stmt.sql and "evil" not in stmt.sql
+        if method in ("try_lock_consumer", "unlock_consumer", "claim", "claim_upto", "max_claim", "read_claims",
+                      "ack_claims"):
+            assert any(EVIL in p for p in stmt.params if isinstance(p, str))
+
+    @pytest.mark.parametrize(("method", "stmt"), ALL)
+    def test_params_are_plain_values(self, method: str, stmt: Statement) -> None:
+        # no None (pyodbc would have to guess the type of a NULL), no bools, nothing exotic
+        for p in stmt.params or ():
+            assert type(p) in (int, str), (method, p)
+
+    @pytest.mark.parametrize(("method", "stmt"), ALL)
+    def test_parses(self, method: str, stmt: Statement) -> None:
+        trees = parse_all(stmt.sql)
+        assert trees
+        kinds = {type(t).__name__ for t in trees}
+        assert not kinds & {"Drop"} or method.startswith("claim"), kinds  # only the temp table is dropped
+        for drop in (t for t in trees if isinstance(t, exp.Drop)):
+            assert drop.sql("tsql") == "DROP TABLE #sqlqueue_moved"
+
+    @pytest.mark.parametrize(("method", "stmt"), ALL)
+    def test_blocks_balance(self, method: str, stmt: Statement) -> None:
+        stack: list[str] = []
+        for w in block_words(stmt.sql):
+            if w.startswith("BEGIN"):
+                stack.append(w.replace("BEGIN", "END"))
+            else:
+                assert stack and stack.pop() == w, (w, stmt.sql)
+        assert not stack
+        assert stmt.sql.count("BEGIN TRANSACTION") == stmt.sql.count("COMMIT TRANSACTION") - (
+            1 if "ERROR_NUMBER() IN (2714, 1913)" in stmt.sql else 0
+        )
+
+    @pytest.mark.parametrize(("method", "stmt"), ALL)
+    def test_comments_are_inert(self, method: str, stmt: Statement) -> None:
+        """Drivers scan for ``?`` markers and literals; a comment must not look like either."""
+        for c in comments(stmt.sql):
+            assert not set(c) & set("?'\"[]"), c
+
+    @pytest.mark.parametrize(("method", "stmt"), ALL)
+    def test_nocount_only_in_parameterized_batches(self, method: str, stmt: Statement) -> None:
+        # A parameterized batch runs in sp_executesql/sp_prepexec: its SET options end with it.
+        # Without parameters a SET NOCOUNT ON would stay on the session and hide rowcounts.
+        if "SET NOCOUNT ON" in stmt.sql or "SET XACT_ABORT ON" in stmt.sql:
+            assert stmt.params
+
+    @pytest.mark.parametrize("case", [c for c in ADDRESSES if c != "plain"])
+    def test_names_change_only_quoted_identifiers(self, case: str) -> None:
+        """Token for token, the SQL made for odd names equals the SQL made for plain names of the
+        same shape except inside quoted identifiers: a name cannot add or change a statement."""
+        odd = statements(*ADDRESSES[case])
+        plain = statements(*(_skeleton(t) for t in ADDRESSES[case]))
+        for method in plain:
+            for a, b in zip(plain[method], odd[method], strict=True):
+                assert _shape(a.sql) == _shape(b.sql), method
+
+
+def _skeleton(text: str) -> str:
+    """A plain address of the same shape (schema and catalog given or not)."""
+    a = D.parse_address(text)
+    return D.format_address(QueueAddress("T", "S" if a.schema else None, "C" if a.catalog else None)).replace(
+        "@[dbo]", "" if a.schema is None and a.catalog is None else "@[]"
+    )
+
+
+def _shape(sql: str) -> list[str]:
+    return ["<name>" if t.token_type == TokenType.IDENTIFIER else t.text for t in tokenize(sql)]
+
+
+class TestNoUserTextInSql:
+    """User values travel only as parameters; names only as quoted identifiers."""
+
+    @pytest.mark.parametrize("consumer", [EVIL, "Billing]; --", "a?b", "x" * 200])
+    def test_consumer_only_in_params(self, consumer: str) -> None:
+        q, e = D.parse_address("Sales"), D.parse_address("error")
+        c = D.claims_table(q)
+        stmts = [
+            D.try_lock_consumer(c, consumer),
+            D.unlock_consumer(c, consumer),
+            *D.claim(q, c, e, consumer=consumer, limit=10, after=0, upto=None),
+            *D.claim(q, c, e, consumer=consumer, limit=10, after=0, upto=5),
+            D.max_claim(c, consumer),
+            D.read_claims(c, consumer, after=0, upto=1),
+            D.ack_claims(c, consumer, upto=1, batch=10),
+        ]
+        for s in stmts:
+            assert consumer not in s.sql
+            assert any(consumer in p for p in s.params if isinstance(p, str)), s.sql
+
+    def test_evil_name_only_quoted(self) -> None:
+        """The evil name as table, schema and catalog: wherever it shows in SQL text it is one
+        quoted identifier token, never SQL."""
+        quoted_schema = EVIL_TABLE.replace("]", "]]")
+        for method, stmts in statements(f"{EVIL_TABLE}@[{quoted_schema}]@[{quoted_schema}]", EVIL_TABLE).items():
+            for s in stmts:
+                tokens = tokenize(s.sql)
+                outside = [t for t in tokens if "Victim" in t.text and t.token_type != TokenType.IDENTIFIER]
+                assert not outside, (method, outside)
+                names = {t.text for t in tokens if "Victim" in t.text}
+                assert names <= {EVIL_TABLE, EVIL_TABLE + ".Claims"}, (method, names)
+                # the name is there: quoted in the text, or as a parameter
+                assert names or any("Victim" in p for p in s.params or () if isinstance(p, str)), method
+                assert not [t for t in parse_all(s.sql) if isinstance(t, exp.Drop) and "Victim" in t.sql("tsql")]
+
+    def test_consumer_length(self) -> None:
+        c = D.claims_table(D.parse_address("Sales"))
+        with pytest.raises(ConfigError, match="option 'endpoint'"):
+            D.read_claims(c, "x" * 201, after=0, upto=1)
+        with pytest.raises(ConfigError, match="option 'endpoint'"):
+            D.try_lock_consumer(c, "")
+
+    def test_lock_resource_fits_and_stays_distinct(self) -> None:
+        c = D.claims_table(QueueAddress("q" * 100, "s" * 100))
+        a, b = D.try_lock_consumer(c, "x" * 199 + "a"), D.try_lock_consumer(c, "x" * 199 + "b")
+        assert all(len(s.params[0]) <= 255 for s in (a, b))
+        assert a.params != b.params
+        short = D.try_lock_consumer(D.claims_table(QueueAddress("Sales")), "Billing")
+        assert short.params == ("sqlqueue consumer [dbo].[Sales.Claims] Billing",)
+        assert D.unlock_consumer(D.claims_table(QueueAddress("Sales")), "Billing").params == short.params * 2
+
+
+# -- the statements, one by one -----------------------------------------------------------------
+
+
+def _flat(sql: str) -> str:
+    return " ".join(sql.split())
+
+
+class TestInstallers:
+    def test_queue_table_is_nservicebus_layout(self) -> None:
+        s = one(D.create_queue(D.parse_address("Sales")))
+        assert s.params == ("[dbo].[Sales]",)
+        (create,) = [t for t in parse_all(s.sql) if isinstance(t, exp.Create) and t.kind == "TABLE"]
+        cols = {c.name: c.args["kind"].sql("tsql") for c in create.find_all(exp.ColumnDef)}
+        assert cols == {
+            "Id": "UNIQUEIDENTIFIER", "CorrelationId": "VARCHAR(255)", "ReplyToAddress": "VARCHAR(255)",
+            "Recoverable": "BIT", "Expires": "DATETIME", "Headers": "NVARCHAR(MAX)", "Body": "VARBINARY(MAX)",
+            "RowVersion": "BIGINT",
+        }
+        flat = _flat(s.sql)
+        for column in ("Id uniqueidentifier NOT NULL", "CorrelationId varchar(255) NULL", "Recoverable bit NOT NULL",
+                       "Expires datetime NULL", "Headers nvarchar(max) NOT NULL", "Body varbinary(max) NULL",
+                       "RowVersion bigint IDENTITY(1,1) NOT NULL"):
+            assert column in flat
+        assert "CLUSTERED" not in flat.replace("NONCLUSTERED", "")  # a heap, like NServiceBus's
+        assert "CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [dbo].[Sales] (RowVersion);" in flat
+        assert ("CREATE NONCLUSTERED INDEX [Index_Expires] ON [dbo].[Sales] (Expires) INCLUDE (Id, RowVersion)"
+                " WHERE Expires IS NOT NULL;") in flat
+        assert "CREATE SCHEMA" not in flat  # no schema named: dbo exists
+
+    def test_idempotent_with_nservicebus_lock(self) -> None:
+        flat = _flat(one(D.create_queue(D.parse_address("Sales"))).sql)
+        check = "IF NOT EXISTS (SELECT * FROM sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')"
+        assert flat.count(check) == 2  # before the lock and again under it
+        assert flat.index(check) < flat.index("BEGIN TRANSACTION") < flat.index("sp_getapplock") < flat.rindex(check)
+        # NServiceBus's resource: '[catalog].[schema].[table]_lock', catalog = the current database
+        assert "DECLARE @lock nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock';" in flat
+        assert "@LockMode = N'Exclusive', @LockOwner = N'Transaction'" in flat
+        assert "IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1 COMMIT TRANSACTION;" in flat
+
+    def test_catalog_and_schema(self) -> None:
+        s = one(D.create_queue(D.parse_address("Sales@[billing]@[shop]")))
+        assert s.params == ("[shop].[billing].[Sales]", "billing", "[billing]")
+        flat = _flat(s.sql)
+        assert "DECLARE @lock nvarchar(255) = @table + N'_lock';" in flat
+        assert "FROM [shop].sys.objects WHERE" in flat and "FROM [shop].sys.schemas WHERE name = @schema" in flat
+        assert "DECLARE @createSchema nvarchar(max) = N'CREATE SCHEMA ' + ?;" in flat
+        assert "EXEC [shop].sys.sp_executesql @createSchema;" in flat  # runs in the catalog it belongs to
+        assert "IF ERROR_NUMBER() <> 2714 THROW;" in flat
+        assert "CREATE TABLE [shop].[billing].[Sales] (" in flat
+
+    def test_schema_name_is_a_quoted_parameter(self) -> None:
+        s = one(D.create_queue(D.parse_address(f"q@[{EVIL_TABLE.replace(']', ']]')}]")))
+        assert s.params[1:] == (EVIL_TABLE, "[error]] ...; DROP TABLE [Victim]]; --]")
+
+    def test_seq_bits(self) -> None:
+        assert "RowVersion int IDENTITY(1,1) NOT NULL" in one(D.create_queue(QueueAddress("q"), seq_bits=32)).sql
+        with pytest.raises(ConfigError, match="seq_bits"):
+            D.create_queue(QueueAddress("q"), seq_bits=16)
+
+    def test_claims_table(self) -> None:
+        s = one(D.create_claims(D.claims_table(D.parse_address("Sales"))))
+        flat = _flat(s.sql)
+        assert s.params == ("[dbo].[Sales.Claims]",)
+        for column in ("Consumer nvarchar(200) NOT NULL", "ClaimSeq bigint IDENTITY(1,1) NOT NULL",
+                       "Id uniqueidentifier NOT NULL", "Expires datetime NULL", "Headers nvarchar(max) NOT NULL",
+                       "Body varbinary(max) NULL", "SourceSeq bigint NOT NULL",
+                       "ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME()",
+                       "PRIMARY KEY CLUSTERED (Consumer, ClaimSeq)"):
+            assert column in flat
+        assert "ALTER TABLE [dbo].[Sales.Claims] SET (LOCK_ESCALATION = DISABLE);" in flat
+        assert "sp_getapplock" in flat and flat.count("OBJECT_ID(@table) AND type = N'U'") == 2
+
+
+class TestReceiveStatements:
+    Q, E = QueueAddress("Sales"), QueueAddress("error")
+    C = QueueAddress("Sales.Claims")
+
+    def claim(self, **kw: Any) -> Statement:
+        args = {"consumer": "Billing", "limit": 100, "after": 0, "upto": None, **kw}
+        return one(D.claim(self.Q, self.C, self.E, **args))
+
+    def test_claim_params_in_marker_order(self) -> None:
+        assert self.claim().params == (100, 0, "Billing", "[dbo].[error]")
+        assert self.claim(after=5, upto=9).params == (100, 5, 9, "Billing", "[dbo].[error]")
+        flat = _flat(self.claim(after=5, upto=9).sql)
+        assert flat.index("@limit bigint = ?") < flat.index("@after bigint = ?") < flat.index("@upto bigint = ?") \
+            < flat.index("@consumer nvarchar(200) = ?") < flat.index("@error nvarchar(776) = ?")
+
+    def test_claim_takes_oldest_unlocked_rows(self) -> None:
+        flat = _flat(self.claim().sql)
+        assert ("WITH picked AS ( SELECT TOP (@chunk) Id, Expires, Headers, Body, RowVersion"
+                " FROM [dbo].[Sales] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion > @after"
+                " ORDER BY RowVersion )") in flat
+        assert ("DELETE FROM picked OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion"
+                " INTO #sqlqueue_moved (Id, Expires, Headers, Body, RowVersion);") in flat
+        assert "RowVersion <= @upto" not in flat
+        assert "WHERE RowVersion > @after AND RowVersion <= @upto ORDER BY RowVersion" in _flat(self.claim(upto=9).sql)
+
+    def test_claim_chunks_stay_below_lock_escalation(self) -> None:
+        assert CLAIM_CHUNK < 5000 / 2  # a heap row costs a RID lock and index key locks
+        flat = _flat(self.claim(limit=10_000).sql)
+        assert "WHILE @limit > 0 BEGIN" in flat
+        assert f"SET @chunk = CASE WHEN @limit < {CLAIM_CHUNK} THEN @limit ELSE {CLAIM_CHUNK} END;" in flat
+        assert "IF @n < @chunk BREAK;" in flat  # fewer rows than asked: the queue has no more for us
+
+    def test_claim_is_all_or_nothing_read_committed(self) -> None:
+        sql = self.claim().sql
+        assert sql.startswith("SET NOCOUNT ON;")  # the final SELECT is the batch's first result
+        assert "SET XACT_ABORT ON;" in sql
+        assert "SNAPSHOT" not in sql and "NOLOCK" not in sql and "TRANSACTION" not in sql  # caller's transaction
+
+    def test_claim_expired_and_poison(self) -> None:
+        flat = _flat(self.claim().sql)
+        assert "Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END" in flat
+        poison = flat[flat.index("Poison = CASE"):]
+        assert poison.startswith("Poison = CASE WHEN ISJSON(Headers) = 1 AND LEFT(LTRIM(")
+        assert "= N'{' THEN CASE WHEN EXISTS (SELECT 1 FROM OPENJSON(CASE WHEN ISJSON(Headers) = 1 THEN Headers END)" \
+            " WHERE type NOT IN (0, 1)) THEN 1 ELSE 0 END ELSE 1 END;" in poison
+
+    def test_poison_to_error_queue_with_or_without_recoverable(self) -> None:
+        flat = _flat(self.claim().sql)
+        assert ("IF EXISTS (SELECT 1 FROM sys.columns WHERE object_id = OBJECT_ID(@error)"
+                " AND name = N'Recoverable')") in flat
+        assert ("INSERT INTO [dbo].[error] (Id, Expires, Headers, Body) SELECT Id, NULL, Headers, Body"
+                " FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion;") in flat
+        # the Recoverable variant is dynamic SQL: check it parses once the name is put in
+        m = re.search(r"DECLARE @insertError nvarchar\(max\) = N'INSERT INTO ' \+ @error \+ N'([^']*)';", flat)
+        assert m
+        dynamic = "INSERT INTO [dbo].[error]" + m.group(1)
+        tree = sqlglot.parse_one(dynamic, read="tsql")
+        assert isinstance(tree, exp.Insert)
+        assert [c.name for c in tree.this.expressions] == ["Id", "Recoverable", "Expires", "Headers", "Body"]
+        assert m.group(1).endswith("FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion")
+        assert "EXEC sys.sp_executesql @insertError;" in flat
+        other_catalog = _flat(one(D.claim(self.Q, self.C, QueueAddress("error", "ops", "cat"), consumer="B",
+                                          limit=1, after=0, upto=None)).sql)
+        assert "FROM [cat].sys.columns WHERE object_id = OBJECT_ID(@error)" in other_catalog
+
+    def test_claimed_in_queue_order(self) -> None:
+        flat = _flat(self.claim().sql)
+        assert ("INSERT INTO [dbo].[Sales.Claims] (Consumer, Id, Expires, Headers, Body, SourceSeq)"
+                " OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)"
+                " SELECT @consumer, Id, Expires, Headers, Body, RowVersion FROM #sqlqueue_moved"
+                " WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;") in flat
+
+    def test_claim_result_row(self) -> None:
+        last = parse_all(self.claim().sql)[-1]
+        assert isinstance(last, exp.Select)
+        assert [e.alias for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "max_claim", "max_source"]
+        assert [e.this.name for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "maxClaim", "maxSource"]
+        # the only statement returning rows: every other SELECT of the batch assigns variables
+        selects = [part for kind, part in simple_statements(self.claim().sql)
+                   if kind == "statement" and part.startswith("SELECT")]
+        for part in selects[:-1]:
+            tree = sqlglot.parse_one(part, read="tsql")
+            assert all(isinstance(e, exp.EQ) and isinstance(e.this, exp.Parameter) for e in tree.expressions), part
+
+    def test_claim_rejects_nonsense(self) -> None:
+        with pytest.raises(ValueError):
+            self.claim(limit=0)
+
+    def test_peek(self) -> None:
+        s = D.peek(self.Q, after=3, upto=None)
+        assert s.sql == ("SELECT TOP (1) RowVersion FROM [dbo].[Sales] WITH (UPDLOCK, READPAST, ROWLOCK)"
+                         " WHERE RowVersion > ? ORDER BY RowVersion")
+        assert s.params == (3,)
+        s = D.peek(self.Q, after=3, upto=8)
+        assert "WHERE RowVersion > ? AND RowVersion <= ? ORDER BY RowVersion" in s.sql and s.params == (3, 8)
+
+    def test_backlog_is_nservicebus_peek(self) -> None:
+        assert D.backlog(self.Q) == Statement(
+            "SELECT isnull(cast(max(RowVersion) - min(RowVersion) + 1 AS bigint), 0)"
+            " FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    def test_table_id_and_columns(self) -> None:
+        assert D.table_id(self.C) == Statement("SELECT CAST(OBJECT_ID(?) AS nvarchar(20))", ("[dbo].[Sales.Claims]",))
+        s = D.queue_columns(QueueAddress("q", "s", "c"))
+        assert s.params == ("[c].[s].[q]",)
+        assert "FROM [c].sys.columns AS c JOIN [c].sys.types AS t ON t.user_type_id = c.user_type_id" in s.sql
+        assert s.sql.startswith("SELECT LOWER(c.name),")
+
+    def test_consumer_lock(self) -> None:
+        s = D.try_lock_consumer(self.C, "Billing")
+        assert "EXEC @rc = sys.sp_getapplock @Resource = ?, @LockMode = N'Exclusive', @LockOwner = N'Session'," \
+               " @LockTimeout = 0;" in s.sql
+        assert s.sql.rstrip().endswith("SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)")
+        u = D.unlock_consumer(self.C, "Billing")
+        assert "APPLOCK_MODE(N'public', ?, N'Session') <> N'NoLock'" in u.sql
+        assert "EXEC sys.sp_releaseapplock @Resource = ?, @LockOwner = N'Session';" in u.sql
+
+    def test_claims_reads(self) -> None:
+        assert D.max_claim(self.C, "B") == Statement(
+            "SELECT (SELECT TOP (1) ClaimSeq FROM [dbo].[Sales.Claims] WHERE Consumer = ? ORDER BY ClaimSeq DESC),"
+            " (SELECT TOP (1) ClaimSeq FROM [dbo].[Sales.Claims] WHERE Consumer = ? ORDER BY ClaimSeq)",
+            ("B", "B"),
+        )
+        r = D.read_claims(self.C, "B", after=10, upto=20)
+        assert r.sql == (
+            "SELECT ClaimSeq, CAST(Id AS varchar(36)), Expires, Headers, Body, SourceSeq, ClaimedAt"
+            " FROM [dbo].[Sales.Claims] WHERE Consumer = ? AND ClaimSeq > ? AND ClaimSeq <= ? ORDER BY ClaimSeq"
+        )
+        assert r.params == ("B", 10, 20)
+        assert D.ack_claims(self.C, "B", upto=20, batch=500) == Statement(
+            "DELETE TOP (?) FROM [dbo].[Sales.Claims] WHERE Consumer = ? AND ClaimSeq <= ?", (500, "B", 20)
+        )
+        assert D.max_source_seq(self.Q).sql == "SELECT max(RowVersion) FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK)"
+
+
+# -- scripts for DBAs ---------------------------------------------------------------------------
+
+SQL_DIR = ROOT / "sql" / "sqlserver"
+HEADER = """\
+-- {title}
+--
+-- Generated from spark_qtransport.dialects.sqlserver.SqlServerDialect.{method}() and rendered
+-- with SqlServerDialect.script(): this is exactly what the connector runs, with its parameters
+-- written as literals. tests/test_sqlserver_sql.py fails when this file and the code differ
+-- (regenerate with SQLQUEUE_WRITE_SQL=1 pytest tests/test_sqlserver_sql.py -k script_files).
+-- `sqlqueue ddl` prints the same script for other queue names.
+--
+-- Idempotent: does nothing when the table exists; otherwise creates it under the same
+-- application lock as the NServiceBus installer (<table>_lock), so the two never race.
+"""
+SCRIPTS = {
+    "queue.sql": (
+        "Queue table [dbo].[Sales]: the NServiceBus SQL Server transport layout (queue 'Sales').",
+        "create_queue",
+        lambda: D.create_queue(D.parse_address("Sales")),
+    ),
+    "claims.sql": (
+        "Claim table [dbo].[Sales.Claims] of queue 'Sales': messages claimed by spark-qtransport readers.",
+        "create_claims",
+        lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
+    ),
+}
+
+
+def _script_file(name: str) -> str:
+    title, method, make = SCRIPTS[name]
+    return HEADER.format(title=title, method=method) + "\n" + D.script(make())
+
+
+class TestScripts:
+    @pytest.mark.parametrize("name", list(SCRIPTS))
+    def test_script_files(self, name: str) -> None:
+        expected = _script_file(name)
+        path = SQL_DIR / name
+        if os.environ.get("SQLQUEUE_WRITE_SQL") == "1":
+            path.write_text(expected, encoding="utf-8")
+        assert path.exists(), f"{path} is missing"
+        assert "".join(path.read_text(encoding="utf-8").split()) == "".join(expected.split()), (
+            f"{path} differs from the code; regenerate it (see its header)"
+        )
+
+    def test_script_inlines_literals(self) -> None:
+        text = D.script([Statement("SELECT ?, ?, [a?], '?', ? -- ?\n", ("it's", 5, "x"))])
+        assert text == "SELECT N'it''s', 5, [a?], '?', N'x' -- ?\nGO\n"
+
+    def test_script_counts_markers(self) -> None:
+        with pytest.raises(ValueError, match="1 parameter markers but 2 parameters"):
+            D.script([Statement("SELECT ?", (1, 2))])
+
+    def test_script_of_queue_parses_without_parameters(self) -> None:
+        text = D.script(D.create_queue(D.parse_address("Sales@[billing]")))
+        assert "DECLARE @table nvarchar(776) = N'[dbo].[Sales]'" not in text
+        assert "DECLARE @table nvarchar(776) = N'[billing].[Sales]';" in text
+        assert "DECLARE @createSchema nvarchar(max) = N'CREATE SCHEMA ' + N'[billing]';" in text
+        batch = text.rsplit("GO", 1)[0]
+        assert not placeholders(batch)
+        parse_all(batch)
+
+
+def test_placeholders_skip_quoted_text_and_comments() -> None:
+    sql = "SELECT ? FROM [a?]]?] WHERE x = N'?''?' AND \"q?\" = ? -- ?\n/* ? */ AND y = ?"
+    assert [sql[i - 2 : i + 1] for i in placeholders(sql)] == ["T ?", "= ?", "= ?"]
+    assert placeholders(sql)[1] == sql.index("\" = ?") + 4
+
+
+# -- errors and connections ---------------------------------------------------------------------
+
+
+class _FakeError(Exception):
+    """Shaped like pyodbc.Error: args = (sqlstate, message)."""
+
+
+class TestErrors:
+    @pytest.mark.parametrize(
+        ("state", "message"),
+        [
+            ("40001", "[40001] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Transaction (Process ID 57) was"
+                      " deadlocked on lock resources with another process and has been chosen as the deadlock victim."
+                      " Rerun the transaction. (1205) (SQLExecDirectW)"),
+            ("08S01", "[08S01] [Microsoft][ODBC Driver 18 for SQL Server]TCP Provider: Error code 0x68 (104) (SQLExecDirectW)"),
+            ("HYT00", "[HYT00] [Microsoft][ODBC Driver 18 for SQL Server]Query timeout expired (0) (SQLExecDirectW)"),
+            ("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Database 'shop' on server 'x'"
+                      " is not currently available. Please retry the connection later. (40613) (SQLDriverConnect)"),
+            ("42000", "[42000] [Microsoft]...Resource ID : 1. The request limit for the database is 200 and has been"
+                      " reached. (10928); [42000] ... The service is currently busy. (40501)"),
+            ("HY000", "[HY000] [FreeTDS][SQL Server]Server is busy (49918) (SQLExecDirectW)"),
+        ],
+    )
+    def test_transient(self, state: str, message: str) -> None:
+        assert D.is_transient(_FakeError(state, message))
+
+    @pytest.mark.parametrize(
+        ("state", "message"),
+        [
+            ("42S02", "[42S02] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Invalid object name 'dbo.x'. (208) (SQLExecDirectW)"),
+            ("23000", "[23000] ... Cannot insert the value NULL into column 'Recoverable' (515) (SQLExecDirectW)"),
+            ("22001", "[22001] ... String or binary data would be truncated. Truncated value: '(1205)'. (2628) (SQLExecDirectW)"),
+            ("42000", "[42000] ... Incorrect syntax near 'x'. (102) (SQLExecDirectW)"),
+        ],
+    )
+    def test_not_transient(self, state: str, message: str) -> None:
+        assert not D.is_transient(_FakeError(state, message))
+        assert not D.is_transient(ValueError("plain"))
+
+    def test_undefined_table(self) -> None:
+        assert D.is_undefined_table(_FakeError("42S02", "[42S02] ...Invalid object name 'dbo.x'. (208) (SQLExecDirectW)"))
+        assert D.is_undefined_table(_FakeError("42000", "... Invalid object name 'x'. (208) (SQLExecDirectW)"))
+        assert not D.is_undefined_table(_FakeError("42S22", "... Invalid column name 'x'. (207) (SQLExecDirectW)"))
+        assert not D.is_undefined_table(KeyError("x"))
+
+
+class TestConnect:
+    def test_connect_read_committed_autocommit_off(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from spark_qtransport.connections import parse_url
+
+        calls: list[Any] = []
+
+        class Cursor:
+            def execute(self, sql: str, *params: Any) -> None:
+                calls.append(("execute", sql, params))
+
+            def close(self) -> None:
+                calls.append(("cursor.close",))
+
+        class Conn:
+            def cursor(self) -> Cursor:
+                return Cursor()
+
+            def commit(self) -> None:
+                calls.append(("commit",))
+
+            def close(self) -> None:
+                calls.append(("close",))
+
+        def connect(text: str, **kw: Any) -> Conn:
+            calls.append(("connect", text, kw))
+            return Conn()
+
+        class OperationalError(Exception):
+            pass
+
+        fake = types.ModuleType("pyodbc")
+        fake.connect = connect  # type: ignore[attr-defined]
+        fake.OperationalError = OperationalError  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "pyodbc", fake)
+        url = parse_url("sqlserver://sa:pw@db.local:1433/Shop?TrustServerCertificate=yes")
+        D.connect(url)
+        assert calls[0] == ("connect", url.odbc_string(), {"autocommit": False})
+        assert ("execute", "SET TRANSACTION ISOLATION LEVEL READ COMMITTED", ()) in calls
+        assert calls[-1] == ("commit",)
+        assert D.is_transient(OperationalError("08S01", "link failure"))
+        assert D.is_transient(OperationalError("HY000", "anything"))  # every OperationalError
+
+
+# -- a real SQL Server --------------------------------------------------------------------------
+
+LIVE_URL = os.environ.get("SQLQUEUE_TEST_SQLSERVER_URL")
+NSB_SEND = (
+    "INSERT INTO {0} (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body)"
+    " VALUES (NEWID(), NULL, NULL, 1, NULL, ?, ?)"
+)
+NSB_SEND_TTBR = (
+    "INSERT INTO {0} (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body)"
+    " VALUES (NEWID(), NULL, NULL, 1, DATEADD(ms, ?, GETUTCDATE()), ?, ?)"
+)
+
+
+def _headers(n: int) -> str:
+    return json.dumps({"NServiceBus.MessageId": f"m-{n}", "NServiceBus.ContentType": "application/json",
+                       "Custom.Null": None, "Custom.Text": "Grüße \u2603"}, ensure_ascii=False)
+
+
+@pytest.mark.sqlserver
+@pytest.mark.skipif(not LIVE_URL, reason="SQLQUEUE_TEST_SQLSERVER_URL not set")
+class TestSqlServerLive:
+    @pytest.fixture
+    def db(self) -> Any:
+        from spark_qtransport.connections import parse_url
+
+        url = parse_url(LIVE_URL or "")
+        conn = D.connect(url)
+        tag = uuid.uuid4().hex[:8]
+        q = D.parse_address(f"sqlqueue_test_{tag}")
+        e = D.parse_address(f"sqlqueue_test_{tag}_error")
+        plain_error = D.parse_address(f"sqlqueue_test_{tag}_plainerror")
+        c = D.claims_table(q)
+        created = [q, e, c, plain_error]
+        try:
+            yield types.SimpleNamespace(url=url, conn=conn, q=q, e=e, c=c, plain_error=plain_error)
+        finally:
+            conn.rollback()
+            cur = conn.cursor()
+            for t in created:
+                cur.execute(f"DROP TABLE IF EXISTS {D.qualified(t)}")
+            conn.commit()
+            conn.close()
+
+    @staticmethod
+    def run(conn: Any, stmts: list[Statement] | Statement) -> Any:
+        cur = conn.cursor()
+        for s in stmts if isinstance(stmts, list) else [stmts]:
+            cur.execute(s.sql, s.params) if s.params is not None else cur.execute(s.sql)
+        return cur
+
+    def install(self, db: Any) -> None:
+        for _ in range(2):  # idempotent
+            self.run(db.conn, D.create_queue(db.q) + D.create_queue(db.e) + D.create_claims(db.c))
+            db.conn.commit()
+
+    def test_queue_tables(self, db: Any) -> None:
+        self.install(db)
+        cols = dict(self.run(db.conn, D.queue_columns(db.q)).fetchall())
+        assert cols == {"id": "uniqueidentifier", "correlationid": "varchar(255)", "replytoaddress": "varchar(255)",
+                        "recoverable": "bit", "expires": "datetime", "headers": "nvarchar(max)",
+                        "body": "varbinary(max)", "rowversion": "bigint"}
+        first = self.run(db.conn, D.table_id(db.c)).fetchone()[0]
+        assert first is not None
+        assert self.run(db.conn, D.table_id(db.q.with_table("no_such_table_here"))).fetchone()[0] is None
+        indexes = {r[0] for r in self.run(db.conn, Statement(
+            "SELECT name FROM sys.indexes WHERE object_id = OBJECT_ID(?) AND name IS NOT NULL", (D.qualified(db.q),)
+        )).fetchall()}
+        assert indexes == {"Index_RowVersion", "Index_Expires"}
+        db.conn.commit()
+
+    def test_consumer_lock(self, db: Any) -> None:
+        self.install(db)
+        other = D.connect(db.url)
+        try:
+            assert self.run(db.conn, D.try_lock_consumer(db.c, EVIL)).fetchone()[0] in (1, True)
+            db.conn.commit()
+            assert self.run(other, D.try_lock_consumer(db.c, EVIL)).fetchone()[0] in (0, False)
+            assert self.run(other, D.try_lock_consumer(db.c, "someone else")).fetchone()[0] in (1, True)
+            other.commit()
+            self.run(db.conn, D.unlock_consumer(db.c, EVIL))
+            self.run(db.conn, D.unlock_consumer(db.c, EVIL))  # not held: no error
+            db.conn.commit()
+            assert self.run(other, D.try_lock_consumer(db.c, EVIL)).fetchone()[0] in (1, True)
+            other.commit()
+        finally:
+            other.close()
+
+    def test_claim_read_ack(self, db: Any) -> None:
+        self.install(db)
+        cur = db.conn.cursor()
+        q = D.qualified(db.q)
+        good = [(_headers(n), f'{{"n": {n}}}'.encode()) for n in range(3)]
+        cur.execute(NSB_SEND.format(q), good[0])
+        cur.execute(NSB_SEND.format(q), ("not json", b"p1"))
+        cur.execute(NSB_SEND.format(q), good[1])
+        cur.execute(NSB_SEND_TTBR.format(q), (1, _headers(99), b"expired"))
+        cur.execute(NSB_SEND.format(q), ('{"a": 1}', b"p2"))
+        cur.execute(NSB_SEND.format(q), ('["x"]', b"p3"))
+        cur.execute(NSB_SEND_TTBR.format(q), (1, "not json either", b"expired poison"))
+        cur.execute(NSB_SEND.format(q), good[2])
+        db.conn.commit()
+        time.sleep(0.1)  # let the 1 ms time-to-be-received pass
+
+        assert self.run(db.conn, D.backlog(db.q)).fetchone()[0] == 8
+        first = self.run(db.conn, D.peek(db.q, after=0, upto=None)).fetchone()[0]
+        row = self.run(db.conn, D.claim(db.q, db.c, db.e, consumer=EVIL, limit=100, after=0, upto=None)).fetchone()
+        db.conn.commit()
+        deleted, expired, poison, claimed, max_claim, max_source = row
+        assert (deleted, expired, poison, claimed) == (8, 2, 3, 3)
+        assert max_source == first + 7 and max_claim is not None
+        assert self.run(db.conn, D.peek(db.q, after=0, upto=None)).fetchone() is None
+        assert self.run(db.conn, D.backlog(db.q)).fetchone()[0] == 0
+        assert self.run(db.conn, D.max_source_seq(db.q)).fetchone()[0] is None
+
+        errors = self.run(db.conn, Statement(
+            f"SELECT Headers, Body, Recoverable, Expires FROM {D.qualified(db.e)} ORDER BY RowVersion"
+        )).fetchall()
+        assert [(h, bytes(b)) for h, b, _, _ in errors] == [("not json", b"p1"), ('{"a": 1}', b"p2"), ('["x"]', b"p3")]
+        assert all(r[2] in (1, True) and r[3] is None for r in errors)
+
+        hi, lo = self.run(db.conn, D.max_claim(db.c, EVIL)).fetchone()
+        assert (hi, hi - lo) == (max_claim, 2)
+        rows = self.run(db.conn, D.read_claims(db.c, EVIL, after=lo - 1, upto=hi)).fetchall()
+        assert [r[0] for r in rows] == [lo, lo + 1, hi]
+        assert [(r[3], bytes(r[4])) for r in rows] == good
+        assert [r[5] for r in rows] == sorted(r[5] for r in rows)
+        assert all(len(r[1]) == 36 and r[2] is None and r[6] is not None for r in rows)
+        assert self.run(db.conn, D.read_claims(db.c, "other", after=0, upto=hi)).fetchall() == []
+        db.conn.commit()
+
+        assert self.run(db.conn, D.ack_claims(db.c, EVIL, upto=hi, batch=2)).rowcount == 2
+        assert self.run(db.conn, D.ack_claims(db.c, EVIL, upto=hi, batch=2)).rowcount == 1
+        assert self.run(db.conn, D.ack_claims(db.c, EVIL, upto=hi, batch=2)).rowcount == 0
+        db.conn.commit()
+        assert tuple(self.run(db.conn, D.max_claim(db.c, EVIL)).fetchone()) == (None, None)
+        db.conn.commit()
+
+    def test_claim_in_chunks_and_upto(self, db: Any) -> None:
+        self.install(db)
+        n = CLAIM_CHUNK + 500
+        self.run(db.conn, Statement(
+            f"INSERT INTO {D.qualified(db.q)} (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body)"
+            " SELECT TOP (?) NEWID(), NULL, NULL, 1, NULL,"
+            " N'{\"n\": \"' + CAST(ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS nvarchar(10)) + N'\"}', NULL"
+            " FROM sys.all_objects AS a CROSS JOIN sys.all_objects AS b", (n,)
+        ))
+        db.conn.commit()
+        first = self.run(db.conn, D.peek(db.q, after=0, upto=None)).fetchone()[0]
+        db.conn.rollback()
+        # upto stops the claim early; limit is respected across chunks
+        row = self.run(db.conn, D.claim(db.q, db.c, db.e, consumer="c", limit=n, after=0, upto=first + 9)).fetchone()
+        db.conn.commit()
+        assert tuple(row)[:4] == (10, 0, 0, 10) and row[5] == first + 9
+        row = self.run(db.conn, D.claim(db.q, db.c, db.e, consumer="c", limit=CLAIM_CHUNK + 100, after=0, upto=None)).fetchone()
+        db.conn.commit()
+        assert tuple(row)[:4] == (CLAIM_CHUNK + 100, 0, 0, CLAIM_CHUNK + 100)
+        assert row[5] == first + 9 + CLAIM_CHUNK + 100
+        seqs = [r[5] for r in self.run(db.conn, D.read_claims(db.c, "c", after=0, upto=row[4])).fetchall()]
+        assert seqs == list(range(first, first + 10 + CLAIM_CHUNK + 100))  # claim order is queue order
+        db.conn.commit()
+
+    def test_poison_to_error_queue_without_recoverable(self, db: Any) -> None:
+        self.install(db)
+        self.run(db.conn, Statement(
+            f"CREATE TABLE {D.qualified(db.plain_error)} (Id uniqueidentifier NOT NULL, Expires datetime NULL,"
+            " Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL, RowVersion bigint IDENTITY(1,1) NOT NULL)"
+        ))
+        db.conn.commit()
+        self.run(db.conn, Statement(NSB_SEND.format(D.qualified(db.q)), ('{"a": {"b": "c"}}', b"nested")))
+        db.conn.commit()
+        row = self.run(db.conn, D.claim(db.q, db.c, db.plain_error, consumer="c", limit=10, after=0, upto=None)).fetchone()
+        db.conn.commit()
+        assert tuple(row)[:4] == (1, 0, 1, 0) and row[4] is None
+        got = self.run(db.conn, Statement(f"SELECT Headers, Body FROM {D.qualified(db.plain_error)}")).fetchall()
+        assert [(h, bytes(b)) for h, b in got] == [('{"a": {"b": "c"}}', b"nested")]
+        db.conn.commit()
+
+    def test_missing_table_is_undefined_table(self, db: Any) -> None:
+        with pytest.raises(Exception) as info:
+            self.run(db.conn, D.max_source_seq(db.q.with_table("no_such_table_here")))
+        db.conn.rollback()
+        assert D.is_undefined_table(info.value)
