@@ -29,6 +29,7 @@ OPT_MAX_MESSAGES = "maxmessagespertrigger"
 OPT_NUM_PARTITIONS = "numpartitions"
 OPT_CREATE_QUEUES = "createqueues"
 OPT_ACK_BATCH = "ackbatchsize"
+OPT_CLAIM_AHEAD = "claimahead"
 
 #: option key (as documented) -> (default shown in docs, meaning)
 OPTIONS: dict[str, tuple[str, str]] = {
@@ -42,6 +43,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "numPartitions": ("one per 10,000 claimed, at most 16", "Spark partitions a micro-batch is read with"),
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": ("10000", "claims deleted per statement when a batch is acknowledged"),
+    "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
 }
 _KNOWN = {k.lower() for k in OPTIONS}
 
@@ -93,6 +95,7 @@ class ReaderOptions:
     num_partitions: int | None
     create_queues: bool
     ack_batch: int
+    claim_ahead: bool = True
 
     @property
     def dialect(self) -> Dialect:
@@ -129,6 +132,7 @@ class ReaderOptions:
             num_partitions=_int(opts, OPT_NUM_PARTITIONS, "numPartitions", None),
             create_queues=_bool(opts, OPT_CREATE_QUEUES, "createQueues", False),
             ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", 10_000) or 10_000,
+            claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
         )
 
     def partitions_for(self, rows: int) -> int:

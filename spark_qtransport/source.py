@@ -153,7 +153,8 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_SlicePartition(p) for p in self.receiver.slices(ClaimOffset.from_dict(start), ClaimOffset.from_dict(end))]
 
     def commit(self, end: dict[str, Any]) -> None:
-        self.receiver.ack(ClaimOffset.from_dict(end))
+        # Acknowledging runs in the background: Spark's next batch does not wait for the deletes.
+        self.receiver.ack(ClaimOffset.from_dict(end), background=True)
 
     def stop(self) -> None:
         if self._receiver is not None:

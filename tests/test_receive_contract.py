@@ -426,3 +426,25 @@ def test_brackets_and_special_characters_in_names(pg: Backend, address: str) -> 
     assert rows[0][-4] == name  # the queue column is the canonical address
     with pg.connect() as c:
         assert c.execute("SELECT to_regclass('\"Victim\"') IS NOT NULL").fetchone()[0]
+
+
+def test_claim_ahead_holds_the_next_batch_and_loses_nothing(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """While a backlog remains, the next batch is claimed in the background; a stop keeps it."""
+    q, e = queues
+    backend.send_many(q, [(nsb_headers(f"m{i:03d}"), b"x") for i in range(25)])
+    r = make_receiver(backend, q, e)
+    start = r.initial_offset()
+    end = r.latest(start, 10)  # claims 10, then claims the next 10 ahead
+    r._await_ahead()
+    assert backend.count(q) == 5
+    assert backend.count(r.dialect.format_address(r.claims)) == 20
+    first = [x[0] for x in read_batch(r, start, end)]
+    r.close()  # stops before planning the next batch: the claimed-ahead rows are held claims
+    r2 = make_receiver(backend, q, e, claimAhead="false")
+    try:
+        rest, _ = drain(r2, end, limit=10)
+    finally:
+        r2.close()
+    assert first == [f"m{i:03d}" for i in range(10)]
+    assert [x[0] for x in rest] == [f"m{i:03d}" for i in range(10, 25)]
+    assert backend.count(q) == 0

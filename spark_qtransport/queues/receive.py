@@ -24,6 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -110,31 +111,36 @@ class Receiver:
         self.claims = self.dialect.claims_table(options.queue)
         self.stats = ReceiveStats()
         self._clock = clock
-        self._conn: Any = None
+        self._conns: dict[str, Any] = {}  # "main": set up, holds the consumer lock; "ahead": claim-ahead
         self._table_id: str | None = None
         self._low_water: int | None = None
         self._low_water_at = 0.0
         self._last_end: int | None = None
         self._target: int | None = None  # Trigger.AvailableNow: highest queue sequence to take
+        self._more = False  # the last claim was full: more is probably waiting
+        self._ahead: Future[tuple[int | None, bool]] | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     # -- connection, retries, set-up ----------------------------------------------------------
 
-    def _connection(self) -> Any:
-        if self._conn is None:
+    def _connection(self, slot: str = "main") -> Any:
+        conn = self._conns.get(slot)
+        if conn is None:
             conn = self.dialect.connect(self.options.url)
-            try:
-                self._set_up(conn)
-            except BaseException:
-                _close(conn)
-                raise
-            self._conn = conn
-        return self._conn
+            if slot == "main":
+                try:
+                    self._set_up(conn)
+                except BaseException:
+                    _close(conn)
+                    raise
+            self._conns[slot] = conn
+        return conn
 
-    def _run(self, what: str, fn: Callable[[Any], T]) -> T:
+    def _run(self, what: str, fn: Callable[[Any], T], *, slot: str = "main") -> T:
         """Run `fn(conn)` in a transaction; on a transient fault reconnect and retry (bounded)."""
         delay = 0.2
         for attempt in range(1, RETRIES + 1):
-            conn = self._connection()
+            conn = self._connection(slot)
             try:
                 result = fn(conn)
                 conn.commit()
@@ -148,7 +154,7 @@ class Receiver:
                     raise self._explain(what, exc) from exc
                 log.warning("%s on %s failed (%s); retrying in %.1fs", what, self.options.queue, exc, delay)
                 _close(conn)
-                self._conn = None
+                self._conns.pop(slot, None)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
@@ -199,7 +205,7 @@ class Receiver:
     @property
     def table_id(self) -> str:
         if self._table_id is None:
-            self._connection()
+            self._connection("main")
         assert self._table_id is not None
         return self._table_id
 
@@ -222,7 +228,14 @@ class Receiver:
         return start.claim
 
     def latest(self, start: ClaimOffset | None, limit: int | None) -> ClaimOffset:
-        """Plan the next batch: claims it holds already, else claim at most `limit` (None: all)."""
+        """Plan the next batch: claims it holds already, else claim at most `limit` (None: all).
+
+        With claim-ahead on, while a backlog remains the next batch is claimed in the background
+        as soon as this one is planned, so the claim overlaps Spark's processing of this batch.
+        Its claims are ordinary held claims: found by the next call (or, after a crash, by the
+        next query) exactly like claims whose planner died before Spark logged the offset.
+        """
+        self._await_ahead()
         after = self._start_after(start)
         held_max, _ = self._run("peek claims", lambda c: _one(c.cursor(), self.dialect.max_claim(self.claims, self.options.consumer)))
         if held_max is not None and (after is None or held_max > after):
@@ -240,9 +253,30 @@ class Receiver:
             claimed, _ = self._claim_once(limit)
             end = claimed or after
         self._last_end = end
+        if limit is not None and self._more and self.options.claim_ahead and after is not None:
+            self._claim_ahead(limit)
         return ClaimOffset(end, self.table_id)
 
-    def _claim_once(self, limit: int) -> tuple[int | None, bool]:
+    def _background(self) -> ThreadPoolExecutor:
+        # One thread: claims ahead and acknowledgements run one at a time, in order.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlqueue-background")
+        return self._pool
+
+    def _claim_ahead(self, limit: int) -> None:
+        self._ahead = self._background().submit(self._claim_once, limit, slot="ahead")
+
+    def _await_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        try:
+            ahead.result()
+        except Exception as exc:  # noqa: BLE001 - the claim is simply made again, in the foreground
+            self._more = False
+            log.warning("claiming ahead on %s failed (%s); claiming in the foreground", self.options.queue, exc)
+
+    def _claim_once(self, limit: int, *, slot: str = "main") -> tuple[int | None, bool]:
         """One peek-then-claim transaction. Returns (highest claim sequence or None, batch was full)."""
         now = self._clock()
         if self._low_water is not None and now - self._low_water_at > LOW_WATER_TTL:
@@ -265,12 +299,14 @@ class Receiver:
             row = cur.fetchone()
             return ClaimResult(*(None if v is None else int(v) for v in row))
 
-        result = self._run("claim", work)
+        result = self._run("claim", work, slot=slot)
         if result is None:
             self.stats.empty_peeks += 1
+            self._more = False
             return None, False
         self._record(result)
         full = result.deleted >= limit
+        self._more = full
         if full and result.max_source is not None:
             if self._low_water is None:
                 self._low_water_at = now
@@ -320,16 +356,33 @@ class Receiver:
             if hi > lo
         ]
 
-    def ack(self, end: ClaimOffset) -> int:
-        """Delete this consumer's claims up to `end` in bounded batches. Idempotent."""
+    def ack(self, end: ClaimOffset, *, background: bool = False) -> int:
+        """Delete this consumer's claims up to `end` in bounded batches. Idempotent.
+
+        With `background`, the deletes run on the claim-ahead thread (after any claim in flight)
+        and this returns at once: nothing waits on an acknowledgement, and a lost one is repaired
+        by the next, which deletes everything up to its own end.
+        """
         if end.table != self.table_id:
             log.info("not acknowledging offset of a claim table that no longer exists: %s", end)
             return 0
+        if background:
+            self._background().submit(self._ack_logged, end)
+            return 0
+        return self._ack(end, slot="main")
+
+    def _ack_logged(self, end: ClaimOffset) -> None:
+        try:
+            self._ack(end, slot="ahead")
+        except Exception as exc:  # noqa: BLE001 - the next acknowledgement covers these claims too
+            log.warning("acknowledging claims up to %s on %s failed: %s", end.claim, self.options.queue, exc)
+
+    def _ack(self, end: ClaimOffset, *, slot: str) -> int:
         batch = self.options.ack_batch
         stmt = self.dialect.ack_claims(self.claims, self.options.consumer, upto=end.claim, batch=batch)
         total = 0
         while True:
-            n = self._run("acknowledge", lambda c: _rowcount(c.cursor(), stmt))
+            n = self._run("acknowledge", lambda c: _rowcount(c.cursor(), stmt), slot=slot)
             total += n
             if n < batch:
                 break
@@ -337,15 +390,25 @@ class Receiver:
         return total
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                _rollback(conn)
-                conn.cursor().execute(*_args(self.dialect.unlock_consumer(self.claims, self.options.consumer)))
-                conn.commit()
-            except Exception:  # noqa: BLE001 - closing the connection releases the lock anyway
-                pass
-            _close(conn)
+        # A claim-ahead in flight finishes first: its rows are then held claims, delivered later.
+        try:
+            self._await_ahead()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            ahead = self._conns.pop("ahead", None)
+            if ahead is not None:
+                _close(ahead)
+            conn = self._conns.pop("main", None)
+            if conn is not None:
+                try:
+                    _rollback(conn)
+                    conn.cursor().execute(*_args(self.dialect.unlock_consumer(self.claims, self.options.consumer)))
+                    conn.commit()
+                except Exception:  # noqa: BLE001 - closing the connection releases the lock anyway
+                    pass
+                _close(conn)
 
 
 # -- executors ----------------------------------------------------------------------------------
