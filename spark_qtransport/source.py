@@ -25,7 +25,7 @@ from pyspark.sql.types import (
 )
 
 from .options import ReaderOptions
-from .queues.receive import ClaimOffset, ClaimSlice, Receiver, read_chunks
+from .queues.receive import ClaimOffset, ClaimSlice, Receiver, read_chunks, read_slice
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -164,12 +164,23 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executors -----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        part: ClaimSlice = partition.part  # type: ignore[attr-defined]
+        schema = _arrow_schema()
+        if schema is None:  # Spark 4.0/4.1: plain tuples, converted by Spark
+            yield from read_slice(part)
+            return
         # Arrow record batches built column by column: Spark takes them as they are.
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         from .arrow import rows_to_batch
 
-        part: ClaimSlice = partition.part  # type: ignore[attr-defined]
-        schema = to_arrow_schema(SCHEMA, timezone="UTC")
         for rows in read_chunks(part):
             yield rows_to_batch(part.queue, rows, schema)
+
+
+def _arrow_schema() -> Any:
+    """The Arrow schema Spark expects from read(), or None where Spark does not say (before 4.2)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(SCHEMA, timezone="UTC")
+    except TypeError:
+        return None

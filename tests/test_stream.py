@@ -221,3 +221,52 @@ def test_missing_queue_fails_the_query_with_a_clear_error(spark: Any, pg: Backen
         query.awaitTermination(120)
     assert query.exception() is not None
     assert "option 'queue'" in str(query.exception()) and "does not exist" in str(query.exception())
+
+
+def test_two_queries_and_an_nsb_endpoint_compete_without_sharing(spark: Any, pg: Backend, queues: tuple[str, str], tmp_path: Any) -> None:
+    """Two streaming queries (different endpoints) and NServiceBus's receive SQL drain one queue."""
+    import json
+
+    q, e = queues
+    total = 1500
+    pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x") for i in range(total)])
+    sinks = {"A": Collect(), "B": Collect()}
+    queries = [
+        reader(spark, pg, q, e, endpoint=name, maxMessagesPerTrigger="50")
+        .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / name))
+        .trigger(processingTime="50 milliseconds").start()
+        for name, sink in sinks.items()
+    ]
+    nsb: list[str] = []
+    conn = pg.connect(autocommit=False)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            row = pg.receive_one(q, conn)
+            conn.commit()
+            if row is not None:
+                nsb.append(json.loads(row[2])["NServiceBus.MessageId"])
+                time.sleep(0.002)  # a handler that takes a moment
+            elif len(nsb) + sum(len(s.rows) for s in sinks.values()) >= total:
+                break
+            else:
+                time.sleep(0.05)
+    finally:
+        conn.close()
+        for query in queries:
+            query.stop()
+    everything = nsb + sinks["A"].ids() + sinks["B"].ids()
+    assert len(everything) == len(set(everything)) == total
+    assert sinks["A"].rows and sinks["B"].rows and nsb  # all three really competed
+    assert pg.count(q) == 0
+
+
+def test_password_never_shows_in_plans_or_progress(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
+    q, e = queues
+    pg.send(q, nsb_headers("x"))
+    url = pg.url.replace("postgres@", "postgres:TopSecretPw@")  # the embedded server trusts any password
+    df = spark.readStream.format("sqlqueue").option("url", url).option("queue", q).option("errorQueue", e).load()
+    query = run_available_now(spark, df, checkpoint, Collect())
+    texts = [df._jdf.queryExecution().toString(), query._jsq.explainInternal(True), str(query.recentProgress)]
+    for text in texts:
+        assert "TopSecretPw" not in text

@@ -115,12 +115,21 @@ class Dialect(ABC):
     def create_claims(self, claims: QueueAddress) -> list[Statement]:
         """Idempotent DDL for a queue's claim table."""
 
+    @abstractmethod
+    def script(self, statements: list[Statement]) -> str:
+        """The statements as a script for people (``sql/<dialect>/``, ``sqlqueue ddl``): parameters
+        written as literals, ready to review and run by hand."""
+
     # -- receive ------------------------------------------------------------------------------
 
     @abstractmethod
     def table_id(self, table: QueueAddress) -> Statement:
         """One row, one column: an id that changes when the table is dropped and created again
         (NULL when it does not exist)."""
+
+    def server_check(self) -> Statement | None:
+        """One row, one column: why this server cannot be used (NULL when it can), or None."""
+        return None
 
     @abstractmethod
     def queue_columns(self, table: QueueAddress) -> Statement:

@@ -8,6 +8,7 @@ added ``BodyString`` column does not matter.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import ConfigError
@@ -27,6 +28,15 @@ def _is_poison(col: str) -> str:
         " OR jsonb_path_exists(j, 'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")', '{}', true)"
         f" FROM (SELECT CASE WHEN pg_input_is_valid({col}, 'jsonb') THEN {col}::jsonb END AS j OFFSET 0) AS parsed)"
     )
+
+
+def _literal(value: Any) -> str:
+    # For scripts people read and run; the connector itself always binds parameters.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 class PostgresDialect(Dialect):
@@ -124,6 +134,14 @@ class PostgresDialect(Dialect):
             )
         ]
 
+    def script(self, statements: list[Statement]) -> str:
+        out = []
+        for stmt in statements:
+            params = stmt.params or {}
+            text = re.sub(r"%\((\w+)\)s", lambda m: _literal(params[m.group(1)]), stmt.sql)
+            out.append(text.replace("%%", "%").strip() + ";\n")
+        return "\n".join(out)
+
     # -- receive ------------------------------------------------------------------------------
 
     def _regclass(self, table: QueueAddress) -> tuple[str, dict[str, Any]]:
@@ -132,6 +150,14 @@ class PostgresDialect(Dialect):
     def table_id(self, table: QueueAddress) -> Statement:
         expr, params = self._regclass(table)
         return Statement(f"SELECT {expr}::oid::text", params)
+
+    def server_check(self) -> Statement:
+        # pg_input_is_valid (PostgreSQL 16) lets the claim test headers without aborting on bad JSON.
+        return Statement(
+            "SELECT CASE WHEN current_setting('server_version_num')::int < 160000 THEN"
+            " 'PostgreSQL ' || current_setting('server_version') || ' is too old: spark-qtransport"
+            " needs PostgreSQL 16 or newer (it checks message headers with pg_input_is_valid)' END"
+        )
 
     def queue_columns(self, table: QueueAddress) -> Statement:
         expr, params = self._regclass(table)

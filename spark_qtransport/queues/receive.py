@@ -168,6 +168,11 @@ class Receiver:
         """Check the queues, create our claim table, take the consumer lock (once per connection)."""
         d, o = self.dialect, self.options
         cur = conn.cursor()
+        check = d.server_check()
+        if check is not None:
+            (problem,) = _one(cur, check)
+            if problem:
+                raise SchemaError(f"option 'url': {problem}")
         for option, address in (("queue", o.queue), ("errorQueue", o.error_queue)):
             cols = _columns(cur, d.queue_columns(address))
             if not cols and o.create_queues:

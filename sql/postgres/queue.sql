@@ -1,0 +1,19 @@
+-- Queue table "public"."Sales": the NServiceBus PostgreSQL transport layout, with a 64-bit seq.
+--
+-- Generated from spark_qtransport.dialects.postgres.PostgresDialect.create_queue() and rendered with
+-- PostgresDialect.script(): exactly what the connector runs, with its parameters written as
+-- literals. tests/test_postgres_sql.py fails when this file and the code differ (regenerate with
+-- SQLQUEUE_WRITE_SQL=1 pytest tests/test_postgres_sql.py -k script_files).
+--
+-- Idempotent: CREATE ... IF NOT EXISTS under a transaction-scoped advisory lock, so concurrent
+-- installers never race. Run it inside a transaction (psql -1 -f ...).
+
+SELECT pg_advisory_xact_lock(hashtextextended('sqlqueue ddl "public"."Sales"', 0));
+
+CREATE TABLE IF NOT EXISTS "public"."Sales" (
+    id uuid NOT NULL PRIMARY KEY,
+    expires timestamp,
+    headers text NOT NULL,
+    body bytea,
+    seq bigserial NOT NULL UNIQUE
+);

@@ -1,0 +1,131 @@
+"""PostgreSQL SQL without Spark: address parsing, quoting, and the DBA scripts in sql/postgres/."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from backends import Backend
+from spark_qtransport.dialects import QueueAddress
+from spark_qtransport.dialects.postgres import PostgresDialect
+from spark_qtransport.errors import ConfigError
+
+D = PostgresDialect()
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql" / "postgres"
+
+HEADER = """\
+-- {title}
+--
+-- Generated from spark_qtransport.dialects.postgres.PostgresDialect.{method}() and rendered with
+-- PostgresDialect.script(): exactly what the connector runs, with its parameters written as
+-- literals. tests/test_postgres_sql.py fails when this file and the code differ (regenerate with
+-- SQLQUEUE_WRITE_SQL=1 pytest tests/test_postgres_sql.py -k script_files).
+--
+-- Idempotent: CREATE ... IF NOT EXISTS under a transaction-scoped advisory lock, so concurrent
+-- installers never race. Run it inside a transaction (psql -1 -f ...).
+"""
+SCRIPTS = {
+    "queue.sql": (
+        'Queue table "public"."Sales": the NServiceBus PostgreSQL transport layout, with a 64-bit seq.',
+        "create_queue",
+        lambda: D.create_queue(D.parse_address("Sales")),
+    ),
+    "claims.sql": (
+        'Claim table "public"."Sales.Claims" of queue "Sales": messages claimed by spark-qtransport readers.',
+        "create_claims",
+        lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
+    ),
+}
+
+
+def _script_file(name: str) -> str:
+    title, method, make = SCRIPTS[name]
+    return HEADER.format(title=title, method=method) + "\n" + D.script(make())
+
+
+class TestAddresses:
+    @pytest.mark.parametrize(
+        ("text", "schema", "table"),
+        [
+            ("Sales", None, "Sales"),
+            ("billing.Sales", "billing", "Sales"),
+            ('"billing"."Sales.Retries"', "billing", "Sales.Retries"),
+            ('"Sales.Retries"', None, "Sales.Retries"),
+            ('"we""ird"."x"', 'we"ird', "x"),
+            ('Sa"les', None, 'Sa"les'),
+        ],
+    )
+    def test_parse(self, text: str, schema: str | None, table: str) -> None:
+        assert D.parse_address(text) == QueueAddress(table, schema)
+
+    @pytest.mark.parametrize("text", ["Sales", "billing.Sales", '"a"".b"."c.d"', "Ünï 😀"])
+    def test_format_round_trip(self, text: str) -> None:
+        a = D.parse_address(text)
+        assert D.parse_address(D.format_address(a)).table == a.table
+
+    def test_quote_doubles_quotes(self) -> None:
+        assert D.qualified(QueueAddress('x"; DROP TABLE y; --')) == '"public"."x""; DROP TABLE y; --"'
+
+    @pytest.mark.parametrize("text", ["", "  ", "a\x00b", "x" * 64])
+    def test_invalid(self, text: str) -> None:
+        with pytest.raises(ConfigError, match="option 'queue'"):
+            D.parse_address(text)
+
+    def test_claim_table_name_too_long(self) -> None:
+        with pytest.raises(ConfigError, match="claim table"):
+            D.claims_table(QueueAddress("x" * 60))
+
+
+class TestStatements:
+    EVIL = "evil'; DROP TABLE x; --"
+
+    def test_values_are_parameters(self) -> None:
+        q, c, e = QueueAddress("Sales"), QueueAddress("Sales.Claims"), QueueAddress("error")
+        stmts = [
+            *D.claim(q, c, e, consumer=self.EVIL, limit=10, after=0, upto=5),
+            D.max_claim(c, self.EVIL),
+            D.read_claims(c, self.EVIL, after=1, upto=2),
+            D.ack_claims(c, self.EVIL, upto=3, batch=4),
+            D.try_lock_consumer(c, self.EVIL),
+            D.unlock_consumer(c, self.EVIL),
+        ]
+        for stmt in stmts:
+            assert self.EVIL not in stmt.sql
+            assert "DROP TABLE" not in stmt.sql
+
+    def test_claim_skips_locked_rows_in_order(self) -> None:
+        (_, claim) = D.claim(QueueAddress("Sales"), QueueAddress("Sales.Claims"), QueueAddress("error"),
+                             consumer="c", limit=10, after=0, upto=None)
+        assert "FOR UPDATE SKIP LOCKED" in claim.sql and "ORDER BY seq" in claim.sql
+        assert "AS MATERIALIZED" in claim.sql
+
+
+class TestScripts:
+    @pytest.mark.parametrize("name", list(SCRIPTS))
+    def test_script_files(self, name: str) -> None:
+        expected = _script_file(name)
+        path = SQL_DIR / name
+        if os.environ.get("SQLQUEUE_WRITE_SQL") == "1":
+            path.write_text(expected, encoding="utf-8")
+        assert path.exists(), f"{path} is missing"
+        assert "".join(path.read_text(encoding="utf-8").split()) == "".join(expected.split()), (
+            f"{path} differs from the code; regenerate it (see its header)"
+        )
+
+    def test_scripts_run_twice(self, pg: Backend) -> None:
+        with pg.connect() as conn:
+            conn.execute('DROP TABLE IF EXISTS "Sales", "Sales.Claims"')
+        for _ in range(2):  # idempotent
+            for name in SCRIPTS:
+                with pg.connect(autocommit=False) as conn:
+                    conn.execute((SQL_DIR / name).read_text(encoding="utf-8"))
+                    conn.commit()
+        with pg.connect() as conn:
+            cols = conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'Sales' ORDER BY ordinal_position"
+            ).fetchall()
+            conn.execute('DROP TABLE "Sales", "Sales.Claims"')
+        assert cols == [("id", "uuid"), ("expires", "timestamp without time zone"), ("headers", "text"),
+                        ("body", "bytea"), ("seq", "bigint")]
