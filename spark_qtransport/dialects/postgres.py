@@ -138,7 +138,7 @@ class PostgresDialect(Dialect):
         out = []
         for stmt in statements:
             params = stmt.params or {}
-            text = re.sub(r"%\((\w+)\)s", lambda m: _literal(params[m.group(1)]), stmt.sql)
+            text = re.sub(r"%\((\w+)\)s", lambda m, p=params: _literal(p[m.group(1)]), stmt.sql)
             out.append(text.replace("%%", "%").strip() + ";\n")
         return "\n".join(out)
 
