@@ -39,7 +39,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "queue": ("required", "queue address to receive from, NServiceBus syntax"),
     "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue"),
     "errorQueue": ("error", "queue address that receives poison messages"),
-    "maxMessagesPerTrigger": ("10000", "most messages claimed per micro-batch (ignored by Trigger.AvailableNow's last batches only in size, never in total)"),
+    "maxMessagesPerTrigger": ("10000", "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size)"),
     "numPartitions": ("one per 10,000 claimed, at most 16", "Spark partitions a micro-batch is read with"),
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": ("10000", "claims deleted per statement when a batch is acknowledged"),

@@ -144,7 +144,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         s = r.stats
         return {
             **ClaimOffset(last, r.table_id).to_dict(),
-            "backlog": r.backlog(),
+            "backlog": r.reported_backlog(),
             "expired": s.expired,
             "poison": s.poison,
         }

@@ -118,6 +118,7 @@ class Receiver:
         self._last_end: int | None = None
         self._target: int | None = None  # Trigger.AvailableNow: highest queue sequence to take
         self._more = False  # the last claim was full: more is probably waiting
+        self._backlog = 0
         self._ahead: Future[tuple[int | None, bool]] | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -340,9 +341,29 @@ class Receiver:
         (target,) = self._run("available-now target", lambda c: _one(c.cursor(), self.dialect.max_source_seq(self.options.queue)))
         self._target = int(target) if target is not None else 0
 
-    def backlog(self) -> int:
-        (n,) = self._run("backlog", lambda c: _one(c.cursor(), self.dialect.backlog(self.options.queue)))
-        return int(n or 0)
+    def backlog(self, *, slot: str = "main") -> int:
+        """Messages waiting, estimated from the span of unlocked sequences (skips held rows)."""
+        (n,) = self._run("backlog", lambda c: _one(c.cursor(), self.dialect.backlog(self.options.queue)), slot=slot)
+        self._backlog = int(n or 0)
+        return self._backlog
+
+    def reported_backlog(self) -> int:
+        """The backlog for progress reports, without racing our own claim-ahead.
+
+        The estimate briefly locks the queue's first and last rows (SKIP LOCKED); run beside a
+        claim-ahead it would make that claim skip the head row. So while the background thread
+        exists the estimate is refreshed there, after the claim, and the last value is returned.
+        """
+        if self._pool is None:
+            return self.backlog()
+        self._pool.submit(self._refresh_backlog)
+        return self._backlog
+
+    def _refresh_backlog(self) -> None:
+        try:
+            self.backlog(slot="ahead")
+        except Exception as exc:  # noqa: BLE001 - a progress metric must not fail the query
+            log.info("backlog estimate for %s failed: %s", self.options.queue, exc)
 
     # -- partitions and acknowledgement -------------------------------------------------------
 
