@@ -16,6 +16,7 @@ import pytest
 from backends import Backend, nsb_headers
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
 from spark_qtransport.options import ReaderOptions
+from spark_qtransport.queues import receive
 from spark_qtransport.queues.receive import ClaimOffset, Receiver, read_slice
 
 
@@ -324,11 +325,12 @@ def test_competing_consumers_never_share_a_message(backend: Backend, queues) -> 
     assert backend.count(q) == 0
 
 
-def test_one_running_query_per_endpoint(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+def test_one_running_query_per_endpoint(backend: Backend, queues, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
     r1 = make_receiver(backend, q, e, endpoint="Billing")
     r1.initial_offset()
     r2 = make_receiver(backend, q, e, endpoint="Billing")
+    monkeypatch.setattr(receive, "LOCK_WAIT", 1.0)
     try:
         with pytest.raises(ConsumerBusyError, match="Billing"):
             r2.initial_offset()
@@ -338,6 +340,19 @@ def test_one_running_query_per_endpoint(backend: Backend, queues) -> None:  # ty
     r3 = make_receiver(backend, q, e, endpoint="Billing")  # released on close
     r3.initial_offset()
     r3.close()
+
+
+def test_a_starting_query_waits_for_a_dying_holder(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """A killed driver's leftover process may hold the endpoint for a moment: wait, then go on."""
+    q, e = queues
+    old = make_receiver(backend, q, e)
+    old.initial_offset()
+    threading.Timer(1.5, old.close).start()  # the leftover process exits a little later
+    new = make_receiver(backend, q, e)
+    try:
+        new.initial_offset()
+    finally:
+        new.close()
 
 
 def test_missing_queue_is_a_clear_error(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]

@@ -46,6 +46,8 @@ T = TypeVar("T")
 #: its row becomes visible at COMMIT) or that a competing consumer released by rolling back.
 LOW_WATER_TTL = 5.0
 RETRIES = 4
+#: how long a starting query waits for its endpoint's lock before ConsumerBusyError
+LOCK_WAIT = 30.0
 QUEUE_COLUMNS = {"id", "headers", "body", "expires"}
 
 
@@ -195,18 +197,38 @@ class Receiver:
         for stmt in d.create_claims(self.claims):
             _execute(cur, stmt)
         conn.commit()
-        (locked,) = _one(cur, d.try_lock_consumer(self.claims, o.consumer))
-        conn.commit()
-        if not locked:
-            raise ConsumerBusyError(
-                f"endpoint {o.consumer!r} is already receiving from queue {d.format_address(o.queue)} "
-                "in another running query; give each query its own .option('endpoint', ...)"
-            )
+        self._lock_consumer(conn, cur)
         (table_id,) = _one(cur, d.table_id(self.claims))
         conn.commit()
         if self._table_id is not None and table_id != self._table_id:
             log.warning("claim table %s was recreated while this query ran", d.qualified(self.claims))
         self._table_id = str(table_id)
+
+    def _lock_consumer(self, conn: Any, cur: Any) -> None:
+        """Take the session lock that makes this query the endpoint's only receiver on the queue.
+
+        A driver that was just killed may leave a process that still holds it for a moment (its
+        connection closes when that process notices), so wait a while before calling it busy.
+        """
+        d, o = self.dialect, self.options
+        deadline = self._clock() + LOCK_WAIT
+        warned = False
+        while True:
+            (locked,) = _one(cur, d.try_lock_consumer(self.claims, o.consumer))
+            conn.commit()
+            if locked:
+                return
+            if self._clock() >= deadline:
+                raise ConsumerBusyError(
+                    f"endpoint {o.consumer!r} is already receiving from queue {d.format_address(o.queue)} "
+                    f"in another running query (waited {LOCK_WAIT:.0f}s); give each query its own "
+                    ".option('endpoint', ...)"
+                )
+            if not warned:
+                log.warning("endpoint %r on %s is held by another session; waiting up to %.0fs",
+                            o.consumer, d.format_address(o.queue), LOCK_WAIT)
+                warned = True
+            time.sleep(0.5)
 
     @property
     def table_id(self) -> str:
