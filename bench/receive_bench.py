@@ -109,6 +109,7 @@ def raw_claim_read_ack(url: str, n: int, size: int, per_trigger: int) -> float:
 
 
 def spark_e2e(spark, url: str, n: int, size: int, per_trigger: int, queue: str = "BenchSpark") -> dict:  # type: ignore[no-untyped-def]
+    import shutil
     import tempfile
 
     reset(url, queue, "error")
@@ -122,6 +123,7 @@ def spark_e2e(spark, url: str, n: int, size: int, per_trigger: int, queue: str =
     q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
     q.awaitTermination()
     wall = time.perf_counter() - t
+    shutil.rmtree(ckpt, ignore_errors=True)
     progress = [p for p in q.recentProgress]
     rows = sum(p["numInputRows"] for p in progress)
     busy = [p for p in progress if p["numInputRows"]]

@@ -574,6 +574,10 @@ SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS 
     def connect(self, url: Any) -> Any:
         import pyodbc
 
+        # No ODBC connection pooling: a pooled session would keep its sp_getapplock (the
+        # endpoint's receiver lock) after close() and make the next query look busy. Only takes
+        # effect before the process's first pyodbc connection.
+        pyodbc.pooling = False
         conn = pyodbc.connect(url.odbc_string(), autocommit=False)
         try:
             # READCOMMITTED: READPAST and UPDLOCK keep their meaning (SNAPSHOT would break them).
