@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from backends import Backend
+from dba_scripts import SQL_ROOT, assert_matches_file, render
 from spark_qtransport.dialects import QueueAddress
 from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConfigError
 
 D = PostgresDialect()
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql" / "postgres"
+SQL_DIR = SQL_ROOT / "postgres"
 
 HEADER = """\
 -- {title}
@@ -42,7 +40,7 @@ SCRIPTS = {
 
 def _script_file(name: str) -> str:
     title, method, make = SCRIPTS[name]
-    return HEADER.format(title=title, method=method) + "\n" + D.script(make())
+    return render(D, HEADER, title, method, make())
 
 
 class TestAddresses:
@@ -105,14 +103,7 @@ class TestStatements:
 class TestScripts:
     @pytest.mark.parametrize("name", list(SCRIPTS))
     def test_script_files(self, name: str) -> None:
-        expected = _script_file(name)
-        path = SQL_DIR / name
-        if os.environ.get("SQLQUEUE_WRITE_SQL") == "1":
-            path.write_text(expected, encoding="utf-8")
-        assert path.exists(), f"{path} is missing"
-        assert "".join(path.read_text(encoding="utf-8").split()) == "".join(expected.split()), (
-            f"{path} differs from the code; regenerate it (see its header)"
-        )
+        assert_matches_file(SQL_DIR / name, _script_file(name))
 
     def test_scripts_run_twice(self, pg: Backend) -> None:
         with pg.connect() as conn:

@@ -28,6 +28,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
+from dba_scripts import SQL_ROOT, assert_matches_file, render
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.dialects.base import QueueAddress, Statement
 from spark_qtransport.dialects.sqlserver import CLAIM_CHUNK, SqlServerDialect, placeholders
@@ -707,7 +708,7 @@ class TestReceiveStatements:
 
 # -- scripts for DBAs ---------------------------------------------------------------------------
 
-SQL_DIR = ROOT / "sql" / "sqlserver"
+SQL_DIR = SQL_ROOT / "sqlserver"
 HEADER = """\
 -- {title}
 --
@@ -736,20 +737,13 @@ SCRIPTS = {
 
 def _script_file(name: str) -> str:
     title, method, make = SCRIPTS[name]
-    return HEADER.format(title=title, method=method) + "\n" + D.script(make())
+    return render(D, HEADER, title, method, make())
 
 
 class TestScripts:
     @pytest.mark.parametrize("name", list(SCRIPTS))
     def test_script_files(self, name: str) -> None:
-        expected = _script_file(name)
-        path = SQL_DIR / name
-        if os.environ.get("SQLQUEUE_WRITE_SQL") == "1":
-            path.write_text(expected, encoding="utf-8")
-        assert path.exists(), f"{path} is missing"
-        assert "".join(path.read_text(encoding="utf-8").split()) == "".join(expected.split()), (
-            f"{path} differs from the code; regenerate it (see its header)"
-        )
+        assert_matches_file(SQL_DIR / name, _script_file(name))
 
     def test_script_inlines_literals(self) -> None:
         text = D.script([Statement("SELECT ?, ?, [a?], '?', ? -- ?\n", ("it's", 5, "x"))])
