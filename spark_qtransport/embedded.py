@@ -154,6 +154,7 @@ class EmbeddedPostgres:
             "synchronous_commit": "on" if self.fsync else "off",
             "full_page_writes": "on" if self.fsync else "off",
             "max_wal_size": "2GB",
+            "wal_buffers": "64MB",
         }
         options.update(self.settings)
         opt_string = " ".join(f"-c {k}={v}" for k, v in options.items())

@@ -210,38 +210,40 @@ class PostgresDialect(Dialect):
         q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
         cond, params = self._range(after, upto)
         params = {**params, "limit": int(limit), "consumer": consumer}
-        # One statement, one transaction. The locking sub-select is MATERIALIZED so it runs once:
-        # a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for.
+        # One statement, one transaction, same snapshot for every part. `picked` locks the oldest
+        # unlocked rows and classifies them from their small columns; it is MATERIALIZED so it
+        # runs once (a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for).
+        # The INSERTs read id/headers/body straight from the queue rows that `gone` deletes in
+        # the same statement (all parts see the rows as they were when it began), joined in
+        # seq order, so bodies are never copied into CTE storage nor sorted.
         sql = f"""
 WITH picked AS MATERIALIZED (
-    SELECT seq FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked)
-    RETURNING id, expires, headers, body, seq
-), checked AS (
-    SELECT id, expires, headers, body, seq,
+    SELECT seq,
            (expires IS NOT NULL AND expires <= {_UTC_NOW}) AS expired,
            {_is_poison("headers")} AS poison
-    FROM gone
+    FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
 ), to_error AS (
     INSERT INTO {e} (id, expires, headers, body)
-    SELECT id, NULL, headers, body FROM checked WHERE poison AND NOT expired ORDER BY seq
+    SELECT m.id, NULL, m.headers, m.body
+    FROM (SELECT seq FROM picked WHERE poison AND NOT expired ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
     RETURNING 1
 ), claimed AS (
     INSERT INTO {c} (consumer, id, expires, headers, body, source_seq)
-    SELECT %(consumer)s, id, expires, headers, body, seq FROM checked
-    WHERE NOT poison AND NOT expired ORDER BY seq
+    SELECT %(consumer)s, m.id, m.expires, m.headers, m.body, m.seq
+    FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
     RETURNING claim_seq
 )
-SELECT (SELECT count(*) FROM checked),
-       (SELECT count(*) FROM checked WHERE expired),
+SELECT (SELECT count(*) FROM gone),
+       (SELECT count(*) FROM picked WHERE expired),
        (SELECT count(*) FROM to_error),
        (SELECT count(*) FROM claimed),
        (SELECT max(claim_seq) FROM claimed),
-       (SELECT max(seq) FROM checked)"""
-        # The CTEs carry the bodies: with the default 4MB work_mem a large claim spills them to
-        # temporary files (and sorts on disk). Raise it for this transaction only.
-        return [Statement("SET LOCAL work_mem = '256MB'"), Statement(sql.strip(), params)]
+       (SELECT max(seq) FROM picked)"""
+        return [Statement(sql.strip(), params)]
 
     def backlog(self, queue: QueueAddress) -> Statement:
         q = self.qualified(queue)
