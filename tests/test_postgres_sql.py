@@ -35,7 +35,18 @@ SCRIPTS = {
         "create_claims",
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
+    "poison_headers_pg12-15.sql": (
+        'PostgreSQL 12 to 15 only: the header check the claim uses where pg_input_is_valid is missing.',
+        "create_helpers",
+        lambda: _legacy().create_helpers(QueueAddress("Sales.Claims")),
+    ),
 }
+
+
+def _legacy() -> PostgresDialect:
+    d = PostgresDialect()
+    d.adapt_to_server(150000, QueueAddress("Sales.Claims"))
+    return d
 
 
 def _script_file(name: str) -> str:

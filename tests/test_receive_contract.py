@@ -116,20 +116,31 @@ def test_queue_contains_expired_messages(backend: Backend, queues) -> None:  # t
         '{"number": 5}',
         '"just a string"',
         "",
+        '{"ok": "x", "bad": [1]}',
+        "{}}",
     ],
 )
-def test_corrupted_headers(backend: Backend, queues, bad: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("helper", [False, True], ids=["builtin", "plpgsql-helper"])
+def test_corrupted_headers(backend: Backend, queues, bad: str, helper: bool) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
     backend.send(q, nsb_headers("before"))
     poison_id = backend.send(q, bad, b"poison body")
     backend.send(q, nsb_headers("after"))
     r = make_receiver(backend, q, e)
+    if helper:  # the PostgreSQL 12-15 path: headers checked by a PL/pgSQL helper function
+        if backend.name != "postgres":
+            pytest.skip("PostgreSQL only")
+        r.dialect.force_helper = True  # type: ignore[attr-defined]
     try:
         rows, _ = drain(r)
         assert r.stats.poison == 1
     finally:
         r.close()
     assert [row[0] for row in rows] == ["before", "after"]
+    if helper:
+        (claim_sql,) = r.dialect.claim(r.options.queue, r.claims, r.options.error_queue,
+                                       consumer="x", limit=1, after=0, upto=None)
+        assert "sqlqueue_poison_headers(" in claim_sql.sql and "pg_input_is_valid" not in claim_sql.sql
     # moved raw: same native id, headers text and body, in the claim transaction
     assert backend.rows(e) == [(str(poison_id), bad, b"poison body")]
     assert backend.count(q) == 0
@@ -463,3 +474,15 @@ def test_claim_ahead_holds_the_next_batch_and_loses_nothing(backend: Backend, qu
     assert first == [f"m{i:03d}" for i in range(10)]
     assert [x[0] for x in rest] == [f"m{i:03d}" for i in range(10, 25)]
     assert backend.count(q) == 0
+
+
+def test_a_table_that_is_not_a_queue_is_refused(pg: Backend, names) -> None:  # type: ignore[no-untyped-def]
+    from spark_qtransport.errors import SchemaError
+
+    t, e = names("NotAQueue"), pg.create_queue(names("error"))
+    with pg.connect() as c:
+        c.execute(f'CREATE TABLE "{t}" (id uuid, body bytea)')
+    r = make_receiver(pg, t, e)
+    with pytest.raises(SchemaError, match="not a queue table: missing column\\(s\\) expires, headers, seq"):
+        r.initial_offset()
+    r.close()

@@ -128,8 +128,16 @@ class Dialect(ABC):
         (NULL when it does not exist)."""
 
     def server_check(self) -> Statement | None:
-        """One row, one column: why this server cannot be used (NULL when it can), or None."""
+        """One row, one column: the server's version number; None when nothing is checked."""
         return None
+
+    def adapt_to_server(self, version: int, claims: QueueAddress) -> str | None:
+        """Adapt the SQL to the server `server_check` found; the reason it cannot be used, or None."""
+        return None
+
+    def create_helpers(self, claims: QueueAddress) -> list[Statement]:
+        """Idempotent DDL for server-side helpers the SQL needs on this server (none by default)."""
+        return []
 
     @abstractmethod
     def queue_columns(self, table: QueueAddress) -> Statement:

@@ -19,15 +19,25 @@ __all__ = ["PostgresDialect"]
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
 
 
+_POISON_PATH = "'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")'"
+
+
 def _is_poison(col: str) -> str:
     # Poison unless the text is a flat JSON object whose values are strings or null. The text is
     # parsed once (OFFSET 0 keeps the planner from copying the cast into each test); the cast only
     # runs on valid JSON and the silent jsonpath never raises, so no evaluation order matters.
     return (
         "(SELECT j IS NULL OR jsonb_typeof(j) <> 'object'"
-        " OR jsonb_path_exists(j, 'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")', '{}', true)"
+        f" OR jsonb_path_exists(j, {_POISON_PATH}, '{{}}', true)"
         f" FROM (SELECT CASE WHEN pg_input_is_valid({col}, 'jsonb') THEN {col}::jsonb END AS j OFFSET 0) AS parsed)"
     )
+
+
+#: PostgreSQL 12 to 15 have no pg_input_is_valid: a PL/pgSQL helper catches the cast's error
+#: instead (one subtransaction per message, so slower). Created beside the claim table.
+HELPER_FUNCTION = "sqlqueue_poison_headers"
+MIN_VERSION = 120000  # jsonb_path_exists
+FAST_VERSION = 160000  # pg_input_is_valid
 
 
 def _literal(value: Any) -> str:
@@ -151,13 +161,47 @@ class PostgresDialect(Dialect):
         expr, params = self._regclass(table)
         return Statement(f"SELECT {expr}::oid::text", params)
 
+    #: set by adapt_to_server on PostgreSQL < 16: check headers with the PL/pgSQL helper there
+    helper_schema: str | None = None
+    #: use the helper even where pg_input_is_valid exists (tests of the PostgreSQL 12-15 path)
+    force_helper = False
+
     def server_check(self) -> Statement:
-        # pg_input_is_valid (PostgreSQL 16) lets the claim test headers without aborting on bad JSON.
-        return Statement(
-            "SELECT CASE WHEN current_setting('server_version_num')::int < 160000 THEN"
-            " 'PostgreSQL ' || current_setting('server_version') || ' is too old: spark-qtransport"
-            " needs PostgreSQL 16 or newer (it checks message headers with pg_input_is_valid)' END"
-        )
+        return Statement("SELECT current_setting('server_version_num')::int")
+
+    def adapt_to_server(self, version: int, claims: QueueAddress) -> str | None:
+        if version < MIN_VERSION:
+            return f"PostgreSQL {version // 10000} is too old: spark-qtransport needs PostgreSQL 12 or newer"
+        if version < FAST_VERSION or self.force_helper:
+            self.helper_schema = claims.schema or self.default_schema
+        return None
+
+    def _poison(self, col: str) -> str:
+        if self.helper_schema is None:
+            return _is_poison(col)
+        return f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}({col})"
+
+    def create_helpers(self, claims: QueueAddress) -> list[Statement]:
+        if self.helper_schema is None:
+            return []
+        schema = self.quote(self.helper_schema)
+        return [
+            self._ddl_lock(claims.with_table(HELPER_FUNCTION)),
+            Statement(
+                f"CREATE OR REPLACE FUNCTION {schema}.{HELPER_FUNCTION}(h text) RETURNS boolean\n"
+                "LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$\n"
+                "DECLARE j jsonb;\n"
+                "BEGIN\n"
+                "    BEGIN\n"
+                "        j := h::jsonb;\n"
+                "    EXCEPTION WHEN others THEN\n"
+                "        RETURN true;  -- not JSON at all\n"
+                "    END;\n"
+                f"    RETURN jsonb_typeof(j) <> 'object' OR jsonb_path_exists(j, {_POISON_PATH}, '{{}}', true);\n"
+                "END\n"
+                "$fn$"
+            ),
+        ]
 
     def queue_columns(self, table: QueueAddress) -> Statement:
         expr, params = self._regclass(table)
@@ -220,7 +264,7 @@ class PostgresDialect(Dialect):
 WITH picked AS MATERIALIZED (
     SELECT seq,
            (expires IS NOT NULL AND expires <= {_UTC_NOW}) AS expired,
-           {_is_poison("headers")} AS poison
+           {self._poison("headers")} AS poison
     FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq

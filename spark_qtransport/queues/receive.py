@@ -173,7 +173,8 @@ class Receiver:
         cur = conn.cursor()
         check = d.server_check()
         if check is not None:
-            (problem,) = _one(cur, check)
+            (version,) = _one(cur, check)
+            problem = d.adapt_to_server(int(version), self.claims)
             if problem:
                 raise SchemaError(f"option 'url': {problem}")
         for option, address in (("queue", o.queue), ("errorQueue", o.error_queue)):
@@ -186,15 +187,15 @@ class Receiver:
             if not cols:
                 raise QueueNotFoundError(
                     f"option '{option}': queue {d.format_address(address)} does not exist; create it "
-                    "(sqlqueue create-queue, the DDL in sql/, or .option('createQueues', 'true'))"
+                    "(the DDL in sql/, or .option('createQueues', 'true'))"
                 )
-            missing = QUEUE_COLUMNS - set(cols) - ({"seq", "rowversion"} & set(cols))
-            if missing or not ({"seq", "rowversion"} & set(cols)):
+            missing = sorted(QUEUE_COLUMNS - cols.keys()) + ([] if {"seq", "rowversion"} & cols.keys() else ["seq"])
+            if missing:
                 raise SchemaError(
                     f"option '{option}': table {d.format_address(address)} is not a queue table: "
-                    f"missing column(s) {', '.join(sorted(missing or {'seq'}))}"
+                    f"missing column(s) {', '.join(missing)}"
                 )
-        for stmt in d.create_claims(self.claims):
+        for stmt in [*d.create_claims(self.claims), *d.create_helpers(self.claims)]:
             _execute(cur, stmt)
         conn.commit()
         self._lock_consumer(conn, cur)
