@@ -272,3 +272,35 @@ def test_password_never_shows_in_plans_or_progress(spark: Any, pg: Backend, queu
     texts = [df._jdf.queryExecution().toString(), query._jsq.explainInternal(True), str(query.recentProgress)]
     for text in texts:
         assert "TopSecretPw" not in text
+
+
+def test_available_now_finishes_while_producers_keep_sending(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
+    """Trigger.AvailableNow takes what was there when it started and stops, whatever arrives later."""
+    q, e = queues
+    pg.send_many(q, [(nsb_headers(f"before-{i:04d}"), b"x") for i in range(600)])
+    stop = threading.Event()
+
+    def produce() -> None:
+        conn = pg.connect()
+        try:
+            i = 0
+            while not stop.is_set():
+                pg.send(q, nsb_headers(f"after-{i:05d}"), b"x", conn=conn)
+                i += 1
+                time.sleep(0.002)  # a steady producer, not a tight loop starving foreachBatch of the GIL
+        finally:
+            conn.close()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        time.sleep(0.2)
+        sink = Collect()
+        query = run_available_now(spark, reader(spark, pg, q, e, maxMessagesPerTrigger="100"), checkpoint, sink)
+    finally:
+        stop.set()
+        producer.join(30)
+    ids = sink.ids()
+    assert len(ids) == len(set(ids))
+    assert [i for i in ids if i.startswith("before-")] == [f"before-{i:04d}" for i in range(600)]
+    assert len(query.recentProgress) < 40, [p["numInputRows"] for p in query.recentProgress]
