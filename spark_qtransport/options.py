@@ -40,7 +40,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue"),
     "errorQueue": ("error", "queue address that receives poison messages"),
     "maxMessagesPerTrigger": ("10000", "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size)"),
-    "numPartitions": ("one per 10,000 claimed, at most 16", "Spark partitions a micro-batch is read with"),
+    "numPartitions": ("one per 25,000 claimed, at most 16", "Spark partitions a micro-batch is read with"),
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": ("10000", "claims deleted per statement when a batch is acknowledged"),
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
@@ -48,7 +48,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
 _KNOWN = {k.lower() for k in OPTIONS}
 
 DEFAULT_MAX_MESSAGES = 10_000
-PARTITION_TARGET_ROWS = 10_000
+PARTITION_TARGET_ROWS = 25_000
 MAX_AUTO_PARTITIONS = 16
 
 
