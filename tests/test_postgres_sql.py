@@ -35,8 +35,8 @@ SCRIPTS = {
         "create_claims",
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
-    "poison_headers_pg12-15.sql": (
-        'PostgreSQL 12 to 15 only: the header check the claim uses where pg_input_is_valid is missing.',
+    "poison_headers_pg13-15.sql": (
+        'PostgreSQL 13 to 15 only: the header check the claim uses where pg_input_is_valid is missing.',
         "create_helpers",
         lambda: _legacy().create_helpers(QueueAddress("Sales.Claims")),
     ),

@@ -127,7 +127,7 @@ def test_corrupted_headers(backend: Backend, queues, bad: str, helper: bool) -> 
     poison_id = backend.send(q, bad, b"poison body")
     backend.send(q, nsb_headers("after"))
     r = make_receiver(backend, q, e)
-    if helper:  # the PostgreSQL 12-15 path: headers checked by a PL/pgSQL helper function
+    if helper:  # the PostgreSQL 13-15 path: headers checked by a PL/pgSQL helper function
         if backend.name != "postgres":
             pytest.skip("PostgreSQL only")
         r.dialect.force_helper = True  # type: ignore[attr-defined]
@@ -486,3 +486,19 @@ def test_a_table_that_is_not_a_queue_is_refused(pg: Backend, names) -> None:  # 
     with pytest.raises(SchemaError, match="not a queue table: missing column\\(s\\) expires, headers, seq"):
         r.initial_offset()
     r.close()
+
+
+def test_poison_whose_id_the_error_queue_holds_gets_a_new_id(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """NServiceBus keeps the native id; if the error queue has it already, the claim must not stall."""
+    q, e = queues
+    nid = pg.send(e, "<already failed once", b"old")
+    pg.send(q, "<corrupted headers", b"new", native_id=nid)
+    pg.send(q, nsb_headers("next"))
+    r = make_receiver(pg, q, e)
+    try:
+        rows, _ = drain(r)
+    finally:
+        r.close()
+    assert [x[0] for x in rows] == ["next"]
+    assert sorted(b for _, _, b in pg.rows(e)) == [b"new", b"old"]
+    assert len({i for i, _, _ in pg.rows(e)}) == 2

@@ -33,10 +33,10 @@ def _is_poison(col: str) -> str:
     )
 
 
-#: PostgreSQL 12 to 15 have no pg_input_is_valid: a PL/pgSQL helper catches the cast's error
+#: PostgreSQL 13 to 15 have no pg_input_is_valid: a PL/pgSQL helper catches the cast's error
 #: instead (one subtransaction per message, so slower). Created beside the claim table.
 HELPER_FUNCTION = "sqlqueue_poison_headers"
-MIN_VERSION = 120000  # jsonb_path_exists
+MIN_VERSION = 130000  # gen_random_uuid (jsonb_path_exists: 12)
 FAST_VERSION = 160000  # pg_input_is_valid
 
 
@@ -163,7 +163,7 @@ class PostgresDialect(Dialect):
 
     #: set by adapt_to_server on PostgreSQL < 16: check headers with the PL/pgSQL helper there
     helper_schema: str | None = None
-    #: use the helper even where pg_input_is_valid exists (tests of the PostgreSQL 12-15 path)
+    #: use the helper even where pg_input_is_valid exists (tests of the PostgreSQL 13-15 path)
     force_helper = False
 
     def server_check(self) -> Statement:
@@ -171,7 +171,7 @@ class PostgresDialect(Dialect):
 
     def adapt_to_server(self, version: int, claims: QueueAddress) -> str | None:
         if version < MIN_VERSION:
-            return f"PostgreSQL {version // 10000} is too old: spark-qtransport needs PostgreSQL 12 or newer"
+            return f"PostgreSQL {version // 10000} is too old: spark-qtransport needs PostgreSQL 13 or newer"
         if version < FAST_VERSION or self.force_helper:
             self.helper_schema = claims.schema or self.default_schema
         return None
@@ -270,7 +270,10 @@ WITH picked AS MATERIALIZED (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
 ), to_error AS (
     INSERT INTO {e} (id, expires, headers, body)
-    SELECT m.id, NULL, m.headers, m.body
+    -- same id, as NServiceBus does; a new one only if the error queue holds that id already
+    -- (its primary key would otherwise fail every claim and stall the stream)
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM {e} AS x WHERE x.id = m.id) THEN gen_random_uuid() ELSE m.id END,
+           NULL, m.headers, m.body
     FROM (SELECT seq FROM picked WHERE poison AND NOT expired ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
     ORDER BY p.seq
     RETURNING 1

@@ -1,4 +1,4 @@
--- PostgreSQL 12 to 15 only: the header check the claim uses where pg_input_is_valid is missing.
+-- PostgreSQL 13 to 15 only: the header check the claim uses where pg_input_is_valid is missing.
 --
 -- Generated from spark_qtransport.dialects.postgres.PostgresDialect.create_helpers() and rendered with
 -- PostgresDialect.script(): exactly what the connector runs, with its parameters written as
