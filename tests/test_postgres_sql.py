@@ -95,6 +95,7 @@ class TestStatements:
         stmts = [
             *D.claim(q, c, e, consumer=self.EVIL, limit=10, after=0, upto=5),
             D.max_claim(c, self.EVIL),
+            D.nth_claim(c, self.EVIL, after=0, n=5),
             D.read_claims(c, self.EVIL, after=1, upto=2),
             D.ack_claims(c, self.EVIL, upto=3, batch=4),
             D.try_lock_consumer(c, self.EVIL),

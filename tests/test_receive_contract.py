@@ -502,3 +502,27 @@ def test_poison_whose_id_the_error_queue_holds_gets_a_new_id(pg: Backend, queues
     assert [x[0] for x in rows] == ["next"]
     assert sorted(b for _, _, b in pg.rows(e)) == [b"new", b"old"]
     assert len({i for i, _, _ in pg.rows(e)}) == 2
+
+
+def test_held_claims_are_delivered_within_the_limit(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """More held claims than a batch may take (a deleted checkpoint): batches keep to the limit."""
+    q, e = queues
+    backend.send_many(q, [(nsb_headers(f"m{i:02d}"), b"x") for i in range(30)])
+    r = make_receiver(backend, q, e, claimAhead="false")
+    start = r.initial_offset()
+    r.latest(start, 30)  # 30 claimed, never delivered: the query died
+    r.close()
+    r2 = make_receiver(backend, q, e, claimAhead="false")
+    try:
+        start = r2.initial_offset()
+        sizes = []
+        while True:
+            end = r2.latest(start, 8)
+            if end == start:
+                break
+            sizes.append(len(read_batch(r2, start, end)))
+            r2.ack(end)
+            start = end
+    finally:
+        r2.close()
+    assert sizes == [8, 8, 8, 6]

@@ -205,6 +205,7 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "claim_upto": D.claim(q, c, e, consumer=consumer, limit=5000, after=7, upto=12345),
         "backlog": [D.backlog(q)],
         "max_claim": [D.max_claim(c, consumer)],
+        "nth_claim": [D.nth_claim(c, consumer, after=3, n=50)],
         "read_claims": [D.read_claims(c, consumer, after=3, upto=9)],
         "ack_claims": [D.ack_claims(c, consumer, upto=9, batch=4000)],
         "max_source_seq": [D.max_source_seq(q)],
@@ -377,8 +378,8 @@ class TestEveryStatement:
     @pytest.mark.parametrize(("method", "stmt"), ALL)
     def test_consumer_never_in_sql_text(self, method: str, stmt: Statement) -> None:
         assert EVIL not in stmt.sql and "evil" not in stmt.sql
-        if method in ("try_lock_consumer", "unlock_consumer", "claim", "claim_upto", "max_claim", "read_claims",
-                      "ack_claims"):
+        if method in ("try_lock_consumer", "unlock_consumer", "claim", "claim_upto", "max_claim", "nth_claim",
+                      "read_claims", "ack_claims"):
             assert any(EVIL in p for p in stmt.params if isinstance(p, str))
 
     @pytest.mark.parametrize(("method", "stmt"), ALL)
@@ -458,6 +459,7 @@ class TestNoUserTextInSql:
             *D.claim(q, c, e, consumer=consumer, limit=10, after=0, upto=None),
             *D.claim(q, c, e, consumer=consumer, limit=10, after=0, upto=5),
             D.max_claim(c, consumer),
+            D.nth_claim(c, consumer, after=0, n=3),
             D.read_claims(c, consumer, after=0, upto=1),
             D.ack_claims(c, consumer, upto=1, batch=10),
         ]

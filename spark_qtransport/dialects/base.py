@@ -183,6 +183,10 @@ class Dialect(ABC):
         """One row: (max claim sequence or NULL, min claim sequence or NULL) for the consumer."""
 
     @abstractmethod
+    def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:
+        """One row (or none): the n-th (1-based) claim sequence of the consumer after `after`."""
+
+    @abstractmethod
     def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
         """Rows (claim_seq, native_id text, expires, headers, body, source_seq, claimed_at) ordered
         by claim_seq, for claim_seq in (after, upto]."""

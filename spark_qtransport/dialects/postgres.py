@@ -308,6 +308,13 @@ SELECT (SELECT count(*) FROM gone),
             {"consumer": consumer},
         )
 
+    def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:
+        return Statement(
+            f"SELECT claim_seq FROM {self.qualified(claims)} WHERE consumer = %(consumer)s AND claim_seq > %(after)s"
+            " ORDER BY claim_seq OFFSET %(skip)s LIMIT 1",
+            {"consumer": consumer, "after": int(after), "skip": max(int(n) - 1, 0)},
+        )
+
     def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
         return Statement(
             "SELECT claim_seq, id::text, expires, headers, body, source_seq, claimed_at"

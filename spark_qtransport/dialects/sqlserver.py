@@ -542,6 +542,13 @@ SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS 
             (self._check_consumer(consumer), consumer),
         )
 
+    def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:
+        return Statement(
+            f"SELECT ClaimSeq FROM {self.qualified(claims)} WHERE Consumer = ? AND ClaimSeq > ?"
+            " ORDER BY ClaimSeq OFFSET ? ROWS FETCH NEXT 1 ROWS ONLY",
+            (self._check_consumer(consumer), int(after), max(int(n) - 1, 0)),
+        )
+
     def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
         return Statement(
             "SELECT ClaimSeq, CAST(Id AS varchar(36)), Expires, Headers, Body, SourceSeq, ClaimedAt"

@@ -268,7 +268,7 @@ class Receiver:
         after = self._start_after(start)
         held_max, _ = self._run("peek claims", lambda c: _one(c.cursor(), self.dialect.max_claim(self.claims, self.options.consumer)))
         if held_max is not None and (after is None or held_max > after):
-            end = int(held_max)
+            end = self._cap_held(after, int(held_max), limit)
         elif after is None:
             end = 0
         elif limit is None:
@@ -285,6 +285,18 @@ class Receiver:
         if limit is not None and self._more and self.options.claim_ahead and after is not None:
             self._claim_ahead(limit)
         return ClaimOffset(end, self.table_id)
+
+    def _cap_held(self, after: int | None, held_max: int, limit: int | None) -> int:
+        """Held claims beyond `after` form the batch, but no more than `limit` of them (a deleted
+        checkpoint can find more: the last batch's and the one claimed ahead)."""
+        if after is None or limit is None or held_max - after <= limit:
+            return held_max
+        stmt = self.dialect.nth_claim(self.claims, self.options.consumer, after=after, n=limit)
+        (nth,) = self._run("peek claims", lambda c: _one(c.cursor(), stmt))
+        if nth is not None and int(nth) < held_max:
+            self._more = True  # the rest of the held claims make the next batch
+            return int(nth)
+        return held_max
 
     def _background(self) -> ThreadPoolExecutor:
         # One thread: claims ahead and acknowledgements run one at a time, in order.
