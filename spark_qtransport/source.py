@@ -139,15 +139,10 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.receiver.prepare_available_now()
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
+        # Shown as the source's latestOffset in query progress: the planned end plus the queue's
+        # backlog and this run's expired/poison counts (the metric the Python API can report).
         r = self.receiver
-        last = r._last_end if r._last_end is not None else 0
-        s = r.stats
-        return {
-            **ClaimOffset(last, r.table_id).to_dict(),
-            "backlog": r.reported_backlog(),
-            "expired": s.expired,
-            "poison": s.poison,
-        }
+        return {**r.report(), "backlog": r.reported_backlog()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return [_SlicePartition(p) for p in self.receiver.slices(ClaimOffset.from_dict(start), ClaimOffset.from_dict(end))]

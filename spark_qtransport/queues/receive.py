@@ -382,6 +382,11 @@ class Receiver:
         self._backlog = int(n or 0)
         return self._backlog
 
+    def report(self) -> dict[str, Any]:
+        """The last planned end offset and this run's counters, for progress reports."""
+        end = ClaimOffset(self._last_end or 0, self.table_id).to_dict()
+        return {**end, "claimed": self.stats.claimed, "expired": self.stats.expired, "poison": self.stats.poison}
+
     def reported_backlog(self) -> int:
         """The backlog for progress reports, without racing our own claim-ahead.
 
