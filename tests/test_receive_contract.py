@@ -526,3 +526,42 @@ def test_held_claims_are_delivered_within_the_limit(backend: Backend, queues) ->
     finally:
         r2.close()
     assert sizes == [8, 8, 8, 6]
+
+
+def test_a_dropped_connection_is_retried(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """The server ends the driver's session (failover, admin, idle kill): the next call reconnects."""
+    q, e = queues
+    pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(6)])
+    r = make_receiver(pg, q, e, claimAhead="false")
+    try:
+        start = r.initial_offset()
+        end = r.latest(start, 3)
+        with pg.connect() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (r._conns["main"].info.backend_pid,))
+        r.ack(end)  # first call after the drop: reconnects, re-takes the endpoint lock, goes on
+        rest, _ = drain(r, end)
+    finally:
+        r.close()
+    assert [x[0] for x in rest] == ["m3", "m4", "m5"]
+    assert pg.count(q) == 0 and pg.count(f'"{q}.Claims"') == 0
+
+
+def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    q, e = queues
+    pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(4)])
+    r = make_receiver(pg, q, e, claimAhead="false")
+    try:
+        start = r.initial_offset()
+        end = r.latest(start, 2)
+        assert len(read_batch(r, start, end)) == 2  # leaves its connection in the executor cache
+        with pg.connect() as admin:  # the server ends every other session of ours, cached one included
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'spark-qtransport' AND pid <> %s AND pid <> pg_backend_pid()",
+                (r._conns["main"].info.backend_pid,),
+            )
+        r.ack(end)
+        nxt = r.latest(end, 2)
+        assert [x[0] for x in read_batch(r, end, nxt)] == ["m2", "m3"]
+    finally:
+        r.close()

@@ -489,19 +489,9 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
     Rows are (claim_seq, native_id text, expires, headers text, body, source_seq, claimed_at).
     """
     dialect = dialect_named(part.dialect)
-    conn = _CACHE.get(part.url, dialect.connect)
+    conn, cur = _open_slice(dialect, part)
     healthy = False
     try:
-        cur = conn.cursor()
-        (table_id,) = _one(cur, dialect.table_id(part.claims))
-        if str(table_id) != part.table:
-            raise OffsetError(
-                f"claim table {dialect.qualified(part.claims)} was dropped and created again after this "
-                f"batch was planned (offset names table {part.table}, now {table_id}); its claims are gone. "
-                "Start the query with a new checkpoint location to go on."
-            )
-        cur = dialect.streaming_cursor(conn)
-        cur.execute(*_args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
         while True:
             rows = cur.fetchmany(chunk)
             if not rows:
@@ -515,6 +505,30 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
             _CACHE.put(part.url, conn)
         else:
             _close(conn)
+
+
+def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:
+    """Check the claim table and start the slice's query. A cached connection the server has
+    dropped since the last batch is replaced once (nothing has been read yet, so retrying is safe)."""
+    for attempt in (1, 2):
+        conn = _CACHE.get(part.url, dialect.connect)
+        try:
+            (table_id,) = _one(conn.cursor(), dialect.table_id(part.claims))
+            if str(table_id) != part.table:
+                raise OffsetError(
+                    f"claim table {dialect.qualified(part.claims)} was dropped and created again after this "
+                    f"batch was planned (offset names table {part.table}, now {table_id}); its claims are gone. "
+                    "Start the query with a new checkpoint location to go on."
+                )
+            cur = dialect.streaming_cursor(conn)
+            cur.execute(*_args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
+            return conn, cur
+        except Exception as exc:
+            _close(conn)
+            if attempt == 2 or not dialect.is_transient(exc):
+                raise
+            log.info("reconnecting to read %r: %s", part, exc)
+    raise AssertionError("unreachable")
 
 
 def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
