@@ -95,6 +95,10 @@ class Backend:
     def q(self, text: str) -> str:
         return self.dialect.qualified(self.address(text))
 
+    def claims(self, queue: str) -> str:
+        """The address of a queue's claim table."""
+        return self.dialect.format_address(self.dialect.claims_table(self.address(queue)))
+
     # -- tables -------------------------------------------------------------------------------
 
     def create_queue(self, name: str, *, nsb: bool = False) -> str:

@@ -90,7 +90,7 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, job: Job) -> N
 def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, names: Any, tmp_path: Path) -> None:
     q, e = pg.create_queue(names("Orders")), pg.create_queue(names("error"))
     sink = names("sink")
-    claims = f'"{q}.Claims"'
+    claims = pg.claims(q)
     with pg.connect() as c:
         c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
         c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint)')

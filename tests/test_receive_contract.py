@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -23,6 +25,16 @@ from spark_qtransport.queues.receive import ClaimOffset, Receiver, read_slice
 def make_receiver(backend: Backend, queue: str, error: str, **extra: str) -> Receiver:
     opts = {"url": backend.url, "queue": queue, "errorQueue": error, **extra}
     return Receiver(ReaderOptions.parse(opts))
+
+
+@contextmanager
+def receiving(backend: Backend, queue: str, error: str, **extra: str) -> Iterator[Receiver]:
+    """A receiver for the test's queue, closed (endpoint lock released) however the test ends."""
+    r = make_receiver(backend, queue, error, **extra)
+    try:
+        yield r
+    finally:
+        r.close()
 
 
 def read_batch(r: Receiver, start: ClaimOffset, end: ClaimOffset) -> list[tuple]:
@@ -52,8 +64,8 @@ def queues(backend: Backend, names):  # type: ignore[no-untyped-def]
     backend.create_queue(q)
     backend.create_queue(e)
     yield q, e
-    for t in (q, e, f"{q}.Claims"):
-        backend.drop(f'"{t}"' if backend.name == "postgres" else t)
+    for t in (q, e, backend.claims(q)):
+        backend.drop(t)
 
 
 def test_message_is_available(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
@@ -61,11 +73,8 @@ def test_message_is_available(backend: Backend, queues) -> None:  # type: ignore
     headers = nsb_headers("order-1", **{"Custom.Empty": "", "Custom.Null": None})  # type: ignore[arg-type]
     body = b'{"OrderId": 1, "bytes": "\x00\xff"}'
     nid = backend.send(q, headers, body)
-    r = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r:
         rows, _ = drain(r)
-    finally:
-        r.close()
     assert len(rows) == 1
     message_id, native_id, got_headers, got_body = rows[0][:4]
     assert message_id == "order-1"
@@ -79,11 +88,8 @@ def test_unicode_in_headers(backend: Backend, queues) -> None:  # type: ignore[n
     q, e = queues
     headers = nsb_headers(**{"Zeichen.Ünïcödé": "值 😀 \u00e9", "emoji.🚀": "𝄞 surrogate pair"})
     backend.send(q, headers, "héllo 😀".encode())
-    r = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r:
         rows, _ = drain(r)
-    finally:
-        r.close()
     assert rows[0][2] == headers
     assert rows[0][3].decode() == "héllo 😀"
 
@@ -95,12 +101,9 @@ def test_queue_contains_expired_messages(backend: Backend, queues) -> None:  # t
     for i in range(3):
         backend.send(q, nsb_headers(f"alive-{i}"), ttbr_ms=3_600_000)
     backend.send(q, nsb_headers("forever"))
-    r = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r:
         rows, _ = drain(r)
         assert r.stats.expired == 5
-    finally:
-        r.close()
     assert sorted(row[0] for row in rows) == ["alive-0", "alive-1", "alive-2", "forever"]
     assert all(row[4] is not None for row in rows if row[0].startswith("alive"))
     assert backend.count(q) == 0
@@ -126,16 +129,13 @@ def test_corrupted_headers(backend: Backend, queues, bad: str, helper: bool) -> 
     backend.send(q, nsb_headers("before"))
     poison_id = backend.send(q, bad, b"poison body")
     backend.send(q, nsb_headers("after"))
-    r = make_receiver(backend, q, e)
-    if helper:  # the PostgreSQL 13-15 path: headers checked by a PL/pgSQL helper function
-        if backend.name != "postgres":
-            pytest.skip("PostgreSQL only")
-        r.dialect.force_helper = True  # type: ignore[attr-defined]
-    try:
+    if helper and backend.name != "postgres":
+        pytest.skip("PostgreSQL only")
+    with receiving(backend, q, e) as r:
+        # the PostgreSQL 13-15 path: headers checked by a PL/pgSQL helper function
+        r.dialect.force_helper = helper  # type: ignore[attr-defined]
         rows, _ = drain(r)
         assert r.stats.poison == 1
-    finally:
-        r.close()
     assert [row[0] for row in rows] == ["before", "after"]
     if helper:
         (claim_sql,) = r.dialect.claim(r.options.queue, r.claims, r.options.error_queue,
@@ -153,11 +153,8 @@ def test_starting_again_with_new_messages(backend: Backend, queues) -> None:  # 
     rows, last = drain(r)
     r.close()
     backend.send(q, nsb_headers("second"))
-    r2 = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r2:
         rows2, _ = drain(r2, last)
-    finally:
-        r2.close()
     assert [x[0] for x in rows] == ["first"]
     assert [x[0] for x in rows2] == ["second"]
 
@@ -173,13 +170,10 @@ def test_stop_during_a_batch_redelivers_claims(backend: Backend, queues) -> None
     first = [row[0] for row in read_batch(r, start, end)]
     r.close()  # the query dies here: no commit, no ack
     # same checkpoint: Spark replays batch (start, end]
-    r2 = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r2:
         replay = [row[0] for row in read_batch(r2, start, end)]
         # new checkpoint: the held claims are found and delivered again
         fresh, _ = drain(r2, r2.initial_offset())
-    finally:
-        r2.close()
     assert first == replay == [row for row in (f"m{i}" for i in range(10))]
     assert [row[0] for row in fresh] == first
 
@@ -192,11 +186,8 @@ def test_deleted_checkpoint_gets_unacknowledged_claims(backend: Backend, queues)
     rows, _ = drain(r, limit=2, ack=False)  # delivered, never acknowledged (commit never came)
     r.close()
     assert len(rows) == 4
-    r2 = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r2:
         again, _ = drain(r2, r2.initial_offset())
-    finally:
-        r2.close()
     assert sorted(x[0] for x in again) == ["m0", "m1", "m2", "m3"]
 
 
@@ -209,22 +200,16 @@ def test_claims_a_crashed_planner_made_are_delivered(backend: Backend, queues) -
     start = r.initial_offset()
     r.latest(start, 1000)  # claimed; Spark never learns the end offset
     r.close()
-    r2 = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r2:
         rows, _ = drain(r2, start)
-    finally:
-        r2.close()
     assert [x[0] for x in rows] == ["m0", "m1", "m2"]
 
 
 def test_fifo_in_batches(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
     backend.send_many(q, [(nsb_headers(f"{i:04d}"), b"x") for i in range(250)])
-    r = make_receiver(backend, q, e, numPartitions="3")
-    try:
+    with receiving(backend, q, e, numPartitions="3") as r:
         rows, _ = drain(r, limit=40)
-    finally:
-        r.close()
     assert [x[0] for x in rows] == [f"{i:04d}" for i in range(250)]
     seqs = [x[-3] for x in rows]
     assert seqs == sorted(seqs)
@@ -239,14 +224,11 @@ def test_peek_while_a_row_is_held(backend: Backend, queues) -> None:  # type: ig
     try:
         held = backend.receive_one(q, other)  # an NServiceBus endpoint is mid-handling this row
         assert held is not None
-        r = make_receiver(backend, q, e)
-        try:
+        with receiving(backend, q, e) as r:
             assert r.backlog() == 1
             rows, _ = drain(r)
             assert [x[0] for x in rows] == ["free"]
             assert r.backlog() == 0
-        finally:
-            r.close()
     finally:
         other.rollback()  # the endpoint fails: the row is back
         other.close()
@@ -262,14 +244,11 @@ def test_receive_stops_at_first_empty_claim(backend: Backend, queues) -> None:  
     try:
         for _ in range(3):
             assert backend.receive_one(q, other) is not None
-        r = make_receiver(backend, q, e)
-        try:
+        with receiving(backend, q, e) as r:
             start = r.initial_offset()
             assert r.latest(start, 100) == start
             assert r.stats.claims == 0  # no claim transaction ran
             assert r.stats.empty_peeks == 1
-        finally:
-            r.close()
     finally:
         other.rollback()
         other.close()
@@ -277,8 +256,7 @@ def test_receive_stops_at_first_empty_claim(backend: Backend, queues) -> None:  
 
 def test_an_empty_queue_makes_no_write(pg: Backend, names) -> None:  # type: ignore[no-untyped-def]
     q, e = pg.create_queue(names("Idle")), pg.create_queue(names("error"))
-    r = make_receiver(pg, q, e)
-    try:
+    with receiving(pg, q, e) as r:
         start = r.initial_offset()  # set-up (claim table, lock) happens here
         with pg.connect() as watch:
             cur = watch.cursor()
@@ -291,8 +269,6 @@ def test_an_empty_queue_makes_no_write(pg: Backend, names) -> None:  # type: ign
         # no transaction id was assigned: nothing in the database was written
         assert after == before
         assert r.stats.claims == 0
-    finally:
-        r.close()
 
 
 def test_competing_consumers_never_share_a_message(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
@@ -359,11 +335,8 @@ def test_a_starting_query_waits_for_a_dying_holder(backend: Backend, queues) -> 
     old = make_receiver(backend, q, e)
     old.initial_offset()
     threading.Timer(1.5, old.close).start()  # the leftover process exits a little later
-    new = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as new:
         new.initial_offset()
-    finally:
-        new.close()
 
 
 def test_missing_queue_is_a_clear_error(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
@@ -376,11 +349,8 @@ def test_missing_queue_is_a_clear_error(backend: Backend, names) -> None:  # typ
 
 def test_create_queues_option(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
     q, e = names("Made"), names("error")
-    r = make_receiver(backend, q, e, createQueues="true")
-    try:
+    with receiving(backend, q, e, createQueues="true") as r:
         r.initial_offset()
-    finally:
-        r.close()
     backend.send(q, nsb_headers("x"))
     assert backend.count(q) == 1
 
@@ -391,14 +361,11 @@ def test_recreated_claim_table_starts_from_its_beginning(backend: Backend, queue
     r = make_receiver(backend, q, e)
     _, last = drain(r)
     r.close()
-    backend.drop(f'"{q}.Claims"' if backend.name == "postgres" else f"{q}.Claims")
+    backend.drop(backend.claims(q))
     backend.send(q, nsb_headers("new"))
-    r2 = make_receiver(backend, q, e)
-    try:
+    with receiving(backend, q, e) as r2:
         assert r2.table_id != last.table
         rows, _ = drain(r2, last)
-    finally:
-        r2.close()
     assert [x[0] for x in rows] == ["new"]
 
 
@@ -412,11 +379,8 @@ def test_nsb_created_queue_with_int4_seq(pg: Backend, names) -> None:  # type: i
     for i in range(5):
         pg.send(q, nsb_headers(f"m{i}"))
     pg.send(q, "<corrupted headers")
-    r = make_receiver(pg, q, e)
-    try:
+    with receiving(pg, q, e) as r:
         rows, _ = drain(r, limit=2)
-    finally:
-        r.close()
     assert [x[0] for x in rows] == [f"m{i}" for i in range(5)]
     assert pg.count(e) == 1
 
@@ -443,11 +407,8 @@ def test_brackets_and_special_characters_in_names(pg: Backend, address: str) -> 
         c.execute('CREATE TABLE IF NOT EXISTS "Victim" (x int)')
     pg.create_queue(name)
     pg.send(name, nsb_headers("quoted"))
-    r = make_receiver(pg, name, err)
-    try:
+    with receiving(pg, name, err) as r:
         rows, _ = drain(r)
-    finally:
-        r.close()
     assert [x[0] for x in rows] == ["quoted"]
     assert rows[0][-4] == name  # the queue column is the canonical address
     with pg.connect() as c:
@@ -466,11 +427,8 @@ def test_claim_ahead_holds_the_next_batch_and_loses_nothing(backend: Backend, qu
     assert backend.count(r.dialect.format_address(r.claims)) == 20
     first = [x[0] for x in read_batch(r, start, end)]
     r.close()  # stops before planning the next batch: the claimed-ahead rows are held claims
-    r2 = make_receiver(backend, q, e, claimAhead="false")
-    try:
+    with receiving(backend, q, e, claimAhead="false") as r2:
         rest, _ = drain(r2, end, limit=10)
-    finally:
-        r2.close()
     assert first == [f"m{i:03d}" for i in range(10)]
     assert [x[0] for x in rest] == [f"m{i:03d}" for i in range(10, 25)]
     assert backend.count(q) == 0
@@ -494,11 +452,8 @@ def test_poison_whose_id_the_error_queue_holds_gets_a_new_id(pg: Backend, queues
     nid = pg.send(e, "<already failed once", b"old")
     pg.send(q, "<corrupted headers", b"new", native_id=nid)
     pg.send(q, nsb_headers("next"))
-    r = make_receiver(pg, q, e)
-    try:
+    with receiving(pg, q, e) as r:
         rows, _ = drain(r)
-    finally:
-        r.close()
     assert [x[0] for x in rows] == ["next"]
     assert sorted(b for _, _, b in pg.rows(e)) == [b"new", b"old"]
     assert len({i for i, _, _ in pg.rows(e)}) == 2
@@ -512,8 +467,7 @@ def test_held_claims_are_delivered_within_the_limit(backend: Backend, queues) ->
     start = r.initial_offset()
     r.latest(start, 30)  # 30 claimed, never delivered: the query died
     r.close()
-    r2 = make_receiver(backend, q, e, claimAhead="false")
-    try:
+    with receiving(backend, q, e, claimAhead="false") as r2:
         start = r2.initial_offset()
         sizes = []
         while True:
@@ -523,8 +477,6 @@ def test_held_claims_are_delivered_within_the_limit(backend: Backend, queues) ->
             sizes.append(len(read_batch(r2, start, end)))
             r2.ack(end)
             start = end
-    finally:
-        r2.close()
     assert sizes == [8, 8, 8, 6]
 
 
@@ -532,25 +484,21 @@ def test_a_dropped_connection_is_retried(pg: Backend, queues) -> None:  # type: 
     """The server ends the driver's session (failover, admin, idle kill): the next call reconnects."""
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(6)])
-    r = make_receiver(pg, q, e, claimAhead="false")
-    try:
+    with receiving(pg, q, e, claimAhead="false") as r:
         start = r.initial_offset()
         end = r.latest(start, 3)
         with pg.connect() as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (r._conns["main"].info.backend_pid,))
         r.ack(end)  # first call after the drop: reconnects, re-takes the endpoint lock, goes on
         rest, _ = drain(r, end)
-    finally:
-        r.close()
     assert [x[0] for x in rest] == ["m3", "m4", "m5"]
-    assert pg.count(q) == 0 and pg.count(f'"{q}.Claims"') == 0
+    assert pg.count(q) == 0 and pg.count(pg.claims(q)) == 0
 
 
 def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(4)])
-    r = make_receiver(pg, q, e, claimAhead="false")
-    try:
+    with receiving(pg, q, e, claimAhead="false") as r:
         start = r.initial_offset()
         end = r.latest(start, 2)
         assert len(read_batch(r, start, end)) == 2  # leaves its connection in the executor cache
@@ -563,5 +511,3 @@ def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend
         r.ack(end)
         nxt = r.latest(end, 2)
         assert [x[0] for x in read_batch(r, end, nxt)] == ["m2", "m3"]
-    finally:
-        r.close()
