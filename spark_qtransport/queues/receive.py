@@ -46,6 +46,8 @@ T = TypeVar("T")
 #: its row becomes visible at COMMIT) or that a competing consumer released by rolling back.
 LOW_WATER_TTL = 5.0
 RETRIES = 4
+#: smallest claim made while Spark waits (see Receiver._foreground_size)
+STARTER_CLAIM = 1000
 #: how long a starting query waits for its endpoint's lock before ConsumerBusyError
 LOCK_WAIT = 30.0
 QUEUE_COLUMNS = {"id", "headers", "body", "expires"}
@@ -279,12 +281,20 @@ class Receiver:
                 if not full:
                     break
         else:
-            claimed, _ = self._claim_once(limit)
+            claimed, _ = self._claim_once(self._foreground_size(limit))
             end = claimed or after
         self._last_end = end
         if limit is not None and self._more and self.options.claim_ahead and after is not None:
             self._claim_ahead(limit)
         return ClaimOffset(end, self.table_id)
+
+    def _foreground_size(self, limit: int) -> int:
+        """How much to claim while Spark waits. With claim-ahead, a large batch starts with a
+        smaller claim, so the first rows flow sooner; full batches follow, claimed in the
+        background while Spark works."""
+        if not self.options.claim_ahead:
+            return limit
+        return min(limit, max(STARTER_CLAIM, limit // 10))
 
     def _cap_held(self, after: int | None, held_max: int, limit: int | None) -> int:
         """Held claims beyond `after` form the batch, but no more than `limit` of them (a deleted
