@@ -511,3 +511,16 @@ def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend
         r.ack(end)
         nxt = r.latest(end, 2)
         assert [x[0] for x in read_batch(r, end, nxt)] == ["m2", "m3"]
+
+
+def test_a_claim_spark_waits_for_starts_small(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """With claim-ahead, the claim made while Spark waits is a tenth of the limit (>= 1,000);
+    the next, full batch is claimed in the background."""
+    q, e = queues
+    pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x") for i in range(5000)])
+    with receiving(pg, q, e) as r:
+        start = r.initial_offset()
+        first = r.latest(start, 20_000)
+        second = r.latest(first, 20_000)
+        assert len(read_batch(r, start, first)) == 2000
+        assert len(read_batch(r, first, second)) == 3000
