@@ -24,6 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .errors import ConfigError
 from .options import ReaderOptions
 from .queues.receive import ClaimOffset, ClaimSlice, Receiver, read_chunks, read_slice
 
@@ -84,6 +85,13 @@ class SqlQueueDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return SqlQueueStreamReader(ReaderOptions.parse(self.options))
+
+    def reader(self, schema: StructType) -> Any:
+        # Receiving deletes messages, so it needs Spark's checkpoints to be safe.
+        raise ConfigError(
+            "format 'sqlqueue' receives as a stream only: use spark.readStream.format('sqlqueue') "
+            "(with Trigger.AvailableNow for a one-off drain)"
+        )
 
 
 class _SlicePartition(InputPartition):

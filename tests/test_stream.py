@@ -304,3 +304,10 @@ def test_available_now_finishes_while_producers_keep_sending(spark: Any, pg: Bac
     assert len(ids) == len(set(ids))
     assert [i for i in ids if i.startswith("before-")] == [f"before-{i:04d}" for i in range(600)]
     assert len(query.recentProgress) < 40, [p["numInputRows"] for p in query.recentProgress]
+
+
+def test_a_batch_read_says_to_use_a_stream(spark: Any, pg: Backend) -> None:
+    from pyspark.errors import PySparkException
+
+    with pytest.raises(PySparkException, match="receives as a stream only"):
+        spark.read.format("sqlqueue").option("url", pg.url).option("queue", "Q").load().collect()
