@@ -180,3 +180,29 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
     assert pg.count(q) == 0
     assert pg.count(e) == 0
     assert pg.count(claims) <= 400  # only the last batch's claims, acknowledged on the next run
+
+
+def test_killing_only_the_driver_process_and_restarting_at_once(pg: Backend, names: Any, tmp_path: Path) -> None:
+    """The way an operator (or a scheduler) kills a job: SIGKILL to the driver's Python process
+    only, and an immediate restart while the old JVM and workers may still be exiting."""
+    q, e = pg.create_queue(names("Orders")), pg.create_queue(names("error"))
+    sink = names("sink")
+    with pg.connect() as c:
+        c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
+        c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint)')
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    args = [pg.url, q, e, str(tmp_path / "ckpt"), sink, str(markers)]
+    pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x") for i in range(2000)])
+    first = Job(args, "after_sink", log=tmp_path / "job.log")
+    wait_for(lambda: (markers / "after_sink").exists(), 180, "a written batch", first)
+    os.kill(first.proc.pid, signal.SIGKILL)  # the driver only
+    second = Job([*args, "available-now"], log=tmp_path / "job2.log")  # at once
+    try:
+        assert second.wait(300) == 0, (tmp_path / "job2.log").read_text()[-3000:]
+    finally:
+        first.kill()
+    with pg.connect() as c:
+        ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
+    assert ids == [f"m{i:05d}" for i in range(2000)]
+    assert pg.count(q) == 0
