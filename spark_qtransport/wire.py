@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 
 __all__ = [
     "H",
+    "INTENTS",
+    "RESERVED",
     "decode_headers",
     "encode_headers",
     "format_time",
+    "outgoing_headers",
     "parse_time",
 ]
 
@@ -33,6 +37,14 @@ class H:
     FORWARD_DESTINATION = "NServiceBus.SqlServer.ForwardDestination"
     FAILED_Q = "NServiceBus.FailedQ"
     TIME_OF_FAILURE = "NServiceBus.TimeOfFailure"
+    CONTROL_MESSAGE = "NServiceBus.ControlMessage"
+
+
+#: intent column values -> the NServiceBus.MessageIntent header
+INTENTS = {"send": "Send", "publish": "Publish", "reply": "Reply"}
+
+#: headers a sender must never set: the transport and NServiceBus own them
+RESERVED = (H.FORWARD_DESTINATION, H.CONTROL_MESSAGE)
 
 
 def decode_headers(text: str | None) -> dict[str, str | None] | None:
@@ -84,3 +96,65 @@ def parse_time(text: str | None) -> datetime | None:
         return datetime.strptime(text, _TIME_FORMAT).replace(tzinfo=timezone.utc)
     except ValueError:
         return None
+
+
+def outgoing_headers(
+    *,
+    message_id: str,
+    endpoint: str,
+    machine: str,
+    intent: str = "send",
+    message_type: str | None = None,
+    content_type: str = "application/json",
+    correlation_id: str | None = None,
+    reply_to_address: str | None = None,
+    incoming: Mapping[str, str | None] | None = None,
+    headers: Mapping[str, str | None] | None = None,
+    now: datetime | None = None,
+) -> dict[str, str | None]:
+    """The headers of a message we send, filled in the way an NServiceBus endpoint fills them.
+
+    Headers the caller gives win over the defaults, except `RESERVED` ones, which are refused.
+    With `incoming` (the message being handled), the conversation continues: same
+    ConversationId, RelatedTo = its MessageId, CorrelationId = its CorrelationId (else its
+    MessageId), as NServiceBus's AttachCorrelationId and causation behaviours do.
+
+    :raises ValueError: a reserved header, an unknown intent or a missing message type.
+    """
+    given = dict(headers or {})
+    for name in RESERVED:
+        if name in given:
+            raise ValueError(f"header {name!r} is reserved for the transport and cannot be sent")
+    if intent not in INTENTS:
+        raise ValueError(f"intent {intent!r} is not one of {', '.join(INTENTS)}")
+    enclosed = message_type or given.get(H.ENCLOSED_MESSAGE_TYPES)
+    if not enclosed:
+        raise ValueError(
+            f"message {message_id!r} has no message type: set the message_type column "
+            f"(a .NET type name) or the {H.ENCLOSED_MESSAGE_TYPES} header"
+        )
+    out: dict[str, str | None] = {
+        H.MESSAGE_ID: message_id,
+        H.MESSAGE_INTENT: INTENTS[intent],
+        H.ENCLOSED_MESSAGE_TYPES: enclosed,
+        H.CONTENT_TYPE: content_type,
+        H.TIME_SENT: format_time(now or datetime.now(timezone.utc)),
+        H.ORIGINATING_ENDPOINT: endpoint,
+        H.ORIGINATING_MACHINE: machine,
+    }
+    if incoming is not None:
+        incoming_id = incoming.get(H.MESSAGE_ID)
+        out[H.CONVERSATION_ID] = incoming.get(H.CONVERSATION_ID) or str(uuid.uuid4())
+        out[H.CORRELATION_ID] = incoming.get(H.CORRELATION_ID) or incoming_id or message_id
+        if incoming_id:
+            out[H.RELATED_TO] = incoming_id
+    else:
+        out[H.CONVERSATION_ID] = str(uuid.uuid4())
+        out[H.CORRELATION_ID] = message_id
+    if correlation_id:
+        out[H.CORRELATION_ID] = correlation_id
+    if reply_to_address:
+        out[H.REPLY_TO_ADDRESS] = reply_to_address
+    out.update(given)
+    out[H.MESSAGE_ID] = message_id
+    return out
