@@ -26,7 +26,7 @@ from pyspark.sql.types import (
 
 from .errors import ConfigError
 from .options import ReaderOptions
-from .queues.receive import ClaimOffset, ClaimSlice, Receiver, read_chunks, read_slice
+from .queues.receive import ClaimOffset, ClaimSlice, Receiver, output_row, read_chunks, read_slice
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -176,7 +176,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from .arrow import rows_to_batch
 
         for rows in read_chunks(part):
-            yield rows_to_batch(part.queue, rows, schema)
+            yield rows_to_batch([output_row(part.queue, row) for row in rows], schema)
 
 
 def _arrow_schema() -> Any:

@@ -35,7 +35,7 @@ from ..errors import ConsumerBusyError, OffsetError, QTransportError, QueueNotFo
 from ..options import ReaderOptions
 from ..wire import H, parse_time
 
-__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "read_chunks", "read_slice", "ReceiveStats"]
+__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -545,7 +545,7 @@ def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
     """Yield the rows of one slice as output tuples (see `spark_qtransport.source.SCHEMA`)."""
     for rows in read_chunks(part):
         for row in rows:
-            yield _to_output(part.queue, row)
+            yield output_row(part.queue, row)
 
 
 def _utc(v: datetime | None) -> datetime | None:
@@ -554,7 +554,8 @@ def _utc(v: datetime | None) -> datetime | None:
     return v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v
 
 
-def _to_output(queue: str, row: Any) -> tuple[Any, ...]:
+def output_row(queue: str, row: Any) -> tuple[Any, ...]:
+    """One raw claim row as an output tuple, in `spark_qtransport.source.SCHEMA` column order."""
     claim_seq, native_id, expires, headers_text, body, source_seq, claimed_at = row
     try:
         headers = json.loads(headers_text)
