@@ -14,6 +14,7 @@ from typing import Any
 
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
+from spark_qtransport.queues.install import create_queues
 
 # NServiceBus.Transport.PostgreSql PostgreSqlConstants (SendText, ReceiveText, CreateQueueText),
 # with {0} the quoted table name. Used verbatim so our tables stay interchangeable with theirs.
@@ -103,16 +104,15 @@ class Backend:
 
     def create_queue(self, name: str, *, nsb: bool = False) -> str:
         """Create a queue with our installer, or (nsb=True) with NServiceBus's own DDL (int4 seq)."""
+        if not (nsb and self.name == "postgres"):
+            create_queues(self.parsed, name)
+            return name
         with self.connect() as conn:
             cur = conn.cursor()
-            if nsb and self.name == "postgres":
-                addr = self.address(name)
-                if addr.schema:
-                    cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.dialect.quote(addr.schema)}")
-                cur.execute(PG_NSB_CREATE_QUEUE.format(self.q(name)))
-            else:
-                for stmt in self.dialect.create_queue(self.address(name)):
-                    cur.execute(stmt.sql, stmt.params) if stmt.params is not None else cur.execute(stmt.sql)
+            addr = self.address(name)
+            if addr.schema:
+                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.dialect.quote(addr.schema)}")
+            cur.execute(PG_NSB_CREATE_QUEUE.format(self.q(name)))
         return name
 
     def drop(self, name: str) -> None:

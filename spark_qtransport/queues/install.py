@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..connections import ConnectionURL
 from ..dialects import dialect_for
+from . import _db as db
 
 __all__ = ["create_queues"]
 
@@ -17,7 +18,7 @@ def create_queues(url: ConnectionURL, *addresses: str, seq_bits: int = 64) -> li
         cur = conn.cursor()
         for address in parsed:
             for stmt in dialect.create_queue(address, seq_bits=seq_bits):
-                cur.execute(stmt.sql) if stmt.params is None else cur.execute(stmt.sql, stmt.params)
+                db.execute(cur, stmt)
             conn.commit()
     finally:
         conn.close()

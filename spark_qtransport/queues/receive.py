@@ -30,10 +30,11 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from ..connections import ConnectionCache, ConnectionURL
-from ..dialects import ClaimResult, Dialect, QueueAddress, Statement, dialect_named
+from ..dialects import ClaimResult, Dialect, QueueAddress, dialect_named
 from ..errors import ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
 from ..options import ReaderOptions
 from ..wire import H, parse_time
+from . import _db as db
 
 __all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
 
@@ -136,7 +137,7 @@ class Receiver:
                 try:
                     self._set_up(conn)
                 except BaseException:
-                    _close(conn)
+                    db.close(conn)
                     raise
             self._conns[slot] = conn
         return conn
@@ -151,14 +152,14 @@ class Receiver:
                 conn.commit()
                 return result
             except QTransportError:
-                _rollback(conn)
+                db.rollback(conn)
                 raise
             except Exception as exc:
                 if not self.dialect.is_transient(exc) or attempt == RETRIES:
-                    _rollback(conn)
+                    db.rollback(conn)
                     raise self._explain(what, exc) from exc
                 log.warning("%s on %s failed (%s); retrying in %.1fs", what, self.options.queue, exc, delay)
-                _close(conn)
+                db.close(conn)
                 self._conns.pop(slot, None)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -175,17 +176,17 @@ class Receiver:
         cur = conn.cursor()
         check = d.server_check()
         if check is not None:
-            (version,) = _one(cur, check)
+            (version,) = db.one(cur, check)
             problem = d.adapt_to_server(int(version), self.claims)
             if problem:
                 raise SchemaError(f"option 'url': {problem}")
         for option, address in (("queue", o.queue), ("errorQueue", o.error_queue)):
-            cols = _columns(cur, d.queue_columns(address))
+            cols = db.columns(cur, d.queue_columns(address))
             if not cols and o.create_queues:
                 for stmt in d.create_queue(address):
-                    _execute(cur, stmt)
+                    db.execute(cur, stmt)
                 conn.commit()
-                cols = _columns(cur, d.queue_columns(address))
+                cols = db.columns(cur, d.queue_columns(address))
             if not cols:
                 raise QueueNotFoundError(
                     f"option '{option}': queue {d.format_address(address)} does not exist; create it "
@@ -198,10 +199,10 @@ class Receiver:
                     f"missing column(s) {', '.join(missing)}"
                 )
         for stmt in [*d.create_claims(self.claims), *d.create_helpers(self.claims)]:
-            _execute(cur, stmt)
+            db.execute(cur, stmt)
         conn.commit()
         self._lock_consumer(conn, cur)
-        (table_id,) = _one(cur, d.table_id(self.claims))
+        (table_id,) = db.one(cur, d.table_id(self.claims))
         conn.commit()
         if self._table_id is not None and table_id != self._table_id:
             log.warning("claim table %s was recreated while this query ran", d.qualified(self.claims))
@@ -217,7 +218,7 @@ class Receiver:
         deadline = self._clock() + LOCK_WAIT
         warned = False
         while True:
-            (locked,) = _one(cur, d.try_lock_consumer(self.claims, o.consumer))
+            (locked,) = db.one(cur, d.try_lock_consumer(self.claims, o.consumer))
             conn.commit()
             if locked:
                 return
@@ -268,7 +269,7 @@ class Receiver:
         """
         self._await_ahead()
         after = self._start_after(start)
-        held_max, _ = self._run("peek claims", lambda c: _one(c.cursor(), self.dialect.max_claim(self.claims, self.options.consumer)))
+        held_max, _ = self._run("peek claims", lambda c: db.one(c.cursor(), self.dialect.max_claim(self.claims, self.options.consumer)))
         if held_max is not None and (after is None or held_max > after):
             end = self._cap_held(after, int(held_max), limit)
         elif after is None:
@@ -302,7 +303,7 @@ class Receiver:
         if after is None or limit is None or held_max - after <= limit:
             return held_max
         stmt = self.dialect.nth_claim(self.claims, self.options.consumer, after=after, n=limit)
-        (nth,) = self._run("peek claims", lambda c: _one(c.cursor(), stmt))
+        (nth,) = self._run("peek claims", lambda c: db.one(c.cursor(), stmt))
         if nth is not None and int(nth) < held_max:
             self._more = True  # the rest of the held claims make the next batch
             return int(nth)
@@ -337,16 +338,16 @@ class Receiver:
         def work(conn: Any) -> ClaimResult | None:
             cur = conn.cursor()
             after = self._low_water or 0
-            if _first(cur, d.peek(o.queue, after=after, upto=self._target)) is None:
+            if db.first(cur, d.peek(o.queue, after=after, upto=self._target)) is None:
                 if after == 0:
                     return None
                 # nothing above the low-water mark: look once more from the queue head
                 self._low_water, after = None, 0
-                if _first(cur, d.peek(o.queue, after=0, upto=self._target)) is None:
+                if db.first(cur, d.peek(o.queue, after=0, upto=self._target)) is None:
                     return None
             for stmt in d.claim(o.queue, self.claims, o.error_queue, consumer=o.consumer,
                                 limit=limit, after=after, upto=self._target):
-                cur.execute(*_args(stmt))
+                cur.execute(*db.args(stmt))
             row = cur.fetchone()
             return ClaimResult(*(None if v is None else int(v) for v in row))
 
@@ -383,12 +384,12 @@ class Receiver:
 
     def prepare_available_now(self) -> None:
         """Trigger.AvailableNow: take only what is in the queue now, then finish."""
-        (target,) = self._run("available-now target", lambda c: _one(c.cursor(), self.dialect.max_source_seq(self.options.queue)))
+        (target,) = self._run("available-now target", lambda c: db.one(c.cursor(), self.dialect.max_source_seq(self.options.queue)))
         self._target = int(target) if target is not None else 0
 
     def backlog(self, *, slot: str = "main") -> int:
         """Messages waiting, estimated from the span of unlocked sequences (skips held rows)."""
-        (n,) = self._run("backlog", lambda c: _one(c.cursor(), self.dialect.backlog(self.options.queue)), slot=slot)
+        (n,) = self._run("backlog", lambda c: db.one(c.cursor(), self.dialect.backlog(self.options.queue)), slot=slot)
         self._backlog = int(n or 0)
         return self._backlog
 
@@ -458,7 +459,7 @@ class Receiver:
         stmt = self.dialect.ack_claims(self.claims, self.options.consumer, upto=end.claim, batch=batch)
         total = 0
         while True:
-            n = self._run("acknowledge", lambda c: _rowcount(c.cursor(), stmt), slot=slot)
+            n = self._run("acknowledge", lambda c: db.rowcount(c.cursor(), stmt), slot=slot)
             total += n
             if n < batch:
                 break
@@ -475,16 +476,16 @@ class Receiver:
                 self._pool = None
             ahead = self._conns.pop("ahead", None)
             if ahead is not None:
-                _close(ahead)
+                db.close(ahead)
             conn = self._conns.pop("main", None)
             if conn is not None:
                 try:
-                    _rollback(conn)
-                    conn.cursor().execute(*_args(self.dialect.unlock_consumer(self.claims, self.options.consumer)))
+                    db.rollback(conn)
+                    conn.cursor().execute(*db.args(self.dialect.unlock_consumer(self.claims, self.options.consumer)))
                     conn.commit()
                 except Exception:  # noqa: BLE001 - closing the connection releases the lock anyway
                     pass
-                _close(conn)
+                db.close(conn)
 
 
 # -- executors ----------------------------------------------------------------------------------
@@ -514,7 +515,7 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
         if healthy:
             _CACHE.put(part.url, conn)
         else:
-            _close(conn)
+            db.close(conn)
 
 
 def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:
@@ -523,7 +524,7 @@ def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:
     for attempt in (1, 2):
         conn = _CACHE.get(part.url, dialect.connect)
         try:
-            (table_id,) = _one(conn.cursor(), dialect.table_id(part.claims))
+            (table_id,) = db.one(conn.cursor(), dialect.table_id(part.claims))
             if str(table_id) != part.table:
                 raise OffsetError(
                     f"claim table {dialect.qualified(part.claims)} was dropped and created again after this "
@@ -531,10 +532,10 @@ def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:
                     "Start the query with a new checkpoint location to go on."
                 )
             cur = dialect.streaming_cursor(conn)
-            cur.execute(*_args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
+            cur.execute(*db.args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
             return conn, cur
         except Exception as exc:
-            _close(conn)
+            db.close(conn)
             if attempt == 2 or not dialect.is_transient(exc):
                 raise
             log.info("reconnecting to read %r: %s", part, exc)
@@ -580,50 +581,3 @@ def output_row(queue: str, row: Any) -> tuple[Any, ...]:
         int(source_seq),
         _utc(claimed_at),
     )
-
-
-# -- small DB-API helpers -----------------------------------------------------------------------
-
-
-def _args(stmt: Statement) -> tuple[Any, ...]:
-    return (stmt.sql,) if stmt.params is None else (stmt.sql, stmt.params)
-
-
-def _execute(cur: Any, stmt: Statement) -> Any:
-    cur.execute(*_args(stmt))
-    return cur
-
-
-def _first(cur: Any, stmt: Statement) -> Any:
-    cur.execute(*_args(stmt))
-    return cur.fetchone()
-
-
-def _one(cur: Any, stmt: Statement) -> tuple[Any, ...]:
-    cur.execute(*_args(stmt))
-    row = cur.fetchone()
-    return tuple(row) if row is not None else (None,)
-
-
-def _columns(cur: Any, stmt: Statement) -> dict[str, str]:
-    cur.execute(*_args(stmt))
-    return {str(name).lower(): str(typ) for name, typ in cur.fetchall()}
-
-
-def _rowcount(cur: Any, stmt: Statement) -> int:
-    cur.execute(*_args(stmt))
-    return max(int(cur.rowcount), 0)
-
-
-def _rollback(conn: Any) -> None:
-    try:
-        conn.rollback()
-    except Exception:  # noqa: BLE001 - the connection may be gone; the caller raises the real error
-        pass
-
-
-def _close(conn: Any) -> None:
-    try:
-        conn.close()
-    except Exception:  # noqa: BLE001 - see _rollback
-        pass
