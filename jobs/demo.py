@@ -30,21 +30,18 @@ from _spark import session  # noqa: E402
 NSB_SEND = 'INSERT INTO {q} (Id, Expires, Headers, Body) VALUES (%s, {expires}, %s, %s)'
 
 
-def order_headers(i: int) -> dict[str, str]:
-    mid = str(uuid.uuid4())
-    return {
-        "NServiceBus.MessageId": mid,
-        "NServiceBus.MessageIntent": "Send",
-        "NServiceBus.ConversationId": str(uuid.uuid4()),
-        "NServiceBus.CorrelationId": mid,
-        "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrder, Shop.Messages",
-        "NServiceBus.ContentType": "application/json",
-        "NServiceBus.TimeSent": time.strftime("%Y-%m-%d %H:%M:%S:000000 Z", time.gmtime()),
-        "NServiceBus.OriginatingEndpoint": "Shop.Web",
-        "NServiceBus.OriginatingMachine": "web-1",
-        "NServiceBus.Version": "9.2.3",
-        "NServiceBus.ReplyToAddress": "Shop.Web",
-    }
+def order_headers() -> dict[str, str | None]:
+    """What an NServiceBus web endpoint puts on a PlaceOrder command."""
+    from spark_qtransport.wire import outgoing_headers
+
+    return outgoing_headers(
+        message_id=str(uuid.uuid4()),
+        endpoint="Shop.Web",
+        machine="web-1",
+        message_type="Shop.Messages.PlaceOrder, Shop.Messages",
+        reply_to_address="Shop.Web",
+        headers={"NServiceBus.Version": "9.2.3"},
+    )
 
 
 def produce(url: str, orders: int, expired: int) -> None:
@@ -53,7 +50,7 @@ def produce(url: str, orders: int, expired: int) -> None:
     q = '"public"."Sales"'
     with psycopg.connect(url) as conn, conn.cursor() as cur:
         rows = [
-            (uuid.uuid4(), json.dumps(order_headers(i)), json.dumps({"OrderId": i, "Amount": i % 97}).encode())
+            (uuid.uuid4(), json.dumps(order_headers()), json.dumps({"OrderId": i, "Amount": i % 97}).encode())
             for i in range(orders)
         ]
         cur.executemany(NSB_SEND.format(q=q, expires="NULL"), rows[expired:])
