@@ -35,6 +35,22 @@ SCRIPTS = {
         "create_claims",
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
+    "sender.sql": (
+        'Staging and outbox tables of sending endpoint "Sales": what spark-qtransport sinks stage and dispatch.',
+        "create_staging, create_outbox",
+        lambda: D.create_staging(D.companion(D.parse_address("Sales"), "Staging"))
+        + D.create_outbox(D.companion(D.parse_address("Sales"), "Outbox")),
+    ),
+    "delayed.sql": (
+        'Delayed-delivery table "public"."Sales.Delayed" of endpoint "Sales", as NServiceBus lays it out.',
+        "create_delayed",
+        lambda: D.create_delayed(D.companion(D.parse_address("Sales"), "Delayed")),
+    ),
+    "subscriptions.sql": (
+        'Publish/subscribe routing table "public"."SubscriptionRouting", as NServiceBus lays it out.',
+        "create_subscriptions",
+        lambda: D.create_subscriptions(D.parse_address("SubscriptionRouting")),
+    ),
     "poison_headers_pg13-15.sql": (
         'PostgreSQL 13 to 15 only: the header check the claim uses where pg_input_is_valid is missing.',
         "create_helpers",
@@ -83,7 +99,7 @@ class TestAddresses:
             D.parse_address(text)
 
     def test_claim_table_name_too_long(self) -> None:
-        with pytest.raises(ConfigError, match="claim table"):
+        with pytest.raises(ConfigError, match="its table .*Claims"):
             D.claims_table(QueueAddress("x" * 60))
 
 
@@ -120,7 +136,8 @@ class TestScripts:
 
     def test_scripts_run_twice(self, pg: Backend) -> None:
         with pg.connect() as conn:
-            conn.execute('DROP TABLE IF EXISTS "Sales", "Sales.Claims"')
+            conn.execute('DROP TABLE IF EXISTS "Sales", "Sales.Claims", "Sales.Staging", "Sales.Outbox", '
+                         '"Sales.Delayed", "SubscriptionRouting"')
         for _ in range(2):  # idempotent
             for name in SCRIPTS:
                 with pg.connect(autocommit=False) as conn:
@@ -130,6 +147,7 @@ class TestScripts:
             cols = conn.execute(
                 "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'Sales' ORDER BY ordinal_position"
             ).fetchall()
-            conn.execute('DROP TABLE "Sales", "Sales.Claims"')
+            conn.execute('DROP TABLE "Sales", "Sales.Claims", "Sales.Staging", "Sales.Outbox", "Sales.Delayed", '
+                         '"SubscriptionRouting"')
         assert cols == [("id", "uuid"), ("expires", "timestamp without time zone"), ("headers", "text"),
                         ("body", "bytea"), ("seq", "bigint")]

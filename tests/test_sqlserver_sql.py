@@ -186,11 +186,21 @@ ADDRESSES = {
 }
 
 
+#: a key as `due_delayed` makes them: RowVersion, a space, Due in ISO 8601 (style 126)
+KEY = "17 2025-01-02T03:04:05.007"
+KEY_NO_MS = "3 2025-01-02T03:04:05"
+
+
 def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[str, list[Statement]]:
-    """Every statement the dialect makes, by method name (the consumer is EVIL unless told)."""
+    """Every statement the dialect makes, by method name (the consumer, the sink and every other
+    value that travels as a parameter are EVIL unless told)."""
     q, e = D.parse_address(queue_text), D.parse_address(error_text, option="errorQueue")
     c = D.claims_table(q)
+    s, o, dl = D.companion(q, "Staging"), D.companion(q, "Outbox"), D.companion(q, "Delayed")
+    subs = q.with_table("SubscriptionRouting")
+    attempts = [consumer, "0" * 32]
     return {
+        **send_statements(q, e, s, o, dl, subs, consumer, attempts),
         "create_queue": D.create_queue(q),
         "create_queue_32": D.create_queue(q, seq_bits=32),
         "create_error": D.create_queue(e),
@@ -209,6 +219,42 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "read_claims": [D.read_claims(c, consumer, after=3, upto=9)],
         "ack_claims": [D.ack_claims(c, consumer, upto=9, batch=4000)],
         "max_source_seq": [D.max_source_seq(q)],
+    }
+
+
+def send_statements(
+    q: QueueAddress, e: QueueAddress, s: QueueAddress, o: QueueAddress, dl: QueueAddress, subs: QueueAddress,
+    value: str, attempts: list[str],
+) -> dict[str, list[Statement]]:
+    return {
+        "create_staging": D.create_staging(s),
+        "create_outbox": D.create_outbox(o),
+        "create_delayed": D.create_delayed(dl),
+        "create_subscriptions": D.create_subscriptions(subs),
+        "outbox_insert": [D.outbox_insert(o, sink=value, batch_id=7, fingerprint="query " + value)],
+        "outbox_get": [D.outbox_get(o, sink=value, batch_id=7)],
+        "outbox_finish": [D.outbox_finish(o, sink=value, batch_id=7, sent=3, delayed=2, published=1)],
+        "subscribers": [D.subscribers(subs, [value, "Ns.OrderPlaced"])],
+        "subscribers_none": [D.subscribers(subs, [])],
+        "dispatch": [D.dispatch(s, e, attempts=attempts, route=value, publish_routes=[value, "Ns.A;Ns.B"],
+                                recoverable=True)],
+        "dispatch_plain": [D.dispatch(s, e, attempts=attempts, route=None, publish_routes=[value])],
+        "dispatch_send_only": [D.dispatch(s, e, attempts=attempts, route=value, publish_routes=[])],
+        "dispatch_none": [D.dispatch(s, e, attempts=[], route=None, publish_routes=[])],
+        "dispatch_delayed": [D.dispatch_delayed(s, dl, attempts=attempts)],
+        "dispatch_delayed_none": [D.dispatch_delayed(s, dl, attempts=[])],
+        "delete_staged": [D.delete_staged(s, attempts=attempts)],
+        "delete_batch_leftovers": [D.delete_batch_leftovers(s, sink=value, batch_id=7)],
+        "outbox_cleanup": [D.outbox_cleanup(o, older_than_seconds=604800, limit=4000)],
+        "staging_cleanup": [D.staging_cleanup(s, older_than_seconds=604800, limit=4000)],
+        "any_due": [D.any_due(dl)],
+        "lock_mover": [D.lock_mover(dl)],
+        "due_delayed": [D.due_delayed(dl, limit=1000)],
+        "move_delayed": [D.move_delayed(dl, e, keys=[KEY, KEY_NO_MS], headers=[value, "{}"], recoverable=True)],
+        "move_delayed_plain": [D.move_delayed(dl, q, keys=[KEY], headers=[value])],
+        "move_delayed_none": [D.move_delayed(dl, q, keys=[], headers=[])],
+        "delete_delayed": [D.delete_delayed(dl, keys=[KEY, KEY_NO_MS])],
+        "delete_delayed_none": [D.delete_delayed(dl, keys=[])],
     }
 
 
@@ -477,7 +523,9 @@ class TestNoUserTextInSql:
                 outside = [t for t in tokens if "Victim" in t.text and t.token_type != TokenType.IDENTIFIER]
                 assert not outside, (method, outside)
                 names = {t.text for t in tokens if "Victim" in t.text}
-                assert names <= {EVIL_TABLE, EVIL_TABLE + ".Claims"}, (method, names)
+                assert names <= {EVIL_TABLE, *(f"{EVIL_TABLE}.{x}" for x in ("Claims", "Staging", "Outbox", "Delayed"))}, (
+                    method, names,
+                )
                 # the name is there: quoted in the text, or as a parameter
                 assert names or any("Victim" in p for p in s.params or () if isinstance(p, str)), method
                 assert not [t for t in parse_all(s.sql) if isinstance(t, exp.Drop) and "Victim" in t.sql("tsql")]
@@ -706,6 +754,482 @@ class TestReceiveStatements:
             "DELETE TOP (?) FROM [dbo].[Sales.Claims] WHERE Consumer = ? AND ClaimSeq <= ?", (500, "B", 20)
         )
         assert D.max_source_seq(self.Q).sql == "SELECT max(RowVersion) FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK)"
+
+
+# -- send: installers ---------------------------------------------------------------------------
+
+
+def _table_columns(stmt: Statement) -> dict[str, str]:
+    (create,) = [t for t in parse_all(stmt.sql) if isinstance(t, exp.Create) and t.kind == "TABLE"]
+    return {c.name: c.args["kind"].sql("tsql") for c in create.find_all(exp.ColumnDef)}
+
+
+class TestSendInstallers:
+    Q = QueueAddress("Sales")
+
+    def test_companions_count_characters(self) -> None:
+        assert D.companion(D.parse_address("Sales@[b]@[c]"), "Staging") == QueueAddress("Sales.Staging", "b", "c")
+        assert D.companion(QueueAddress("ä" * 120), "Delayed").table == "ä" * 120 + ".Delayed"  # 240 UTF-8 bytes
+        with pytest.raises(ConfigError, match=r"Sales.*too long: its table .* would exceed 128 characters"):
+            D.companion(QueueAddress("Sales" + "x" * 118), "Staging")
+
+    def test_staging_table(self) -> None:
+        s = one(D.create_staging(D.companion(self.Q, "Staging")))
+        assert s.params == ("[dbo].[Sales.Staging]",)
+        assert _table_columns(s) == {
+            "Seq": "BIGINT", "Sink": "NVARCHAR(200)", "BatchId": "BIGINT", "Attempt": "VARCHAR(64)", "Kind": "CHAR(1)",
+            "Route": "NVARCHAR(MAX)", "MessageId": "NVARCHAR(200)", "Headers": "NVARCHAR(MAX)", "Body": "VARBINARY(MAX)",
+            "TtbrMs": "BIGINT", "DelayMs": "BIGINT", "Due": "DATETIME2", "StagedAt": "DATETIME2",
+        }
+        flat = _flat(s.sql)
+        for column in ("Seq bigint IDENTITY(1,1) NOT NULL", "Sink nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL",
+                       "Attempt varchar(64) COLLATE Latin1_General_BIN2 NOT NULL", "Kind char(1) NOT NULL",
+                       "Route nvarchar(max) COLLATE Latin1_General_BIN2 NOT NULL",
+                       "MessageId nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL", "Headers nvarchar(max) NOT NULL",
+                       "Body varbinary(max) NULL", "TtbrMs bigint NULL", "DelayMs bigint NULL", "Due datetime2 NULL",
+                       "StagedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME()", "PRIMARY KEY CLUSTERED (Seq)"):
+            assert column in flat
+        assert ("CREATE NONCLUSTERED INDEX [Index_Attempt] ON [dbo].[Sales.Staging] (Attempt, Kind)"
+                " INCLUDE (Route, MessageId);") in flat
+        assert "ALTER TABLE [dbo].[Sales.Staging] SET (LOCK_ESCALATION = DISABLE);" in flat
+
+    def test_staging_columns_follow_staged_columns(self) -> None:
+        from spark_qtransport.dialects.base import STAGED_COLUMNS
+
+        cols = list(_table_columns(one(D.create_staging(D.companion(self.Q, "Staging")))))
+        assert [c.lower() for c in cols[1:-1]] == [c.replace("_", "") for c in STAGED_COLUMNS]
+
+    def test_outbox_table(self) -> None:
+        s = one(D.create_outbox(D.companion(self.Q, "Outbox")))
+        assert _table_columns(s) == {
+            "Sink": "NVARCHAR(200)", "BatchId": "BIGINT", "Fingerprint": "NVARCHAR(400)", "Sent": "INTEGER",
+            "Delayed": "INTEGER", "Published": "INTEGER", "DispatchedAt": "DATETIME2",
+        }
+        flat = _flat(s.sql)
+        assert "Sink nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL, BatchId bigint NOT NULL," in flat
+        assert "Fingerprint nvarchar(400) NOT NULL," in flat
+        assert "Sent int NULL, Delayed int NULL, Published int NULL," in flat
+        assert "DispatchedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), PRIMARY KEY CLUSTERED (Sink, BatchId)" in flat
+        assert "CREATE NONCLUSTERED INDEX [Index_DispatchedAt] ON [dbo].[Sales.Outbox] (DispatchedAt);" in flat
+        assert "ALTER TABLE [dbo].[Sales.Outbox] SET (LOCK_ESCALATION = DISABLE);" in flat
+
+    def test_delayed_table_is_nservicebus_layout(self) -> None:
+        s = one(D.create_delayed(D.companion(self.Q, "Delayed")))
+        assert s.params == ("[dbo].[Sales.Delayed]",)
+        assert _table_columns(s) == {
+            "Headers": "NVARCHAR(MAX)", "Body": "VARBINARY(MAX)", "Due": "DATETIME", "RowVersion": "BIGINT",
+        }
+        flat = _flat(s.sql)
+        assert ("CREATE TABLE [dbo].[Sales.Delayed] ( Headers nvarchar(max) NOT NULL, Body varbinary(max) NULL,"
+                " Due datetime NOT NULL, RowVersion bigint IDENTITY(1,1) NOT NULL );") in flat
+        assert "CREATE NONCLUSTERED INDEX [Index_Due] ON [dbo].[Sales.Delayed] (Due);" in flat
+        assert "UNIQUE" not in flat and "CLUSTERED" not in flat.replace("NONCLUSTERED", "")  # a heap, as NServiceBus's
+
+    def test_subscription_table_is_nservicebus_layout(self) -> None:
+        s = one(D.create_subscriptions(QueueAddress("SubscriptionRouting")))
+        assert _table_columns(s) == {"QueueAddress": "NVARCHAR(200)", "Endpoint": "NVARCHAR(200)", "Topic": "NVARCHAR(200)"}
+        assert "PRIMARY KEY CLUSTERED (Endpoint, Topic)" in _flat(s.sql)
+
+    @pytest.mark.parametrize("method", ["create_staging", "create_outbox", "create_delayed", "create_subscriptions"])
+    def test_idempotent_under_the_nservicebus_lock(self, method: str) -> None:
+        table = QueueAddress("Sales.X", "billing", "shop")
+        s = one(getattr(D, method)(table))
+        assert s.params == ("[shop].[billing].[Sales.X]", "billing", "[billing]")
+        flat = _flat(s.sql)
+        check = "IF NOT EXISTS (SELECT * FROM [shop].sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')"
+        assert flat.count(check) == 2
+        assert flat.index(check) < flat.index("sp_getapplock") < flat.rindex(check) < flat.index("CREATE TABLE")
+        assert "DECLARE @lock nvarchar(255) = @table + N'_lock';" in flat  # NServiceBus's installer lock
+        assert "IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1 COMMIT TRANSACTION;" in flat
+
+    @pytest.mark.parametrize("method", ["create_staging", "create_outbox", "create_delayed", "create_subscriptions"])
+    def test_scripts_render_and_parse(self, method: str) -> None:
+        table = D.parse_address(f"{EVIL_TABLE}@[{EVIL_TABLE.replace(']', ']]')}]")
+        text = D.script(getattr(D, method)(table))
+        assert text.endswith("\nGO\n") and text.count("\nGO\n") == 1
+        assert "DECLARE @table nvarchar(776) = N'[error]] ...; DROP TABLE [Victim]]; --].[error]] ...; DROP TABLE" in text
+        batch = text.rsplit("GO", 1)[0]
+        assert not placeholders(batch)
+        trees = parse_all(batch)
+        assert not [t for t in trees if isinstance(t, exp.Drop)]
+        assert any(isinstance(t, exp.Create) and t.kind == "TABLE" for t in trees)
+
+
+# -- send: dispatch -----------------------------------------------------------------------------
+
+
+def _marks_match(stmt: Statement) -> None:
+    assert isinstance(stmt.params, tuple)
+    assert len(placeholders(stmt.sql)) == len(stmt.params)
+    assert all(type(p) in (int, str) for p in stmt.params), stmt.params
+
+
+def _insert(stmt: Statement) -> exp.Insert:
+    (tree,) = parse_all(stmt.sql)
+    assert isinstance(tree, exp.Insert)
+    return tree
+
+
+def _js(values: list[Any]) -> str:
+    """The JSON parameter a list travels as."""
+    return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+
+
+HOSTILE = [EVIL, "x]; DROP TABLE [Victim]; --", "a?b", "it's", "N'x'", "Grüße ☃", "/* ? */", ""]
+
+
+class TestDispatchStatements:
+    S, OUTBOX = QueueAddress("Sales.Staging"), QueueAddress("Sales.Outbox")
+    Q, SUBS = QueueAddress("Billing"), QueueAddress("SubscriptionRouting")
+    A = ["a" * 32, "b" * 32]
+
+    def dispatch(self, **kw: Any) -> Statement:
+        args: dict[str, Any] = {"attempts": self.A, "route": "Billing@[dbo]", "publish_routes": ["Ns.E"], **kw}
+        return D.dispatch(self.S, self.Q, **args)
+
+    def test_outbox_insert_if_absent(self) -> None:
+        s = D.outbox_insert(self.OUTBOX, sink="default", batch_id=41, fingerprint="query q1")
+        assert s == Statement(
+            "INSERT INTO [dbo].[Sales.Outbox] (Sink, BatchId, Fingerprint) SELECT ?, ?, ?"
+            " WHERE NOT EXISTS (SELECT 1 FROM [dbo].[Sales.Outbox] WITH (UPDLOCK, HOLDLOCK)"
+            " WHERE Sink = ? AND BatchId = ?)",
+            ("default", 41, "query q1", "default", 41),
+        )
+        # one statement and no SET NOCOUNT: the dispatcher reads its rowcount (1 recorded, 0 there already)
+        assert ";" not in s.sql and "NOCOUNT" not in s.sql
+        assert "READPAST" not in s.sql  # READPAST with HOLDLOCK is error 650
+
+    def test_outbox_insert_checks_widths(self) -> None:
+        with pytest.raises(ValueError, match="sink name"):
+            D.outbox_insert(self.OUTBOX, sink="x" * 201, batch_id=1, fingerprint="f")
+        with pytest.raises(ValueError, match="sink name"):
+            D.outbox_insert(self.OUTBOX, sink="", batch_id=1, fingerprint="f")
+        with pytest.raises(ValueError, match="fingerprint"):
+            D.outbox_insert(self.OUTBOX, sink="s", batch_id=1, fingerprint="f" * 401)
+        _marks_match(D.outbox_insert(self.OUTBOX, sink="s" * 200, batch_id=1, fingerprint="f" * 400))
+
+    def test_outbox_get_and_finish(self) -> None:
+        assert D.outbox_get(self.OUTBOX, sink="s", batch_id=3) == Statement(
+            "SELECT Fingerprint, DispatchedAt, Sent, Delayed, Published FROM [dbo].[Sales.Outbox]"
+            " WHERE Sink = ? AND BatchId = ?", ("s", 3),
+        )
+        assert D.outbox_finish(self.OUTBOX, sink="s", batch_id=3, sent=10, delayed=2, published=4) == Statement(
+            "UPDATE [dbo].[Sales.Outbox] SET Sent = ?, Delayed = ?, Published = ? WHERE Sink = ? AND BatchId = ?",
+            (10, 2, 4, "s", 3),
+        )
+
+    def test_subscribers(self) -> None:
+        s = D.subscribers(self.SUBS, ["Ns.OrderPlaced", "Ns.IEvent"])
+        assert s == Statement(
+            "SELECT DISTINCT QueueAddress, Topic FROM [dbo].[SubscriptionRouting] WHERE Topic IN (?, ?)",
+            ("Ns.OrderPlaced", "Ns.IEvent"),
+        )
+        none = D.subscribers(self.SUBS, [])
+        assert none == Statement("SELECT DISTINCT QueueAddress, Topic FROM [dbo].[SubscriptionRouting] WHERE 1 = 0", ())
+        parse_all(none.sql)
+        with pytest.raises(ValueError, match="1001 topics"):
+            D.subscribers(self.SUBS, [f"T{i}" for i in range(1001)])
+
+    def test_dispatch(self) -> None:
+        s = self.dispatch(recoverable=True)
+        assert _flat(s.sql) == (
+            "INSERT INTO [dbo].[Billing] (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body)"
+            " SELECT NEWID(), NULL, NULL, 1,"
+            " CASE WHEN m.TtbrMs IS NULL THEN NULL"
+            " ELSE DATEADD(second, m.TtbrMs / 1000, DATEADD(ms, m.TtbrMs % 1000, GETUTCDATE())) END,"
+            " m.Headers, m.Body"
+            " FROM (SELECT MIN(Seq) AS Seq FROM [dbo].[Sales.Staging]"
+            " WHERE Attempt IN (SELECT a.Attempt COLLATE Latin1_General_BIN2 FROM OPENJSON(?)"
+            " WITH (Attempt varchar(64) '$') AS a)"
+            " AND ((Kind = 's' AND Route = ?) OR (Kind = 'p' AND Route IN (?)))"
+            " GROUP BY MessageId) AS f"
+            " JOIN [dbo].[Sales.Staging] AS m ON m.Seq = f.Seq"
+            " ORDER BY f.Seq"
+        )
+        assert s.params == (_js(self.A), "Billing@[dbo]", "Ns.E")
+
+    @pytest.mark.parametrize("recoverable", [True, False])
+    def test_dispatch_columns_and_values_line_up(self, recoverable: bool) -> None:
+        tree = _insert(self.dispatch(recoverable=recoverable))
+        cols = [c.name for c in tree.this.expressions]
+        expected = ["Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "Headers", "Body"]
+        assert cols == (expected if recoverable else [c for c in expected if c != "Recoverable"])
+        select = tree.expression
+        assert len(select.expressions) == len(cols)
+        assert select.expressions[cols.index("Id")].sql("tsql") == "NEWID()"
+        assert select.expressions[cols.index("Headers")].sql("tsql") == "m.Headers"
+        if recoverable:
+            assert select.expressions[cols.index("Recoverable")].sql("tsql") == "1"
+        assert [o.sql("tsql") for o in select.args["order"].expressions] == ["f.Seq"]
+
+    def test_dispatch_routes(self) -> None:
+        send_only = self.dispatch(publish_routes=[])
+        assert "AND ((Kind = 's' AND Route = ?))" in _flat(send_only.sql) and "Kind = 'p'" not in send_only.sql
+        assert send_only.params == (_js(self.A), "Billing@[dbo]")
+        subscriber = self.dispatch(route=None, publish_routes=["Ns.A;Ns.B", "Ns.C"])
+        assert "AND ((Kind = 'p' AND Route IN (?, ?)))" in _flat(subscriber.sql) and "Kind = 's'" not in subscriber.sql
+        assert subscriber.params == (_js(self.A), "Ns.A;Ns.B", "Ns.C")
+        nothing = self.dispatch(route=None, publish_routes=[])
+        assert "AND (1 = 0)" in _flat(nothing.sql) and nothing.params == (_js(self.A),)
+        for stmt in (send_only, subscriber, nothing):
+            _marks_match(stmt)
+            _insert(stmt)
+
+    def test_dispatch_no_attempts_is_valid_sql(self) -> None:
+        s = self.dispatch(attempts=[], route=None, publish_routes=[])
+        assert s.params == ("[]",)
+        _marks_match(s)
+        _insert(s)
+
+    def test_many_attempts_are_one_parameter(self) -> None:
+        """A request takes at most 2,100 parameters; a batch may have more tasks than that."""
+        attempts = [uuid.UUID(int=i).hex for i in range(5000)]
+        for s in (self.dispatch(attempts=attempts), D.dispatch_delayed(self.S, QueueAddress("D"), attempts=attempts),
+                  D.delete_staged(self.S, attempts=attempts)):
+            assert len(placeholders(s.sql)) <= 3
+            assert json.loads(s.params[0]) == attempts
+
+    @pytest.mark.parametrize("value", HOSTILE)
+    def test_values_only_in_parameters(self, value: str) -> None:
+        stmts = [
+            self.dispatch(attempts=[value], route=value, publish_routes=[value, value]),
+            D.dispatch_delayed(self.S, QueueAddress("D"), attempts=[value]),
+            D.delete_staged(self.S, attempts=[value]),
+            D.subscribers(self.SUBS, [value]),
+            D.outbox_get(self.OUTBOX, sink=value or "s", batch_id=1),
+            D.delete_batch_leftovers(self.S, sink=value or "s", batch_id=1),
+        ]
+        plain = [
+            self.dispatch(attempts=["v"], route="v", publish_routes=["v", "v"]),
+            D.dispatch_delayed(self.S, QueueAddress("D"), attempts=["v"]),
+            D.delete_staged(self.S, attempts=["v"]),
+            D.subscribers(self.SUBS, ["v"]),
+            D.outbox_get(self.OUTBOX, sink="s", batch_id=1),
+            D.delete_batch_leftovers(self.S, sink="s", batch_id=1),
+        ]
+        for s, p in zip(stmts, plain, strict=True):
+            assert s.sql == p.sql  # the value changed the parameters only
+            _marks_match(s)
+        assert json.loads(stmts[0].params[0]) == [value]
+
+    def test_dispatch_delayed(self) -> None:
+        s = D.dispatch_delayed(self.S, QueueAddress("Sales.Delayed"), attempts=self.A)
+        assert _flat(s.sql) == (
+            "INSERT INTO [dbo].[Sales.Delayed] (Headers, Body, Due)"
+            " SELECT Headers, Body,"
+            " COALESCE(Due, DATEADD(second, DelayMs / 1000, DATEADD(ms, DelayMs % 1000, GETUTCDATE())))"
+            " FROM [dbo].[Sales.Staging]"
+            " WHERE Attempt IN (SELECT a.Attempt COLLATE Latin1_General_BIN2 FROM OPENJSON(?)"
+            " WITH (Attempt varchar(64) '$') AS a) AND Kind = 'd'"
+            " ORDER BY Seq"
+        )
+        assert s.params == (_js(self.A),)
+        assert [c.name for c in _insert(s).this.expressions] == ["Headers", "Body", "Due"]
+        empty = D.dispatch_delayed(self.S, QueueAddress("Sales.Delayed"), attempts=[])
+        assert empty.params == ("[]",)
+        _insert(empty)
+
+    def test_delete_staged_and_leftovers(self) -> None:
+        s = D.delete_staged(self.S, attempts=self.A)
+        assert s.sql == (
+            "DELETE FROM [dbo].[Sales.Staging] WHERE Attempt IN (SELECT a.Attempt COLLATE Latin1_General_BIN2"
+            " FROM OPENJSON(?) WITH (Attempt varchar(64) '$') AS a)"
+        )
+        assert "READPAST" not in s.sql  # its rowcount is checked against what the tasks staged
+        assert D.delete_batch_leftovers(self.S, sink="s", batch_id=9) == Statement(
+            "DELETE FROM [dbo].[Sales.Staging] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK) WHERE Sink = ? AND BatchId = ?",
+            ("s", 9),
+        )
+
+    def test_cleanup(self) -> None:
+        assert D.outbox_cleanup(self.OUTBOX, older_than_seconds=604800, limit=4000) == Statement(
+            "DELETE TOP (?) FROM [dbo].[Sales.Outbox] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE DispatchedAt < DATEADD(second, -?, SYSUTCDATETIME())",
+            (4000, 604800),
+        )
+        assert D.staging_cleanup(self.S, older_than_seconds=60, limit=10) == Statement(
+            "DELETE TOP (?) FROM [dbo].[Sales.Staging] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE StagedAt < DATEADD(second, -?, SYSUTCDATETIME())",
+            (10, 60),
+        )
+
+
+# -- send: staging (executors) ------------------------------------------------------------------
+
+
+class _FakeCursor:
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
+        self.fast_executemany = False
+
+    def executemany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        self.log.append(("executemany", self.fast_executemany, sql, rows))
+
+    def close(self) -> None:
+        self.log.append(("close",))
+
+
+class _FakeConn:
+    def __init__(self) -> None:
+        self.log: list[Any] = []
+
+    def cursor(self) -> _FakeCursor:
+        return _FakeCursor(self.log)
+
+    def commit(self) -> None:  # pragma: no cover - must never be called
+        raise AssertionError("stage_rows must not commit")
+
+
+class TestStageRows:
+    S = QueueAddress("Sales.Staging")
+
+    def test_fast_executemany_insert(self) -> None:
+        from datetime import datetime, timedelta, timezone
+
+        conn = _FakeConn()
+        due = datetime(2030, 1, 2, 3, 4, 5, 123456, tzinfo=timezone(timedelta(hours=2)))
+        rows = [
+            ("default", 7, "a" * 32, "s", "Billing@[dbo]", "m1", '{"a":"b"}', b"body", 60000, None, None),
+            ("default", 7, "a" * 32, "d", "Billing@[dbo]", "m2", "{}", None, None, None, due),
+            ("default", 7, "a" * 32, "d", "Billing@[dbo]", "m3", "{}", bytearray(b"x"), None, 5000, None),
+        ]
+        D.stage_rows(conn, self.S, rows)
+        (call, close) = conn.log
+        assert close == ("close",)
+        kind, fast, sql, data = call
+        assert kind == "executemany" and fast is True
+        assert sql == (
+            "INSERT INTO [dbo].[Sales.Staging] (Sink, BatchId, Attempt, Kind, Route, MessageId, Headers, Body,"
+            " TtbrMs, DelayMs, Due) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        assert len(placeholders(sql)) == 11
+        parse_all(sql)
+        assert data[0] == rows[0]
+        assert data[1][-1] == datetime(2030, 1, 2, 1, 4, 5, 123456)  # naive UTC for datetime2
+        assert data[2][7] == b"x" and type(data[2][7]) is bytes
+
+    def test_naive_due_is_kept(self) -> None:
+        from datetime import datetime
+
+        conn = _FakeConn()
+        when = datetime(2030, 1, 1)
+        D.stage_rows(conn, self.S, [("s", 1, "a", "d", "r", "m", "{}", None, None, None, when)])
+        assert conn.log[0][3][0][-1] == when
+
+    def test_nothing_to_write(self) -> None:
+        conn = _FakeConn()
+        D.stage_rows(conn, self.S, [])
+        assert conn.log == []
+
+    def test_row_shape_checked(self) -> None:
+        with pytest.raises(ValueError, match="10 values, not 11"):
+            D.stage_rows(_FakeConn(), self.S, [("s", 1, "a", "s", "r", "m", "{}", None, None, None)])
+
+    def test_hostile_table_is_quoted(self) -> None:
+        conn = _FakeConn()
+        D.stage_rows(conn, QueueAddress(EVIL_TABLE + ".Staging"), [("s", 1, "a", "s", "r", "m", "{}", None, None, None, None)])
+        sql = conn.log[0][2]
+        assert sql.startswith("INSERT INTO [dbo].[error]] ...; DROP TABLE [Victim]]; --.Staging] (Sink,")
+        assert [t for t in tokenize(sql) if "Victim" in t.text][0].token_type == TokenType.IDENTIFIER
+
+
+# -- delayed delivery ---------------------------------------------------------------------------
+
+
+class TestDelayedStatements:
+    DL, Q, E = QueueAddress("Sales.Delayed"), QueueAddress("Sales"), QueueAddress("error")
+
+    def test_any_due_is_a_read(self) -> None:
+        assert D.any_due(self.DL) == Statement(
+            "SELECT TOP (1) 1 FROM [dbo].[Sales.Delayed] WITH (READPAST, READCOMMITTEDLOCK) WHERE Due <= GETUTCDATE()"
+        )
+
+    def test_lock_mover(self) -> None:
+        s = D.lock_mover(self.DL)
+        assert s.params == ("sqlqueue mover [dbo].[Sales.Delayed]",)
+        flat = _flat(s.sql)
+        assert flat.startswith("SET NOCOUNT ON; DECLARE @rc int;")
+        # a Transaction-owned lock needs a transaction: in implicit transaction mode a read opens it
+        assert ("IF @@TRANCOUNT = 0 SELECT TOP (1) @rc = 0 FROM [dbo].[Sales.Delayed]"
+                " WITH (READPAST, READCOMMITTEDLOCK);") in flat
+        assert "IF @@TRANCOUNT = 0 THROW 51000, N'" in flat
+        assert ("EXEC @rc = sys.sp_getapplock @Resource = ?, @LockMode = N'Exclusive',"
+                " @LockOwner = N'Transaction', @LockTimeout = 0;") in flat
+        assert flat.endswith("SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)")
+        assert flat.index("@@TRANCOUNT") < flat.index("sp_getapplock")
+        # the only statement returning rows is the last one
+        selects = [p for k, p in simple_statements(s.sql) if k == "statement" and p.startswith("SELECT")]
+        assert len(selects) == 2 and "@rc = 0" in selects[0]
+
+    def test_lock_mover_other_catalog_and_long_names(self) -> None:
+        s = D.lock_mover(QueueAddress("Sales.Delayed", "b", "shop"))
+        assert "EXEC @rc = [shop].sys.sp_getapplock @Resource = ?" in s.sql  # the lock lives with the table
+        assert s.params == ("sqlqueue mover [shop].[b].[Sales.Delayed]",)
+        a = D.lock_mover(QueueAddress("q" * 120, "s" * 128, "c" * 100 + "a"))
+        b = D.lock_mover(QueueAddress("q" * 120, "s" * 128, "c" * 100 + "b"))
+        assert all(len(x.params[0]) <= 255 for x in (a, b)) and a.params != b.params
+        assert D.lock_mover(self.DL).params != D.try_lock_consumer(D.claims_table(self.Q), "x").params
+
+    def test_due_delayed(self) -> None:
+        assert D.due_delayed(self.DL, limit=100) == Statement(
+            "SELECT TOP (?) CAST(RowVersion AS varchar(20)) + ' ' + CONVERT(varchar(23), Due, 126), Headers"
+            " FROM [dbo].[Sales.Delayed] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE Due <= GETUTCDATE() ORDER BY Due",
+            (100,),
+        )
+
+    @pytest.mark.parametrize("recoverable", [True, False])
+    def test_move_delayed(self, recoverable: bool) -> None:
+        s = D.move_delayed(self.DL, self.E, keys=[KEY, KEY_NO_MS], headers=['{"a":"1"}', "not json"],
+                           recoverable=recoverable)
+        assert s.params is not None and len(s.params) == 1
+        assert json.loads(s.params[0]) == [[17, "2025-01-02T03:04:05.007", '{"a":"1"}'], [3, "2025-01-02T03:04:05", "not json"]]
+        flat = _flat(s.sql)
+        rec = ("Recoverable, ", "1, ") if recoverable else ("", "")
+        assert flat == (
+            f"INSERT INTO [dbo].[error] (Id, CorrelationId, ReplyToAddress, {rec[0]}Expires, Headers, Body)"
+            f" SELECT NEWID(), NULL, NULL, {rec[1]}NULL, k.Headers, d.Body"
+            " FROM OPENJSON(?) AS o"
+            " CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]',"
+            " Headers nvarchar(max) '$[2]') AS k"
+            " JOIN [dbo].[Sales.Delayed] AS d WITH (READPAST, READCOMMITTEDLOCK)"
+            " ON d.Due >= DATEADD(ms, -4, CONVERT(datetime, k.KeyDue, 126))"
+            " AND d.Due <= DATEADD(ms, 4, CONVERT(datetime, k.KeyDue, 126)) AND d.RowVersion = k.KeyRow"
+            " ORDER BY CAST(o.[key] AS int)"
+        )
+        tree = _insert(s)
+        assert len(tree.this.expressions) == len(tree.expression.expressions)
+
+    def test_move_delayed_checks_its_input(self) -> None:
+        with pytest.raises(ValueError, match="2 keys but 1 headers"):
+            D.move_delayed(self.DL, self.Q, keys=[KEY, KEY], headers=["{}"])
+        for bad in ("17", "x 2025-01-01T00:00:00", "17 ", ""):
+            with pytest.raises(ValueError):
+                D.move_delayed(self.DL, self.Q, keys=[bad], headers=["{}"])
+            with pytest.raises(ValueError):
+                D.delete_delayed(self.DL, keys=[bad])
+
+    def test_move_keeps_key_order_beyond_the_parameter_limit(self) -> None:
+        keys = [f"{i} 2025-01-02T03:04:05.{i % 1000:03d}" for i in range(3000, 0, -1)]
+        s = D.move_delayed(self.DL, self.Q, keys=keys, headers=[f"h{i}" for i in range(3000)])
+        assert len(placeholders(s.sql)) == 1
+        assert [r[0] for r in json.loads(s.params[0])] == list(range(3000, 0, -1))
+
+    def test_headers_survive_json(self) -> None:
+        headers = ['{"NServiceBus.MessageId":"x\\/y","k":"Grüße \\u2603 \\"q\\""}', "tab\there\nnewline", EVIL]
+        s = D.move_delayed(self.DL, self.Q, keys=[KEY] * 3, headers=headers)
+        assert [r[2] for r in json.loads(s.params[0])] == headers
+        assert EVIL not in s.sql
+
+    def test_delete_delayed(self) -> None:
+        s = D.delete_delayed(self.DL, keys=[KEY])
+        assert s.sql == (
+            "DELETE FROM [dbo].[Sales.Delayed] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE EXISTS (SELECT 1 FROM OPENJSON(?) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]') AS k"
+            " WHERE Due >= DATEADD(ms, -4, CONVERT(datetime, k.KeyDue, 126))"
+            " AND Due <= DATEADD(ms, 4, CONVERT(datetime, k.KeyDue, 126)) AND RowVersion = k.KeyRow)"
+        )
+        assert s.params == ('[[17,"2025-01-02T03:04:05.007"]]',)
+        assert D.delete_delayed(self.DL, keys=[]).params == ("[]",)
 
 
 # -- scripts for DBAs ---------------------------------------------------------------------------
@@ -1042,3 +1566,79 @@ class TestSqlServerLive:
             self.run(db.conn, D.max_source_seq(db.q.with_table("no_such_table_here")))
         db.conn.rollback()
         assert D.is_undefined_table(info.value)
+
+    def test_send_statements(self, db: Any) -> None:
+        s, o, dl = D.companion(db.q, "Staging"), D.companion(db.q, "Outbox"), D.companion(db.q, "Delayed")
+        subs = db.q.with_table(db.q.table + "_subscriptions")
+        try:
+            self.install(db)
+            for _ in range(2):  # idempotent
+                self.run(db.conn, D.create_staging(s) + D.create_outbox(o) + D.create_delayed(dl)
+                         + D.create_subscriptions(subs))
+                db.conn.commit()
+
+            # outbox: recorded once; the second insert finds the record
+            assert self.run(db.conn, D.outbox_insert(o, sink=EVIL, batch_id=1, fingerprint="f")).rowcount == 1
+            assert self.run(db.conn, D.outbox_insert(o, sink=EVIL, batch_id=1, fingerprint="g")).rowcount == 0
+            self.run(db.conn, D.outbox_finish(o, sink=EVIL, batch_id=1, sent=2, delayed=1, published=0))
+            fp, at, sent, delayed, published = self.run(db.conn, D.outbox_get(o, sink=EVIL, batch_id=1)).fetchone()
+            assert (fp, sent, delayed, published) == ("f", 2, 1, 0) and at is not None
+            db.conn.commit()
+
+            # stage, dispatch: one row per message id (the first staged), in staging order
+            a, route = "a" * 32, D.format_address(db.q)
+            D.stage_rows(db.conn, s, [
+                ("k", 1, a, "s", route, "m1", _headers(1), b"one", 60000, None, None),
+                ("k", 1, a, "s", route, "m1", _headers(1), b"duplicate", None, None, None),
+                ("k", 1, a, "s", route, "m2", _headers(2), None, None, None, None),
+                ("k", 1, a, "d", route, "m3", _headers(3), b"later", None, 0, None),
+                ("k", 1, "failed", "s", route, "m4", _headers(4), b"x", None, None, None),
+            ])
+            db.conn.commit()
+            sent_rows = self.run(db.conn, D.dispatch(s, db.q, attempts=[a], route=route, publish_routes=[],
+                                                     recoverable=True)).rowcount
+            assert sent_rows == 2
+            assert self.run(db.conn, D.dispatch_delayed(s, dl, attempts=[a])).rowcount == 1
+            assert self.run(db.conn, D.delete_staged(s, attempts=[a])).rowcount == 4
+            self.run(db.conn, D.delete_batch_leftovers(s, sink="k", batch_id=1))
+            db.conn.commit()
+            got = self.run(db.conn, Statement(
+                f"SELECT Headers, Body, Expires FROM {D.qualified(db.q)} ORDER BY RowVersion")).fetchall()
+            assert [(h, None if b is None else bytes(b)) for h, b, _ in got] == [(_headers(1), b"one"), (_headers(2), None)]
+            assert got[0][2] is not None and got[1][2] is None
+            assert self.run(db.conn, Statement(f"SELECT COUNT(*) FROM {D.qualified(s)}")).fetchone()[0] == 0
+
+            # the delayed row is due: one mover moves it
+            time.sleep(0.05)
+            assert self.run(db.conn, D.any_due(dl)).fetchone() is not None
+            assert self.run(db.conn, D.lock_mover(dl)).fetchone()[0] in (1, True)
+            other = D.connect(db.url)
+            try:
+                assert self.run(other, D.lock_mover(dl)).fetchone()[0] in (0, False)
+                other.rollback()
+            finally:
+                other.close()
+            [(key, headers)] = self.run(db.conn, D.due_delayed(dl, limit=10)).fetchall()
+            assert headers == _headers(3)
+            self.run(db.conn, D.move_delayed(dl, db.e, keys=[key], headers=['{"moved":"yes"}'], recoverable=True))
+            assert self.run(db.conn, D.delete_delayed(dl, keys=[key])).rowcount == 1
+            db.conn.commit()
+            moved = self.run(db.conn, Statement(f"SELECT Headers, Body FROM {D.qualified(db.e)}")).fetchall()
+            assert [(h, bytes(b)) for h, b in moved] == [('{"moved":"yes"}', b"later")]
+            assert self.run(db.conn, D.any_due(dl)).fetchone() is None
+
+            # subscribers, cleanup
+            self.run(db.conn, Statement(f"INSERT INTO {D.qualified(subs)} (QueueAddress, Endpoint, Topic) VALUES (?, ?, ?)",
+                                        ("Billing@[dbo]", "Billing", "Ns.E")))
+            assert [tuple(r) for r in self.run(db.conn, D.subscribers(subs, ["Ns.E", "Ns.F"])).fetchall()] == [
+                ("Billing@[dbo]", "Ns.E")]
+            assert self.run(db.conn, D.subscribers(subs, [])).fetchall() == []
+            assert self.run(db.conn, D.outbox_cleanup(o, older_than_seconds=0, limit=10)).rowcount == 1
+            assert self.run(db.conn, D.staging_cleanup(s, older_than_seconds=0, limit=10)).rowcount == 0
+            db.conn.commit()
+        finally:
+            db.conn.rollback()
+            cur = db.conn.cursor()
+            for t in (s, o, dl, subs):
+                cur.execute(f"DROP TABLE IF EXISTS {D.qualified(t)}")
+            db.conn.commit()

@@ -14,7 +14,12 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["QueueAddress", "Statement", "Dialect", "ClaimResult"]
+__all__ = ["QueueAddress", "Statement", "Dialect", "ClaimResult", "STAGED_COLUMNS"]
+
+#: columns of a staged row, in the order executors write them (see `Dialect.stage_rows`)
+STAGED_COLUMNS = (
+    "sink", "batch_id", "attempt", "kind", "route", "message_id", "headers", "body", "ttbr_ms", "delay_ms", "due",
+)
 
 
 @dataclass(frozen=True)
@@ -95,15 +100,20 @@ class Dialect(ABC):
             parts.insert(0, address.catalog)
         return ".".join(self.quote(p) for p in parts)
 
-    def claims_table(self, queue: QueueAddress) -> QueueAddress:
-        """The claim table that belongs to a queue: ``<queue>.Claims`` beside it."""
-        name = f"{queue.table}.Claims"
+    def companion(self, queue: QueueAddress, suffix: str) -> QueueAddress:
+        """A table that belongs to a queue or endpoint, beside it: ``<queue>.<suffix>``
+        (``Claims``, ``Delayed`` as NServiceBus names it, ``Staging``, ``Outbox``)."""
+        name = f"{queue.table}.{suffix}"
         if len(name.encode("utf-8")) > self.max_table_bytes:
             raise ConfigError(
-                f"queue name {queue.table!r} is too long: its claim table {name!r} would exceed "
+                f"queue name {queue.table!r} is too long: its table {name!r} would exceed "
                 f"{self.max_table_bytes} bytes"
             )
         return queue.with_table(name)
+
+    def claims_table(self, queue: QueueAddress) -> QueueAddress:
+        """The claim table that belongs to a queue: ``<queue>.Claims`` beside it."""
+        return self.companion(queue, "Claims")
 
     # -- installers ---------------------------------------------------------------------------
 
@@ -198,6 +208,121 @@ class Dialect(ABC):
     @abstractmethod
     def max_source_seq(self, queue: QueueAddress) -> Statement:
         """One row, one column: the highest sequence in the queue (NULL when empty)."""
+
+    # -- send: installers ---------------------------------------------------------------------
+
+    @abstractmethod
+    def create_staging(self, staging: QueueAddress) -> list[Statement]:
+        """Idempotent DDL for an endpoint's staging table (rows written by executors, moved by
+        the driver's dispatch). Columns: see `STAGED_COLUMNS`."""
+
+    @abstractmethod
+    def create_outbox(self, outbox: QueueAddress) -> list[Statement]:
+        """Idempotent DDL for an endpoint's outbox: one row per dispatched (sink, batch id)."""
+
+    @abstractmethod
+    def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
+        """Idempotent DDL for ``<endpoint>.Delayed``, as NServiceBus creates it."""
+
+    @abstractmethod
+    def create_subscriptions(self, table: QueueAddress) -> list[Statement]:
+        """Idempotent DDL for the ``SubscriptionRouting`` table, as NServiceBus creates it."""
+
+    # -- send: staging (executors) ------------------------------------------------------------
+
+    @abstractmethod
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+        """Bulk-write staged rows (tuples in `STAGED_COLUMNS` order) with the driver's fastest
+        path (COPY, fast executemany). The one dialect method that executes: bulk APIs are
+        driver-specific. Does not commit."""
+
+    # -- send: dispatch (driver, one transaction) ----------------------------------------------
+
+    @abstractmethod
+    def outbox_insert(self, outbox: QueueAddress, *, sink: str, batch_id: int, fingerprint: str) -> Statement:
+        """Record the batch unless recorded already; rowcount (or one row) says whether it was.
+
+        Taking the row first makes a second dispatcher of the same batch wait, then see it."""
+
+    @abstractmethod
+    def outbox_get(self, outbox: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        """One row (fingerprint, dispatched_at, sent, delayed, published) or none."""
+
+    @abstractmethod
+    def outbox_finish(
+        self, outbox: QueueAddress, *, sink: str, batch_id: int, sent: int, delayed: int, published: int
+    ) -> Statement:
+        """Store the counts of a dispatched batch."""
+
+    @abstractmethod
+    def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
+        """Rows (queue address text, topic) subscribed to any of `topics`."""
+
+    @abstractmethod
+    def dispatch(
+        self,
+        staging: QueueAddress,
+        destination: QueueAddress,
+        *,
+        attempts: list[str],
+        route: str | None,
+        publish_routes: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        """INSERT into one destination queue the staged rows of `attempts` sent to it (kind 's',
+        `route`) and published to it (kind 'p', route in `publish_routes`): one row per message
+        id (the first staged), in staging order, new native ids, Expires computed on the server.
+        Rowcount = rows inserted."""
+
+    @abstractmethod
+    def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
+        """INSERT the staged delayed rows (kind 'd') of `attempts` into the delayed table, due
+        computed on the server (absolute due, or now + delay). Rowcount = rows inserted."""
+
+    @abstractmethod
+    def delete_staged(self, staging: QueueAddress, *, attempts: list[str]) -> Statement:
+        """Delete the staged rows of `attempts`; rowcount = rows deleted."""
+
+    @abstractmethod
+    def delete_batch_leftovers(self, staging: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        """Delete what failed task attempts of a batch staged."""
+
+    # -- send: cleanup ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def outbox_cleanup(self, outbox: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        """Delete at most `limit` outbox records older than the retention; rowcount = deleted."""
+
+    @abstractmethod
+    def staging_cleanup(self, staging: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        """Delete at most `limit` staged rows older than the retention (of batches never dispatched)."""
+
+    # -- delayed delivery ------------------------------------------------------------------------
+
+    @abstractmethod
+    def any_due(self, delayed: QueueAddress) -> Statement:
+        """Zero or one row: is any delayed message due? A read, no lock: an idle check costs no write."""
+
+    @abstractmethod
+    def lock_mover(self, delayed: QueueAddress) -> Statement:
+        """One row, one boolean: this transaction is the delayed table's only mover (xact-scoped)."""
+
+    @abstractmethod
+    def due_delayed(self, delayed: QueueAddress, *, limit: int) -> Statement:
+        """Lock and return at most `limit` due rows (key text, headers), oldest due first, skipping
+        rows other transactions hold."""
+
+    @abstractmethod
+    def move_delayed(
+        self, delayed: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        """INSERT the delayed rows `keys` (in that order) into `destination` with new ids and the
+        given headers (ForwardDestination removed), bodies copied server-side."""
+
+    @abstractmethod
+    def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
+        """Delete the delayed rows `keys`."""
 
     # -- connections --------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Dialect, QueueAddress, Statement, check_name
+from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement, check_name
 
 __all__ = ["PostgresDialect"]
 
@@ -361,3 +361,232 @@ SELECT (SELECT count(*) FROM gone),
 
     def is_undefined_table(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) == "42P01"
+
+    # -- send: installers -----------------------------------------------------------------------
+
+    def create_staging(self, staging: QueueAddress) -> list[Statement]:
+        t = self.qualified(staging)
+        # UNLOGGED: staged rows matter only until their batch is dispatched. A server crash
+        # empties the table; the dispatch then finds fewer rows than the tasks reported, fails,
+        # and the batch is staged again when the query restarts. Nothing is sent twice or lost.
+        return [
+            self._ddl_lock(staging),
+            Statement(
+                f"CREATE UNLOGGED TABLE IF NOT EXISTS {t} (\n"
+                "    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n"
+                "    sink text NOT NULL,\n"
+                "    batch_id bigint NOT NULL,\n"
+                "    attempt text NOT NULL,\n"
+                "    kind text NOT NULL,\n"
+                "    route text NOT NULL,\n"
+                "    message_id text NOT NULL,\n"
+                "    headers text NOT NULL,\n"
+                "    body bytea,\n"
+                "    ttbr_ms bigint,\n"
+                "    delay_ms bigint,\n"
+                "    due timestamptz,\n"
+                "    staged_at timestamptz NOT NULL DEFAULT now()\n"
+                ")"
+            ),
+            Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(staging.table + '_route')} ON {t} (kind, route)"),
+        ]
+
+    def create_outbox(self, outbox: QueueAddress) -> list[Statement]:
+        t = self.qualified(outbox)
+        return [
+            self._ddl_lock(outbox),
+            Statement(
+                f"CREATE TABLE IF NOT EXISTS {t} (\n"
+                "    sink text NOT NULL,\n"
+                "    batch_id bigint NOT NULL,\n"
+                "    fingerprint text NOT NULL,\n"
+                "    sent integer,\n"
+                "    delayed integer,\n"
+                "    published integer,\n"
+                "    dispatched_at timestamptz NOT NULL DEFAULT now(),\n"
+                "    PRIMARY KEY (sink, batch_id)\n"
+                ")"
+            ),
+            Statement(
+                f"CREATE INDEX IF NOT EXISTS {self.quote(outbox.table + '_dispatched')} ON {t} (dispatched_at)"
+            ),
+        ]
+
+    def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
+        # NServiceBus's CreateDelayedMessageStoreText, except that the index on Due is not unique
+        # (theirs is: two messages due in the same microsecond cannot both be stored).
+        t = self.qualified(delayed)
+        return [
+            self._ddl_lock(delayed),
+            Statement(
+                f"CREATE TABLE IF NOT EXISTS {t} (\n"
+                "    id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,\n"
+                "    headers text NOT NULL,\n"
+                "    body bytea,\n"
+                "    due timestamptz NOT NULL\n"
+                ")"
+            ),
+            Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(delayed.table + '_Due')} ON {t} (due)"),
+        ]
+
+    def create_subscriptions(self, table: QueueAddress) -> list[Statement]:
+        t = self.qualified(table)
+        return [
+            self._ddl_lock(table),
+            Statement(
+                f"CREATE TABLE IF NOT EXISTS {t} (\n"
+                "    QueueAddress varchar(200) NOT NULL,\n"
+                "    Endpoint varchar(200) NOT NULL,\n"
+                "    Topic varchar(200) NOT NULL,\n"
+                "    PRIMARY KEY (Endpoint, Topic)\n"
+                ")"
+            ),
+        ]
+
+    # -- send: staging --------------------------------------------------------------------------
+
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+        cols = ", ".join(STAGED_COLUMNS)
+        with conn.cursor() as cur:
+            with cur.copy(f"COPY {self.qualified(staging)} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(
+                    ["text", "int8", "text", "text", "text", "text", "text", "bytea", "int8", "int8", "timestamptz"]
+                )
+                for row in rows:
+                    copy.write_row(row)
+
+    # -- send: dispatch ---------------------------------------------------------------------------
+
+    def outbox_insert(self, outbox: QueueAddress, *, sink: str, batch_id: int, fingerprint: str) -> Statement:
+        return Statement(
+            f"INSERT INTO {self.qualified(outbox)} (sink, batch_id, fingerprint)"
+            " VALUES (%(sink)s, %(batch)s, %(fp)s) ON CONFLICT (sink, batch_id) DO NOTHING",
+            {"sink": sink, "batch": int(batch_id), "fp": fingerprint},
+        )
+
+    def outbox_get(self, outbox: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        return Statement(
+            f"SELECT fingerprint, dispatched_at, sent, delayed, published FROM {self.qualified(outbox)}"
+            " WHERE sink = %(sink)s AND batch_id = %(batch)s",
+            {"sink": sink, "batch": int(batch_id)},
+        )
+
+    def outbox_finish(
+        self, outbox: QueueAddress, *, sink: str, batch_id: int, sent: int, delayed: int, published: int
+    ) -> Statement:
+        return Statement(
+            f"UPDATE {self.qualified(outbox)} SET sent = %(sent)s, delayed = %(delayed)s, published = %(published)s"
+            " WHERE sink = %(sink)s AND batch_id = %(batch)s",
+            {"sink": sink, "batch": int(batch_id), "sent": sent, "delayed": delayed, "published": published},
+        )
+
+    def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
+        return Statement(
+            f"SELECT DISTINCT queueaddress, topic FROM {self.qualified(table)} WHERE topic = ANY(%(topics)s)",
+            {"topics": list(topics)},
+        )
+
+    def dispatch(
+        self,
+        staging: QueueAddress,
+        destination: QueueAddress,
+        *,
+        attempts: list[str],
+        route: str | None,
+        publish_routes: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        s, d = self.qualified(staging), self.qualified(destination)
+        # `first` picks one staged row per message id (NServiceBus's dispatcher deduplicates on
+        # (message id, destination) too) from the small columns; the outer join then reads each
+        # picked row by primary key in staging order, so bodies are never sorted.
+        sql = f"""
+INSERT INTO {d} (id, expires, headers, body)
+SELECT gen_random_uuid(),
+       CASE WHEN m.ttbr_ms IS NULL THEN NULL ELSE {_UTC_NOW} + m.ttbr_ms * interval '1 millisecond' END,
+       m.headers, m.body
+FROM (SELECT min(seq) AS seq FROM {s}
+      WHERE attempt = ANY(%(attempts)s)
+        AND ((kind = 's' AND route = %(route)s) OR (kind = 'p' AND route = ANY(%(published)s)))
+      GROUP BY message_id ORDER BY 1) AS first
+JOIN {s} AS m ON m.seq = first.seq
+ORDER BY first.seq"""
+        return Statement(
+            sql.strip(), {"attempts": list(attempts), "route": route, "published": list(publish_routes)}
+        )
+
+    def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
+        s, d = self.qualified(staging), self.qualified(delayed)
+        # `n` microseconds apart within a batch: tables NServiceBus created have a UNIQUE index on
+        # Due, and every row of one transaction sees the same now().
+        sql = f"""
+INSERT INTO {d} (headers, body, due)
+SELECT m.headers, m.body,
+       COALESCE(m.due, now() + m.delay_ms * interval '1 millisecond') + k.n * interval '1 microsecond'
+FROM (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS n FROM {s}
+      WHERE kind = 'd' AND attempt = ANY(%(attempts)s)) AS k
+JOIN {s} AS m ON m.seq = k.seq
+ORDER BY k.seq"""
+        return Statement(sql.strip(), {"attempts": list(attempts)})
+
+    def delete_staged(self, staging: QueueAddress, *, attempts: list[str]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(staging)} WHERE attempt = ANY(%(attempts)s)", {"attempts": list(attempts)}
+        )
+
+    def delete_batch_leftovers(self, staging: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(staging)} WHERE sink = %(sink)s AND batch_id = %(batch)s",
+            {"sink": sink, "batch": int(batch_id)},
+        )
+
+    def outbox_cleanup(self, outbox: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        t = self.qualified(outbox)
+        return Statement(
+            f"DELETE FROM {t} WHERE (sink, batch_id) IN (SELECT sink, batch_id FROM {t}"
+            " WHERE dispatched_at < now() - %(age)s * interval '1 second' LIMIT %(limit)s)",
+            {"age": int(older_than_seconds), "limit": int(limit)},
+        )
+
+    def staging_cleanup(self, staging: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        t = self.qualified(staging)
+        return Statement(
+            f"DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t}"
+            " WHERE staged_at < now() - %(age)s * interval '1 second' LIMIT %(limit)s)",
+            {"age": int(older_than_seconds), "limit": int(limit)},
+        )
+
+    # -- delayed delivery ----------------------------------------------------------------------
+
+    def any_due(self, delayed: QueueAddress) -> Statement:
+        return Statement(f"SELECT 1 FROM {self.qualified(delayed)} WHERE due <= now() LIMIT 1")
+
+    def lock_mover(self, delayed: QueueAddress) -> Statement:
+        return Statement(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))",
+            {"key": f"sqlqueue mover {self.qualified(delayed)}"},
+        )
+
+    def due_delayed(self, delayed: QueueAddress, *, limit: int) -> Statement:
+        return Statement(
+            f"SELECT id::text, headers FROM {self.qualified(delayed)} WHERE due <= now()"
+            " ORDER BY due LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+            {"limit": int(limit)},
+        )
+
+    def move_delayed(
+        self, delayed: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        sql = (
+            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
+            " SELECT gen_random_uuid(), NULL, v.headers, d.body"
+            " FROM unnest(%(keys)s::uuid[], %(headers)s::text[]) WITH ORDINALITY AS v(id, headers, n)"
+            f" JOIN {self.qualified(delayed)} AS d ON d.id = v.id ORDER BY v.n"
+        )
+        return Statement(sql, {"keys": list(keys), "headers": list(headers)})
+
+    def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(delayed)} WHERE id = ANY(%(keys)s::uuid[])", {"keys": list(keys)}
+        )

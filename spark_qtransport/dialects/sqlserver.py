@@ -8,6 +8,9 @@ unquoted), then schema and catalog, each optionally bracket-quoted (and then all
 Queue tables are NServiceBus's (``SqlServerConstants.CreateQueueText``): a heap with
 ``Index_RowVersion`` and a filtered ``Index_Expires``; ``RowVersion bigint IDENTITY`` is the FIFO
 order. Columns are always named explicitly, so an added ``BodyString`` column does not matter.
+The delayed table and ``SubscriptionRouting`` are NServiceBus's too; ``<endpoint>.Staging`` and
+``<endpoint>.Outbox`` are ours. Lists of any length (task attempts, delayed row keys) travel as
+one JSON parameter read with OPENJSON (a request takes at most 2,100 parameters).
 
 Statements are DB-API statements for pyodbc: ``?`` markers, parameters as a tuple in marker order.
 A parameterized statement runs inside ``sp_executesql``/``sp_prepexec`` on the server, so the
@@ -20,11 +23,13 @@ question-mark characters, so no driver mistakes them for literals or parameter m
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Dialect, QueueAddress, Statement
+from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement
 
 __all__ = ["SqlServerDialect"]
 
@@ -41,6 +46,22 @@ _MAX_RESOURCE = 255
 #: a key lock per index and page intent locks): a table lock on a queue would block every
 #: NServiceBus sender and receiver until the claim commits. Below the threshold, never.
 CLAIM_CHUNK = 2000
+#: Sink column width of the staging and outbox tables
+MAX_SINK_CHARS = 200
+#: Fingerprint column width of the outbox
+MAX_FINGERPRINT_CHARS = 400
+#: Text our tables match on (sink, attempt, route, message id) compares exactly, as PostgreSQL
+#: text does, whatever the database collation: with a case-insensitive default, routes
+#: "Billing" and "billing" (one table) would each pick up both routes' rows and send them twice.
+_EXACT = "COLLATE Latin1_General_BIN2"
+#: the staging table's column of each of `STAGED_COLUMNS`, in that order
+_STAGED = dict(
+    zip(
+        STAGED_COLUMNS,
+        ("Sink", "BatchId", "Attempt", "Kind", "Route", "MessageId", "Headers", "Body", "TtbrMs", "DelayMs", "Due"),
+        strict=True,
+    )
+)
 
 # A flat JSON object whose values are strings or null (OPENJSON type 0 = null, 1 = string).
 # ISJSON accepts objects and arrays: the first non-blank character tells them apart (JSON allows
@@ -149,6 +170,66 @@ def placeholders(sql: str) -> list[int]:
     return found
 
 
+def _resource(kind: str, *parts: str) -> str:
+    """An application lock resource ``sqlqueue <kind> <parts>``. Resources are nvarchar(255):
+    longer names get a digest, so two long names never share a lock by truncation."""
+    text = f"sqlqueue {kind} " + " ".join(parts)
+    if len(text) <= _MAX_RESOURCE:
+        return text
+    return f"sqlqueue {kind} " + hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _json(values: list[Any]) -> str:
+    """One nvarchar(max) parameter for OPENJSON: any number of values in one marker (a request
+    takes at most 2,100 parameters), their order kept."""
+    return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+
+
+def _in(column: str, values: list[str], what: str) -> tuple[str, tuple[str, ...]]:
+    """``column IN (?, ...)`` for a short list of strings, ``1 = 0`` for none. Parameters, not
+    OPENJSON: a parameter takes the column's collation, a JSON column could conflict with it."""
+    values = [str(v) for v in values]
+    if len(values) > 1000:
+        raise ValueError(f"{len(values)} {what} in one statement; at most 1000")
+    if not values:
+        return "1 = 0", ()
+    return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
+
+
+def _attempts(attempts: list[str]) -> tuple[str, str]:
+    """(condition, parameter) selecting the staged rows of `attempts`: any number of them, as
+    one JSON parameter. OPENJSON columns take the database default collation: an explicit
+    COLLATE, the Attempt column's own, avoids a conflict and keeps Index_Attempt seekable."""
+    values = [str(a) for a in attempts]
+    cond = f"Attempt IN (SELECT a.Attempt {_EXACT} FROM OPENJSON(?) WITH (Attempt varchar(64) '$') AS a)"
+    return cond, _json(values)
+
+
+def _delayed_key(key: str) -> tuple[int, str]:
+    """A key of `due_delayed` -> (RowVersion, Due as ISO 8601 text)."""
+    row, sep, due = str(key).partition(" ")
+    if not sep or not due:
+        raise ValueError(f"not a delayed row key: {key!r}")
+    return int(row), due
+
+
+#: the time-to-be-received as Expires, computed on the server like NServiceBus's send. DATEADD
+#: takes an int: seconds and the remaining milliseconds are added apart (any bigint of
+#: milliseconds up to 68 years), and GETUTCDATE() is datetime, like the Expires column.
+_EXPIRES = (
+    "CASE WHEN m.TtbrMs IS NULL THEN NULL"
+    " ELSE DATEADD(second, m.TtbrMs / 1000, DATEADD(ms, m.TtbrMs % 1000, GETUTCDATE())) END"
+)
+
+
+#: a delayed row (columns prefixed `d`) is the one a key (prefixed `k`) names; see `due_delayed`
+_KEY_MATCH = (
+    "{d}Due >= DATEADD(ms, -4, CONVERT(datetime, {k}KeyDue, 126))"
+    " AND {d}Due <= DATEADD(ms, 4, CONVERT(datetime, {k}KeyDue, 126))"
+    " AND {d}RowVersion = {k}KeyRow"
+)
+
+
 class SqlServerDialect(Dialect):
     name = "sqlserver"
     default_schema = "dbo"
@@ -205,6 +286,15 @@ class SqlServerDialect(Dialect):
             raise ConfigError(
                 f"queue name {queue.table!r} is too long: its claim table {name!r} would exceed "
                 f"{MAX_NAME_CHARS} characters"
+            )
+        return queue.with_table(name)
+
+    def companion(self, queue: QueueAddress, suffix: str) -> QueueAddress:
+        """``<queue>.<suffix>`` beside the queue; SQL Server counts the 128 in characters, not bytes."""
+        name = f"{queue.table}.{suffix}"
+        if len(name.encode("utf-16-le")) // 2 > MAX_NAME_CHARS:
+            raise ConfigError(
+                f"queue name {queue.table!r} is too long: its table {name!r} would exceed {MAX_NAME_CHARS} characters"
             )
         return queue.with_table(name)
 
@@ -326,6 +416,83 @@ ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
 """
         return [self._create_batch(claims, ddl)]
 
+    def create_staging(self, staging: QueueAddress) -> list[Statement]:
+        t = self.qualified(staging)
+        # Rows live from a task's stage to the batch's dispatch. Clustered on Seq: staging order.
+        # Index_Attempt leads with the attempt every dispatch statement filters on, so a dispatch
+        # seeks the batch's own committed rows and never waits for rows other tasks are still
+        # writing (locking READ COMMITTED blocks a scan on them). Route and MessageId are only
+        # included: a published route is a list of .NET type names, too long for an index key.
+        # No lock escalation: a dispatch deleting a big batch must not lock out staging tasks.
+        ddl = f"""
+CREATE TABLE {t} (
+    Seq bigint IDENTITY(1,1) NOT NULL,
+    Sink nvarchar({MAX_SINK_CHARS}) {_EXACT} NOT NULL,
+    BatchId bigint NOT NULL,
+    Attempt varchar(64) {_EXACT} NOT NULL,
+    Kind char(1) NOT NULL,
+    Route nvarchar(max) {_EXACT} NOT NULL,
+    MessageId nvarchar(200) {_EXACT} NOT NULL,
+    Headers nvarchar(max) NOT NULL,
+    Body varbinary(max) NULL,
+    TtbrMs bigint NULL,
+    DelayMs bigint NULL,
+    Due datetime2 NULL,
+    StagedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+    PRIMARY KEY CLUSTERED (Seq)
+);
+CREATE NONCLUSTERED INDEX [Index_Attempt] ON {t} (Attempt, Kind) INCLUDE (Route, MessageId);
+ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
+"""
+        return [self._create_batch(staging, ddl)]
+
+    def create_outbox(self, outbox: QueueAddress) -> list[Statement]:
+        t = self.qualified(outbox)
+        # Index_DispatchedAt: the retention cleanup deletes the oldest records without a scan.
+        ddl = f"""
+CREATE TABLE {t} (
+    Sink nvarchar({MAX_SINK_CHARS}) {_EXACT} NOT NULL,
+    BatchId bigint NOT NULL,
+    Fingerprint nvarchar({MAX_FINGERPRINT_CHARS}) NOT NULL,
+    Sent int NULL,
+    Delayed int NULL,
+    Published int NULL,
+    DispatchedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+    PRIMARY KEY CLUSTERED (Sink, BatchId)
+);
+CREATE NONCLUSTERED INDEX [Index_DispatchedAt] ON {t} (DispatchedAt);
+ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
+"""
+        return [self._create_batch(outbox, ddl)]
+
+    def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
+        t = self.qualified(delayed)
+        # Column for column NServiceBus's CreateDelayedMessageStoreText: a heap, Due in UTC,
+        # found through the non-unique Index_Due.
+        ddl = f"""
+CREATE TABLE {t} (
+    Headers nvarchar(max) NOT NULL,
+    Body varbinary(max) NULL,
+    Due datetime NOT NULL,
+    RowVersion bigint IDENTITY(1,1) NOT NULL
+);
+CREATE NONCLUSTERED INDEX [Index_Due] ON {t} (Due);
+"""
+        return [self._create_batch(delayed, ddl)]
+
+    def create_subscriptions(self, table: QueueAddress) -> list[Statement]:
+        t = self.qualified(table)
+        # NServiceBus's CreateSubscriptionTableText.
+        ddl = f"""
+CREATE TABLE {t} (
+    QueueAddress nvarchar(200) NOT NULL,
+    Endpoint nvarchar(200) NOT NULL,
+    Topic nvarchar(200) NOT NULL,
+    PRIMARY KEY CLUSTERED (Endpoint, Topic)
+);
+"""
+        return [self._create_batch(table, ddl)]
+
     def script(self, statements: list[Statement]) -> str:
         """The statements as a T-SQL script for people (``sqlqueue ddl``, ``sql/sqlserver/``):
         parameters inlined as literals, batches separated by ``GO``."""
@@ -373,11 +540,7 @@ ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
         """The application lock of (claim table, consumer). Resources are nvarchar(255): longer
         names get a digest, so two long names never share a lock by truncation."""
         self._check_consumer(consumer)
-        text = f"sqlqueue consumer {self.qualified(claims)} {consumer}"
-        if len(text) <= _MAX_RESOURCE:
-            return text
-        digest = hashlib.sha256(f"{self.qualified(claims)}\n{consumer}".encode()).hexdigest()
-        return f"sqlqueue consumer {digest}"
+        return _resource("consumer", self.qualified(claims), consumer)
 
     def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
         # Session-owned: held across transactions until released or the connection closes.
@@ -571,6 +734,242 @@ SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS 
         # are not waited for.
         return Statement(
             f"SELECT max(RowVersion) FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    # -- send: staging -------------------------------------------------------------------------
+
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            return  # pyodbc refuses an empty executemany
+        cols = ", ".join(_STAGED.values())
+        marks = ", ".join("?" * len(_STAGED))
+        names = list(_STAGED)
+        due, body = names.index("due"), names.index("body")
+        data = []
+        for row in rows:
+            values = list(row)
+            if len(values) != len(_STAGED):
+                raise ValueError(f"a staged row has {len(values)} values, not {len(_STAGED)} ({', '.join(_STAGED)})")
+            if isinstance(values[body], (bytearray, memoryview)):
+                values[body] = bytes(values[body])
+            when = values[due]
+            if isinstance(when, datetime) and when.tzinfo is not None:
+                # datetime2 has no time zone: stored as UTC wall-clock time (naive is taken as UTC)
+                values[due] = when.astimezone(timezone.utc).replace(tzinfo=None)
+            data.append(tuple(values))
+        cur = conn.cursor()
+        try:
+            # One round trip per array of rows: pyodbc binds the parameter types the server
+            # describes for the INSERT, so None needs no guessing.
+            cur.fast_executemany = True
+            cur.executemany(f"INSERT INTO {self.qualified(staging)} ({cols}) VALUES ({marks})", data)
+        finally:
+            cur.close()
+
+    # -- send: dispatch -------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_sink(sink: str) -> str:
+        if not isinstance(sink, str) or not sink or len(sink) > MAX_SINK_CHARS:
+            raise ValueError(f"sink name {sink!r} must be 1 to {MAX_SINK_CHARS} characters")
+        return sink
+
+    def outbox_insert(self, outbox: QueueAddress, *, sink: str, batch_id: int, fingerprint: str) -> Statement:
+        if not fingerprint or len(fingerprint) > MAX_FINGERPRINT_CHARS:
+            raise ValueError(f"outbox fingerprint must be 1 to {MAX_FINGERPRINT_CHARS} characters, not {fingerprint!r}")
+        t = self.qualified(outbox)
+        # UPDLOCK + HOLDLOCK: the key (present or not) stays locked until commit, so a second
+        # dispatcher of the batch waits here, then finds the record (rowcount 0). One statement
+        # without SET NOCOUNT: its rowcount is what the caller reads.
+        return Statement(
+            f"INSERT INTO {t} (Sink, BatchId, Fingerprint) SELECT ?, ?, ?"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE Sink = ? AND BatchId = ?)",
+            (self._check_sink(sink), int(batch_id), str(fingerprint), sink, int(batch_id)),
+        )
+
+    def outbox_get(self, outbox: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        # DispatchedAt is datetime2 without time zone: UTC wall-clock time.
+        return Statement(
+            f"SELECT Fingerprint, DispatchedAt, Sent, Delayed, Published FROM {self.qualified(outbox)}"
+            " WHERE Sink = ? AND BatchId = ?",
+            (self._check_sink(sink), int(batch_id)),
+        )
+
+    def outbox_finish(
+        self, outbox: QueueAddress, *, sink: str, batch_id: int, sent: int, delayed: int, published: int
+    ) -> Statement:
+        return Statement(
+            f"UPDATE {self.qualified(outbox)} SET Sent = ?, Delayed = ?, Published = ? WHERE Sink = ? AND BatchId = ?",
+            (int(sent), int(delayed), int(published), self._check_sink(sink), int(batch_id)),
+        )
+
+    def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
+        # NServiceBus's GetSubscribersText, with the topic each address subscribed to.
+        cond, params = _in("Topic", topics, "topics")
+        return Statement(f"SELECT DISTINCT QueueAddress, Topic FROM {self.qualified(table)} WHERE {cond}", params)
+
+    def _queue_columns(self, recoverable: bool) -> tuple[str, str]:
+        """(columns, leading values) of an INSERT of new messages into a queue table: a new Id,
+        the legacy columns NULL, and Recoverable = 1 where the table has that column."""
+        if recoverable:
+            return ("Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body", "NEWID(), NULL, NULL, 1")
+        return ("Id, CorrelationId, ReplyToAddress, Expires, Headers, Body", "NEWID(), NULL, NULL")
+
+    def dispatch(
+        self,
+        staging: QueueAddress,
+        destination: QueueAddress,
+        *,
+        attempts: list[str],
+        route: str | None,
+        publish_routes: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        s, d = self.qualified(staging), self.qualified(destination)
+        cond, attempts_json = _attempts(attempts)
+        params: list[Any] = [attempts_json]
+        routes = []
+        if route is not None:
+            routes.append("(Kind = 's' AND Route = ?)")
+            params.append(str(route))
+        if publish_routes:
+            in_routes, route_params = _in("Route", publish_routes, "published routes")
+            routes.append(f"(Kind = 'p' AND {in_routes})")
+            params += route_params
+        cols, lead = self._queue_columns(recoverable)
+        # `f` picks one staged row per message id (the first staged, as NServiceBus's dispatcher
+        # deduplicates on message id and destination) from the index alone; the join then reads
+        # each picked row by its clustered key. INSERT ... SELECT ... ORDER BY assigns the
+        # RowVersion IDENTITY values in ORDER BY order (documented), so queue order is staging order.
+        sql = f"""
+INSERT INTO {d} ({cols})
+SELECT {lead}, {_EXPIRES}, m.Headers, m.Body
+FROM (SELECT MIN(Seq) AS Seq FROM {s}
+      WHERE {cond}
+        AND ({' OR '.join(routes) or '1 = 0'})
+      GROUP BY MessageId) AS f
+JOIN {s} AS m ON m.Seq = f.Seq
+ORDER BY f.Seq"""
+        return Statement(sql.strip(), tuple(params))
+
+    def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
+        s, d = self.qualified(staging), self.qualified(delayed)
+        cond, attempts_json = _attempts(attempts)
+        # Due as NServiceBus's StoreDelayedMessageText computes it: on the server, in UTC, as
+        # datetime; DATEADD takes an int, so seconds and the remaining milliseconds apart.
+        sql = f"""
+INSERT INTO {d} (Headers, Body, Due)
+SELECT Headers, Body, COALESCE(Due, DATEADD(second, DelayMs / 1000, DATEADD(ms, DelayMs % 1000, GETUTCDATE())))
+FROM {s}
+WHERE {cond} AND Kind = 'd'
+ORDER BY Seq"""
+        return Statement(sql.strip(), (attempts_json,))
+
+    def delete_staged(self, staging: QueueAddress, *, attempts: list[str]) -> Statement:
+        # No READPAST: the rowcount is checked against what the tasks staged.
+        cond, attempts_json = _attempts(attempts)
+        return Statement(f"DELETE FROM {self.qualified(staging)} WHERE {cond}", (attempts_json,))
+
+    def delete_batch_leftovers(self, staging: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        # READPAST: rows other tasks are still writing (another batch, or a zombie attempt of
+        # this one) are skipped, not waited for; the retention cleanup takes what is left.
+        return Statement(
+            f"DELETE FROM {self.qualified(staging)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE Sink = ? AND BatchId = ?",
+            (self._check_sink(sink), int(batch_id)),
+        )
+
+    # -- send: cleanup --------------------------------------------------------------------------
+
+    def outbox_cleanup(self, outbox: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        # Through Index_DispatchedAt; records of dispatches in progress are skipped.
+        return Statement(
+            f"DELETE TOP (?) FROM {self.qualified(outbox)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE DispatchedAt < DATEADD(second, -?, SYSUTCDATETIME())",
+            (int(limit), int(older_than_seconds)),
+        )
+
+    def staging_cleanup(self, staging: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        # Rows tasks are writing now are skipped, never waited for.
+        return Statement(
+            f"DELETE TOP (?) FROM {self.qualified(staging)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE StagedAt < DATEADD(second, -?, SYSUTCDATETIME())",
+            (int(limit), int(older_than_seconds)),
+        )
+
+    # -- delayed delivery -----------------------------------------------------------------------
+    #
+    # A delayed row's key is its RowVersion and its Due as text: the table is NServiceBus's heap
+    # whose only index is Index_Due, so moving and deleting rows seek a few milliseconds of Due
+    # (the text has milliseconds; datetime rounds to 3.33 ms) and match RowVersion exactly,
+    # instead of scanning the whole table for RowVersion once per batch.
+
+    def any_due(self, delayed: QueueAddress) -> Statement:
+        # READPAST: rows being moved or stored by others are not waited for; READCOMMITTEDLOCK
+        # keeps READPAST valid on a READ_COMMITTED_SNAPSHOT database. Shared locks only.
+        return Statement(
+            f"SELECT TOP (1) 1 FROM {self.qualified(delayed)} WITH (READPAST, READCOMMITTEDLOCK)"
+            " WHERE Due <= GETUTCDATE()"
+        )
+
+    def lock_mover(self, delayed: QueueAddress) -> Statement:
+        d = self.qualified(delayed)
+        # A Transaction-owned applock needs an open transaction. pyodbc without autocommit runs
+        # in implicit transaction mode, where EXEC opens none but a SELECT from a table does:
+        # one opens it if this is the first statement. LockTimeout 0: a busy mover is reported
+        # at once (return code -1). The lock is taken in the delayed table own database.
+        return Statement(
+            "SET NOCOUNT ON;\n"
+            "DECLARE @rc int;\n"
+            "IF @@TRANCOUNT = 0\n"
+            f"    SELECT TOP (1) @rc = 0 FROM {d} WITH (READPAST, READCOMMITTEDLOCK);\n"
+            "IF @@TRANCOUNT = 0\n"
+            "    THROW 51000, N'sqlqueue: the delayed mover lock needs a transaction, not autocommit', 1;\n"
+            f"EXEC @rc = {self._sys(delayed)}sp_getapplock @Resource = ?, @LockMode = N'Exclusive',"
+            " @LockOwner = N'Transaction', @LockTimeout = 0;\n"
+            "SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)",
+            (_resource("mover", d),),
+        )
+
+    def due_delayed(self, delayed: QueueAddress, *, limit: int) -> Statement:
+        # NServiceBus's MoveDueDelayedMessageText picks rows the same way: UPDLOCK + READPAST +
+        # ROWLOCK, so an NServiceBus mover on the same table skips ours and we skip its rows.
+        # ORDER BY Due alone follows Index_Due: no sort that would lock rows beyond the TOP.
+        return Statement(
+            "SELECT TOP (?) CAST(RowVersion AS varchar(20)) + ' ' + CONVERT(varchar(23), Due, 126), Headers"
+            f" FROM {self.qualified(delayed)} WITH (UPDLOCK, READPAST, ROWLOCK)"
+            " WHERE Due <= GETUTCDATE() ORDER BY Due",
+            (int(limit),),
+        )
+
+    def move_delayed(
+        self, delayed: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        if len(keys) != len(headers):
+            raise ValueError(f"{len(keys)} keys but {len(headers)} headers")
+        rows = [[*_delayed_key(k), str(h)] for k, h in zip(keys, headers, strict=True)]
+        cols, lead = self._queue_columns(recoverable)
+        # One JSON array of [RowVersion, Due, Headers]; its [key] is the position, so the new
+        # RowVersion values follow the order of `keys`. The rows are this transaction own
+        # (locked by due_delayed): READPAST skips only rows other transactions hold.
+        sql = f"""
+INSERT INTO {self.qualified(destination)} ({cols})
+SELECT {lead}, NULL, k.Headers, d.Body
+FROM OPENJSON(?) AS o
+CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]', Headers nvarchar(max) '$[2]') AS k
+JOIN {self.qualified(delayed)} AS d WITH (READPAST, READCOMMITTEDLOCK)
+  ON {_KEY_MATCH.format(d="d.", k="k.")}
+ORDER BY CAST(o.[key] AS int)"""
+        return Statement(sql.strip(), (_json(rows),))
+
+    def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
+        rows = [list(_delayed_key(k)) for k in keys]
+        return Statement(
+            f"DELETE FROM {self.qualified(delayed)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE EXISTS (SELECT 1 FROM OPENJSON(?) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]') AS k"
+            f" WHERE {_KEY_MATCH.format(d='', k='k.')})",
+            (_json(rows),),
         )
 
     # -- connections --------------------------------------------------------------------------

@@ -1,0 +1,18 @@
+-- Publish/subscribe routing table "public"."SubscriptionRouting", as NServiceBus lays it out.
+--
+-- Generated from spark_qtransport.dialects.postgres.PostgresDialect.create_subscriptions() and rendered with
+-- PostgresDialect.script(): exactly what the connector runs, with its parameters written as
+-- literals. tests/test_postgres_sql.py fails when this file and the code differ (regenerate with
+-- SQLQUEUE_WRITE_SQL=1 pytest tests/test_postgres_sql.py -k script_files).
+--
+-- Idempotent: CREATE ... IF NOT EXISTS under a transaction-scoped advisory lock, so concurrent
+-- installers never race. Run it inside a transaction (psql -1 -f ...).
+
+SELECT pg_advisory_xact_lock(hashtextextended('sqlqueue ddl "public"."SubscriptionRouting"', 0));
+
+CREATE TABLE IF NOT EXISTS "public"."SubscriptionRouting" (
+    QueueAddress varchar(200) NOT NULL,
+    Endpoint varchar(200) NOT NULL,
+    Topic varchar(200) NOT NULL,
+    PRIMARY KEY (Endpoint, Topic)
+);
