@@ -7,7 +7,9 @@ The hierarchy::
      ├── QueueNotFoundError       a queue or one of our tables does not exist
      ├── SchemaError              a table exists but its columns do not fit the transport
      ├── ConsumerBusyError        another running query already uses this consumer identity
-     └── OffsetError              a checkpointed offset does not fit the tables it names
+     ├── OffsetError              a checkpointed offset does not fit the tables it names
+     ├── OutboxConflictError      a batch id was dispatched before by another query (checkpoint reset)
+     └── DispatchError            a batch could not be dispatched as staged (nothing was sent)
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ __all__ = [
     "SchemaError",
     "ConsumerBusyError",
     "OffsetError",
+    "OutboxConflictError",
+    "DispatchError",
 ]
 
 
@@ -48,3 +52,11 @@ class ConsumerBusyError(QTransportError):
 
 class OffsetError(QTransportError):
     """A checkpointed offset cannot be interpreted."""
+
+
+class OutboxConflictError(QTransportError):
+    """The outbox holds this batch id from another query: the checkpoint was reset or reused."""
+
+
+class DispatchError(QTransportError):
+    """A batch could not be dispatched as its tasks staged it; nothing of it was sent."""

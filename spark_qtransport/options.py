@@ -7,6 +7,7 @@ the dialect the URL selects.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from .connections import ConnectionURL, parse_url
 from .dialects import Dialect, QueueAddress, dialect_for
 from .errors import ConfigError
 
-__all__ = ["ReaderOptions", "OPTIONS", "URL_ENV"]
+__all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]
 
 #: environment variable read when no `url` option is given (on the driver, at load())
 URL_ENV = "SQLQUEUE_URL"
@@ -139,3 +140,106 @@ class ReaderOptions:
         if self.num_partitions:
             return self.num_partitions
         return max(1, min(MAX_AUTO_PARTITIONS, -(-rows // PARTITION_TARGET_ROWS)))
+
+
+# -- the sink: writeStream.format("sqlqueue") and QueueSink --------------------------------------
+
+#: option key (as documented) -> (default shown in docs, meaning)
+WRITER_OPTIONS: dict[str, tuple[str, str]] = {
+    "url": (f"${URL_ENV}", "as for reading"),
+    "user": ("from url", "as for reading"),
+    "password": ("from url", "as for reading"),
+    "endpoint": ("required", "sender identity (OriginatingEndpoint); owns `<endpoint>.Staging`, `.Outbox` and `.Delayed`"),
+    "destination": ("none", "queue address for rows whose `destination` column is null or absent"),
+    "sinkName": ("default", "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),
+    "errorQueue": ("error", "where the delayed-message mover puts messages it cannot deliver"),
+    "createQueues": ("false", "create missing destination queues, `<endpoint>.Delayed` and `SubscriptionRouting`"),
+    "subscriptionTable": ("SubscriptionRouting", "table that routes published events to subscriber queues"),
+    "deduplicationRetention": ("7d", "how long outbox records are kept (`30s`, `12h`, `7d`); replays older than this are sent again"),
+    "contentType": ("application/json", "`NServiceBus.ContentType` of messages without one"),
+}
+_WRITER_KNOWN = {k.lower() for k in WRITER_OPTIONS}
+#: options Spark adds itself, and the ones QueueSink passes to the batch writer
+_WRITER_INTERNAL = {"checkpointlocation", "path", "_batchid", "_queryid"}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(raw: str, *, option: str) -> float:
+    """``500ms``, ``30s``, ``5m``, ``12h``, ``7d`` or plain seconds -> seconds."""
+    m = _DURATION.match(str(raw))
+    if not m:
+        raise ConfigError(f"option '{option}' must be a duration such as 30s, 12h or 7d, not {raw!r}")
+    return float(m.group(1)) * _UNIT_SECONDS[(m.group(2) or "").lower() or None]
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    url: ConnectionURL
+    endpoint: QueueAddress
+    destination: QueueAddress | None
+    sink: str
+    error_queue: QueueAddress
+    create_queues: bool
+    subscriptions: QueueAddress
+    retention_seconds: int
+    content_type: str
+    batch_id: int | None = None  # given by QueueSink (foreachBatch); streams get it from Spark
+    query_id: str | None = None
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(self.url)
+
+    @property
+    def staging(self) -> QueueAddress:
+        return self.dialect.companion(self.endpoint, "Staging")
+
+    @property
+    def outbox(self) -> QueueAddress:
+        return self.dialect.companion(self.endpoint, "Outbox")
+
+    @property
+    def delayed(self) -> QueueAddress:
+        return self.dialect.companion(self.endpoint, "Delayed")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> WriterOptions:
+        opts = {str(k).lower(): v for k, v in options.items()}
+        unknown = sorted(k for k in opts if k not in _WRITER_KNOWN and k not in _WRITER_INTERNAL)
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {', '.join(repr(u) for u in unknown)} for writing to format 'sqlqueue'; "
+                f"known: {', '.join(WRITER_OPTIONS)}"
+            )
+        url = resolve_url(opts)
+        dialect = dialect_for(url)
+        if not opts.get("endpoint") or not str(opts["endpoint"]).strip():
+            raise ConfigError(
+                "option 'endpoint' is required to send: the sending endpoint's name, e.g. .option('endpoint', 'Sales')"
+            )
+        endpoint = dialect.parse_address(opts["endpoint"], option="endpoint")
+        for suffix in ("Staging", "Outbox", "Delayed"):
+            dialect.companion(endpoint, suffix)  # fails early when a name would be too long
+        destination = opts.get("destination")
+        sink = str(opts.get("sinkname") or "default").strip()
+        if not sink or len(sink) > 200:
+            raise ConfigError("option 'sinkName' must be 1 to 200 characters")
+        retention = parse_duration(opts.get("deduplicationretention") or "7d", option="deduplicationRetention")
+        if retention < 1:
+            raise ConfigError("option 'deduplicationRetention' must be at least 1s")
+        batch_id = opts.get("_batchid")
+        return cls(
+            url=url,
+            endpoint=endpoint,
+            destination=dialect.parse_address(destination, option="destination") if destination else None,
+            sink=sink,
+            error_queue=dialect.parse_address(opts.get("errorqueue") or "error", option="errorQueue"),
+            create_queues=_bool(opts, "createqueues", "createQueues", False),
+            subscriptions=dialect.parse_address(opts.get("subscriptiontable") or "SubscriptionRouting", option="subscriptionTable"),
+            retention_seconds=int(retention),
+            content_type=str(opts.get("contenttype") or "application/json"),
+            batch_id=int(batch_id) if batch_id not in (None, "") else None,
+            query_id=opts.get("_queryid") or None,
+        )

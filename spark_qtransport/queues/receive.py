@@ -35,6 +35,7 @@ from ..errors import ConsumerBusyError, OffsetError, QTransportError, QueueNotFo
 from ..options import ReaderOptions
 from ..wire import H, parse_time
 from . import _db as db
+from .delayed import DelayedMover
 
 __all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
 
@@ -52,6 +53,8 @@ STARTER_CLAIM = 1000
 #: how long a starting query waits for its endpoint's lock before ConsumerBusyError
 LOCK_WAIT = 30.0
 QUEUE_COLUMNS = {"id", "headers", "body", "expires"}
+#: how often a reader looks again whether its endpoint's delayed table exists
+DELAYED_RECHECK = 30.0
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,11 @@ class Receiver:
         self._backlog = 0
         self._ahead: Future[tuple[int | None, bool]] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        # NServiceBus convention: the endpoint that receives from queue Q owns Q.Delayed
+        self._mover = DelayedMover(self.dialect, self.dialect.companion(options.queue, "Delayed"),
+                                   options.queue, options.error_queue)
+        self._delayed_checked_at: float | None = None
+        self._delayed_exists = False
 
     # -- connection, retries, set-up ----------------------------------------------------------
 
@@ -268,6 +276,7 @@ class Receiver:
         next query) exactly like claims whose planner died before Spark logged the offset.
         """
         self._await_ahead()
+        self.move_delayed()
         after = self._start_after(start)
         held_max, _ = self._run("peek claims", lambda c: db.one(c.cursor(), self.dialect.max_claim(self.claims, self.options.consumer)))
         if held_max is not None and (after is None or held_max > after):
@@ -288,6 +297,21 @@ class Receiver:
         if limit is not None and self._more and self.options.claim_ahead and after is not None:
             self._claim_ahead(limit)
         return ClaimOffset(end, self.table_id)
+
+    def move_delayed(self) -> None:
+        """Deliver the due messages of ``<queue>.Delayed``, if that table exists: every trigger,
+        so a due message waits at most one trigger interval. Costs one indexed read when none
+        is due. A failure is logged, never fails the query: the next trigger tries again."""
+        now = self._clock()
+        try:
+            if self._delayed_checked_at is None or now - self._delayed_checked_at > DELAYED_RECHECK:
+                cols = self._run("find delayed table", lambda c: db.columns(c.cursor(), self.dialect.queue_columns(self._mover.delayed)))
+                self._delayed_exists, self._delayed_checked_at = bool(cols), now
+            if self._delayed_exists:
+                self._mover.move(self._connection("main"))
+        except Exception as exc:  # noqa: BLE001
+            db.rollback(self._connection("main"))
+            log.warning("moving due delayed messages of %s failed: %s", self.options.queue, exc)
 
     def _foreground_size(self, limit: int) -> int:
         """How much to claim while Spark waits. With claim-ahead, a large batch starts with a

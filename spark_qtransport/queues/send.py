@@ -1,0 +1,373 @@
+"""Send: stage (executors), then dispatch atomically (driver). Dialect-free.
+
+How a batch travels:
+
+1. **Stage** (`stage_partition`, one Spark task): rows become messages (`MessageBuilder`) and are
+   bulk-written to ``<endpoint>.Staging`` in one transaction, tagged with the sink, the batch id
+   and a random attempt id. The task reports its attempt id and per-route counts.
+2. **Dispatch** (`Dispatcher.dispatch`, driver): one transaction records the batch in
+   ``<endpoint>.Outbox`` (a replay finds it and sends nothing), moves the staged rows of the
+   attempts Spark reports as successful into their destination queues (due now) or
+   ``<endpoint>.Delayed`` (due later), fans published events out to the queues subscribed in
+   ``SubscriptionRouting``, deletes the staged rows and checks that every staged row was found.
+   Rows of failed attempts are ignored and deleted.
+
+A crash before the dispatch commits sends nothing (Spark replays the batch and stages it again);
+after it, the replay is skipped. Destinations that do not exist fail the batch before anything is
+sent, with an error naming them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from ..connections import ConnectionCache
+from ..dialects import Dialect, QueueAddress
+from ..errors import ConfigError, DispatchError, QTransportError, QueueNotFoundError
+from ..options import WriterOptions
+from . import _db as db
+from .delayed import DelayedMover, MoveResult
+from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
+from .outbox import Outbox, fingerprint
+
+__all__ = ["StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
+
+log = logging.getLogger("spark_qtransport.send")
+
+T = TypeVar("T")
+
+RETRIES = 4
+#: rows per bulk write on executors
+STAGE_CHUNK = 5000
+
+_CACHE = ConnectionCache()
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """What one successful task attempt staged (travels back to the driver)."""
+
+    attempt: str
+    rows: int
+    routes: tuple[tuple[str, str, int], ...]  # (kind, route, count)
+    batch_id: int
+    query_id: str | None
+
+
+@dataclass
+class DispatchResult:
+    batch_id: int
+    skipped: bool = False  # dispatched before: a replay
+    sent: int = 0
+    delayed: int = 0
+    published: int = 0
+    destinations: dict[str, int] = field(default_factory=dict)
+    moved: MoveResult | None = None
+
+
+# -- set-up (driver) ------------------------------------------------------------------------------
+
+
+def set_up_sender(options: WriterOptions) -> SendPlan:
+    """Create the endpoint's staging and outbox tables (ours, always) and, with createQueues,
+    its delayed table; find its input queue for ReplyToAddress. Returns the executors' plan."""
+    d = options.dialect
+    conn = d.connect(options.url)
+    try:
+        cur = conn.cursor()
+        stmts = [*d.create_staging(options.staging), *d.create_outbox(options.outbox)]
+        if options.create_queues:
+            stmts += d.create_delayed(options.delayed)
+            if options.destination is not None:
+                stmts += d.create_queue(options.destination)
+        for stmt in stmts:
+            db.execute(cur, stmt)
+        conn.commit()
+        has_input = bool(db.columns(cur, d.queue_columns(options.endpoint)))
+        conn.commit()
+    finally:
+        db.close(conn)
+    return SendPlan(
+        dialect=d.name,
+        endpoint=options.endpoint.table,
+        default_destination=options.destination,
+        reply_to=d.format_address(options.endpoint) if has_input else None,
+        content_type=options.content_type,
+        sink=options.sink,
+    )
+
+
+# -- stage (executors) ---------------------------------------------------------------------------
+
+
+def stage_partition(
+    options: WriterOptions,
+    plan: SendPlan,
+    batches: Iterable[Iterable[Mapping[str, Any]]],
+    *,
+    batch_id: int,
+    query_id: str | None,
+) -> StageReport:
+    """Stage every row of one task in one transaction; returns what the driver needs to dispatch."""
+    dialect = options.dialect
+    attempt = uuid.uuid4().hex
+    builder = MessageBuilder(plan, batch_id=batch_id, attempt=attempt)
+    now = datetime.now(timezone.utc)
+    conn = _connect(dialect, options)
+    healthy = False
+    rows = 0
+    try:
+        pending: list[tuple[Any, ...]] = []
+        for batch in batches:
+            for row in batch:
+                pending.append(builder.build(row, now))
+                if len(pending) >= STAGE_CHUNK:
+                    dialect.stage_rows(conn, options.staging, pending)
+                    rows += len(pending)
+                    pending = []
+        if pending:
+            dialect.stage_rows(conn, options.staging, pending)
+            rows += len(pending)
+        conn.commit()
+        healthy = True
+    except Exception as exc:
+        if dialect.is_undefined_table(exc):
+            raise QueueNotFoundError(
+                f"staging table {dialect.qualified(options.staging)} of endpoint {plan.endpoint!r} does not exist"
+            ) from exc
+        raise
+    finally:
+        if healthy:
+            _CACHE.put(options.url, conn)
+        else:
+            db.rollback(conn)
+            db.close(conn)
+    routes = tuple((k, r, n) for (k, r), n in sorted(builder.counts.items()))
+    return StageReport(attempt, rows, routes, batch_id, query_id)
+
+
+def _connect(dialect: Dialect, options: WriterOptions) -> Any:
+    """A cached connection, checked with a trivial statement; a dropped one is replaced once."""
+    for attempt in (1, 2):
+        conn = _CACHE.get(options.url, dialect.connect)
+        try:
+            conn.cursor().execute("SELECT 1").fetchall()
+            conn.rollback()
+            return conn
+        except Exception as exc:
+            db.close(conn)
+            if attempt == 2 or not dialect.is_transient(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def rows_of_columns(columns: Mapping[str, list[Any]]) -> Iterator[dict[str, Any]]:
+    """Column lists (as Arrow's to_pylist gives them) -> one dict per row."""
+    names = list(columns)
+    for values in zip(*(columns[n] for n in names), strict=True):
+        yield dict(zip(names, values, strict=True))
+
+
+# -- dispatch (driver) -----------------------------------------------------------------------------
+
+
+class Dispatcher:
+    """The driver side of the sink: dispatches staged batches, moves due delayed messages."""
+
+    def __init__(self, options: WriterOptions) -> None:
+        self.options = options
+        self.dialect: Dialect = options.dialect
+        self.outbox = Outbox(self.dialect, options.outbox, options.staging, options.endpoint.table, options.sink)
+        self.mover = DelayedMover(self.dialect, options.delayed, options.endpoint, options.error_queue)
+        self._conn: Any = None
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = self.dialect.connect(self.options.url)
+        return self._conn
+
+    def _run(self, what: str, fn: Callable[[Any], T]) -> T:
+        """`fn(conn)` in a transaction, retried on a new connection after a transient fault.
+        Safe for dispatch: a retry of a batch that did commit finds its outbox record."""
+        delay = 0.2
+        for attempt in range(1, RETRIES + 1):
+            conn = self._connection()
+            try:
+                result = fn(conn)
+                conn.commit()
+                return result
+            except QTransportError:
+                db.rollback(conn)
+                raise
+            except Exception as exc:
+                db.rollback(conn)
+                if not self.dialect.is_transient(exc) or attempt == RETRIES:
+                    raise
+                log.warning("%s for endpoint %s failed (%s); retrying in %.1fs", what, self.options.endpoint, exc, delay)
+                db.close(conn)
+                self._conn = None
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query_id: str | None = None) -> DispatchResult:
+        """Dispatch one batch from its successful tasks' reports (idempotent per batch id)."""
+        done = [r for r in reports if r is not None]
+        query_id = query_id or next((r.query_id for r in done if r.query_id), None)
+        fp = fingerprint(query_id, uuid.uuid4().hex)
+        result = self._run("dispatch", lambda conn: self._dispatch(conn, batch_id, done, fp))
+        if result.skipped:
+            log.info("batch %d of endpoint %s was dispatched before; nothing sent again", batch_id, self.options.endpoint)
+        else:
+            log.info("batch %d of endpoint %s: sent %d, delayed %d, published %d",
+                     batch_id, self.options.endpoint, result.sent, result.delayed, result.published)
+        try:
+            result.moved = self.move_due()
+            self.outbox.cleanup(self._connection(), self.options.retention_seconds)
+        except Exception as exc:  # noqa: BLE001 - the batch is sent; these run again next time
+            db.rollback(self._connection())
+            log.warning("after dispatching batch %d of %s: %s", batch_id, self.options.endpoint, exc)
+        return result
+
+    def _dispatch(self, conn: Any, batch_id: int, reports: list[StageReport], fp: str) -> DispatchResult:
+        d, o = self.dialect, self.options
+        cur = conn.cursor()
+        result = DispatchResult(batch_id)
+        attempts = [r.attempt for r in reports]
+        expected = sum(r.rows for r in reports)
+        if expected == 0:
+            self._delete_leftovers(cur, batch_id)
+            return result
+        if self.outbox.begin(cur, batch_id, fp) is not None:
+            result.skipped = True
+            db.execute(cur, d.delete_staged(o.staging, attempts=attempts))
+            self._delete_leftovers(cur, batch_id)
+            return result
+        routes: dict[tuple[str, str], int] = {}
+        for r in reports:
+            for kind, route, n in r.routes:
+                routes[(kind, route)] = routes.get((kind, route), 0) + n
+        # every destination, keyed by its canonical address: (address, send route, published routes)
+        targets: dict[str, tuple[QueueAddress, str | None, list[str]]] = {}
+        for (kind, route), _ in routes.items():
+            if kind == SEND:
+                targets[route] = (d.parse_address(route, option="destination"), route, [])
+        published = [route for (kind, route) in routes if kind == PUBLISH]
+        if published:
+            self._route_publishes(cur, published, targets)
+        self._check_destinations(cur, targets)
+        for name, (address, route, pub_routes) in targets.items():
+            cols = db.columns(cur, d.queue_columns(address))
+            n = db.rowcount(cur, d.dispatch(o.staging, address, attempts=attempts, route=route,
+                                            publish_routes=pub_routes, recoverable="recoverable" in cols))
+            result.destinations[name] = n
+            result.sent += n
+        result.published = sum(n for (kind, _), n in routes.items() if kind == PUBLISH)
+        delayed = sum(n for (kind, _), n in routes.items() if kind == DELAYED)
+        if delayed:
+            self._check_delayed(cur)
+            result.delayed = db.rowcount(cur, d.dispatch_delayed(o.staging, o.delayed, attempts=attempts))
+            if result.delayed != delayed:
+                raise DispatchError(f"batch {batch_id}: {delayed} delayed messages staged, {result.delayed} stored")
+        found = db.rowcount(cur, d.delete_staged(o.staging, attempts=attempts))
+        if found != expected:
+            # UNLOGGED staging emptied by a server restart, or rows deleted by hand: do not send
+            # part of a batch. Spark stages the batch again when the query restarts.
+            raise DispatchError(
+                f"batch {batch_id} of endpoint {o.endpoint}: the tasks staged {expected} messages but "
+                f"{found} are in {d.qualified(o.staging)} (database restarted?). Nothing was sent; "
+                "restart the query to stage the batch again"
+            )
+        self._delete_leftovers(cur, batch_id)
+        self.outbox.finish(cur, batch_id, sent=result.sent, delayed=result.delayed, published=result.published)
+        return result
+
+    def _delete_leftovers(self, cur: Any, batch_id: int) -> None:
+        """Delete what failed attempts of a streaming batch staged (one-off writes have no batch
+        id of their own in staging: theirs go with the retention cleanup)."""
+        if batch_id >= 0:
+            db.execute(cur, self.dialect.delete_batch_leftovers(self.options.staging, sink=self.options.sink, batch_id=batch_id))
+
+    def _route_publishes(self, cur: Any, published: list[str],
+                         targets: dict[str, tuple[QueueAddress, str | None, list[str]]]) -> None:
+        """Add each subscriber queue with the EnclosedMessageTypes values routed to it."""
+        d, o = self.dialect, self.options
+        if not db.columns(cur, d.queue_columns(o.subscriptions)):
+            if not o.create_queues:
+                raise QueueNotFoundError(
+                    f"this batch publishes events, but the subscription table {d.qualified(o.subscriptions)} "
+                    "does not exist; create it (option 'createQueues', or the DDL in sql/)"
+                )
+            for stmt in d.create_subscriptions(o.subscriptions):
+                db.execute(cur, stmt)
+        by_topic: dict[str, list[str]] = {}
+        for types in published:
+            for topic in topics_of(types):
+                by_topic.setdefault(topic, []).append(types)
+        if not by_topic:
+            return
+        for queue_text, topic in cur.execute(*db.args(d.subscribers(o.subscriptions, sorted(by_topic)))).fetchall():
+            try:
+                address = d.parse_address(queue_text, option=f"subscriber of {topic}")
+            except ConfigError as exc:
+                raise ConfigError(f"{d.qualified(o.subscriptions)}: {exc}") from None
+            name = d.format_address(address)
+            entry = targets.setdefault(name, (address, None, []))
+            for types in by_topic[topic]:
+                if types not in entry[2]:
+                    entry[2].append(types)
+
+    def _check_destinations(self, cur: Any, targets: Mapping[str, tuple[QueueAddress, str | None, list[str]]]) -> None:
+        d, o = self.dialect, self.options
+        missing = [name for name, (address, _, _) in targets.items()
+                   if not db.columns(cur, d.queue_columns(address))]
+        if not missing:
+            return
+        if o.create_queues:
+            for name in missing:
+                for stmt in d.create_queue(targets[name][0]):
+                    db.execute(cur, stmt)
+            return
+        raise QueueNotFoundError(
+            f"destination queue(s) {', '.join(sorted(missing))} do not exist; nothing of this batch was sent. "
+            "Create them (the DDL in sql/, or .option('createQueues', 'true'))"
+        )
+
+    def _check_delayed(self, cur: Any) -> None:
+        d, o = self.dialect, self.options
+        if db.columns(cur, d.queue_columns(o.delayed)):
+            return
+        if o.create_queues:
+            for stmt in d.create_delayed(o.delayed):
+                db.execute(cur, stmt)
+            return
+        raise QueueNotFoundError(
+            f"this batch has delayed messages but delayed delivery is not set up for endpoint {o.endpoint}: "
+            f"table {d.qualified(o.delayed)} does not exist. Create it (the DDL in sql/, or "
+            ".option('createQueues', 'true')); nothing of this batch was sent"
+        )
+
+    def move_due(self) -> MoveResult | None:
+        """Move the endpoint's due delayed messages (no-op when its delayed table does not exist)."""
+        conn = self._connection()
+        if not db.columns(conn.cursor(), self.dialect.queue_columns(self.options.delayed)):
+            conn.commit()
+            return None
+        return self.mover.move(conn)
+
+    def abort(self, reports: list[StageReport | None]) -> None:
+        """Best effort: delete what the attempts of a failed batch staged."""
+        attempts = [r.attempt for r in reports if r is not None]
+        if attempts:
+            self._run("abort", lambda c: db.rowcount(c.cursor(), self.dialect.delete_staged(self.options.staging, attempts=attempts)))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            db.close(self._conn)
+            self._conn = None
