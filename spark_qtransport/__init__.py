@@ -17,14 +17,22 @@ from typing import Any
 from .errors import (
     ConfigError,
     ConsumerBusyError,
+    DispatchError,
     OffsetError,
+    OutboxConflictError,
     QTransportError,
     QueueNotFoundError,
     SchemaError,
 )
+from .helpers import publish, reply
 
 __all__ = [
     "register",
+    "QueueSink",
+    "reply",
+    "publish",
+    "DispatchError",
+    "OutboxConflictError",
     "ConfigError",
     "ConsumerBusyError",
     "OffsetError",
@@ -42,3 +50,12 @@ def register(spark: Any) -> None:
     from .source import SqlQueueDataSource
 
     spark.dataSource.register(SqlQueueDataSource)
+
+
+def __getattr__(name: str) -> Any:
+    # QueueSink imports pyspark: load it on first use, so `import spark_qtransport` works without Spark.
+    if name == "QueueSink":
+        from .sink import QueueSink
+
+        return QueueSink
+    raise AttributeError(f"module 'spark_qtransport' has no attribute {name!r}")

@@ -86,6 +86,16 @@ class SqlQueueDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return SqlQueueStreamReader(ReaderOptions.parse(self.options))
 
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from .sink import SqlQueueStreamWriter, prepare
+
+        return SqlQueueStreamWriter(*prepare(self.options, schema))
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from .sink import SqlQueueWriter, prepare
+
+        return SqlQueueWriter(*prepare(self.options, schema))
+
     def reader(self, schema: StructType) -> Any:
         # Receiving deletes messages, so it needs Spark's checkpoints to be safe.
         raise ConfigError(

@@ -1,0 +1,195 @@
+"""The Spark side of sending: ``writeStream.format("sqlqueue")`` and `QueueSink` for foreachBatch.
+
+Thin: the work is in `spark_qtransport.queues.send`. Which Spark calls run where:
+
+- driver, when the query starts: ``streamWriter()`` checks the options and the input columns and
+  creates the endpoint's staging and outbox tables;
+- executors: ``write()`` stages one partition and returns a `StagedMessage`;
+- driver, once every task of the batch succeeded: ``commit(messages, batchId)`` dispatches the
+  batch in one transaction (a replayed batch id is skipped by the outbox); ``abort`` deletes
+  what the tasks of a failed batch staged.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from .options import WriterOptions
+from .queues.messages import SendPlan, check_columns
+from .queues.send import Dispatcher, StageReport, rows_of_columns, set_up_sender, stage_partition
+
+try:  # pyspark >= 4.1: writers that take Arrow record batches
+    from pyspark.sql.datasource import DataSourceArrowWriter as _BatchWriter
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter
+
+    ARROW_WRITES = True
+except ImportError:  # pragma: no cover - older Spark: rows
+    from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriter  # type: ignore[assignment]
+    from pyspark.sql.datasource import DataSourceWriter as _BatchWriter  # type: ignore[assignment]
+
+    ARROW_WRITES = False
+
+__all__ = ["QueueSink", "SqlQueueStreamWriter", "SqlQueueWriter", "StagedMessage"]
+
+log = logging.getLogger("spark_qtransport.sink")
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+#: batch id staged rows of a one-off write (no stream, no QueueSink) are tagged with
+ONE_OFF = -1
+
+_SET_UP: dict[tuple[Any, ...], SendPlan] = {}  # per Python process: set up each sink once
+
+
+@dataclass
+class StagedMessage(WriterCommitMessage):
+    """A task's commit message: what it staged."""
+
+    report: StageReport
+
+
+def prepare(options: dict[str, str], schema: Any) -> tuple[WriterOptions, SendPlan]:
+    """Validate options and input columns; set up the endpoint's tables (once per process)."""
+    parsed = WriterOptions.parse(options)
+    check_columns([(f.name, f.dataType.simpleString()) for f in schema.fields])
+    key = (parsed.url.key(), parsed.endpoint, parsed.sink, parsed.destination, parsed.create_queues)
+    plan = _SET_UP.get(key)
+    if plan is None:
+        plan = _SET_UP[key] = set_up_sender(parsed)
+    return parsed, plan
+
+
+def _rows(iterator: Iterator[Any]) -> Iterator[Any]:
+    """The task's input as batches of row dicts, from Arrow record batches or Spark rows."""
+    if ARROW_WRITES:
+        for batch in iterator:
+            yield rows_of_columns({name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)})
+    else:  # pragma: no cover
+        yield (row.asDict() for row in iterator)
+
+
+def _task_ids(options: WriterOptions) -> tuple[int, str | None]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    batch = options.batch_id
+    query = options.query_id
+    if ctx is not None:
+        if batch is None and ctx.getLocalProperty(BATCH_ID_PROPERTY) is not None:
+            batch = int(ctx.getLocalProperty(BATCH_ID_PROPERTY))
+        query = query or ctx.getLocalProperty(QUERY_ID_PROPERTY)
+    return (ONE_OFF if batch is None else batch), query
+
+
+class _Staging:
+    options: WriterOptions
+    plan: SendPlan
+
+    def write(self, iterator: Iterator[Any]) -> StagedMessage:
+        batch, query = _task_ids(self.options)
+        return StagedMessage(stage_partition(self.options, self.plan, _rows(iterator), batch_id=batch, query_id=query))
+
+    def __repr__(self) -> str:
+        o = self.options
+        return f"{type(self).__name__}(endpoint={o.endpoint}, sink={o.sink!r}, url={o.url})"
+
+
+def _reports(messages: list[Any]) -> list[StageReport | None]:
+    return [m.report if isinstance(m, StagedMessage) else None for m in messages]
+
+
+class SqlQueueStreamWriter(_Staging, _StreamWriter):
+    """``writeStream.format("sqlqueue")``: exactly once per micro-batch through the outbox."""
+
+    def __init__(self, options: WriterOptions, plan: SendPlan) -> None:
+        self.options = options
+        self.plan = plan
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+        dispatcher = Dispatcher(self.options)
+        try:
+            dispatcher.dispatch(int(batchId), _reports(messages))
+        finally:
+            dispatcher.close()
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        _abort(self.options, messages)
+
+
+class SqlQueueWriter(_Staging, _BatchWriter):
+    """``df.write.format("sqlqueue")``: one atomic dispatch per write (used by `QueueSink`)."""
+
+    def __init__(self, options: WriterOptions, plan: SendPlan) -> None:
+        self.options = options
+        self.plan = plan
+
+    def commit(self, messages: list[Any]) -> None:
+        dispatcher = Dispatcher(self.options)
+        try:
+            reports = _reports(messages)
+            batch = self.options.batch_id
+            if batch is None:  # in foreachBatch, tasks know the batch id; else a one-off write
+                batch = next((r.batch_id for r in reports if r is not None and r.batch_id != ONE_OFF), None)
+            if batch is None:  # an id no stream uses, recorded but never replayed
+                batch = -secrets.randbits(62) - 2
+            dispatcher.dispatch(batch, reports, query_id=self.options.query_id)
+        finally:
+            dispatcher.close()
+
+    def abort(self, messages: list[Any]) -> None:
+        _abort(self.options, messages)
+
+
+def _abort(options: WriterOptions, messages: list[Any]) -> None:
+    dispatcher = Dispatcher(options)
+    try:
+        dispatcher.abort(_reports(messages))
+    except Exception as exc:  # noqa: BLE001 - leftovers are deleted with the batch's next dispatch
+        log.warning("could not delete what a failed batch staged: %s", exc)
+    finally:
+        dispatcher.close()
+
+
+class QueueSink:
+    """A foreachBatch function that sends a micro-batch's rows, exactly once per batch id.
+
+    Example::
+
+        def handle(batch, batch_id):
+            batch.write.format("delta").option("txnAppId", "orders").option("txnVersion", batch_id).save(path)
+            QueueSink(url=url, endpoint="Sales")(replies_of(batch), batch_id)
+
+        stream.writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start()
+
+    or, when the queues are the only output, ``foreachBatch(QueueSink(url=url, endpoint="Sales"))``.
+    Options are those of ``writeStream.format("sqlqueue")`` (keyword names as documented).
+    """
+
+    def __init__(self, url: str | None = None, *, endpoint: str, **options: Any) -> None:
+        self.options = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items() if v is not None}
+        if url is not None:
+            self.options["url"] = url
+        self.options["endpoint"] = endpoint
+        WriterOptions.parse(self.options)  # bad options fail here, not in the first batch
+
+    def __repr__(self) -> str:
+        o = WriterOptions.parse(self.options)
+        return f"QueueSink(endpoint={o.endpoint}, sink={o.sink!r}, url={o.url})"
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from . import register
+
+        spark = df.sparkSession
+        register(spark)
+        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        writer = df.write.format("sqlqueue").mode("append").options(**self.options).option("_batchId", str(int(batch_id)))
+        if query_id:
+            writer = writer.option("_queryId", query_id)
+        writer.save()
