@@ -11,80 +11,18 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from processes import Job, wait_for
 
 from backends import Backend, nsb_headers
 
 pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("crash_child.py")
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Job:
-    """One run of crash_child.py, tagged so that every process it spawns can be killed."""
-
-    def __init__(self, args: list[str], point: str = "", *, log: Path) -> None:
-        self.tag = uuid.uuid4().hex
-        env = {**os.environ, "CRASH_POINT": point, "SQLQUEUE_CRASH_TAG": self.tag,
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.log = log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), *args], env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def processes(self) -> list[psutil.Process]:
-        found = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get("SQLQUEUE_CRASH_TAG") == self.tag:
-                    found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
-
-    def kill(self) -> int:
-        """SIGKILL every process of the job, repeatedly until none is left."""
-        killed = 0
-        for _ in range(20):
-            procs = self.processes()
-            if not procs:
-                break
-            for p in procs:
-                try:
-                    p.send_signal(signal.SIGKILL)
-                    killed += 1
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.1)
-        self.proc.wait(30)
-        self.log.close()
-        return killed
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.log.close()
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, what: str, job: Job) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        if job.proc.poll() is not None:
-            raise AssertionError(f"job exited (code {job.proc.returncode}) before {what}; see {job.log.name}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, names: Any, tmp_path: Path) -> None:
@@ -114,7 +52,7 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
     kills: list[str] = []
 
     # 1. during the claim: a trigger holds the claim transaction after its DELETE ran
-    job = Job(args, log=log)
+    job = Job(CHILD, args, log=log)
     wait_for(lambda: delivered() > 0, 120, "a first batch", job)
     with pg.connect() as c:
         c.execute(
@@ -144,14 +82,14 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
 
     # 2. during the read of a batch, in an executor
     produce(500)
-    job = Job(args, "during_read", log=log)
+    job = Job(CHILD, args, "during_read", log=log)
     wait_for(lambda: (markers / "during_read").exists(), 180, "a read in progress", job)
     job.kill()
     kills.append("during read")
 
     # 3. after the sink committed a batch, before Spark's commit log entry
     produce(500)
-    job = Job(args, "after_sink", log=log)
+    job = Job(CHILD, args, "after_sink", log=log)
     wait_for(lambda: (markers / "after_sink").exists(), 180, "a written batch", job)
     job.kill()
     kills.append("after sink, before checkpoint commit")
@@ -160,7 +98,7 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
     rnd = random.Random(int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122")))
     for _ in range(2):
         produce(500)
-        job = Job(args, log=log)
+        job = Job(CHILD, args, log=log)
         wait_for(lambda: any(markers.glob("batch-*")), 180, "the job to run", job)
         time.sleep(rnd.uniform(0.2, 2.0))
         job.kill()
@@ -168,7 +106,7 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
 
     # finally: restart and drain everything that is there
     produce(300)
-    job = Job([*args, "available-now"], log=log)
+    job = Job(CHILD, [*args, "available-now"], log=log)
     assert job.wait(300) == 0, log.read_text()[-3000:]
 
     with pg.connect() as c:
@@ -194,10 +132,10 @@ def test_killing_only_the_driver_process_and_restarting_at_once(pg: Backend, nam
     markers.mkdir()
     args = [pg.url, q, e, str(tmp_path / "ckpt"), sink, str(markers)]
     pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x") for i in range(2000)])
-    first = Job(args, "after_sink", log=tmp_path / "job.log")
+    first = Job(CHILD, args, "after_sink", log=tmp_path / "job.log")
     wait_for(lambda: (markers / "after_sink").exists(), 180, "a written batch", first)
     os.kill(first.proc.pid, signal.SIGKILL)  # the driver only
-    second = Job([*args, "available-now"], log=tmp_path / "job2.log")  # at once
+    second = Job(CHILD, [*args, "available-now"], log=tmp_path / "job2.log")  # at once
     try:
         assert second.wait(300) == 0, (tmp_path / "job2.log").read_text()[-3000:]
     finally:

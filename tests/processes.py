@@ -1,0 +1,77 @@
+"""Child processes for crash tests: start a job tagged by environment, SIGKILL all of it.
+
+pyspark.daemon moves Python workers into their own process group, so every process a job
+started (driver, JVM, workers) is found by an environment tag, not by its group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Job:
+    """One run of a child script, tagged so that every process it spawns can be killed."""
+
+    def __init__(self, script: Path, args: list[str], point: str = "", *, log: Path) -> None:
+        self.tag = uuid.uuid4().hex
+        env = {**os.environ, "CRASH_POINT": point, "SQLQUEUE_CRASH_TAG": self.tag,
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def processes(self) -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("SQLQUEUE_CRASH_TAG") == self.tag:
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    def kill(self) -> int:
+        """SIGKILL every process of the job, repeatedly until none is left."""
+        killed = 0
+        for _ in range(20):
+            procs = self.processes()
+            if not procs:
+                break
+            for p in procs:
+                try:
+                    p.send_signal(signal.SIGKILL)
+                    killed += 1
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.1)
+        self.proc.wait(30)
+        self.log.close()
+        return killed
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, job: Job) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if job.proc.poll() is not None:
+            raise AssertionError(f"job exited (code {job.proc.returncode}) before {what}; see {job.log.name}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

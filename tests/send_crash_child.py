@@ -1,0 +1,63 @@
+"""A queue -> Spark -> queue job that test_crash_send.py starts in its own process and kills.
+
+Each received message ``m`` becomes one message ``m-out`` sent to OUT through
+``writeStream.format("sqlqueue")`` (stage on executors, dispatch on the driver). The test makes
+the job stall at the moment it wants (database triggers on our tables) and SIGKILLs it there.
+
+Usage: send_crash_child.py URL QUEUE OUT ERROR CHECKPOINT MARKER_DIR [available-now]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def main() -> None:
+    url, queue, out, error, checkpoint, marker_dir = sys.argv[1:7]
+    available_now = len(sys.argv) > 7 and sys.argv[7] == "available-now"
+
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from spark_qtransport import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    messages = (
+        spark.readStream.format("sqlqueue").option("url", url).option("queue", queue).option("errorQueue", error)
+        .option("maxMessagesPerTrigger", "300").load()
+        .select(
+            F.col("body"),
+            F.concat(F.col("message_id"), F.lit("-out")).alias("message_id"),
+            F.lit("Crash.Messages.Out").alias("message_type"),
+        )
+    )
+
+    def progress(batch_id: int) -> None:
+        (Path(marker_dir) / f"batch-{batch_id}").touch()
+
+    writer = (messages.writeStream.format("sqlqueue").option("url", url).option("endpoint", queue)
+              .option("destination", out).option("checkpointLocation", checkpoint))
+    query = writer.trigger(availableNow=True).start() if available_now else writer.trigger(
+        processingTime="200 milliseconds").start()
+    while query.isActive:
+        if query.lastProgress:
+            progress(query.lastProgress["batchId"])
+        query.awaitTermination(0.2)
+    query.awaitTermination()
+
+
+if __name__ == "__main__":
+    main()

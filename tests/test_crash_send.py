@@ -1,0 +1,107 @@
+"""Crash test of the send side: queue -> Spark -> queue, SIGKILLed while staging, inside the
+dispatch transaction, after the dispatch committed but before Spark's checkpoint commit, and at
+random moments; after each kill the job restarts from its checkpoint. At the end every output
+message is in the destination queue exactly once and nothing is left staged.
+
+The job is stopped at each point by a database trigger that sleeps, on the table that point
+writes; the test kills the job while the trigger sleeps, then drops the trigger.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends import Backend, nsb_headers
+from processes import Job, wait_for
+
+pytestmark = pytest.mark.slow
+
+CHILD = Path(__file__).with_name("send_crash_child.py")
+
+#: point -> (table suffix or "out", trigger timing)
+POINTS = {
+    "while staging": ("Staging", "BEFORE INSERT", "FOR EACH STATEMENT"),
+    "after staging, dispatch begun": ("Outbox", "BEFORE INSERT", "FOR EACH ROW"),
+    "inside dispatch, after the destination INSERT": ("out", "AFTER INSERT", "FOR EACH STATEMENT"),
+    "after dispatch commit, before checkpoint commit": ("Outbox", "BEFORE DELETE", "FOR EACH STATEMENT"),
+}
+
+
+def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: Any, tmp_path: Path) -> None:
+    q, out, e = pg.create_queue(names("Orders")), pg.create_queue(names("Out")), pg.create_queue(names("error"))
+    markers, log = tmp_path / "markers", tmp_path / "job.log"
+    markers.mkdir()
+    url = pg.url + "?options=-c%20client_connection_check_interval%3D200"
+    args = [url, q, out, e, str(tmp_path / "ckpt"), str(markers)]
+    sent = 0
+
+    def produce(n: int) -> None:
+        nonlocal sent
+        pg.send_many(q, [(nsb_headers(f"m{sent + i:06d}"), b'{"n": 1}') for i in range(n)])
+        sent += n
+
+    def stalled() -> bool:
+        with pg.connect() as c:
+            return bool(c.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'").fetchone()[0])
+
+    with pg.connect() as c:
+        c.execute("CREATE OR REPLACE FUNCTION sqlqueue_test_stall() RETURNS trigger LANGUAGE plpgsql AS "
+                  "$$ BEGIN PERFORM pg_sleep(600); RETURN NULL; END $$")
+    # a first clean run creates the endpoint's tables
+    produce(300)
+    job = Job(CHILD, [*args, "available-now"], log=log)
+    assert job.wait(300) == 0, log.read_text()[-3000:]
+    kills = []
+    for point, (table, timing, level) in POINTS.items():
+        produce(400)
+        target = f'"{out}"' if table == "out" else f'"{q}.{table}"'
+        if timing == "BEFORE INSERT" and level == "FOR EACH ROW":
+            # a BEFORE ROW trigger returning NULL would skip the row: sleep, then let it through
+            body = "$$ BEGIN PERFORM pg_sleep(600); RETURN NEW; END $$"
+            with pg.connect() as c:
+                c.execute("CREATE OR REPLACE FUNCTION sqlqueue_test_stall_row() RETURNS trigger LANGUAGE plpgsql AS " + body)
+            function = "sqlqueue_test_stall_row"
+        else:
+            function = "sqlqueue_test_stall"
+        with pg.connect() as c:
+            c.execute(f"CREATE TRIGGER stall {timing} ON {target} {level} EXECUTE FUNCTION {function}()")
+        job = Job(CHILD, args, log=log)
+        try:
+            wait_for(stalled, 180, f"the job to stall {point}", job)
+        finally:
+            job.kill()
+            # A killed client's statement runs on until it next talks to the client (a COPY in
+            # progress is not interrupted by client_connection_check_interval): end it the way
+            # the statement's own end would, rolling its transaction back.
+            with pg.connect() as c:
+                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep'")
+                c.execute(f"DROP TRIGGER stall ON {target}")
+        kills.append(point)
+
+    rnd = random.Random(int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122")))
+    for _ in range(2):
+        produce(400)
+        job = Job(CHILD, args, log=log)
+        wait_for(lambda: any(markers.glob("batch-*")), 180, "the job to run", job)
+        time.sleep(rnd.uniform(0.5, 3.0))
+        job.kill()
+        kills.append("random")
+
+    produce(200)
+    job = Job(CHILD, [*args, "available-now"], log=log)
+    assert job.wait(300) == 0, log.read_text()[-3000:]
+
+    with pg.connect() as c:
+        ids = [r[0] for r in c.execute(
+            f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{out}\" ORDER BY 1")]
+    assert len(kills) == 6
+    assert len(ids) == len(set(ids)), "no message was sent twice"
+    assert ids == [f"m{i:06d}-out" for i in range(sent)], "every message was sent"
+    assert pg.count(q) == 0 and pg.count(e) == 0
+    assert pg.count(f'"{q}.Staging"') == 0, "nothing is left staged"

@@ -1,0 +1,405 @@
+"""Send-side contract suite, per dialect: stage, dispatch, outbox, publish, delayed delivery.
+
+Drives the connector's send core directly (what a Spark task and the driver's commit run), so
+every scenario runs against PostgreSQL always and against SQL Server when
+SQLQUEUE_TEST_SQLSERVER_URL is set. Messages are read back with NServiceBus's own receive SQL.
+Tests are named after the NServiceBus transport scenarios of CONFORMANCE.md they port.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from backends import Backend
+from spark_qtransport.errors import (
+    ConfigError,
+    DispatchError,
+    OutboxConflictError,
+    QueueNotFoundError,
+)
+from spark_qtransport.options import WriterOptions
+from spark_qtransport.queues.delayed import DelayedMover
+from spark_qtransport.queues.send import Dispatcher, StageReport, set_up_sender, stage_partition
+from spark_qtransport.wire import H, decode_headers, parse_time
+
+QUERY = "3f1c9a57-0000-4000-8000-000000000001"
+
+
+class Sender:
+    """One endpoint's sink, driven the way Spark drives it: tasks stage, the driver dispatches."""
+
+    def __init__(self, backend: Backend, endpoint: str, **options: Any) -> None:
+        self.backend = backend
+        self.options = WriterOptions.parse({"url": backend.url, "endpoint": endpoint, **options})
+        self.plan = set_up_sender(self.options)
+
+    def stage(self, rows: list[dict[str, Any]], batch_id: int, *, query: str | None = QUERY) -> StageReport:
+        return stage_partition(self.options, self.plan, [rows], batch_id=batch_id, query_id=query)
+
+    def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query: str | None = QUERY) -> Any:
+        d = Dispatcher(self.options)
+        try:
+            return d.dispatch(batch_id, reports, query_id=query)
+        finally:
+            d.close()
+
+    def send(self, rows: list[dict[str, Any]], batch_id: int = 0, *, query: str | None = QUERY) -> Any:
+        return self.dispatch(batch_id, [self.stage(rows, batch_id, query=query)], query=query)
+
+    def staged(self) -> int:
+        return self.backend.count(self.backend.dialect.format_address(self.options.staging))
+
+
+def received(backend: Backend, queue: str) -> list[tuple[dict[str, str], bytes | None]]:
+    """Drain a queue with NServiceBus's receive SQL; headers parsed as a flat string map."""
+    out = []
+    with backend.connect(autocommit=False) as conn:
+        while True:
+            row = backend.receive_one(queue, conn)
+            conn.commit()
+            if row is None:
+                return out
+            _, expired, headers, body = row
+            assert not expired
+            parsed = decode_headers(headers)
+            assert parsed is not None, headers
+            out.append((parsed, None if body is None else bytes(body)))
+
+
+def msg(body: str = "{}", **cols: Any) -> dict[str, Any]:
+    return {"body": body.encode(), "message_type": "Billing.Messages.ChargeCard, Billing.Messages", **cols}
+
+
+@pytest.fixture
+def queues(backend: Backend, names: Any) -> Any:
+    class Q:
+        sales = backend.create_queue(names("Sales"))
+        billing = backend.create_queue(names("Billing"))
+        shipping = backend.create_queue(names("Shipping"))
+        error = backend.create_queue(names("error"))
+
+    return Q
+
+
+def test_message_is_available_with_nservicebus_headers(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    result = s.send([msg('{"amount": 12}', correlation_id="corr-1", headers={"Custom.Key": "v/1"})])
+    assert result.sent == 1 and not result.skipped
+    [(h, body)] = received(backend, queues.billing)
+    assert body == b'{"amount": 12}'
+    assert h[H.MESSAGE_INTENT] == "Send"
+    assert h[H.ENCLOSED_MESSAGE_TYPES] == "Billing.Messages.ChargeCard, Billing.Messages"
+    assert h[H.CONTENT_TYPE] == "application/json"
+    assert h[H.ORIGINATING_ENDPOINT] == backend.address(queues.sales).table
+    assert h[H.ORIGINATING_MACHINE]
+    assert h[H.CORRELATION_ID] == "corr-1"
+    assert uuid.UUID(h[H.MESSAGE_ID]) and uuid.UUID(h[H.CONVERSATION_ID])
+    assert h[H.REPLY_TO_ADDRESS] == backend.dialect.format_address(backend.address(queues.sales))
+    assert abs(parse_time(h[H.TIME_SENT]) - datetime.now(timezone.utc)) < timedelta(minutes=1)
+    assert h["Custom.Key"] == "v/1"
+    assert s.staged() == 0
+
+
+def test_headers_json_is_written_as_nservicebus_writes_it(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    s.send([msg(headers={"Path": "a/b", "Name": "Zoë"})])
+    [(_, text, _)] = backend.rows(queues.billing)
+    assert "a\\/b" in text and "Zoë" in text  # `/` escaped, non-ASCII raw
+
+
+def test_unicode_in_headers_survives_sending(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    s.send([msg("😀 body", headers={"Ключ-🔑": "значение 🎉 \U0001F9EA"})])
+    [(h, body)] = received(backend, queues.billing)
+    assert h["Ключ-🔑"] == "значение 🎉 \U0001F9EA"
+    assert body == "😀 body".encode()
+
+
+def test_time_to_be_received_becomes_expires_computed_by_the_server(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    s.send([msg(time_to_be_received=3600), msg(time_to_be_received=timedelta(milliseconds=1))])
+    time.sleep(0.05)
+    with backend.connect() as conn:
+        order = "seq" if backend.name == "postgres" else "RowVersion"
+        rows = conn.cursor().execute(f"SELECT expires, headers FROM {backend.q(queues.billing)} ORDER BY {order}").fetchall()
+    assert rows[0][0] is not None and json.loads(rows[0][1])["NServiceBus.TimeToBeReceived"] == "01:00:00"
+    # the second one has expired: NServiceBus's receive drops it (Expired = 1)
+    with backend.connect(autocommit=False) as conn:
+        first = backend.receive_one(queues.billing, conn)
+        second = backend.receive_one(queues.billing, conn)
+        conn.commit()
+    assert first[1] == 0 and second[1] == 1
+
+
+def test_failure_happens_after_send(backend: Backend, queues: Any) -> None:
+    """A batch whose tasks staged rows but which failed (no commit) sends nothing; its replay
+    stages again and sends each message once."""
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    rows = [msg(message_id=f"m{i}") for i in range(5)]
+    failed = s.stage(rows, batch_id=7)
+    assert s.staged() == 5
+    assert backend.count(queues.billing) == 0
+    # Spark runs the batch again: new task attempts; only theirs are dispatched
+    retried = s.stage(rows, batch_id=7)
+    s.dispatch(7, [retried])
+    assert sorted(h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)) == [f"m{i}" for i in range(5)]
+    assert s.staged() == 0, "the failed attempt's rows were deleted with the batch"
+    assert failed.attempt != retried.attempt
+
+
+def test_replayed_batch_is_sent_once(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    first = s.send([msg(message_id="a"), msg(message_id="b")], batch_id=3)
+    again = s.send([msg(message_id="a"), msg(message_id="b")], batch_id=3)
+    assert first.sent == 2 and again.skipped and again.sent == 0
+    assert backend.count(queues.billing) == 2
+    assert s.staged() == 0
+
+
+def test_checkpoint_reset_with_a_reused_endpoint_is_detected(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    s.send([msg(message_id="a")], batch_id=0, query="query-one")
+    with pytest.raises(OutboxConflictError, match=r"batch 0 .* already dispatched .*query-one.*sinkName") as exc:
+        s.send([msg(message_id="b")], batch_id=0, query="query-two")
+    assert "DELETE FROM" in str(exc.value)
+    assert [h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)] == ["a"]
+    # another sink name is another key: both queries' batches are kept apart
+    other = Sender(backend, queues.sales, destination=queues.billing, sinkName="second")
+    assert other.send([msg(message_id="c")], batch_id=0, query="query-two").sent == 1
+
+
+def test_dispatching_with_one_missing_destination_writes_nothing(backend: Backend, queues: Any, names: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    missing = names("Nowhere")
+    rows = [msg(message_id="ok"), msg(message_id="lost", destination=missing)]
+    report = s.stage(rows, batch_id=1)
+    with pytest.raises(QueueNotFoundError, match=rf"{missing}.*do not exist; nothing of this batch was sent"):
+        s.dispatch(1, [report])
+    assert backend.count(queues.billing) == 0
+    # createQueues: the same batch goes through once the destination is created
+    s2 = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    s2.dispatch(1, [s2.stage(rows, batch_id=1)])
+    assert backend.count(queues.billing) == 1 and backend.count(missing) == 1
+
+
+def test_invalid_destination_is_refused_before_anything_is_staged(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales)
+    with pytest.raises(ConfigError, match="destination of message m1"):
+        s.stage([msg(message_id="m1", destination="  ")], batch_id=0)
+    with pytest.raises(ConfigError, match="no destination"):
+        s.stage([msg(message_id="m2")], batch_id=0)
+    assert s.staged() == 0
+
+
+def test_injected_destination_is_quoted_not_executed(backend: Backend, queues: Any, names: Any) -> None:
+    victim = backend.create_queue(names("Victim"))
+    evil = f"x]; DROP TABLE [{victim}]; --" if backend.name == "sqlserver" else f'x"; DROP TABLE "{victim}"; --'
+    s = Sender(backend, queues.sales)
+    with pytest.raises(QueueNotFoundError):
+        s.send([msg(destination=evil)])
+    assert backend.count(victim) == 0  # still there
+
+
+def test_same_message_id_to_the_same_destination_is_sent_once(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    a = s.stage([msg("first", message_id="same"), msg("x", message_id="other")], batch_id=0)
+    b = s.stage([msg("second", message_id="same"), msg("to shipping", message_id="same", destination=queues.shipping)], batch_id=0)
+    result = s.dispatch(0, [a, b])
+    billing = received(backend, queues.billing)
+    assert [(h[H.MESSAGE_ID], body) for h, body in billing] == [("same", b"first"), ("other", b"x")]
+    assert [h[H.MESSAGE_ID] for h, _ in received(backend, queues.shipping)] == ["same"]
+    assert result.sent == 3
+
+
+def test_order_of_a_task_is_kept(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    s.send([msg(str(i), message_id=f"m{i:04d}") for i in range(300)])
+    assert [h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)] == [f"m{i:04d}" for i in range(300)]
+
+
+def test_rows_missing_from_staging_fail_the_batch_and_send_nothing(backend: Backend, queues: Any) -> None:
+    """What a restarted PostgreSQL does to the UNLOGGED staging table: the dispatch notices."""
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    report = s.stage([msg(message_id=f"m{i}") for i in range(4)], batch_id=2)
+    with backend.connect() as conn:
+        conn.cursor().execute(f"DELETE FROM {backend.dialect.qualified(s.options.staging)} WHERE message_id = 'm3'")
+    with pytest.raises(DispatchError, match="staged 4 messages but 3"):
+        s.dispatch(2, [report])
+    assert backend.count(queues.billing) == 0
+    s.dispatch(2, [s.stage([msg(message_id=f"m{i}") for i in range(4)], batch_id=2)])
+    assert backend.count(queues.billing) == 4
+
+
+def test_replies_correlate_to_their_requests(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales)
+    reply_to = backend.dialect.format_address(backend.address(queues.billing))
+    s.send([msg(intent="reply", destination=reply_to, message_id="r1", correlation_id="req-1",
+                headers={H.CONVERSATION_ID: "conv-1", H.RELATED_TO: "req-1"})])
+    [(h, _)] = received(backend, queues.billing)
+    assert h[H.MESSAGE_INTENT] == "Reply"
+    assert (h[H.CORRELATION_ID], h[H.CONVERSATION_ID], h[H.RELATED_TO]) == ("req-1", "conv-1", "req-1")
+
+
+def test_reserved_headers_are_refused(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    with pytest.raises(ConfigError, match="ForwardDestination.*reserved"):
+        s.stage([msg(headers={H.FORWARD_DESTINATION: "x"})], batch_id=0)
+
+
+# -- publish ---------------------------------------------------------------------------------------
+
+
+def subscribe(backend: Backend, table: str, queue: str, endpoint: str, topic: str) -> None:
+    with backend.connect() as conn:
+        q = backend.dialect.qualified(backend.address(table))
+        p = "%s" if backend.name == "postgres" else "?"
+        conn.cursor().execute(f"INSERT INTO {q} (QueueAddress, Endpoint, Topic) VALUES ({p}, {p}, {p})", (queue, endpoint, topic))
+
+
+def test_native_publish_reaches_each_subscriber_once(backend: Backend, queues: Any, names: Any) -> None:
+    table = names("SubscriptionRouting")
+    s = Sender(backend, queues.sales, subscriptionTable=table, createQueues="true")
+    s.send([msg(intent="publish", message_id="nothing-subscribed", message_type="Sales.Events.Unknown")], batch_id=0)
+    fmt = backend.dialect.format_address
+    billing, shipping = fmt(backend.address(queues.billing)), queues.shipping  # canonical and plain forms
+    subscribe(backend, table, billing, "Billing", "Sales.Events.OrderPlaced")
+    subscribe(backend, table, shipping, "Shipping", "Sales.Events.OrderPlaced")
+    subscribe(backend, table, shipping, "Shipping.Audit", "Sales.Events.IOrderEvent")  # same queue, 2nd topic
+    subscribe(backend, table, billing, "Billing", "Sales.Events.Other")
+    event_type = "Sales.Events.OrderPlaced, Sales.Events, Version=1.0.0.0;Sales.Events.IOrderEvent, Sales.Events"
+    result = s.send([msg("placed", intent="publish", message_id="e1", message_type=event_type)], batch_id=1)
+    for queue in (queues.billing, queues.shipping):
+        [(h, body)] = received(backend, queue)
+        assert (h[H.MESSAGE_ID], h[H.MESSAGE_INTENT], body) == ("e1", "Publish", b"placed")
+    assert result.published == 1 and result.sent == 2
+
+
+def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, queues: Any, names: Any) -> None:
+    s = Sender(backend, queues.sales, subscriptionTable=names("NoSubs"))
+    with pytest.raises(QueueNotFoundError, match="subscription table .* does not exist"):
+        s.send([msg(intent="publish")])
+    with pytest.raises(ConfigError, match="published and has a destination"):
+        s.stage([msg(intent="publish", destination=queues.billing)], batch_id=0)
+
+
+# -- delayed delivery --------------------------------------------------------------------------------
+
+
+def test_deferring_a_message(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    result = s.send([msg("later", message_id="d1", delay=1.5), msg("past", message_id="d2",
+                    deliver_at=datetime.now(timezone.utc) - timedelta(hours=1)), msg("now", message_id="n1")])
+    assert result.delayed == 2 and result.sent == 1
+    # the past-due one was moved by the mover that runs after each dispatch
+    first = received(backend, queues.billing)
+    assert sorted(h[H.MESSAGE_ID] for h, _ in first) == ["d2", "n1"]
+    assert all(H.FORWARD_DESTINATION not in h for h, _ in first)
+    assert Dispatcher(s.options).move_due().moved == 0  # not due yet
+    time.sleep(1.6)
+    moved = Dispatcher(s.options).move_due()
+    assert moved.moved == 1
+    [(h, body)] = received(backend, queues.billing)
+    assert (h[H.MESSAGE_ID], body) == ("d1", b"later") and H.FORWARD_DESTINATION not in h
+    assert backend.count(backend.dialect.format_address(s.options.delayed)) == 0
+
+
+def test_delayed_rows_carry_forward_destination_and_a_server_due_time(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    s.send([msg(delay=3600)])
+    delayed = backend.dialect.qualified(s.options.delayed)
+    with backend.connect() as conn:
+        [(headers, due)] = conn.cursor().execute(f"SELECT headers, due FROM {delayed}").fetchall()
+    assert json.loads(headers)[H.FORWARD_DESTINATION] == backend.dialect.format_address(backend.address(queues.billing))
+    due = due if due.tzinfo else due.replace(tzinfo=timezone.utc)
+    assert timedelta(minutes=59) < due - datetime.now(timezone.utc) < timedelta(minutes=61)
+
+
+def test_delay_with_time_to_be_received_is_refused(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    with pytest.raises(ConfigError, match="delayed and has a time to be received"):
+        s.stage([msg(delay=10, time_to_be_received=60)], batch_id=0)
+
+
+def test_deferring_to_a_missing_queue_lands_in_the_error_queue(backend: Backend, queues: Any, names: Any) -> None:
+    missing = names("Gone")
+    s = Sender(backend, queues.sales, destination=missing, createQueues="true", errorQueue=queues.error)
+    backend.drop(missing)  # createQueues made it; it is gone by the time the message is due
+    s.send([msg("late", message_id="d1", delay=0.2)])
+    time.sleep(0.3)
+    assert Dispatcher(s.options).move_due().failed == 1
+    [(h, body)] = received(backend, queues.error)
+    assert h[H.MESSAGE_ID] == "d1" and body == b"late"
+    assert h[H.FAILED_Q] == backend.dialect.format_address(backend.address(missing))
+    assert "does not exist" in h["NServiceBus.ExceptionInfo.Message"] and H.FORWARD_DESTINATION not in h
+
+
+def test_delayed_delivery_disabled(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing)  # no createQueues: no .Delayed table
+    assert s.send([msg(message_id="plain")]).sent == 1
+    with pytest.raises(QueueNotFoundError, match=r"delayed delivery is not set up .*Delayed"):
+        s.send([msg(message_id="later", delay=60)], batch_id=1)
+    assert [h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)] == ["plain"]
+
+
+def test_two_movers_never_deliver_one_row_twice(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    n = 3000
+    s.send([msg(str(i), message_id=f"d{i:05d}", delay=0.5) for i in range(n)])
+    time.sleep(0.6)
+    results = []
+
+    def run() -> None:
+        conn = backend.dialect.connect(backend.parsed)
+        try:
+            mover = DelayedMover(backend.dialect, s.options.delayed, s.options.endpoint, s.options.error_queue, batch=100)
+            total = 0
+            for _ in range(100):
+                r = mover.move(conn, max_batches=5)
+                total += r.moved
+                if backend.count(backend.dialect.format_address(s.options.delayed)) == 0:
+                    break
+            results.append(total)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    ids = [h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)]
+    assert sorted(ids) == [f"d{i:05d}" for i in range(n)]
+    assert sum(results) == n
+
+
+def test_nservicebus_created_delayed_table_with_unique_due_index(backend: Backend, queues: Any) -> None:
+    """NServiceBus's PostgreSQL installer makes Due unique; a batch of equal delays still stores."""
+    if backend.name != "postgres":
+        pytest.skip("the unique Due index is PostgreSQL's installer")
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    t = backend.dialect.qualified(s.options.delayed)
+    with backend.connect() as conn:  # NServiceBus.Transport.PostgreSql CreateDelayedMessageStoreText
+        conn.cursor().execute(
+            f"CREATE TABLE IF NOT EXISTS {t} (Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,"
+            " Headers text NOT NULL, Body bytea, Due timestamptz NOT NULL)"
+            " WITH (fillfactor=100, autovacuum_enabled=off, toast.autovacuum_enabled=off)")
+        conn.cursor().execute(f'CREATE UNIQUE INDEX "{s.options.delayed.table}_Due" ON {t}(Due)')
+    assert s.send([msg(message_id=f"d{i}", delay=30) for i in range(50)]).delayed == 50
+
+
+def test_outbox_cleanup_is_bounded(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, destination=queues.billing, deduplicationRetention="1s")
+    for b in range(3):
+        s.send([msg()], batch_id=b)
+    outbox = backend.dialect.format_address(s.options.outbox)
+    assert backend.count(outbox) >= 1
+    time.sleep(1.2)
+    s.send([msg()], batch_id=10)  # cleanup runs after each dispatch
+    assert backend.count(outbox) == 1

@@ -1,0 +1,236 @@
+"""The sink in real Spark streaming queries: writeStream.format("sqlqueue") and QueueSink.
+
+Queue -> Spark -> queues on the embedded PostgreSQL, with real checkpoints; outputs are read
+back with NServiceBus's receive SQL and parsed as flat string maps.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends import Backend, nsb_headers
+from spark_qtransport import QueueSink, publish, reply
+from spark_qtransport.wire import H, decode_headers
+
+pytestmark = pytest.mark.usefixtures("spark")
+
+
+def drain(pg: Backend, queue: str) -> list[tuple[dict[str, str], bytes]]:
+    """Receive everything with NServiceBus's receive SQL."""
+    out = []
+    with pg.connect(autocommit=False) as conn:
+        while (row := pg.receive_one(queue, conn)) is not None:
+            conn.commit()
+            headers = decode_headers(row[2])
+            assert headers is not None and all(isinstance(v, str) for v in headers.values()), row[2]
+            out.append((headers, bytes(row[3])))
+    return out
+
+
+def source(spark: Any, pg: Backend, queue: str, error: str, **options: str) -> Any:
+    r = spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", queue).option("errorQueue", error)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def finish(query: Any, timeout: float = 180) -> None:
+    query.awaitTermination(timeout)
+    assert not query.isActive, "query did not finish"
+    assert query.exception() is None, query.exception()
+
+
+@pytest.fixture
+def endpoint(pg: Backend, names: Any) -> Any:
+    class E:
+        sales = pg.create_queue(names("Sales"))  # our input queue: requests arrive here
+        web = pg.create_queue(names("Web"))  # the requester: replies go here
+        billing = pg.create_queue(names("Billing"))  # subscribed to OrderAccepted
+        reminders = pg.create_queue(names("Reminders"))  # deferred follow-ups
+        error = pg.create_queue(names("error"))
+        subscriptions = names("SubscriptionRouting")
+
+    return E
+
+
+def handler(received: Any, e: Any, pg: Backend, *, delay: float = 1.0) -> Any:
+    """Each request -> a reply, a deferred follow-up and a published event."""
+    from pyspark.sql import functions as F
+
+    body = F.to_json(F.struct(F.col("message_id").alias("order")))
+    replies = received.select(*reply(body=body, message_type="Shop.Messages.OrderAccepted, Shop.Messages"))
+    follow_ups = received.select(
+        body.alias("body"),
+        F.lit(e.reminders).alias("destination"),
+        F.lit("Sales.Messages.CheckPayment").alias("message_type"),
+        F.lit(delay).alias("delay"),
+        F.concat(F.col("message_id"), F.lit("-reminder")).alias("message_id"),
+    )
+    events = received.select(*publish(body=body, message_type="Sales.Events.OrderAccepted, Sales.Events"))
+    return replies.unionByName(follow_ups, allowMissingColumns=True).unionByName(events, allowMissingColumns=True)
+
+
+def subscribe(pg: Backend, table: str, queue: str, topic: str) -> None:
+    with pg.connect() as c:
+        c.execute(f'CREATE TABLE IF NOT EXISTS "{table}" (QueueAddress varchar(200) NOT NULL, '
+                  "Endpoint varchar(200) NOT NULL, Topic varchar(200) NOT NULL, PRIMARY KEY (Endpoint, Topic))")
+        c.execute(f'INSERT INTO "{table}" VALUES (%s, %s, %s)', (queue, "Billing", topic))
+
+
+def test_endpoint_replies_defers_and_publishes_exactly_once(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
+    e = endpoint
+    subscribe(pg, e.subscriptions, e.billing, "Sales.Events.OrderAccepted")
+    web_address = pg.dialect.format_address(pg.address(e.web))
+    requests = {f"order-{i}": nsb_headers(f"order-{i}", **{H.REPLY_TO_ADDRESS: web_address}) for i in range(200)}
+    pg.send_many(e.sales, [(h, b"{}") for h in requests.values()])
+    out = handler(source(spark, pg, e.sales, e.error, maxMessagesPerTrigger="60"), e, pg)
+    query = (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
+             .option("subscriptionTable", e.subscriptions).option("createQueues", "true")
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    finish(query)
+    sent_at = time.monotonic()
+
+    replies = drain(pg, e.web)
+    assert sorted(h[H.CORRELATION_ID] for h, _ in replies) == sorted(requests)
+    for h, body in replies:
+        request = requests[h[H.CORRELATION_ID]]
+        assert h[H.MESSAGE_INTENT] == "Reply"
+        assert h[H.RELATED_TO] == request[H.MESSAGE_ID]
+        assert h[H.CONVERSATION_ID] == request[H.CONVERSATION_ID]
+        assert h[H.ENCLOSED_MESSAGE_TYPES] == "Shop.Messages.OrderAccepted, Shop.Messages"
+        assert h[H.ORIGINATING_ENDPOINT] == e.sales
+        assert h[H.REPLY_TO_ADDRESS] == pg.dialect.format_address(pg.address(e.sales))
+        assert json.loads(body) == {"order": h[H.CORRELATION_ID]}
+    events = drain(pg, e.billing)
+    assert sorted(json.loads(b)["order"] for _, b in events) == sorted(requests)
+    assert {h[H.MESSAGE_INTENT] for h, _ in events} == {"Publish"}
+    assert len({h[H.MESSAGE_ID] for h, _ in events}) == 200
+
+    # the follow-ups are due a second after their batch; a reader of our queue moves them
+    # (every trigger), so they arrive within one trigger interval plus a second, not a minute
+    assert pg.count(e.reminders) < 200
+    mover = (source(spark, pg, e.sales, e.error).writeStream.format("noop")
+             .option("checkpointLocation", checkpoint + "-mover").trigger(processingTime="200 milliseconds").start())
+    try:
+        deadline = time.monotonic() + 60
+        while pg.count(e.reminders) < 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        arrived = time.monotonic() - sent_at
+    finally:
+        mover.stop()
+    reminders = drain(pg, e.reminders)
+    assert sorted(h[H.MESSAGE_ID] for h, _ in reminders) == sorted(f"{r}-reminder" for r in requests)
+    assert all(H.FORWARD_DESTINATION not in h for h, _ in reminders)
+    assert arrived < 15, f"delayed messages took {arrived:.1f}s"
+    assert pg.count(e.sales) == 0 and pg.count(f'"{e.sales}.Staging"') == 0 and pg.count(f'"{e.sales}.Delayed"') == 0
+
+
+def test_foreach_batch_parquet_and_queues_stay_exactly_once_on_replay(
+    spark: Any, pg: Backend, endpoint: Any, checkpoint: str, tmp_path: Path,
+) -> None:
+    """Parquet (overwritten per batch id) plus QueueSink in one foreachBatch; then the last batch is
+    replayed by deleting its commit from the checkpoint: neither output gets anything twice."""
+    from pyspark.sql import functions as F
+
+    e = endpoint
+    pg.send_many(e.sales, [(nsb_headers(f"m{i:03d}"), b"{}") for i in range(90)])
+    out = tmp_path / "parquet"
+    sink = QueueSink(url=pg.url, endpoint=e.sales, destination=e.billing)
+    calls: list[int] = []
+
+    def both(batch: Any, batch_id: int) -> None:
+        calls.append(batch_id)
+        batch.select("message_id").write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
+        sink(batch.select(F.col("body"), F.lit("Billing.Messages.Invoice").alias("message_type"),
+                          F.concat(F.col("message_id"), F.lit("-invoice")).alias("message_id")), batch_id)
+
+    def run() -> None:
+        finish(source(spark, pg, e.sales, e.error, maxMessagesPerTrigger="40").writeStream.foreachBatch(both)
+               .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+
+    run()
+    last = max(calls)
+    assert calls == [0, 1, 2]
+    for name in (str(last), f".{last}.crc"):  # the commit and Hadoop's checksum of it
+        (Path(checkpoint) / "commits" / name).unlink()
+    calls.clear()
+    run()
+    assert calls == [last], "the batch whose commit was deleted ran again"
+    ids = sorted(r.message_id for r in spark.read.parquet(str(out)).collect())
+    assert ids == [f"m{i:03d}" for i in range(90)]
+    invoices = sorted(h[H.MESSAGE_ID] for h, _ in drain(pg, e.billing))
+    assert invoices == [f"m{i:03d}-invoice" for i in range(90)]
+
+
+def test_checkpoint_reset_with_a_reused_endpoint_fails_loudly(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
+    from pyspark.sql import functions as F
+
+    e = endpoint
+
+    def start(ckpt: str) -> Any:
+        out = source(spark, pg, e.sales, e.error).select("body", F.lit("Billing.Messages.Invoice").alias("message_type"))
+        return (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
+                .option("destination", e.billing).option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+
+    pg.send_many(e.sales, [(nsb_headers(f"a{i}"), b"{}") for i in range(5)])
+    finish(start(checkpoint))
+    shutil.rmtree(checkpoint)  # the checkpoint is deleted; the endpoint's outbox remembers batch 0
+    pg.send_many(e.sales, [(nsb_headers(f"b{i}"), b"{}") for i in range(5)])
+    with pytest.raises(Exception, match=r"(?s)already dispatched.*sinkName"):
+        start(checkpoint).awaitTermination(180)
+    assert pg.count(e.billing) == 5  # only the first run's messages; nothing skipped silently...
+    assert pg.count(f'"{e.sales}.Claims"') == 5  # ...the second run's are still held, not lost
+
+
+def test_bad_input_columns_fail_at_start_and_name_the_column(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
+    from pyspark.sql import functions as F
+
+    df = source(spark, pg, endpoint.sales, endpoint.error).select("body", F.lit(1).alias("priority"))
+    pg.send(endpoint.sales, nsb_headers("m1"), b"{}")
+    # Spark creates the writer when the query thread starts: the query stops before any batch
+    with pytest.raises(Exception, match="unknown column.*'priority'"):
+        df.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", endpoint.sales).option(
+            "checkpointLocation", checkpoint).start().awaitTermination(120)
+    with pytest.raises(Exception, match="option 'endpoint' is required"):
+        df.select("body").writeStream.format("sqlqueue").option("url", pg.url).option(
+            "checkpointLocation", checkpoint + "2").start().awaitTermination(120)
+    # Spark planned the first batch before the writer failed: the message is held, not lost
+    assert pg.count(endpoint.sales) + pg.count(f'"{endpoint.sales}.Claims"') == 1
+    with pytest.raises(Exception, match="unknown option.*'destinaton'"):
+        QueueSink(url=pg.url, endpoint=endpoint.sales, destinaton="x")
+
+
+def test_a_failed_batch_sends_nothing_and_its_poison_stays_in_the_error_queue(
+    spark: Any, pg: Backend, endpoint: Any, checkpoint: str,
+) -> None:
+    """'Sending from the error path' and 'failure happens after send': a batch whose send fails
+    (a destination is missing) sends none of its messages, while the poison message its claim
+    moved to the error queue stays there; once the destination exists, the batch goes out once."""
+    from pyspark.sql import functions as F
+
+    e = endpoint
+    missing = e.billing + "_later"
+    pg.send_many(e.sales, [(nsb_headers(f"m{i}"), b"{}") for i in range(10)])
+    pg.send(e.sales, "<corrupted headers", b"poison")
+
+    def start() -> Any:
+        out = source(spark, pg, e.sales, e.error).select(
+            "body", F.lit("Billing.Messages.Invoice").alias("message_type"),
+            F.when(F.col("message_id") == "m3", F.lit(missing)).otherwise(F.lit(e.billing)).alias("destination"))
+        return (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
+                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+
+    with pytest.raises(Exception, match=rf"(?s){missing}.* do not exist"):
+        start().awaitTermination(180)
+    assert pg.count(e.billing) == 0
+    assert [b for _, _, b in pg.rows(e.error)] == [b"poison"]
+    pg.create_queue(missing)
+    finish(start())
+    assert pg.count(e.billing) == 9 and pg.count(missing) == 1
+    assert pg.count(e.error) == 1
