@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import Job, wait_for
 
 from backends import Backend, nsb_headers
-from processes import Job, wait_for
 
 pytestmark = pytest.mark.slow
 
