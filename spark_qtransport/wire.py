@@ -110,14 +110,15 @@ def outgoing_headers(
     reply_to_address: str | None = None,
     incoming: Mapping[str, str | None] | None = None,
     headers: Mapping[str, str | None] | None = None,
-    now: datetime | None = None,
+    now: datetime | str | None = None,
 ) -> dict[str, str | None]:
     """The headers of a message we send, filled in the way an NServiceBus endpoint fills them.
 
     Headers the caller gives win over the defaults, except `RESERVED` ones, which are refused.
     With `incoming` (the message being handled), the conversation continues: same
     ConversationId, RelatedTo = its MessageId, CorrelationId = its CorrelationId (else its
-    MessageId), as NServiceBus's AttachCorrelationId and causation behaviours do.
+    MessageId), as NServiceBus's AttachCorrelationId and causation behaviours do. `now` is the
+    send time, or its text already in NServiceBus's format (one per batch is enough).
 
     :raises ValueError: a reserved header, an unknown intent or a missing message type.
     """
@@ -138,7 +139,7 @@ def outgoing_headers(
         H.MESSAGE_INTENT: INTENTS[intent],
         H.ENCLOSED_MESSAGE_TYPES: enclosed,
         H.CONTENT_TYPE: content_type,
-        H.TIME_SENT: format_time(now or datetime.now(timezone.utc)),
+        H.TIME_SENT: now if isinstance(now, str) else format_time(now or datetime.now(timezone.utc)),
         H.ORIGINATING_ENDPOINT: endpoint,
         H.ORIGINATING_MACHINE: machine,
     }

@@ -140,8 +140,9 @@ class MessageBuilder:
             self._routes[destination] = route
         return route
 
-    def build(self, row: Mapping[str, Any], now: datetime) -> tuple[Any, ...]:
-        """One input row (column name -> Python value) -> one staged row."""
+    def build(self, row: Mapping[str, Any], now: datetime | str) -> tuple[Any, ...]:
+        """One input row (column name -> Python value) -> one staged row. `now`: the send time
+        (or its text in NServiceBus's format, formatted once per task)."""
         get = row.get
         message_id = get("message_id") or str(uuid.uuid4())
         intent = (get("intent") or "send").strip().lower()

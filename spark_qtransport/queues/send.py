@@ -31,6 +31,7 @@ from ..connections import ConnectionCache
 from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError, DispatchError, QTransportError, QueueNotFoundError
 from ..options import WriterOptions
+from ..wire import format_time
 from . import _db as db
 from .delayed import DelayedMover, MoveResult
 from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
@@ -118,7 +119,7 @@ def stage_partition(
     dialect = options.dialect
     attempt = uuid.uuid4().hex
     builder = MessageBuilder(plan, batch_id=batch_id, attempt=attempt)
-    now = datetime.now(timezone.utc)
+    now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
     conn = _connect(dialect, options)
     healthy = False
     rows = 0

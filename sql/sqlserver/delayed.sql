@@ -1,0 +1,48 @@
+-- Delayed-delivery table [dbo].[Sales.Delayed] of endpoint 'Sales', as NServiceBus lays it out.
+--
+-- Generated from spark_qtransport.dialects.sqlserver.SqlServerDialect.create_delayed() and rendered
+-- with SqlServerDialect.script(): this is exactly what the connector runs, with its parameters
+-- written as literals. tests/test_sqlserver_sql.py fails when this file and the code differ
+-- (regenerate with SQLQUEUE_WRITE_SQL=1 pytest tests/test_sqlserver_sql.py -k script_files).
+-- `sqlqueue ddl` prints the same script for other queue names.
+--
+-- Idempotent: does nothing when the table exists; otherwise creates it under the same
+-- application lock as the NServiceBus installer (<table>_lock), so the two never race.
+
+SET NOCOUNT ON;
+DECLARE @table nvarchar(776) = N'[dbo].[Sales.Delayed]';
+DECLARE @lock nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock';
+DECLARE @rc int;
+-- Fast path: the table exists, no lock is taken.
+IF NOT EXISTS (SELECT * FROM sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+BEGIN
+    BEGIN TRANSACTION;
+    BEGIN TRY
+        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
+        -- Check again under the lock: another installer may have been first.
+        IF NOT EXISTS (SELECT * FROM sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+        BEGIN
+            CREATE TABLE [dbo].[Sales.Delayed] (
+                Headers nvarchar(max) NOT NULL,
+                Body varbinary(max) NULL,
+                Due datetime NOT NULL,
+                RowVersion bigint IDENTITY(1,1) NOT NULL
+            );
+            CREATE NONCLUSTERED INDEX [Index_Due] ON [dbo].[Sales.Delayed] (Due);
+        END
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- 2714 table and 1913 index already exist: created by someone not taking the lock
+        -- (sys.objects may lag under load, says NServiceBus). The table is there: done.
+        IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1
+            COMMIT TRANSACTION;
+        ELSE
+        BEGIN
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END
+    END CATCH
+END
+GO
