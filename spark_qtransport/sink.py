@@ -20,6 +20,7 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from .errors import ConfigError
 from .options import WriterOptions
 from .queues.messages import SendPlan, check_columns
 from .queues.send import Dispatcher, StageReport, rows_of_columns, set_up_sender, stage_partition
@@ -41,6 +42,9 @@ log = logging.getLogger("spark_qtransport.sink")
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"  # a streaming query's run id, while it runs a batch
+
+_CALLED: dict[tuple[Any, ...], None] = {}  # QueueSink calls of running queries (insertion-ordered)
 
 #: batch id staged rows of a one-off write (no stream, no QueueSink) are tagged with
 ONE_OFF = -1
@@ -179,6 +183,23 @@ class QueueSink:
         self.options["endpoint"] = endpoint
         WriterOptions.parse(self.options)  # bad options fail here, not in the first batch
 
+    def _once_per_batch(self, run_id: str | None, batch_id: int) -> None:
+        """Two calls for one batch with the same sink name would make the second look like a
+        replay, and the outbox would skip it: refuse that instead of losing its messages."""
+        if not run_id:
+            return
+        o = WriterOptions.parse(self.options)
+        key = (run_id, o.url.key(), o.endpoint, o.sink, int(batch_id))
+        if key in _CALLED:
+            raise ConfigError(
+                f"QueueSink for endpoint {o.endpoint} with sinkName {o.sink!r} was called twice in batch {batch_id}: "
+                "the outbox would take the second call for a replay and skip it. Give each QueueSink of a "
+                "batch its own sinkName, or send everything with one call"
+            )
+        _CALLED[key] = None
+        while len(_CALLED) > 10_000:
+            del _CALLED[next(iter(_CALLED))]
+
     def __repr__(self) -> str:
         o = WriterOptions.parse(self.options)
         return f"QueueSink(endpoint={o.endpoint}, sink={o.sink!r}, url={o.url})"
@@ -189,6 +210,7 @@ class QueueSink:
         spark = df.sparkSession
         register(spark)
         query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        self._once_per_batch(spark.sparkContext.getLocalProperty(RUN_ID_PROPERTY), batch_id)
         writer = df.write.format("sqlqueue").mode("append").options(**self.options).option("_batchId", str(int(batch_id)))
         if query_id:
             writer = writer.option("_queryId", query_id)

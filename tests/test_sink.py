@@ -234,3 +234,31 @@ def test_a_failed_batch_sends_nothing_and_its_poison_stays_in_the_error_queue(
     finish(start())
     assert pg.count(e.billing) == 9 and pg.count(missing) == 1
     assert pg.count(e.error) == 1
+
+
+def test_two_queue_sinks_in_one_batch_need_their_own_sink_names(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
+    """The second call with the same sink name would look like a replay to the outbox: refused,
+    never skipped. With its own sinkName each call is sent once."""
+    from pyspark.sql import functions as F
+
+    e = endpoint
+    pg.send_many(e.sales, [(nsb_headers(f"m{i}"), b"{}") for i in range(5)])
+
+    def run(first: QueueSink, second: QueueSink, ckpt: str) -> Any:
+        def both(batch: Any, batch_id: int) -> None:
+            out = batch.select("body", F.lit("Billing.Messages.Invoice").alias("message_type"))
+            first(out, batch_id)
+            second(out.withColumn("destination", F.lit(e.reminders)), batch_id)
+
+        return (source(spark, pg, e.sales, e.error).writeStream.foreachBatch(both)
+                .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+
+    same = QueueSink(url=pg.url, endpoint=e.sales, destination=e.billing)
+    with pytest.raises(Exception, match="called twice in batch 0"):
+        run(same, QueueSink(url=pg.url, endpoint=e.sales), checkpoint).awaitTermination(180)
+    assert pg.count(e.reminders) == 0
+    # the failed batch's messages are still held; a new checkpoint sends them under another
+    # endpoint (the first endpoint's outbox remembers batch 0 of the failed run's query)
+    finish(run(QueueSink(url=pg.url, endpoint=e.web, destination=e.billing),
+               QueueSink(url=pg.url, endpoint=e.web, sinkName="reminders"), checkpoint + "-2"))
+    assert pg.count(e.billing) == 5 + 5 and pg.count(e.reminders) == 5
