@@ -14,36 +14,15 @@ Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable co
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "bench"))
 
-
-def fill(url: str, queue: str, n: int, size: int) -> float:
-    """Insert n messages with NServiceBus-shaped headers using COPY; returns seconds taken."""
-    import psycopg
-
-    headers = json.dumps({
-        "NServiceBus.MessageId": "x", "NServiceBus.MessageIntent": "Send",
-        "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrder, Shop.Messages",
-        "NServiceBus.ContentType": "application/json", "NServiceBus.ConversationId": str(uuid.uuid4()),
-        "NServiceBus.TimeSent": "2026-11-22 00:00:00:000000 Z", "NServiceBus.OriginatingEndpoint": "Shop.Web",
-        "NServiceBus.ReplyToAddress": "Shop.Web",
-    })
-    body = b"x" * size
-    t = time.perf_counter()
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
-        with cur.copy(f'COPY "{queue}" (id, headers, body) FROM STDIN') as copy:
-            for _ in range(n):
-                copy.write_row((uuid.uuid4(), headers.replace('"x"', f'"{uuid.uuid4()}"', 1), body))
-    return time.perf_counter() - t
+from _common import arguments, database, fill  # noqa: E402
 
 
 def reset(url: str, *queues: str) -> None:
@@ -141,23 +120,8 @@ def spark_e2e(spark, url: str, n: int, size: int, per_trigger: int, queue: str =
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", type=int, default=200_000)
-    ap.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
-    ap.add_argument("--per-trigger", type=int, default=50_000)
-    ap.add_argument("--nsb-messages", type=int, default=20_000, help="messages for the one-row baseline")
-    args = ap.parse_args()
-
-    from spark_qtransport.embedded import EmbeddedPostgres
-
-    pg = None
-    url = os.environ.get("SQLQUEUE_URL")
-    if not url:
-        pg = EmbeddedPostgres(fsync=True).start()
-        url = pg.url
-    try:
-        print(f"PostgreSQL: {'embedded, fsync on' if pg else 'from SQLQUEUE_URL'}; cores: {os.cpu_count()}")
-        print(f"messages: {args.messages:,} x {args.size} B bodies; maxMessagesPerTrigger {args.per_trigger:,}\n")
+    args = arguments(__doc__).parse_args()
+    with database(args) as url:
         nsb = nsb_one_row(url, args.nsb_messages, args.size)
         print(f"1. NServiceBus way (1 row / transaction, 1 connection):  {nsb:>10,.0f} msg/s  ({args.nsb_messages:,} msgs)")
         raw = raw_claim_read_ack(url, args.messages, args.size, args.per_trigger)
@@ -180,9 +144,6 @@ def main() -> int:
         tq_ms = 1000 * 600 / tiny["batch_rate"] / 60
         print(f"5. fixed cost per micro-batch (60 batches of 10):        {tq_ms:>10.0f} ms")
         spark.stop()
-    finally:
-        if pg is not None:
-            pg.stop()
     return 0
 
 

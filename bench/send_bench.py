@@ -15,8 +15,6 @@ Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable co
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -28,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from receive_bench import fill  # noqa: E402
+from _common import arguments, database, fill  # noqa: E402
 
 NSB_RECEIVE = (
     'DELETE FROM "{0}" rs WHERE rs.id = (SELECT id FROM "{0}" ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) '
@@ -110,24 +108,10 @@ def connector(spark, url: str, n: int, size: int, per_trigger: int, tag: str = "
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", type=int, default=200_000)
-    ap.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
-    ap.add_argument("--per-trigger", type=int, default=50_000)
-    ap.add_argument("--nsb-messages", type=int, default=20_000, help="messages for the one-row baseline")
+    ap = arguments(__doc__)
     ap.add_argument("--skip-nsb", action="store_true", help="measure the connector only")
     args = ap.parse_args()
-
-    from spark_qtransport.embedded import EmbeddedPostgres
-
-    pg = None
-    url = os.environ.get("SQLQUEUE_URL")
-    if not url:
-        pg = EmbeddedPostgres(fsync=True).start()
-        url = pg.url
-    try:
-        print(f"PostgreSQL: {'embedded, fsync on' if pg else 'from SQLQUEUE_URL'}; cores: {os.cpu_count()}")
-        print(f"messages: {args.messages:,} x {args.size} B bodies; maxMessagesPerTrigger {args.per_trigger:,}\n")
+    with database(args) as url:
         nsb1 = nsb2 = float("nan")
         if not args.skip_nsb:
             nsb1 = nsb_way(url, args.nsb_messages, args.size, 1)
@@ -146,9 +130,6 @@ def main() -> int:
         print(f"3. ratio connector / NServiceBus way: {r['wall_rate'] / nsb1:.1f}x (1 connection),"
               f" {r['wall_rate'] / nsb2:.1f}x (2 connections)")
         spark.stop()
-    finally:
-        if pg is not None:
-            pg.stop()
     return 0
 
 

@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+from processes import child_spark
 
 
 def main() -> None:
@@ -31,20 +30,9 @@ def main() -> None:
     markers = Path(marker_dir)
 
     import psycopg
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from spark_qtransport import register
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = child_spark()
 
     @F.udf("string")
     def passthrough(message_id: str) -> str:

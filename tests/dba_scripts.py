@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from spark_qtransport.dialects import Dialect, Statement
@@ -22,3 +23,28 @@ def assert_matches_file(path: Path, expected: str) -> None:
     assert "".join(path.read_text(encoding="utf-8").split()) == "".join(expected.split()), (
         f"{path} differs from the code; regenerate it (see its header)"
     )
+
+
+def endpoint_scripts(d: Dialect) -> dict[str, tuple[str, str, Callable[[], list[Statement]]]]:
+    """The scripts of a sending endpoint 'Sales' (file -> title, methods, statements), per dialect."""
+    sales = d.parse_address("Sales")
+    staging, outbox, delayed = (d.companion(sales, s) for s in ("Staging", "Outbox", "Delayed"))
+    subscriptions = d.parse_address("SubscriptionRouting")
+    return {
+        "sender.sql": (
+            f"Staging and outbox tables {d.qualified(staging)} and {d.qualified(outbox)} of sending endpoint "
+            "'Sales': what spark-qtransport sinks stage and dispatch.",
+            "create_staging, create_outbox",
+            lambda: d.create_staging(staging) + d.create_outbox(outbox),
+        ),
+        "delayed.sql": (
+            f"Delayed-delivery table {d.qualified(delayed)} of endpoint 'Sales', as NServiceBus lays it out.",
+            "create_delayed",
+            lambda: d.create_delayed(delayed),
+        ),
+        "subscriptions.sql": (
+            f"Publish/subscribe routing table {d.qualified(subscriptions)}, as NServiceBus lays it out.",
+            "create_subscriptions",
+            lambda: d.create_subscriptions(subscriptions),
+        ),
+    }

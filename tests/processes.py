@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -75,3 +76,23 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, job: Job) -> N
             raise AssertionError(f"job exited (code {job.proc.returncode}) before {what}; see {job.log.name}")
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def child_spark() -> Any:
+    """The SparkSession of a child job: local[2] on loopback, quiet, sqlqueue registered."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from spark_qtransport import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

@@ -9,32 +9,19 @@ Usage: send_crash_child.py URL QUEUE OUT ERROR CHECKPOINT MARKER_DIR [available-
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+from processes import child_spark
 
 
 def main() -> None:
     url, queue, out, error, checkpoint, marker_dir = sys.argv[1:7]
     available_now = len(sys.argv) > 7 and sys.argv[7] == "available-now"
 
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from spark_qtransport import register
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = child_spark()
     messages = (
         spark.readStream.format("sqlqueue").option("url", url).option("queue", queue).option("errorQueue", error)
         .option("maxMessagesPerTrigger", "300").load()

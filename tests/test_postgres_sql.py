@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends import Backend
-from dba_scripts import SQL_ROOT, assert_matches_file, render
+from dba_scripts import SQL_ROOT, assert_matches_file, endpoint_scripts, render
 from spark_qtransport.dialects import QueueAddress
 from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConfigError
@@ -35,22 +35,7 @@ SCRIPTS = {
         "create_claims",
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
-    "sender.sql": (
-        'Staging and outbox tables of sending endpoint "Sales": what spark-qtransport sinks stage and dispatch.',
-        "create_staging, create_outbox",
-        lambda: D.create_staging(D.companion(D.parse_address("Sales"), "Staging"))
-        + D.create_outbox(D.companion(D.parse_address("Sales"), "Outbox")),
-    ),
-    "delayed.sql": (
-        'Delayed-delivery table "public"."Sales.Delayed" of endpoint "Sales", as NServiceBus lays it out.',
-        "create_delayed",
-        lambda: D.create_delayed(D.companion(D.parse_address("Sales"), "Delayed")),
-    ),
-    "subscriptions.sql": (
-        'Publish/subscribe routing table "public"."SubscriptionRouting", as NServiceBus lays it out.',
-        "create_subscriptions",
-        lambda: D.create_subscriptions(D.parse_address("SubscriptionRouting")),
-    ),
+    **endpoint_scripts(D),
     "poison_headers_pg13-15.sql": (
         'PostgreSQL 13 to 15 only: the header check the claim uses where pg_input_is_valid is missing.',
         "create_helpers",

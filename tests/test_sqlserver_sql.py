@@ -28,7 +28,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
-from dba_scripts import SQL_ROOT, assert_matches_file, render
+from dba_scripts import SQL_ROOT, assert_matches_file, endpoint_scripts, render
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.dialects.base import QueueAddress, Statement
 from spark_qtransport.dialects.sqlserver import CLAIM_CHUNK, SqlServerDialect, placeholders
@@ -1258,22 +1258,7 @@ SCRIPTS = {
         "create_claims",
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
-    "sender.sql": (
-        "Staging and outbox tables of sending endpoint 'Sales': what spark-qtransport sinks stage and dispatch.",
-        "create_staging, create_outbox",
-        lambda: D.create_staging(D.companion(D.parse_address("Sales"), "Staging"))
-        + D.create_outbox(D.companion(D.parse_address("Sales"), "Outbox")),
-    ),
-    "delayed.sql": (
-        "Delayed-delivery table [dbo].[Sales.Delayed] of endpoint 'Sales', as NServiceBus lays it out.",
-        "create_delayed",
-        lambda: D.create_delayed(D.companion(D.parse_address("Sales"), "Delayed")),
-    ),
-    "subscriptions.sql": (
-        "Publish/subscribe routing table [dbo].[SubscriptionRouting], as NServiceBus lays it out.",
-        "create_subscriptions",
-        lambda: D.create_subscriptions(D.parse_address("SubscriptionRouting")),
-    ),
+    **endpoint_scripts(D),
 }
 
 

@@ -47,7 +47,6 @@ T = TypeVar("T")
 #: again, picking up rows that committed late (a producer's sequence value is taken at INSERT,
 #: its row becomes visible at COMMIT) or that a competing consumer released by rolling back.
 LOW_WATER_TTL = 5.0
-RETRIES = 4
 #: smallest claim made while Spark waits (see Receiver._foreground_size)
 STARTER_CLAIM = 1000
 #: how long a starting query waits for its endpoint's lock before ConsumerBusyError
@@ -152,26 +151,13 @@ class Receiver:
 
     def _run(self, what: str, fn: Callable[[Any], T], *, slot: str = "main") -> T:
         """Run `fn(conn)` in a transaction; on a transient fault reconnect and retry (bounded)."""
-        delay = 0.2
-        for attempt in range(1, RETRIES + 1):
-            conn = self._connection(slot)
-            try:
-                result = fn(conn)
-                conn.commit()
-                return result
-            except QTransportError:
-                db.rollback(conn)
-                raise
-            except Exception as exc:
-                if not self.dialect.is_transient(exc) or attempt == RETRIES:
-                    db.rollback(conn)
-                    raise self._explain(what, exc) from exc
-                log.warning("%s on %s failed (%s); retrying in %.1fs", what, self.options.queue, exc, delay)
-                db.close(conn)
-                self._conns.pop(slot, None)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+
+        def discard(conn: Any) -> None:
+            db.close(conn)
+            self._conns.pop(slot, None)
+
+        return db.retrying(self.dialect, fn, connection=lambda: self._connection(slot), discard=discard,
+                           what=f"{what} on {self.options.queue}", explain=lambda exc: self._explain(what, exc))
 
     def _explain(self, what: str, exc: Exception) -> Exception:
         if self.dialect.is_undefined_table(exc):

@@ -20,7 +20,6 @@ sent, with an error naming them.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any, TypeVar
 
 from ..connections import ConnectionCache
 from ..dialects import Dialect, QueueAddress
-from ..errors import ConfigError, DispatchError, QTransportError, QueueNotFoundError
+from ..errors import ConfigError, DispatchError, QueueNotFoundError
 from ..options import WriterOptions
 from ..wire import format_time
 from . import _db as db
@@ -43,7 +42,6 @@ log = logging.getLogger("spark_qtransport.send")
 
 T = TypeVar("T")
 
-RETRIES = 4
 #: rows per bulk write on executors
 STAGE_CHUNK = 5000
 
@@ -196,26 +194,13 @@ class Dispatcher:
     def _run(self, what: str, fn: Callable[[Any], T]) -> T:
         """`fn(conn)` in a transaction, retried on a new connection after a transient fault.
         Safe for dispatch: a retry of a batch that did commit finds its outbox record."""
-        delay = 0.2
-        for attempt in range(1, RETRIES + 1):
-            conn = self._connection()
-            try:
-                result = fn(conn)
-                conn.commit()
-                return result
-            except QTransportError:
-                db.rollback(conn)
-                raise
-            except Exception as exc:
-                db.rollback(conn)
-                if not self.dialect.is_transient(exc) or attempt == RETRIES:
-                    raise
-                log.warning("%s for endpoint %s failed (%s); retrying in %.1fs", what, self.options.endpoint, exc, delay)
-                db.close(conn)
-                self._conn = None
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+
+        def discard(conn: Any) -> None:
+            db.close(conn)
+            self._conn = None
+
+        return db.retrying(self.dialect, fn, connection=self._connection, discard=discard,
+                           what=f"{what} for endpoint {self.options.endpoint}")
 
     def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query_id: str | None = None) -> DispatchResult:
         """Dispatch one batch from its successful tasks' reports (idempotent per batch id)."""

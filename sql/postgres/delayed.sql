@@ -1,4 +1,4 @@
--- Delayed-delivery table "public"."Sales.Delayed" of endpoint "Sales", as NServiceBus lays it out.
+-- Delayed-delivery table "public"."Sales.Delayed" of endpoint 'Sales', as NServiceBus lays it out.
 --
 -- Generated from spark_qtransport.dialects.postgres.PostgresDialect.create_delayed() and rendered with
 -- PostgresDialect.script(): exactly what the connector runs, with its parameters written as

@@ -1,4 +1,4 @@
--- Staging and outbox tables of sending endpoint "Sales": what spark-qtransport sinks stage and dispatch.
+-- Staging and outbox tables "public"."Sales.Staging" and "public"."Sales.Outbox" of sending endpoint 'Sales': what spark-qtransport sinks stage and dispatch.
 --
 -- Generated from spark_qtransport.dialects.postgres.PostgresDialect.create_staging, create_outbox() and rendered with
 -- PostgresDialect.script(): exactly what the connector runs, with its parameters written as

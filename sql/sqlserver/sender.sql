@@ -1,4 +1,4 @@
--- Staging and outbox tables of sending endpoint 'Sales': what spark-qtransport sinks stage and dispatch.
+-- Staging and outbox tables [dbo].[Sales.Staging] and [dbo].[Sales.Outbox] of sending endpoint 'Sales': what spark-qtransport sinks stage and dispatch.
 --
 -- Generated from spark_qtransport.dialects.sqlserver.SqlServerDialect.create_staging, create_outbox() and rendered
 -- with SqlServerDialect.script(): this is exactly what the connector runs, with its parameters
