@@ -7,6 +7,7 @@ started (driver, JVM, workers) is found by an environment tag, not by its group.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -76,6 +77,30 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, job: Job) -> N
             raise AssertionError(f"job exited (code {job.proc.returncode}) before {what}; see {job.log.name}")
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def kill_at_random(script: Path, args: list[str], produce: Callable[[], None], *, log: Path, markers: Path,
+                   times: int = 2, window: tuple[float, float] = (0.2, 2.0)) -> list[str]:
+    """`times` rounds of: produce, start the job, let it run a random while once it has run a
+    batch (markers/batch-*), SIGKILL all of it. The seed is SQLQUEUE_CRASH_SEED (printed)."""
+    seed = int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122"))
+    print(f"random kills: SQLQUEUE_CRASH_SEED={seed}")
+    rnd = random.Random(seed)
+    kills = []
+    for _ in range(times):
+        produce()
+        job = Job(script, args, log=log)
+        wait_for(lambda: any(markers.glob("batch-*")), 180, "the job to run", job)
+        time.sleep(rnd.uniform(*window))
+        job.kill()
+        kills.append("random")
+    return kills
+
+
+def run_to_end(script: Path, args: list[str], *, log: Path) -> None:
+    """Run the job with Trigger.AvailableNow (its last argument) until it finishes, cleanly."""
+    job = Job(script, [*args, "available-now"], log=log)
+    assert job.wait(300) == 0, log.read_text()[-3000:]
 
 
 def child_spark() -> Any:

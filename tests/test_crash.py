@@ -9,16 +9,15 @@ sink exactly once and the queue is empty.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import Job, wait_for
 
 from backends import Backend, nsb_headers
+from processes import Job, kill_at_random, run_to_end, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -95,19 +94,11 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
     kills.append("after sink, before checkpoint commit")
 
     # 4. at random moments while producers keep sending
-    rnd = random.Random(int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122")))
-    for _ in range(2):
-        produce(500)
-        job = Job(CHILD, args, log=log)
-        wait_for(lambda: any(markers.glob("batch-*")), 180, "the job to run", job)
-        time.sleep(rnd.uniform(0.2, 2.0))
-        job.kill()
-        kills.append("random")
+    kills += kill_at_random(CHILD, args, lambda: produce(500), log=log, markers=markers)
 
     # finally: restart and drain everything that is there
     produce(300)
-    job = Job(CHILD, [*args, "available-now"], log=log)
-    assert job.wait(300) == 0, log.read_text()[-3000:]
+    run_to_end(CHILD, args, log=log)
 
     with pg.connect() as c:
         ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]

@@ -9,16 +9,13 @@ writes; the test kills the job while the trigger sleeps, then drops the trigger.
 
 from __future__ import annotations
 
-import os
-import random
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import Job, wait_for
 
 from backends import Backend, nsb_headers
+from processes import Job, kill_at_random, run_to_end, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +52,7 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
                   "$$ BEGIN PERFORM pg_sleep(600); RETURN NULL; END $$")
     # a first clean run creates the endpoint's tables
     produce(300)
-    job = Job(CHILD, [*args, "available-now"], log=log)
-    assert job.wait(300) == 0, log.read_text()[-3000:]
+    run_to_end(CHILD, args, log=log)
     kills = []
     for point, (table, timing, level) in POINTS.items():
         produce(400)
@@ -84,18 +80,10 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
                 c.execute(f"DROP TRIGGER stall ON {target}")
         kills.append(point)
 
-    rnd = random.Random(int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122")))
-    for _ in range(2):
-        produce(400)
-        job = Job(CHILD, args, log=log)
-        wait_for(lambda: any(markers.glob("batch-*")), 180, "the job to run", job)
-        time.sleep(rnd.uniform(0.5, 3.0))
-        job.kill()
-        kills.append("random")
+    kills += kill_at_random(CHILD, args, lambda: produce(400), log=log, markers=markers, window=(0.5, 3.0))
 
     produce(200)
-    job = Job(CHILD, [*args, "available-now"], log=log)
-    assert job.wait(300) == 0, log.read_text()[-3000:]
+    run_to_end(CHILD, args, log=log)
 
     with pg.connect() as c:
         ids = [r[0] for r in c.execute(
