@@ -8,7 +8,7 @@ import pytest
 
 from spark_qtransport.connections import mask, parse_url
 from spark_qtransport.errors import ConfigError, QTransportError, QueueNotFoundError
-from spark_qtransport.options import ReaderOptions
+from spark_qtransport.options import ReaderOptions, WriterOptions
 from spark_qtransport.source import SqlQueueStreamReader
 
 URL = "postgresql://app:s3cr3t-pw@127.0.0.1:5432/db"
@@ -102,3 +102,45 @@ class TestErrors:
             again = pickle.loads(pickle.dumps(exc))
             assert type(again) is type(exc) and str(again) == str(exc)
             assert isinstance(again, QTransportError)
+
+
+def test_a_queue_too_long_for_a_delayed_table_still_receives() -> None:
+    """NServiceBus keeps queue names to 55 bytes so that `.Delayed` fits; a longer one (up to 56,
+    where `.Claims` still fits) is received from, just without a delayed-message mover."""
+    from spark_qtransport.queues.receive import Receiver
+
+    receiver = Receiver(ReaderOptions.parse({"url": URL, "queue": "q" * 56}))
+    assert receiver.claims.table == "q" * 56 + ".Claims"
+    with pytest.raises(ConfigError, match="too long"):
+        WriterOptions.parse({"url": URL, "endpoint": "q" * 56})
+
+
+class TestWriterOptions:
+    def test_defaults(self) -> None:
+        o = WriterOptions.parse({"url": URL, "endpoint": "Sales"})
+        assert (o.sink, o.retention_seconds, o.create_queues, o.destination) == ("default", 7 * 86400, False, None)
+        assert (o.staging.table, o.outbox.table, o.delayed.table) == ("Sales.Staging", "Sales.Outbox", "Sales.Delayed")
+        assert o.subscriptions.table == "SubscriptionRouting" and o.error_queue.table == "error"
+
+    @pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("12h", 43200), ("7d", 604800), ("90", 90), ("1500ms", 1)])
+    def test_retention_durations(self, text: str, seconds: int) -> None:
+        assert WriterOptions.parse({"url": URL, "endpoint": "S", "deduplicationRetention": text}).retention_seconds == seconds
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({}, "option 'endpoint' is required"),
+            ({"endpoint": "S", "destinaton": "B"}, "unknown option.*'destinaton'"),
+            ({"endpoint": "S", "deduplicationRetention": "a week"}, "option 'deduplicationRetention' must be a duration"),
+            ({"endpoint": "S", "createQueues": "maybe"}, "option 'createQueues' must be true or false"),
+            ({"endpoint": "S", "destination": " "}, "option 'destination'"),
+            ({"endpoint": "S", "sinkName": "x" * 201}, "option 'sinkName'"),
+        ],
+    )
+    def test_bad_options_name_the_option(self, options: dict[str, str], message: str) -> None:
+        with pytest.raises(ConfigError, match=message):
+            WriterOptions.parse({"url": URL, **options})
+
+    def test_spark_and_queue_sink_options_are_accepted(self) -> None:
+        o = WriterOptions.parse({"url": URL, "endpoint": "S", "checkpointLocation": "/tmp/x", "_batchId": "7", "_queryId": "q"})
+        assert (o.batch_id, o.query_id) == (7, "q")

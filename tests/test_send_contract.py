@@ -228,8 +228,9 @@ def test_rows_missing_from_staging_fail_the_batch_and_send_nothing(backend: Back
     """What a restarted PostgreSQL does to the UNLOGGED staging table: the dispatch notices."""
     s = Sender(backend, queues.sales, destination=queues.billing)
     report = s.stage([msg(message_id=f"m{i}") for i in range(4)], batch_id=2)
+    column = "message_id" if backend.name == "postgres" else "MessageId"
     with backend.connect() as conn:
-        conn.cursor().execute(f"DELETE FROM {backend.dialect.qualified(s.options.staging)} WHERE message_id = 'm3'")
+        conn.cursor().execute(f"DELETE FROM {backend.dialect.qualified(s.options.staging)} WHERE {column} = 'm3'")
     with pytest.raises(DispatchError, match="staged 4 messages but 3"):
         s.dispatch(2, [report])
     assert backend.count(queues.billing) == 0

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from ..connections import ConnectionCache, ConnectionURL
 from ..dialects import ClaimResult, Dialect, QueueAddress, dialect_named
-from ..errors import ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
+from ..errors import ConfigError, ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
 from ..options import ReaderOptions
 from ..wire import H, parse_time
 from . import _db as db
@@ -129,8 +129,12 @@ class Receiver:
         self._ahead: Future[tuple[int | None, bool]] | None = None
         self._pool: ThreadPoolExecutor | None = None
         # NServiceBus convention: the endpoint that receives from queue Q owns Q.Delayed
-        self._mover = DelayedMover(self.dialect, self.dialect.companion(options.queue, "Delayed"),
-                                   options.queue, options.error_queue)
+        self._mover: DelayedMover | None = None
+        try:
+            self._mover = DelayedMover(self.dialect, self.dialect.companion(options.queue, "Delayed"),
+                                       options.queue, options.error_queue)
+        except ConfigError:  # a queue name too long to have a delayed table (NServiceBus allows 55 bytes)
+            pass
         self._delayed_checked_at: float | None = None
         self._delayed_exists = False
 
@@ -288,6 +292,8 @@ class Receiver:
         """Deliver the due messages of ``<queue>.Delayed``, if that table exists: every trigger,
         so a due message waits at most one trigger interval. Costs one indexed read when none
         is due. A failure is logged, never fails the query: the next trigger tries again."""
+        if self._mover is None:
+            return
         now = self._clock()
         try:
             if self._delayed_checked_at is None or now - self._delayed_checked_at > DELAYED_RECHECK:
