@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from .errors import ConfigError
 
-__all__ = ["ConnectionURL", "parse_url", "mask", "ConnectionCache"]
+__all__ = ["ConnectionURL", "parse_url", "mask", "ConnectionCache", "EXECUTOR_CONNECTIONS"]
 
 _SCHEMES = {
     "postgresql": "postgres",
@@ -199,3 +199,7 @@ def _close_quietly(conn: Any) -> None:
         conn.close()
     except Exception:  # noqa: BLE001 - closing a broken connection must not mask the real error
         pass
+
+
+#: idle connections of this Python worker, shared by reads (receive) and staging (send) tasks
+EXECUTOR_CONNECTIONS = ConnectionCache()

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from .errors import ConfigError
 from .options import WriterOptions
 from .queues.messages import SendPlan, check_columns
-from .queues.send import Dispatcher, StageReport, rows_of_columns, set_up_sender, stage_partition
+from .queues.send import Dispatcher, StageReport, set_up_sender, stage_partition
 
 try:  # pyspark >= 4.1: writers that take Arrow record batches
     from pyspark.sql.datasource import DataSourceArrowWriter as _BatchWriter
@@ -74,7 +74,9 @@ def _rows(iterator: Iterator[Any]) -> Iterator[Any]:
     """The task's input as batches of row dicts, from Arrow record batches or Spark rows."""
     if ARROW_WRITES:
         for batch in iterator:
-            yield rows_of_columns({name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)})
+            names = batch.schema.names
+            columns = [batch.column(i).to_pylist() for i in range(len(names))]
+            yield (dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True))
     else:  # pragma: no cover
         yield (row.asDict() for row in iterator)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from ..connections import ConnectionCache, ConnectionURL
+from ..connections import EXECUTOR_CONNECTIONS, ConnectionURL
 from ..dialects import ClaimResult, Dialect, QueueAddress, dialect_named
 from ..errors import ConfigError, ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
 from ..options import ReaderOptions
@@ -506,7 +506,6 @@ class Receiver:
 
 # -- executors ----------------------------------------------------------------------------------
 
-_CACHE = ConnectionCache()
 _FETCH = 5000
 
 
@@ -529,7 +528,7 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
         healthy = True
     finally:
         if healthy:
-            _CACHE.put(part.url, conn)
+            EXECUTOR_CONNECTIONS.put(part.url, conn)
         else:
             db.close(conn)
 
@@ -538,7 +537,7 @@ def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:
     """Check the claim table and start the slice's query. A cached connection the server has
     dropped since the last batch is replaced once (nothing has been read yet, so retrying is safe)."""
     for attempt in (1, 2):
-        conn = _CACHE.get(part.url, dialect.connect)
+        conn = EXECUTOR_CONNECTIONS.get(part.url, dialect.connect)
         try:
             (table_id,) = db.one(conn.cursor(), dialect.table_id(part.claims))
             if str(table_id) != part.table:

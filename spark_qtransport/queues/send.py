@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from ..connections import ConnectionCache
+from ..connections import EXECUTOR_CONNECTIONS
 from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError, DispatchError, QueueNotFoundError
 from ..options import WriterOptions
@@ -45,7 +45,6 @@ T = TypeVar("T")
 #: rows per bulk write on executors
 STAGE_CHUNK = 5000
 
-_CACHE = ConnectionCache()
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,7 @@ def stage_partition(
         raise
     finally:
         if healthy:
-            _CACHE.put(options.url, conn)
+            EXECUTOR_CONNECTIONS.put(options.url, conn)
         else:
             db.rollback(conn)
             db.close(conn)
@@ -154,7 +153,7 @@ def stage_partition(
 def _connect(dialect: Dialect, options: WriterOptions) -> Any:
     """A cached connection, checked with a trivial statement; a dropped one is replaced once."""
     for attempt in (1, 2):
-        conn = _CACHE.get(options.url, dialect.connect)
+        conn = EXECUTOR_CONNECTIONS.get(options.url, dialect.connect)
         try:
             conn.cursor().execute("SELECT 1").fetchall()
             conn.rollback()
@@ -164,13 +163,6 @@ def _connect(dialect: Dialect, options: WriterOptions) -> Any:
             if attempt == 2 or not dialect.is_transient(exc):
                 raise
     raise AssertionError("unreachable")
-
-
-def rows_of_columns(columns: Mapping[str, list[Any]]) -> Iterator[dict[str, Any]]:
-    """Column lists (as Arrow's to_pylist gives them) -> one dict per row."""
-    names = list(columns)
-    for values in zip(*(columns[n] for n in names), strict=True):
-        yield dict(zip(names, values, strict=True))
 
 
 # -- dispatch (driver) -----------------------------------------------------------------------------
@@ -247,11 +239,10 @@ class Dispatcher:
         published = [route for (kind, route) in routes if kind == PUBLISH]
         if published:
             self._route_publishes(cur, published, targets)
-        self._check_destinations(cur, targets)
+        columns = self._check_destinations(cur, targets)
         for name, (address, route, pub_routes) in targets.items():
-            cols = db.columns(cur, d.queue_columns(address))
             n = db.rowcount(cur, d.dispatch(o.staging, address, attempts=attempts, route=route,
-                                            publish_routes=pub_routes, recoverable="recoverable" in cols))
+                                            publish_routes=pub_routes, recoverable="recoverable" in columns[name]))
             result.destinations[name] = n
             result.sent += n
         result.published = sum(n for (kind, _), n in routes.items() if kind == PUBLISH)
@@ -309,21 +300,21 @@ class Dispatcher:
                 if types not in entry[2]:
                     entry[2].append(types)
 
-    def _check_destinations(self, cur: Any, targets: Mapping[str, tuple[QueueAddress, str | None, list[str]]]) -> None:
+    def _check_destinations(self, cur: Any, targets: Mapping[str, tuple[QueueAddress, str | None, list[str]]]) -> dict[str, dict[str, str]]:
+        """The columns of every destination; missing ones are created (createQueues) or fail the batch."""
         d, o = self.dialect, self.options
-        missing = [name for name, (address, _, _) in targets.items()
-                   if not db.columns(cur, d.queue_columns(address))]
-        if not missing:
-            return
-        if o.create_queues:
-            for name in missing:
-                for stmt in d.create_queue(targets[name][0]):
-                    db.execute(cur, stmt)
-            return
-        raise QueueNotFoundError(
-            f"destination queue(s) {', '.join(sorted(missing))} do not exist; nothing of this batch was sent. "
-            "Create them (the DDL in sql/, or .option('createQueues', 'true'))"
-        )
+        columns = {name: db.columns(cur, d.queue_columns(address)) for name, (address, _, _) in targets.items()}
+        missing = sorted(name for name, cols in columns.items() if not cols)
+        if missing and not o.create_queues:
+            raise QueueNotFoundError(
+                f"destination queue(s) {', '.join(missing)} do not exist; nothing of this batch was sent. "
+                "Create them (the DDL in sql/, or .option('createQueues', 'true'))"
+            )
+        for name in missing:
+            for stmt in d.create_queue(targets[name][0]):
+                db.execute(cur, stmt)
+            columns[name] = db.columns(cur, d.queue_columns(targets[name][0]))
+        return columns
 
     def _check_delayed(self, cur: Any) -> None:
         d, o = self.dialect, self.options
