@@ -404,3 +404,23 @@ def test_outbox_cleanup_is_bounded(backend: Backend, queues: Any) -> None:
     time.sleep(1.2)
     s.send([msg()], batch_id=10)  # cleanup runs after each dispatch
     assert backend.count(outbox) == 1
+
+
+def test_mover_notices_a_destination_dropped_after_it_was_seen(backend: Backend, queues: Any, names: Any) -> None:
+    later = backend.create_queue(names("Later"))
+    s = Sender(backend, queues.sales, createQueues="true", errorQueue=queues.error)
+    mover = DelayedMover(backend.dialect, s.options.delayed, s.options.endpoint, s.options.error_queue)
+    s.send([msg("first", destination=later, delay=0.2)], batch_id=0)
+    time.sleep(0.3)
+    conn = backend.dialect.connect(backend.parsed)
+    try:
+        assert mover.move(conn).moved == 1  # the mover now knows the queue
+        backend.drop(later)
+        s.send([msg("second", message_id="d2", destination=later, delay=0.2)], batch_id=1)
+        time.sleep(0.3)
+        again = mover.move(conn)
+    finally:
+        conn.close()
+    assert (again.moved, again.failed) == (0, 1)
+    [(h, body)] = received(backend, queues.error)
+    assert (h[H.MESSAGE_ID], body) == ("d2", b"second")

@@ -72,8 +72,21 @@ class DelayedMover:
                 result.busy = True
                 break
             rows = cur.execute(*db.args(self.dialect.due_delayed(self.delayed, limit=self.batch))).fetchall()
-            self._move_rows(cur, rows, result)
+            done = MoveResult()
+            try:
+                self._move_rows(cur, rows, done)
+            except Exception as exc:
+                if not (self.dialect.is_undefined_table(exc) and self._exists):
+                    raise
+                # a queue this mover saw earlier was dropped since: look again, route its rows to errors
+                conn.rollback()
+                self._exists.clear()
+                continue
             conn.commit()
+            result.moved += done.moved
+            result.failed += done.failed
+            for name, n in done.destinations.items():
+                result.destinations[name] = result.destinations.get(name, 0) + n
             if len(rows) < self.batch:
                 break
         if result.moved or result.failed:
