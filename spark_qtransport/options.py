@@ -149,7 +149,7 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
     "url": (f"${URL_ENV}", "as for reading"),
     "user": ("from url", "as for reading"),
     "password": ("from url", "as for reading"),
-    "endpoint": ("required", "sender identity (OriginatingEndpoint); owns `<endpoint>.Staging`, `.Outbox` and `.Delayed`"),
+    "endpoint": ("required", "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and `.Delayed`"),
     "destination": ("none", "queue address for rows whose `destination` column is null or absent"),
     "sinkName": ("default", "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),
     "errorQueue": ("error", "where the delayed-message mover puts messages it cannot deliver"),
