@@ -1,0 +1,308 @@
+"""The ``sqlqueue`` command line: set up queues, print DDL for DBAs, send, move due delayed messages.
+
+Every command takes ``--url`` (or ``$SQLQUEUE_URL``), prints tables for people or ``--json`` for
+scripts, and turns errors into one line on stderr with exit code 1 (2 for wrong usage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from .connections import parse_url
+from .dialects import Dialect, dialect_named
+from .errors import QTransportError, QueueNotFoundError
+from .options import URL_ENV, WriterOptions, parse_duration
+
+__all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DDL_PARTS = ("queue", "claims", "sender", "delayed", "subscriptions")
+
+
+def _url_option(f: F) -> F:
+    return click.option("--url", envvar=URL_ENV, metavar="URL",
+                        help=f"database URL (postgresql://..., sqlserver://..., odbc:...); default ${URL_ENV}")(f)
+
+
+def _json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="print JSON for scripts instead of a table")(f)
+
+
+def _need_url(url: str | None) -> Any:
+    if not url:
+        raise click.UsageError(f"--url is required (or set {URL_ENV}), e.g. postgresql://postgres@127.0.0.1:5432/postgres")
+    return parse_url(url, option="--url")
+
+
+def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """A list of records as an aligned table, or as JSON."""
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str, ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("(nothing)")
+        return
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    click.echo("  ".join(c.ljust(width[c]) for c in cols).rstrip())
+    for r in rows:
+        click.echo("  ".join(str(r.get(c, "")).ljust(width[c]) for c in cols).rstrip())
+
+
+class _Group(click.Group):
+    """Turns our errors and database errors into one line and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except QTransportError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except Exception as exc:  # noqa: BLE001 - a database error: its own words, on one line
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            click.echo(f"error: {type(exc).__name__}: {text}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Operate NServiceBus SQL Server / PostgreSQL transport queues used by spark-qtransport.
+
+    \b
+    Examples:
+      export SQLQUEUE_URL=postgresql://postgres@127.0.0.1:5432/postgres
+      sqlqueue create-queue Sales Billing error --delayed
+      sqlqueue ddl --dialect sqlserver --queue Sales > sales.sql
+      sqlqueue send Billing --endpoint Sales --type Billing.Messages.Charge --body '{"amount": 12}'
+      sqlqueue move-delayed Sales
+    """
+
+
+# -- installers ---------------------------------------------------------------------------------------
+
+
+@main.command("create-queue")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True,
+              help="width of the queue's sequence (NServiceBus creates 32)")
+@click.option("--delayed", is_flag=True, help="also create each queue's <name>.Delayed table")
+@_url_option
+@_json_option
+def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, url: str | None, as_json: bool) -> None:
+    """Create queue tables (idempotent; safe to run beside NServiceBus installers).
+
+    \b
+    Example:
+      sqlqueue create-queue Sales '"billing"."Invoices"' --delayed
+    """
+    parsed = _need_url(url)
+    d = dialect_named(parsed.dialect)
+    rows = []
+    for name in names:
+        address = d.parse_address(name, option="NAME")
+        stmts = list(d.create_queue(address, seq_bits=int(seq_bits)))
+        tables = [d.qualified(address)]
+        if delayed:
+            stmts += d.create_delayed(d.companion(address, "Delayed"))
+            tables.append(d.qualified(d.companion(address, "Delayed")))
+        _run_ddl(d, parsed, stmts)
+        rows += [{"table": t, "status": "ready"} for t in tables]
+    _print(rows, as_json)
+
+
+@main.command("create-outbox")
+@click.argument("endpoint")
+@_url_option
+@_json_option
+def create_outbox(endpoint: str, url: str | None, as_json: bool) -> None:
+    """Create a sending endpoint's staging and outbox tables (the sink creates them too).
+
+    \b
+    Example:
+      sqlqueue create-outbox Sales
+    """
+    parsed = _need_url(url)
+    d = dialect_named(parsed.dialect)
+    address = d.parse_address(endpoint, option="ENDPOINT")
+    staging, outbox = d.companion(address, "Staging"), d.companion(address, "Outbox")
+    _run_ddl(d, parsed, [*d.create_staging(staging), *d.create_outbox(outbox)])
+    _print([{"table": d.qualified(t), "status": "ready"} for t in (staging, outbox)], as_json)
+
+
+@main.command("create-subscriptions")
+@click.option("--table", default="SubscriptionRouting", show_default=True, help="subscription table address")
+@_url_option
+@_json_option
+def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
+    """Create the publish/subscribe routing table, as NServiceBus lays it out.
+
+    \b
+    Example:
+      sqlqueue create-subscriptions
+    """
+    parsed = _need_url(url)
+    d = dialect_named(parsed.dialect)
+    address = d.parse_address(table, option="--table")
+    _run_ddl(d, parsed, d.create_subscriptions(address))
+    _print([{"table": d.qualified(address), "status": "ready"}], as_json)
+
+
+def _run_ddl(d: Dialect, url: Any, stmts: list[Any]) -> None:
+    from .queues import _db as db
+
+    conn = d.connect(url)
+    try:
+        cur = conn.cursor()
+        for stmt in stmts:
+            db.execute(cur, stmt)
+        conn.commit()
+    finally:
+        db.close(conn)
+
+
+@main.command("ddl")
+@click.option("--dialect", "dialect_name", type=click.Choice(["postgres", "sqlserver"]),
+              help="SQL dialect; default: the one --url/$SQLQUEUE_URL names, else postgres")
+@click.option("--queue", "queue", default="Sales", show_default=True, help="queue or endpoint address")
+@click.option("--part", "parts", multiple=True, type=click.Choice(DDL_PARTS),
+              help="what to print (repeatable); default: all")
+@click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
+@_url_option
+def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, url: str | None) -> None:
+    """Print the exact DDL the connector runs, for review by a DBA. Needs no connection.
+
+    \b
+    Example:
+      sqlqueue ddl --dialect sqlserver --queue 'Sales@[billing]' --part queue --part delayed
+    """
+    name = dialect_name or (parse_url(url, option="--url").dialect if url else "postgres")
+    d = dialect_named(name)
+    address = d.parse_address(queue, option="--queue")
+    makers = {
+        "queue": lambda: d.create_queue(address, seq_bits=int(seq_bits)),
+        "claims": lambda: d.create_claims(d.claims_table(address)),
+        "sender": lambda: d.create_staging(d.companion(address, "Staging")) + d.create_outbox(d.companion(address, "Outbox")),
+        "delayed": lambda: d.create_delayed(d.companion(address, "Delayed")),
+        "subscriptions": lambda: d.create_subscriptions(d.parse_address("SubscriptionRouting")),
+    }
+    for part in parts or DDL_PARTS:
+        click.echo(f"-- {part}: {d.name}")
+        click.echo(d.script(makers[part]()))
+
+
+# -- messages ---------------------------------------------------------------------------------------
+
+
+def _header(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, value = v.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{v!r} is not KEY=VALUE", ctx=ctx, param=param)
+        out[key] = value
+    return out
+
+
+@main.command("send")
+@click.argument("queue", required=False)
+@click.option("--body", required=True, help="message body; @FILE reads a file, - reads stdin")
+@click.option("--endpoint", required=True, envvar="SQLQUEUE_ENDPOINT",
+              help="sending endpoint (OriginatingEndpoint; its .Staging/.Outbox are created on first use)")
+@click.option("--type", "message_type", help="NServiceBus.EnclosedMessageTypes (a .NET type name)")
+@click.option("--header", "headers", multiple=True, callback=_header, metavar="KEY=VALUE", help="header (repeatable)")
+@click.option("--id", "message_id", help="NServiceBus.MessageId (default: a new uuid)")
+@click.option("--intent", type=click.Choice(["send", "publish", "reply"]), default="send", show_default=True)
+@click.option("--delay", help="deliver after this long (30s, 5m, 2h)")
+@click.option("--ttbr", help="time to be received (30s, 5m, 2h): becomes Expires")
+@click.option("--create-queues", is_flag=True, help="create the queue (and the endpoint's .Delayed) when missing")
+@_url_option
+@_json_option
+def send(queue: str | None, body: str, endpoint: str, message_type: str | None, headers: dict[str, str],
+         message_id: str | None, intent: str, delay: str | None, ttbr: str | None, create_queues: bool,
+         url: str | None, as_json: bool) -> None:
+    """Send one message as an NServiceBus endpoint would (headers filled in), exactly once.
+
+    \b
+    Examples:
+      sqlqueue send Billing --endpoint Sales --type Billing.Messages.Charge --body '{"amount": 12}'
+      sqlqueue send Billing --endpoint Sales --type Billing.Messages.Remind --body @reminder.json --delay 10m
+      sqlqueue send --endpoint Sales --intent publish --type Sales.Events.OrderPlaced --body '{}'
+    """
+    from .queues.send import Dispatcher, set_up_sender, stage_partition
+
+    _need_url(url)
+    if queue is None and intent != "publish":
+        raise click.UsageError("QUEUE is required (only --intent publish sends to the subscribers instead)")
+    data = _read_body(body)
+    options = WriterOptions.parse({"url": url or "", "endpoint": endpoint, "createQueues": str(create_queues).lower()})
+    row: dict[str, Any] = {"body": data, "message_id": message_id, "message_type": message_type, "headers": headers,
+                           "intent": intent, "destination": None if intent == "publish" else queue}
+    if delay:
+        row["delay"] = parse_duration(delay, option="--delay")
+    if ttbr:
+        row["time_to_be_received"] = parse_duration(ttbr, option="--ttbr")
+    plan = set_up_sender(options)
+    report = stage_partition(options, plan, [[row]], batch_id=-1, query_id=None)
+    dispatcher = Dispatcher(options)
+    try:
+        result = dispatcher.dispatch(-2 - int.from_bytes(os.urandom(7), "big"), [report])
+    except QueueNotFoundError as exc:
+        raise QueueNotFoundError(f"{exc}; here: sqlqueue send ... --create-queues") from None
+    finally:
+        dispatcher.close()
+    _print([{"queue": q, "sent": n} for q, n in result.destinations.items()]
+           + ([{"queue": options.dialect.qualified(options.delayed), "sent": result.delayed}] if result.delayed else []),
+           as_json)
+
+
+def _read_body(body: str) -> bytes:
+    if body == "-":
+        return sys.stdin.buffer.read()
+    if body.startswith("@"):
+        with open(body[1:], "rb") as f:
+            return f.read()
+    return body.encode("utf-8")
+
+
+@main.command("move-delayed")
+@click.argument("endpoint")
+@click.option("--error-queue", default="error", show_default=True, help="where undeliverable messages go")
+@_url_option
+@_json_option
+def move_delayed(endpoint: str, error_queue: str, url: str | None, as_json: bool) -> None:
+    """Deliver the endpoint's due delayed messages now (one mover at a time per table).
+
+    \b
+    Example:
+      sqlqueue move-delayed Sales
+    """
+    from .queues.send import Dispatcher
+
+    _need_url(url)
+    options = WriterOptions.parse({"url": url or "", "endpoint": endpoint, "errorQueue": error_queue})
+    dispatcher = Dispatcher(options)
+    try:
+        result = dispatcher.move_due()
+    finally:
+        dispatcher.close()
+    if result is None:
+        raise QTransportError(f"endpoint {endpoint} has no delayed table {options.dialect.qualified(options.delayed)}")
+    rows = [{"destination": q, "moved": n} for q, n in result.destinations.items()]
+    if result.failed:
+        rows.append({"destination": options.dialect.qualified(options.error_queue), "moved": result.failed})
+    if result.busy:
+        rows.append({"destination": "(another mover holds the table; try again)", "moved": 0})
+    _print(rows, as_json)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,100 @@
+"""The sqlqueue command line against the embedded PostgreSQL (click's runner, a real database)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from backends import Backend
+from spark_qtransport.cli import main
+from spark_qtransport.wire import H, decode_headers
+
+
+@pytest.fixture
+def run(pg: Backend) -> Any:
+    runner = CliRunner()
+
+    def invoke(*args: str, ok: bool = True, url: bool = True, stdin: str | None = None) -> Any:
+        env = {"SQLQUEUE_URL": pg.url if url else ""}
+        result = runner.invoke(main, list(args), env=env, input=stdin)
+        if ok:
+            assert result.exit_code == 0, (result.output, result.exception)
+        return result
+
+    return invoke
+
+
+def test_create_queue_is_idempotent_and_reports_json(pg: Backend, names: Any, run: Any) -> None:
+    q = names("Sales")
+    first = run("create-queue", q, "--delayed", "--json")
+    again = run("create-queue", q, "--delayed", "--json")
+    assert json.loads(first.output) == json.loads(again.output) == [
+        {"table": f'"public"."{q}"', "status": "ready"}, {"table": f'"public"."{q}.Delayed"', "status": "ready"}]
+    assert pg.count(q) == 0 and pg.count(f'"{q}.Delayed"') == 0
+    table = run("create-queue", q).output.splitlines()
+    assert table[0].split() == ["table", "status"] and table[1].split() == [f'"public"."{q}"', "ready"]
+
+
+def test_ddl_needs_no_connection(run: Any) -> None:
+    out = run("ddl", "--dialect", "sqlserver", "--queue", "Sales@[billing]", "--part", "queue", "--part", "delayed",
+              url=False).output
+    assert "CREATE TABLE [billing].[Sales]" in out and "CREATE TABLE [billing].[Sales.Delayed]" in out
+    assert "Claims" not in out
+    pg_out = run("ddl", url=False).output
+    for table in ('"public"."Sales"', '"public"."Sales.Claims"', '"public"."Sales.Staging"', '"public"."Sales.Outbox"',
+                  '"public"."Sales.Delayed"', '"public"."SubscriptionRouting"'):
+        assert table in pg_out
+
+
+def test_send_fills_nservicebus_headers_and_is_read_back(pg: Backend, names: Any, run: Any) -> None:
+    sales, billing = pg.create_queue(names("Sales")), pg.create_queue(names("Billing"))
+    out = run("send", billing, "--endpoint", sales, "--type", "Billing.Messages.Charge", "--body", '{"amount": 12}',
+              "--header", "Custom=a=b", "--id", "m-1", "--ttbr", "5m", "--json").output
+    assert json.loads(out) == [{"queue": f'"public"."{billing}"', "sent": 1}]
+    [(native_id, headers_text, body)] = pg.rows(billing)
+    h = decode_headers(headers_text)
+    assert body == b'{"amount": 12}' and h is not None
+    assert (h[H.MESSAGE_ID], h[H.ENCLOSED_MESSAGE_TYPES], h[H.ORIGINATING_ENDPOINT], h["Custom"]) == (
+        "m-1", "Billing.Messages.Charge", sales, "a=b")
+    assert h["NServiceBus.TimeToBeReceived"] == "00:05:00"
+    assert pg.count(billing, "WHERE expires IS NOT NULL") == 1
+
+
+def test_send_delayed_then_move_delayed(pg: Backend, names: Any, run: Any) -> None:
+    sales, billing = pg.create_queue(names("Sales")), pg.create_queue(names("Billing"))
+    run("create-queue", sales, "--delayed")
+    out = run("send", billing, "--endpoint", sales, "--type", "T", "--body", "-", "--delay", "1s", "--json",
+              stdin="later").output
+    assert json.loads(out) == [{"queue": f'"public"."{sales}.Delayed"', "sent": 1}]
+    assert pg.count(billing) == 0
+    time.sleep(1.1)
+    moved = json.loads(run("move-delayed", sales, "--json").output)
+    assert moved == [{"destination": f'"public"."{billing}"', "moved": 1}]
+    assert [b for _, _, b in pg.rows(billing)] == [b"later"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("send", "Nowhere_x", "--endpoint", "S", "--type", "T", "--body", "x"), 1, "do not exist"),
+        (("send", "B", "--endpoint", "S", "--body", "x"), 1, "has no message type"),
+        (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--header", "novalue"), 2, "KEY=VALUE"),
+        (("send", "--endpoint", "S", "--type", "T", "--body", "x"), 2, "QUEUE is required"),
+        (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--delay", "soon"), 1, "option '--delay'"),
+        (("move-delayed", "NoSuchEndpoint"), 1, "has no delayed table"),
+    ],
+)
+def test_errors_are_one_line_with_an_exit_code(run: Any, args: tuple[str, ...], code: int, message: str) -> None:
+    result = run(*args, ok=False)
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_url_is_required(run: Any) -> None:
+    result = run("create-queue", "Sales", ok=False, url=False)
+    assert result.exit_code == 2 and "--url is required" in result.output
