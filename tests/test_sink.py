@@ -262,3 +262,31 @@ def test_two_queue_sinks_in_one_batch_need_their_own_sink_names(spark: Any, pg: 
     finish(run(QueueSink(url=pg.url, endpoint=e.web, destination=e.billing),
                QueueSink(url=pg.url, endpoint=e.web, sinkName="reminders"), checkpoint + "-2"))
     assert pg.count(e.billing) == 5 + 5 and pg.count(e.reminders) == 5
+
+
+def test_stream_writer_replay_after_deleting_the_last_commit_sends_nothing_twice(
+    spark: Any, pg: Backend, endpoint: Any, checkpoint: str,
+) -> None:
+    from pyspark.sql import functions as F
+
+    e = endpoint
+    pg.send_many(e.sales, [(nsb_headers(f"m{i:03d}"), b"{}") for i in range(70)])
+
+    def run() -> Any:
+        out = source(spark, pg, e.sales, e.error, maxMessagesPerTrigger="30").select(
+            "body", F.lit("Billing.Messages.Invoice").alias("message_type"),
+            F.concat(F.col("message_id"), F.lit("-invoice")).alias("message_id"))
+        query = (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
+                 .option("destination", e.billing).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        finish(query)
+        return query
+
+    first = run()
+    last = max(p["batchId"] for p in first.recentProgress if p["numInputRows"])
+    for name in (str(last), f".{last}.crc"):
+        (Path(checkpoint) / "commits" / name).unlink()
+    again = run()
+    assert [p["batchId"] for p in again.recentProgress if p["numInputRows"]] == [last], "the last batch ran again"
+    ids = sorted(h[H.MESSAGE_ID] for h, _ in drain(pg, e.billing))
+    assert ids == [f"m{i:03d}-invoice" for i in range(70)]
