@@ -49,11 +49,12 @@ def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
     if not rows:
         click.echo("(nothing)")
         return
-    cols = list(rows[0])
-    width = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    cells = [{c: "-" if r.get(c) is None else str(r[c]) for c in cols} for r in rows]
+    width = {c: max(len(c), *(len(cell[c]) for cell in cells)) for c in cols}
     click.echo("  ".join(c.ljust(width[c]) for c in cols).rstrip())
-    for r in rows:
-        click.echo("  ".join(str(r.get(c, "")).ljust(width[c]) for c in cols).rstrip())
+    for cell in cells:
+        click.echo("  ".join(cell[c].ljust(width[c]) for c in cols).rstrip())
 
 
 class _Group(click.Group):
@@ -301,6 +302,223 @@ def move_delayed(endpoint: str, error_queue: str, url: str | None, as_json: bool
         rows.append({"destination": options.dialect.qualified(options.error_queue), "moved": result.failed})
     if result.busy:
         rows.append({"destination": "(another mover holds the table; try again)", "moved": 0})
+    _print(rows, as_json)
+
+
+# -- inspection and maintenance -------------------------------------------------------------------
+
+
+class _Session:
+    """One connection for a command, autocommitted statement by statement."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = _need_url(url)
+        self.d: Dialect = dialect_named(self.url.dialect)
+        self.conn = self.d.connect(self.url)
+
+    def __enter__(self) -> _Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from .queues import _db as db
+
+        db.rollback(self.conn)
+        db.close(self.conn)
+
+    def all(self, stmt: Any) -> list[Any]:
+        from .queues import _db as db
+
+        rows = self.conn.cursor().execute(*db.args(stmt)).fetchall()
+        self.conn.commit()
+        return [tuple(r) for r in rows]
+
+    def one(self, stmt: Any) -> tuple[Any, ...]:
+        rows = self.all(stmt)
+        return rows[0] if rows else (None,)
+
+    def rowcount(self, stmt: Any) -> int:
+        from .queues import _db as db
+
+        n = db.rowcount(self.conn.cursor(), stmt)
+        self.conn.commit()
+        return n
+
+    def exists(self, address: Any) -> bool:
+        return bool(self.all(self.d.queue_columns(address)))
+
+    def queue(self, text: str, option: str = "QUEUE") -> Any:
+        address = self.d.parse_address(text, option=option)
+        if not self.exists(address):
+            raise QueueNotFoundError(f"queue {self.d.format_address(address)} does not exist")
+        return address
+
+
+def _preview(body: bytes | None, size: int = 60) -> str:
+    if body is None:
+        return "(null)"
+    text = bytes(body)[:size].decode("utf-8", errors="replace")
+    return text + ("..." if len(body) > size else "")
+
+
+@main.command("peek")
+@click.argument("queue")
+@click.option("-n", "--count", default=10, show_default=True, type=click.IntRange(1, 10_000), help="messages to show")
+@_url_option
+@_json_option
+def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
+    """Show the oldest messages of a queue without taking them (decoded headers, body preview).
+
+    \b
+    Example:
+      sqlqueue peek Sales -n 5 --json
+    """
+    from .wire import H, decode_headers
+
+    with _Session(url) as s:
+        rows = s.all(s.d.peek_messages(s.queue(queue), limit=count))
+    out = []
+    for native_id, expires, headers_text, body, seq in rows:
+        headers = decode_headers(headers_text)
+        record: dict[str, Any] = {
+            "seq": seq,
+            "native_id": str(native_id).lower(),
+            "message_id": (headers or {}).get(H.MESSAGE_ID),
+            "type": (headers or {}).get(H.ENCLOSED_MESSAGE_TYPES),
+            "expires": expires,
+            "body": _preview(body),
+        }
+        if as_json:
+            record["headers"] = headers if headers is not None else {"(not a flat JSON object)": headers_text}
+            record["body_bytes"] = None if body is None else len(body)
+        out.append(record)
+    _print(out, as_json)
+
+
+@main.command("stats")
+@click.argument("queues", nargs=-1, required=True)
+@click.option("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+@_url_option
+@_json_option
+def stats(queues: tuple[str, ...], watch: float | None, url: str | None, as_json: bool) -> None:
+    """Counts per queue: messages (counted), backlog span, expired, oldest age, delayed due/pending,
+    claimed-but-unacknowledged per endpoint, outbox records.
+
+    \b
+    Examples:
+      sqlqueue stats Sales Billing
+      sqlqueue stats Sales --watch 2
+    """
+    import time
+
+    with _Session(url) as s:
+        while True:
+            rows = [_queue_stats(s, q) for q in queues]
+            if watch:
+                click.clear()
+            _print(rows, as_json)
+            if not watch:
+                return
+            time.sleep(watch)
+
+
+def _queue_stats(s: _Session, text: str) -> dict[str, Any]:
+    from datetime import datetime, timezone
+
+    from .wire import H, decode_headers, parse_time
+
+    address = s.queue(text)
+    messages, expired, low, high = s.one(s.d.queue_stats(address))
+    record: dict[str, Any] = {
+        "queue": s.d.format_address(address),
+        "messages": int(messages or 0),
+        "backlog_span": int(high - low + 1) if low is not None else 0,
+        "expired": int(expired or 0),
+        "oldest_age_s": None,
+    }
+    oldest = s.all(s.d.peek_messages(address, limit=1))
+    if oldest:
+        sent = parse_time((decode_headers(oldest[0][2]) or {}).get(H.TIME_SENT))
+        if sent is not None:
+            record["oldest_age_s"] = round((datetime.now(timezone.utc) - sent).total_seconds(), 1)
+    delayed = s.d.companion(address, "Delayed")
+    if s.exists(delayed):
+        due, pending, _ = s.one(s.d.delayed_stats(delayed))
+        record["delayed_due"], record["delayed_pending"] = int(due or 0), int(pending or 0)
+    claims = s.d.claims_table(address)
+    if s.exists(claims):
+        record["claimed"] = {str(c): int(n) for c, n, _ in s.all(s.d.claim_stats(claims))}
+    outbox = s.d.companion(address, "Outbox")
+    if s.exists(outbox):
+        (record["outbox"],) = s.one(s.d.count_rows(outbox))
+    return record
+
+
+@main.command("purge-expired")
+@click.argument("queue")
+@click.option("--batch", default=10_000, show_default=True, type=click.IntRange(1, 100_000), help="rows per DELETE")
+@_url_option
+@_json_option
+def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> None:
+    """Delete expired messages (past their time to be received) in batches; others are untouched.
+
+    \b
+    Example:
+      sqlqueue purge-expired Sales
+    """
+    total = 0
+    with _Session(url) as s:
+        address = s.queue(queue)
+        while True:
+            n = s.rowcount(s.d.purge_expired(address, limit=batch))
+            total += n
+            if n < batch:
+                break
+        name = s.d.format_address(address)
+    _print([{"queue": name, "purged": total}], as_json)
+
+
+@main.command("subscribe")
+@click.argument("queue")
+@click.option("--endpoint", required=True, help="the subscribing endpoint's name")
+@click.option("--topic", "topics", required=True, multiple=True, help="event type full name (repeatable)")
+@click.option("--table", default="SubscriptionRouting", show_default=True, help="subscription table address")
+@_url_option
+@_json_option
+def subscribe(queue: str, endpoint: str, topics: tuple[str, ...], table: str, url: str | None, as_json: bool) -> None:
+    """Route published events of TOPIC to QUEUE (an upsert per endpoint and topic, as NServiceBus does).
+
+    \b
+    Example:
+      sqlqueue subscribe Billing --endpoint Billing --topic Sales.Events.OrderPlaced
+    """
+    with _Session(url) as s:
+        address = s.queue(queue)
+        subs = s.d.parse_address(table, option="--table")
+        if not s.exists(subs):
+            raise QueueNotFoundError(f"subscription table {s.d.qualified(subs)} does not exist; run sqlqueue create-subscriptions")
+        queue_text = s.d.format_address(address)
+        for topic in topics:
+            s.rowcount(s.d.subscribe(subs, queue_address=queue_text, endpoint=endpoint, topic=topic))
+    _print([{"endpoint": endpoint, "topic": t, "queue": queue_text} for t in topics], as_json)
+
+
+@main.command("unsubscribe")
+@click.option("--endpoint", required=True, help="the subscribing endpoint's name")
+@click.option("--topic", "topics", required=True, multiple=True, help="event type full name (repeatable)")
+@click.option("--table", default="SubscriptionRouting", show_default=True, help="subscription table address")
+@_url_option
+@_json_option
+def unsubscribe(endpoint: str, topics: tuple[str, ...], table: str, url: str | None, as_json: bool) -> None:
+    """Stop routing TOPIC to the endpoint.
+
+    \b
+    Example:
+      sqlqueue unsubscribe --endpoint Billing --topic Sales.Events.OrderPlaced
+    """
+    with _Session(url) as s:
+        subs = s.d.parse_address(table, option="--table")
+        rows = [{"endpoint": endpoint, "topic": t,
+                 "removed": s.rowcount(s.d.unsubscribe(subs, endpoint=endpoint, topic=t))} for t in topics]
     _print(rows, as_json)
 
 

@@ -98,3 +98,51 @@ def test_errors_are_one_line_with_an_exit_code(run: Any, args: tuple[str, ...], 
 def test_url_is_required(run: Any) -> None:
     result = run("create-queue", "Sales", ok=False, url=False)
     assert result.exit_code == 2 and "--url is required" in result.output
+
+
+def test_peek_shows_without_taking(pg: Backend, names: Any, run: Any) -> None:
+    from backends import nsb_headers
+
+    q = pg.create_queue(names("Sales"))
+    pg.send_many(q, [(nsb_headers(f"m{i}"), b'{"n": %d}' % i) for i in range(3)])
+    pg.send(q, "<corrupted headers", b"x" * 100)
+    rows = json.loads(run("peek", q, "-n", "10", "--json").output)
+    assert [r["message_id"] for r in rows] == ["m0", "m1", "m2", None]
+    assert rows[0]["headers"]["NServiceBus.MessageId"] == "m0" and rows[0]["body"] == '{"n": 0}'
+    assert rows[3]["headers"] == {"(not a flat JSON object)": "<corrupted headers"} and rows[3]["body"].endswith("...")
+    assert pg.count(q) == 4  # nothing taken
+    table = run("peek", q, "-n", "2").output.splitlines()
+    assert table[0].split()[:3] == ["seq", "native_id", "message_id"] and len(table) == 3
+
+
+def test_stats_counts_messages_expired_delayed_claims_and_outbox(pg: Backend, names: Any, run: Any) -> None:
+    from backends import nsb_headers
+
+    q = pg.create_queue(names("Sales"))
+    pg.send_many(q, [(nsb_headers(f"m{i}"), b"{}") for i in range(4)])
+    pg.send(q, nsb_headers("old"), b"{}", ttbr_ms=1)
+    run("create-queue", q, "--delayed")
+    run("send", q, "--endpoint", q, "--type", "T", "--body", "later", "--delay", "1h")
+    time.sleep(0.01)
+    [row] = json.loads(run("stats", q, "--json").output)
+    assert (row["messages"], row["expired"], row["backlog_span"]) == (5, 1, 5)
+    assert row["oldest_age_s"] > 0  # from the oldest message's TimeSent (2025 in nsb_headers)
+    assert (row["delayed_due"], row["delayed_pending"]) == (0, 1)
+    assert row["outbox"] == 1 and "claimed" not in row
+    purged = json.loads(run("purge-expired", q, "--json").output)
+    assert purged == [{"queue": f'"public"."{q}"', "purged": 1}] and pg.count(q) == 4
+
+
+def test_subscribe_and_unsubscribe(pg: Backend, names: Any, run: Any) -> None:
+    billing = pg.create_queue(names("Billing"))
+    table = names("Subs")
+    missing = run("subscribe", billing, "--endpoint", "Billing", "--topic", "A", "--table", table, ok=False)
+    assert missing.exit_code == 1 and "create-subscriptions" in missing.output
+    run("create-subscriptions", "--table", table)
+    run("subscribe", billing, "--endpoint", "Billing", "--topic", "Sales.Events.A", "--topic", "Sales.Events.B", "--table", table)
+    run("subscribe", billing, "--endpoint", "Billing", "--topic", "Sales.Events.A", "--table", table)  # upsert
+    with pg.connect() as c:
+        rows = c.execute(f'SELECT queueaddress, endpoint, topic FROM "{table}" ORDER BY topic').fetchall()
+    assert rows == [(f'"public"."{billing}"', "Billing", "Sales.Events.A"), (f'"public"."{billing}"', "Billing", "Sales.Events.B")]
+    out = json.loads(run("unsubscribe", "--endpoint", "Billing", "--topic", "Sales.Events.A", "--table", table, "--json").output)
+    assert out == [{"endpoint": "Billing", "topic": "Sales.Events.A", "removed": 1}]

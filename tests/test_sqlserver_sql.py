@@ -219,6 +219,23 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "read_claims": [D.read_claims(c, consumer, after=3, upto=9)],
         "ack_claims": [D.ack_claims(c, consumer, upto=9, batch=4000)],
         "max_source_seq": [D.max_source_seq(q)],
+        **operation_statements(q, c, dl, o, subs, consumer),
+    }
+
+
+def operation_statements(
+    q: QueueAddress, c: QueueAddress, dl: QueueAddress, o: QueueAddress, subs: QueueAddress, value: str,
+) -> dict[str, list[Statement]]:
+    """The statements of the sqlqueue CLI."""
+    return {
+        "peek_messages": [D.peek_messages(q, limit=10)],
+        "queue_stats": [D.queue_stats(q)],
+        "delayed_stats": [D.delayed_stats(dl)],
+        "claim_stats": [D.claim_stats(c)],
+        "count_rows": [D.count_rows(o)],
+        "purge_expired": [D.purge_expired(q, limit=10_000)],
+        "subscribe": [D.subscribe(subs, queue_address=value, endpoint=value, topic=value)],
+        "unsubscribe": [D.unsubscribe(subs, endpoint=value, topic=value)],
     }
 
 
@@ -425,7 +442,7 @@ class TestEveryStatement:
     def test_consumer_never_in_sql_text(self, method: str, stmt: Statement) -> None:
         assert EVIL not in stmt.sql and "evil" not in stmt.sql
         if method in ("try_lock_consumer", "unlock_consumer", "claim", "claim_upto", "max_claim", "nth_claim",
-                      "read_claims", "ack_claims"):
+                      "read_claims", "ack_claims", "subscribe", "unsubscribe"):
             assert any(EVIL in p for p in stmt.params if isinstance(p, str))
 
     @pytest.mark.parametrize(("method", "stmt"), ALL)
@@ -1232,6 +1249,183 @@ class TestDelayedStatements:
         assert D.delete_delayed(self.DL, keys=[]).params == ("[]",)
 
 
+# -- operations (the sqlqueue CLI) --------------------------------------------------------------
+
+#: the hints of every read of the CLI: never wait for a row another session holds, shared locks only
+_READ_HINTS = "WITH (READPAST, READCOMMITTEDLOCK)"
+
+
+def _columns_of(stmts: list[Statement]) -> set[str]:
+    return set(_table_columns(one(stmts)))
+
+
+def _used_columns(stmt: Statement) -> set[str]:
+    (tree,) = parse_all(stmt.sql)
+    return {c.name for c in tree.find_all(exp.Column) if c.name and not c.table}
+
+
+class TestOperationStatements:
+    Q, C = QueueAddress("Sales"), QueueAddress("Sales.Claims")
+    DL, OUTBOX, SUBS = QueueAddress("Sales.Delayed"), QueueAddress("Sales.Outbox"), QueueAddress("SubscriptionRouting")
+
+    def reads(self) -> dict[str, Statement]:
+        return {
+            "peek_messages": D.peek_messages(self.Q, limit=10),
+            "queue_stats": D.queue_stats(self.Q),
+            "delayed_stats": D.delayed_stats(self.DL),
+            "claim_stats": D.claim_stats(self.C),
+            "count_rows": D.count_rows(self.OUTBOX),
+        }
+
+    def test_peek_messages(self) -> None:
+        assert D.peek_messages(self.Q, limit=25) == Statement(
+            "SELECT TOP (?) CAST(Id AS varchar(36)), Expires, Headers, Body, RowVersion"
+            " FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion",
+            (25,),
+        )
+        (tree,) = parse_all(D.peek_messages(self.Q, limit=1).sql)
+        assert len(tree.expressions) == 5  # native id text, expires, headers, body, sequence
+
+    def test_queue_stats(self) -> None:
+        s = D.queue_stats(self.Q)
+        assert s == Statement(
+            "SELECT COUNT_BIG(*),"
+            " (SELECT COUNT_BIG(*) FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires <= GETUTCDATE()),"
+            " MIN(RowVersion), MAX(RowVersion)"
+            " FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+        (tree,) = parse_all(s.sql)
+        assert len(tree.expressions) == 4  # messages, expired, lowest, highest
+
+    def test_delayed_stats(self) -> None:
+        s = D.delayed_stats(self.DL)
+        t = "[dbo].[Sales.Delayed] WITH (READPAST, READCOMMITTEDLOCK)"
+        assert s == Statement(
+            f"SELECT (SELECT COUNT_BIG(*) FROM {t} WHERE Due <= GETUTCDATE()),"
+            f" (SELECT COUNT_BIG(*) FROM {t} WHERE Due > GETUTCDATE()),"
+            f" (SELECT MIN(Due) FROM {t} WHERE Due > GETUTCDATE())"
+        )
+        (tree,) = parse_all(s.sql)
+        assert len(tree.expressions) == 3  # due now, not yet due, next due
+
+    def test_claim_stats(self) -> None:
+        s = D.claim_stats(self.C)
+        assert s == Statement(
+            "SELECT Consumer, COUNT_BIG(*), MIN(ClaimedAt) FROM [dbo].[Sales.Claims]"
+            " WITH (READPAST, READCOMMITTEDLOCK) GROUP BY Consumer ORDER BY Consumer"
+        )
+        (tree,) = parse_all(s.sql)
+        assert len(tree.expressions) == 3
+
+    def test_count_rows(self) -> None:
+        assert D.count_rows(self.OUTBOX) == Statement(
+            "SELECT COUNT_BIG(*) FROM [dbo].[Sales.Outbox] WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    def test_reads_never_wait_and_never_lock_for_update(self) -> None:
+        for method, s in self.reads().items():
+            assert s.sql.count(" FROM ") == s.sql.count(_READ_HINTS), method  # every table read
+            for hint in ("UPDLOCK", "XLOCK", "HOLDLOCK", "NOLOCK", "TABLOCK", "SNAPSHOT"):
+                assert hint not in s.sql, (method, hint)
+            assert "NOCOUNT" not in s.sql and ";" not in s.sql, method  # one statement, no session options
+            (tree,) = parse_all(s.sql)
+            assert isinstance(tree, exp.Select), method
+
+    def test_columns_are_the_tables_own(self) -> None:
+        queue = _columns_of(D.create_queue(self.Q))
+        assert _used_columns(D.peek_messages(self.Q, limit=1)) <= queue
+        assert _used_columns(D.queue_stats(self.Q)) <= queue
+        assert _used_columns(D.purge_expired(self.Q, limit=1)) <= queue
+        assert _used_columns(D.delayed_stats(self.DL)) <= _columns_of(D.create_delayed(self.DL))
+        assert _used_columns(D.claim_stats(self.C)) == {"Consumer", "ClaimedAt"} <= _columns_of(D.create_claims(self.C))
+        subscriptions = _columns_of(D.create_subscriptions(self.SUBS))
+        assert _used_columns(D.unsubscribe(self.SUBS, endpoint="e", topic="t")) <= subscriptions
+        (merge,) = parse_all(D.subscribe(self.SUBS, queue_address="q", endpoint="e", topic="t").sql)
+        assert {c.name for c in merge.find_all(exp.Column)} <= subscriptions
+
+    def test_purge_expired(self) -> None:
+        s = D.purge_expired(self.Q, limit=10_000)
+        assert s == Statement(
+            "DELETE TOP (?) FROM [dbo].[Sales] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE Expires <= GETUTCDATE()",
+            (10_000,),
+        )
+        # one statement, no SET NOCOUNT: the caller reads its rowcount
+        assert ";" not in s.sql and "NOCOUNT" not in s.sql
+        (tree,) = parse_all(s.sql)
+        assert isinstance(tree, exp.Delete)
+
+    @pytest.mark.parametrize("limit", [0, -1])
+    def test_limits_are_positive(self, limit: int) -> None:
+        with pytest.raises(ValueError, match="limit must be at least 1"):
+            D.peek_messages(self.Q, limit=limit)
+        with pytest.raises(ValueError, match="limit must be at least 1"):
+            D.purge_expired(self.Q, limit=limit)
+
+    def test_subscribe_is_nservicebus_merge(self) -> None:
+        s = D.subscribe(self.SUBS, queue_address="Billing@[dbo]", endpoint="Billing", topic="Ns.OrderPlaced")
+        assert _flat(s.sql) == (
+            "MERGE [dbo].[SubscriptionRouting] WITH (HOLDLOCK, TABLOCK) AS target"
+            " USING (SELECT ? AS Endpoint, ? AS QueueAddress, ? AS Topic) AS source"
+            " ON target.Endpoint = source.Endpoint AND target.Topic = source.Topic"
+            " WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN"
+            " UPDATE SET QueueAddress = source.QueueAddress"
+            " WHEN NOT MATCHED THEN"
+            " INSERT (QueueAddress, Topic, Endpoint) VALUES (source.QueueAddress, source.Topic, source.Endpoint);"
+        )
+        assert s.params == ("Billing", "Billing@[dbo]", "Ns.OrderPlaced")  # marker order: the USING row
+        _marks_match(s)
+        assert "NOCOUNT" not in s.sql and s.sql.count(";") == 1  # MERGE must end with a semicolon
+        (tree,) = parse_all(s.sql)
+        assert isinstance(tree, exp.Merge)
+        using = tree.args["using"].this
+        assert [e.alias for e in using.expressions] == ["Endpoint", "QueueAddress", "Topic"]
+        assert all(isinstance(e.this, exp.Placeholder) for e in using.expressions)
+
+    def test_unsubscribe(self) -> None:
+        s = D.unsubscribe(self.SUBS, endpoint="Billing", topic="Ns.OrderPlaced")
+        assert s == Statement(
+            "DELETE FROM [dbo].[SubscriptionRouting] WHERE Endpoint = ? AND Topic = ?", ("Billing", "Ns.OrderPlaced")
+        )
+        assert "READPAST" not in s.sql  # its rowcount says whether the subscription was there
+
+    @pytest.mark.parametrize("value", [v for v in HOSTILE if v])
+    def test_subscription_values_only_in_parameters(self, value: str) -> None:
+        subscribe = D.subscribe(self.SUBS, queue_address=value, endpoint=value, topic=value)
+        unsubscribe = D.unsubscribe(self.SUBS, endpoint=value, topic=value)
+        assert subscribe.sql == D.subscribe(self.SUBS, queue_address="q", endpoint="e", topic="t").sql
+        assert unsubscribe.sql == D.unsubscribe(self.SUBS, endpoint="e", topic="t").sql
+        assert subscribe.params == (value,) * 3 and unsubscribe.params == (value,) * 2
+        for s in (subscribe, unsubscribe):
+            _marks_match(s)
+
+    def test_subscription_values_fit_the_table(self) -> None:
+        """nvarchar(200) NOT NULL, as NServiceBus creates SubscriptionRouting: refused here, not truncated there."""
+        _marks_match(D.subscribe(self.SUBS, queue_address="q" * 200, endpoint="e" * 200, topic="t" * 200))
+        for bad in ("", "x" * 201, None):
+            with pytest.raises(ConfigError, match="option '--endpoint'"):
+                D.subscribe(self.SUBS, queue_address="q", endpoint=bad, topic="t")  # type: ignore[arg-type]
+            with pytest.raises(ConfigError, match="option '--topic'"):
+                D.subscribe(self.SUBS, queue_address="q", endpoint="e", topic=bad)  # type: ignore[arg-type]
+            with pytest.raises(ConfigError, match="option 'queue'"):
+                D.subscribe(self.SUBS, queue_address=bad, endpoint="e", topic="t")  # type: ignore[arg-type]
+            with pytest.raises(ConfigError, match="option '--topic'"):
+                D.unsubscribe(self.SUBS, endpoint="e", topic=bad)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("case", list(ADDRESSES))
+    def test_odd_names_stay_quoted(self, case: str) -> None:
+        q = D.parse_address(ADDRESSES[case][0])
+        stmts = operation_statements(q, D.claims_table(q), D.companion(q, "Delayed"), D.companion(q, "Outbox"),
+                                     q.with_table("SubscriptionRouting"), "v")
+        for method, (s,) in stmts.items():
+            found = [t for tree in parse_all(s.sql) for t in tree.find_all(exp.Table)]
+            # sqlglot 30 reads DELETE TOP (?) as a table named TOP: the only unquoted one allowed
+            assert all(t.this.quoted or (t.name == "TOP" and s.sql.startswith("DELETE TOP")) for t in found), method
+            tables = {t.name for t in found if t.this.quoted}
+            assert tables and tables <= {q.table, f"{q.table}.Claims", f"{q.table}.Delayed", f"{q.table}.Outbox",
+                                         "SubscriptionRouting"}, (method, tables)
+
+
 # -- scripts for DBAs ---------------------------------------------------------------------------
 
 SQL_DIR = SQL_ROOT / "sqlserver"
@@ -1641,5 +1835,80 @@ class TestSqlServerLive:
             db.conn.rollback()
             cur = db.conn.cursor()
             for t in (s, o, dl, subs):
+                cur.execute(f"DROP TABLE IF EXISTS {D.qualified(t)}")
+            db.conn.commit()
+
+    def test_operations(self, db: Any) -> None:
+        dl, o = D.companion(db.q, "Delayed"), D.companion(db.q, "Outbox")
+        subs = db.q.with_table(db.q.table + "_subscriptions")
+        try:
+            self.install(db)
+            self.run(db.conn, D.create_delayed(dl) + D.create_outbox(o) + D.create_subscriptions(subs))
+            db.conn.commit()
+            q = D.qualified(db.q)
+            assert tuple(self.run(db.conn, D.queue_stats(db.q)).fetchone()) == (0, 0, None, None)
+            cur = db.conn.cursor()
+            cur.execute(NSB_SEND.format(q), (_headers(1), b"one"))
+            cur.execute(NSB_SEND_TTBR.format(q), (1, _headers(2), b"expired"))
+            cur.execute(NSB_SEND.format(q), (_headers(3), None))
+            db.conn.commit()
+            time.sleep(0.1)  # let the 1 ms time-to-be-received pass
+
+            messages, expired, low, high = self.run(db.conn, D.queue_stats(db.q)).fetchone()
+            assert (messages, expired, high - low) == (3, 1, 2)
+            rows = self.run(db.conn, D.peek_messages(db.q, limit=2)).fetchall()
+            assert [(r[2], None if r[3] is None else bytes(r[3]), r[4]) for r in rows] == [
+                (_headers(1), b"one", low), (_headers(2), b"expired", low + 1)]
+            assert len(rows[0][0]) == 36 and rows[0][1] is None and rows[1][1] is not None
+            db.conn.commit()
+
+            # a row another session holds is skipped, never waited for
+            other = D.connect(db.url)
+            try:
+                other.cursor().execute(NSB_SEND.format(q), (_headers(4), b"uncommitted"))
+                cur = db.conn.cursor()
+                cur.execute("SET LOCK_TIMEOUT 5000")
+                assert len(self.run(db.conn, D.peek_messages(db.q, limit=10)).fetchall()) == 3
+                assert self.run(db.conn, D.queue_stats(db.q)).fetchone()[0] == 3
+                db.conn.commit()
+                other.rollback()
+            finally:
+                other.close()
+
+            assert self.run(db.conn, D.purge_expired(db.q, limit=10)).rowcount == 1
+            assert self.run(db.conn, D.purge_expired(db.q, limit=10)).rowcount == 0
+            db.conn.commit()
+            assert tuple(self.run(db.conn, D.queue_stats(db.q)).fetchone())[:2] == (2, 0)
+
+            self.run(db.conn, Statement(
+                f"INSERT INTO {D.qualified(dl)} (Headers, Body, Due) VALUES"
+                " (N'{}', NULL, DATEADD(minute, -1, GETUTCDATE())), (N'{}', NULL, DATEADD(hour, 1, GETUTCDATE())),"
+                " (N'{}', NULL, DATEADD(hour, 2, GETUTCDATE()))"
+            ))
+            db.conn.commit()
+            due, pending, next_due = self.run(db.conn, D.delayed_stats(dl)).fetchone()
+            assert (due, pending) == (1, 2) and next_due is not None
+
+            self.run(db.conn, D.claim(db.q, db.c, db.e, consumer=EVIL, limit=10, after=0, upto=None)).fetchone()
+            db.conn.commit()
+            [(consumer, claimed, oldest)] = self.run(db.conn, D.claim_stats(db.c)).fetchall()
+            assert (consumer, claimed) == (EVIL, 2) and oldest is not None
+            assert self.run(db.conn, D.count_rows(o)).fetchone()[0] == 0
+            db.conn.commit()
+
+            # subscribe: insert, unchanged, moved; unsubscribe: removed once
+            for address, changed in (("Billing@[dbo]", 1), ("Billing@[dbo]", 0), ("Billing@[ops]", 1)):
+                s = D.subscribe(subs, queue_address=address, endpoint=EVIL, topic="Ns.E")
+                assert self.run(db.conn, s).rowcount == changed, address
+            db.conn.commit()
+            assert [tuple(r) for r in self.run(db.conn, D.subscribers(subs, ["Ns.E"])).fetchall()] == [
+                ("Billing@[ops]", "Ns.E")]
+            assert self.run(db.conn, D.unsubscribe(subs, endpoint=EVIL, topic="Ns.E")).rowcount == 1
+            assert self.run(db.conn, D.unsubscribe(subs, endpoint=EVIL, topic="Ns.E")).rowcount == 0
+            db.conn.commit()
+        finally:
+            db.conn.rollback()
+            cur = db.conn.cursor()
+            for t in (dl, o, subs):
                 cur.execute(f"DROP TABLE IF EXISTS {D.qualified(t)}")
             db.conn.commit()

@@ -324,6 +324,42 @@ class Dialect(ABC):
     def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
         """Delete the delayed rows `keys`."""
 
+    # -- operations (the sqlqueue CLI) ---------------------------------------------------------
+
+    @abstractmethod
+    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
+        """At most `limit` rows (native id text, expires, headers, body, sequence), oldest first.
+        Changes nothing, takes no lock, never waits for other sessions' rows."""
+
+    @abstractmethod
+    def queue_stats(self, queue: QueueAddress) -> Statement:
+        """One row: (messages, expired, lowest sequence, highest sequence): counted, not estimated
+        (SQL Server skips rows other sessions hold at that moment)."""
+
+    @abstractmethod
+    def delayed_stats(self, delayed: QueueAddress) -> Statement:
+        """One row: (due now, not yet due, next due time or NULL) of a delayed table."""
+
+    @abstractmethod
+    def claim_stats(self, claims: QueueAddress) -> Statement:
+        """Rows (consumer, claimed-but-unacknowledged count, oldest claimed_at) of a claim table."""
+
+    @abstractmethod
+    def count_rows(self, table: QueueAddress) -> Statement:
+        """One row, one column: the table's row count."""
+
+    @abstractmethod
+    def purge_expired(self, queue: QueueAddress, *, limit: int) -> Statement:
+        """Delete at most `limit` expired messages (skipping rows others hold); rowcount = deleted."""
+
+    @abstractmethod
+    def subscribe(self, table: QueueAddress, *, queue_address: str, endpoint: str, topic: str) -> Statement:
+        """Upsert one subscription (endpoint, topic) -> queue address, as NServiceBus's SubscribeText."""
+
+    @abstractmethod
+    def unsubscribe(self, table: QueueAddress, *, endpoint: str, topic: str) -> Statement:
+        """Delete one subscription; rowcount = deleted."""
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:

@@ -336,6 +336,56 @@ SELECT (SELECT count(*) FROM gone),
     def max_source_seq(self, queue: QueueAddress) -> Statement:
         return Statement(f"SELECT max(seq) FROM {self.qualified(queue)}")
 
+    # -- operations ------------------------------------------------------------------------------
+
+    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
+        # A plain SELECT: MVCC never waits for other sessions and takes no row lock.
+        return Statement(
+            f"SELECT id::text, expires, headers, body, seq FROM {self.qualified(queue)} ORDER BY seq LIMIT %(limit)s",
+            {"limit": int(limit)},
+        )
+
+    def queue_stats(self, queue: QueueAddress) -> Statement:
+        return Statement(
+            f"SELECT count(*), count(*) FILTER (WHERE expires <= {_UTC_NOW}), min(seq), max(seq)"
+            f" FROM {self.qualified(queue)}"
+        )
+
+    def delayed_stats(self, delayed: QueueAddress) -> Statement:
+        return Statement(
+            "SELECT count(*) FILTER (WHERE due <= now()), count(*) FILTER (WHERE due > now()),"
+            f" min(due) FILTER (WHERE due > now()) FROM {self.qualified(delayed)}"
+        )
+
+    def claim_stats(self, claims: QueueAddress) -> Statement:
+        return Statement(
+            f"SELECT consumer, count(*), min(claimed_at) FROM {self.qualified(claims)} GROUP BY consumer ORDER BY consumer"
+        )
+
+    def count_rows(self, table: QueueAddress) -> Statement:
+        return Statement(f"SELECT count(*) FROM {self.qualified(table)}")
+
+    def purge_expired(self, queue: QueueAddress, *, limit: int) -> Statement:
+        q = self.qualified(queue)
+        return Statement(
+            f"DELETE FROM {q} WHERE seq IN (SELECT seq FROM {q} WHERE expires <= {_UTC_NOW}"
+            " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)",
+            {"limit": int(limit)},
+        )
+
+    def subscribe(self, table: QueueAddress, *, queue_address: str, endpoint: str, topic: str) -> Statement:
+        return Statement(
+            f"INSERT INTO {self.qualified(table)} (QueueAddress, Topic, Endpoint) VALUES (%(queue)s, %(topic)s, %(endpoint)s)"
+            " ON CONFLICT (Endpoint, Topic) DO UPDATE SET QueueAddress = EXCLUDED.QueueAddress",
+            {"queue": queue_address, "topic": topic, "endpoint": endpoint},
+        )
+
+    def unsubscribe(self, table: QueueAddress, *, endpoint: str, topic: str) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(table)} WHERE Endpoint = %(endpoint)s AND Topic = %(topic)s",
+            {"endpoint": endpoint, "topic": topic},
+        )
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:

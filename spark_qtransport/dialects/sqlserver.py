@@ -972,6 +972,113 @@ ORDER BY CAST(o.[key] AS int)"""
             (_json(rows),),
         )
 
+    # -- operations (the sqlqueue CLI) ----------------------------------------------------------
+    #
+    # Reads for people watching queues that NServiceBus endpoints and our readers are working
+    # on: READPAST + READCOMMITTEDLOCK, so a read never waits for a row another session holds
+    # (a receive in progress, an uncommitted send or claim) and keeps its meaning on a
+    # READ_COMMITTED_SNAPSHOT database. Shared locks only, released row by row: no update lock,
+    # nothing held after the statement. The price: rows others hold at that moment are not
+    # counted or shown (they are in flight, being sent or taken).
+
+    @staticmethod
+    def _check_limit(limit: int) -> int:
+        limit = int(limit)
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        return limit
+
+    @staticmethod
+    def _check_subscription(option: str, value: str) -> str:
+        """A value of the SubscriptionRouting table: nvarchar(200) NOT NULL, as NServiceBus makes it."""
+        if not isinstance(value, str) or not value or len(value) > 200:
+            raise ConfigError(f"option '{option}': {value!r} must be 1 to 200 characters (SubscriptionRouting)")
+        return value
+
+    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
+        # Oldest first through Index_RowVersion, like a receive, but without UPDLOCK: nothing is
+        # taken, and a receiver or claim running now is neither blocked nor disturbed.
+        return Statement(
+            "SELECT TOP (?) CAST(Id AS varchar(36)), Expires, Headers, Body, RowVersion"
+            f" FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion",
+            (self._check_limit(limit),),
+        )
+
+    def queue_stats(self, queue: QueueAddress) -> Statement:
+        q = self.qualified(queue)
+        # Exact counts of the committed rows no one holds right now (see above): a queue that
+        # receivers are busy on never makes the statistics wait. The expired count seeks the
+        # filtered Index_Expires; expired as a receive judges it (Expires <= now, UTC).
+        return Statement(
+            "SELECT COUNT_BIG(*),"
+            f" (SELECT COUNT_BIG(*) FROM {q} WITH (READPAST, READCOMMITTEDLOCK) WHERE Expires <= GETUTCDATE()),"
+            " MIN(RowVersion), MAX(RowVersion)"
+            f" FROM {q} WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    def delayed_stats(self, delayed: QueueAddress) -> Statement:
+        d = self.qualified(delayed)
+        # Three seeks on Index_Due; Due is UTC datetime, like GETUTCDATE().
+        return Statement(
+            f"SELECT (SELECT COUNT_BIG(*) FROM {d} WITH (READPAST, READCOMMITTEDLOCK) WHERE Due <= GETUTCDATE()),"
+            f" (SELECT COUNT_BIG(*) FROM {d} WITH (READPAST, READCOMMITTEDLOCK) WHERE Due > GETUTCDATE()),"
+            f" (SELECT MIN(Due) FROM {d} WITH (READPAST, READCOMMITTEDLOCK) WHERE Due > GETUTCDATE())"
+        )
+
+    def claim_stats(self, claims: QueueAddress) -> Statement:
+        # In clustered key order (Consumer, ClaimSeq): a stream aggregate, no sort. Claims being
+        # inserted or acknowledged right now are skipped, not waited for.
+        return Statement(
+            f"SELECT Consumer, COUNT_BIG(*), MIN(ClaimedAt) FROM {self.qualified(claims)}"
+            " WITH (READPAST, READCOMMITTEDLOCK) GROUP BY Consumer ORDER BY Consumer"
+        )
+
+    def count_rows(self, table: QueueAddress) -> Statement:
+        # Committed rows no one holds now: an outbox record being written is not waited for.
+        return Statement(f"SELECT COUNT_BIG(*) FROM {self.qualified(table)} WITH (READPAST, READCOMMITTEDLOCK)")
+
+    def purge_expired(self, queue: QueueAddress, *, limit: int) -> Statement:
+        # NServiceBus's PurgeBatchOfExpiredMessagesText, one statement: expired rows through
+        # the filtered Index_Expires, rows held by receivers skipped (READPAST), row locks.
+        # Expired as a receive judges it: Expires <= now. No SET NOCOUNT: the caller reads the
+        # rowcount. A limit of 5,000 rows or more may escalate to a table lock for the moment
+        # of the statement (the claim deletes in chunks for that reason).
+        return Statement(
+            f"DELETE TOP (?) FROM {self.qualified(queue)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE Expires <= GETUTCDATE()",
+            (self._check_limit(limit),),
+        )
+
+    def subscribe(self, table: QueueAddress, *, queue_address: str, endpoint: str, topic: str) -> Statement:
+        # NServiceBus's SubscribeText: MERGE under HOLDLOCK, TABLOCK (no two subscribers race to
+        # insert the same key), the address updated only when it changed. The parameters appear
+        # once each, in the USING row; the rest reads them from there.
+        sql = f"""
+MERGE {self.qualified(table)} WITH (HOLDLOCK, TABLOCK) AS target
+USING (SELECT ? AS Endpoint, ? AS QueueAddress, ? AS Topic) AS source
+ON target.Endpoint = source.Endpoint
+AND target.Topic = source.Topic
+WHEN MATCHED AND target.QueueAddress <> source.QueueAddress THEN
+UPDATE SET QueueAddress = source.QueueAddress
+WHEN NOT MATCHED THEN
+INSERT (QueueAddress, Topic, Endpoint)
+VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
+        return Statement(
+            sql.strip(),
+            (
+                self._check_subscription("--endpoint", endpoint),
+                self._check_subscription("queue", queue_address),
+                self._check_subscription("--topic", topic),
+            ),
+        )
+
+    def unsubscribe(self, table: QueueAddress, *, endpoint: str, topic: str) -> Statement:
+        # NServiceBus's UnsubscribeText.
+        return Statement(
+            f"DELETE FROM {self.qualified(table)} WHERE Endpoint = ? AND Topic = ?",
+            (self._check_subscription("--endpoint", endpoint), self._check_subscription("--topic", topic)),
+        )
+
     # -- connections --------------------------------------------------------------------------
 
     # streaming_cursor: pyodbc's default cursor is a forward-only firehose whose fetchmany()
