@@ -522,5 +522,77 @@ def unsubscribe(endpoint: str, topics: tuple[str, ...], table: str, url: str | N
     _print(rows, as_json)
 
 
+@main.group("error")
+def error_group() -> None:
+    """Messages in the error queue: list them, send them back to the queue they failed in."""
+
+
+@error_group.command("list")
+@click.option("--queue", "queue", default="error", show_default=True, help="error queue address")
+@click.option("-n", "--count", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@_url_option
+@_json_option
+def error_list(queue: str, count: int, url: str | None, as_json: bool) -> None:
+    """The oldest failed messages: where they failed, why and when.
+
+    \b
+    Example:
+      sqlqueue error list -n 5
+    """
+    from .wire import H, decode_headers
+
+    with _Session(url) as s:
+        rows = s.all(s.d.peek_messages(s.queue(queue, option="--queue"), limit=count))
+    out = []
+    for native_id, _, headers_text, _body, _seq in rows:
+        h = decode_headers(headers_text) or {}
+        reason = h.get("NServiceBus.ExceptionInfo.Message") or ""
+        out.append({
+            "native_id": str(native_id).lower(),
+            "message_id": h.get(H.MESSAGE_ID),
+            "failed_q": h.get(H.FAILED_Q),
+            "exception": h.get("NServiceBus.ExceptionInfo.ExceptionType"),
+            "message": reason if as_json else reason[:60],
+            "time_of_failure": h.get(H.TIME_OF_FAILURE),
+        })
+    _print(out, as_json)
+
+
+@error_group.command("retry")
+@click.argument("native_ids", nargs=-1)
+@click.option("--all", "retry_all", is_flag=True, help="retry every message (in batches of --batch)")
+@click.option("--queue", "queue", default="error", show_default=True, help="error queue address")
+@click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 10_000))
+@_url_option
+@_json_option
+def error_retry(native_ids: tuple[str, ...], retry_all: bool, queue: str, batch: int, url: str | None, as_json: bool) -> None:
+    """Send failed messages back to their NServiceBus.FailedQ, failure headers removed.
+
+    \b
+    Examples:
+      sqlqueue error retry 0f8fad5b-d9cb-469f-a165-70867728950e
+      sqlqueue error retry --all
+    """
+    from .queues.recover import RetryResult, retry_failed
+
+    if bool(native_ids) == retry_all:
+        raise click.UsageError("give the native ids of the messages to retry, or --all")
+    total = RetryResult()
+    with _Session(url) as s:
+        address = s.queue(queue, option="--queue")
+        while True:
+            r = retry_failed(s.conn, s.d, address, native_ids=list(native_ids) or None, limit=batch)
+            for name, n in r.moved.items():
+                total.moved[name] = total.moved.get(name, 0) + n
+            total.kept += r.kept
+            if native_ids or not r.moved:
+                break
+    rows: list[dict[str, Any]] = [{"native_id": "", "to": q, "result": f"{n} sent back"} for q, n in total.moved.items()]
+    rows += [{"native_id": i, "to": "", "result": f"kept: {why}"} for i, why in total.kept]
+    _print(rows, as_json)
+    if native_ids and total.kept:
+        sys.exit(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

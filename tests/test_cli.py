@@ -146,3 +146,29 @@ def test_subscribe_and_unsubscribe(pg: Backend, names: Any, run: Any) -> None:
     assert rows == [(f'"public"."{billing}"', "Billing", "Sales.Events.A"), (f'"public"."{billing}"', "Billing", "Sales.Events.B")]
     out = json.loads(run("unsubscribe", "--endpoint", "Billing", "--topic", "Sales.Events.A", "--table", table, "--json").output)
     assert out == [{"endpoint": "Billing", "topic": "Sales.Events.A", "removed": 1}]
+
+
+def test_error_list_and_retry_send_failed_messages_back(pg: Backend, names: Any, run: Any) -> None:
+    from backends import nsb_headers
+
+    sales, error, gone = pg.create_queue(names("Sales")), pg.create_queue(names("error")), names("Gone")
+    failure = {"NServiceBus.ExceptionInfo.ExceptionType": "System.Exception", "NServiceBus.ExceptionInfo.Message": "boom",
+               "NServiceBus.TimeOfFailure": "2026-11-22 00:00:00:000000 Z"}
+    ok = [pg.send(error, nsb_headers(f"m{i}", **{"NServiceBus.FailedQ": sales}, **failure), b"%d" % i) for i in range(3)]
+    lost = pg.send(error, nsb_headers("x1", **{"NServiceBus.FailedQ": gone}, **failure), b"x")
+    listed = json.loads(run("error", "list", "--queue", error, "--json").output)
+    assert [(r["message_id"], r["failed_q"], r["exception"], r["message"]) for r in listed] == [
+        ("m0", sales, "System.Exception", "boom"), ("m1", sales, "System.Exception", "boom"),
+        ("m2", sales, "System.Exception", "boom"), ("x1", gone, "System.Exception", "boom")]
+    one = run("error", "retry", str(ok[1]), "--queue", error, "--json")
+    assert json.loads(one.output) == [{"native_id": "", "to": f'"public"."{sales}"', "result": "1 sent back"}]
+    rest = run("error", "retry", "--all", "--queue", error, "--json")
+    assert {r["result"] for r in json.loads(rest.output)} == {"2 sent back", f"kept: queue {gone} does not exist"}
+    back = [(decode_headers(h), b) for _, h, b in pg.rows(sales)]
+    assert [(h[H.MESSAGE_ID], b) for h, b in back] == [("m1", b"1"), ("m0", b"0"), ("m2", b"2")]
+    assert all(not any(k.startswith("NServiceBus.ExceptionInfo") or k in ("NServiceBus.FailedQ", "NServiceBus.TimeOfFailure")
+                       for k in h) for h, _ in back)
+    assert [r[0] for r in pg.rows(error)] == [str(lost)]
+    missing = run("error", "retry", "00000000-0000-0000-0000-000000000000", "--queue", error, ok=False)
+    assert missing.exit_code == 1 and "not in the error queue" in missing.output
+    assert run("error", "retry", "--queue", error, ok=False).exit_code == 2

@@ -219,15 +219,29 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "read_claims": [D.read_claims(c, consumer, after=3, upto=9)],
         "ack_claims": [D.ack_claims(c, consumer, upto=9, batch=4000)],
         "max_source_seq": [D.max_source_seq(q)],
-        **operation_statements(q, c, dl, o, subs, consumer),
+        **operation_statements(q, e, c, dl, o, subs, consumer),
     }
 
 
+#: native ids as `lock_messages` takes them (uniqueidentifier text in any case) and keys as it makes them
+NATIVE_IDS = ["6F9619FF-8B86-D011-B42D-00C04FC964FF", "{0b4e3c2a-1d5f-4e6a-9b8c-7d6e5f4a3b2c}"]
+MESSAGE_KEYS = ["17", "3"]
+
+
 def operation_statements(
-    q: QueueAddress, c: QueueAddress, dl: QueueAddress, o: QueueAddress, subs: QueueAddress, value: str,
+    q: QueueAddress, e: QueueAddress, c: QueueAddress, dl: QueueAddress, o: QueueAddress, subs: QueueAddress,
+    value: str,
 ) -> dict[str, list[Statement]]:
-    """The statements of the sqlqueue CLI."""
+    """The statements of the sqlqueue CLI (`e` the error queue messages are retried from)."""
     return {
+        "lock_messages": [D.lock_messages(e, native_ids=None, limit=100)],
+        "lock_messages_ids": [D.lock_messages(e, native_ids=NATIVE_IDS, limit=100)],
+        "lock_messages_no_ids": [D.lock_messages(e, native_ids=[], limit=100)],
+        "move_messages": [D.move_messages(e, q, keys=MESSAGE_KEYS, headers=[value, "{}"], recoverable=True)],
+        "move_messages_plain": [D.move_messages(e, q, keys=MESSAGE_KEYS[:1], headers=[value])],
+        "move_messages_none": [D.move_messages(e, q, keys=[], headers=[])],
+        "delete_messages": [D.delete_messages(e, keys=MESSAGE_KEYS)],
+        "delete_messages_none": [D.delete_messages(e, keys=[])],
         "peek_messages": [D.peek_messages(q, limit=10)],
         "queue_stats": [D.queue_stats(q)],
         "delayed_stats": [D.delayed_stats(dl)],
@@ -1414,16 +1428,153 @@ class TestOperationStatements:
 
     @pytest.mark.parametrize("case", list(ADDRESSES))
     def test_odd_names_stay_quoted(self, case: str) -> None:
-        q = D.parse_address(ADDRESSES[case][0])
-        stmts = operation_statements(q, D.claims_table(q), D.companion(q, "Delayed"), D.companion(q, "Outbox"),
+        q, e = D.parse_address(ADDRESSES[case][0]), D.parse_address(ADDRESSES[case][1], option="errorQueue")
+        stmts = operation_statements(q, e, D.claims_table(q), D.companion(q, "Delayed"), D.companion(q, "Outbox"),
                                      q.with_table("SubscriptionRouting"), "v")
         for method, (s,) in stmts.items():
             found = [t for tree in parse_all(s.sql) for t in tree.find_all(exp.Table)]
+            # the only table functions are OPENJSON of a parameter or of another OPENJSON's value
+            functions = [t.this for t in found if not isinstance(t.this, exp.Identifier)]
+            assert all(isinstance(f, exp.OpenJSON) for f in functions), (method, functions)
+            found = [t for t in found if isinstance(t.this, exp.Identifier)]
             # sqlglot 30 reads DELETE TOP (?) as a table named TOP: the only unquoted one allowed
             assert all(t.this.quoted or (t.name == "TOP" and s.sql.startswith("DELETE TOP")) for t in found), method
             tables = {t.name for t in found if t.this.quoted}
-            assert tables and tables <= {q.table, f"{q.table}.Claims", f"{q.table}.Delayed", f"{q.table}.Outbox",
-                                         "SubscriptionRouting"}, (method, tables)
+            assert tables and tables <= {q.table, e.table, f"{q.table}.Claims", f"{q.table}.Delayed",
+                                         f"{q.table}.Outbox", "SubscriptionRouting"}, (method, tables)
+
+
+class TestMessageMoves:
+    """sqlqueue error retry: lock rows of the error queue, insert copies into their queue, delete them."""
+
+    E, Q = QueueAddress("error"), QueueAddress("Sales")
+    LOCK = (
+        "SELECT TOP (?) CAST(RowVersion AS varchar(20)), LOWER(CAST(Id AS varchar(36))), Headers"
+        " FROM [dbo].[error] WITH (UPDLOCK, READPAST, ROWLOCK)"
+    )
+
+    def test_lock_oldest(self) -> None:
+        s = D.lock_messages(self.E, native_ids=None, limit=50)
+        assert s == Statement(self.LOCK + " ORDER BY RowVersion", (50,))
+        (tree,) = parse_all(s.sql)
+        assert len(tree.expressions) == 3  # key, native id, headers
+        assert [o.sql("tsql") for o in tree.args["order"].expressions] == ["RowVersion"]
+        assert _used_columns(s) <= _columns_of(D.create_queue(self.E))
+
+    def test_lock_by_native_ids(self) -> None:
+        s = D.lock_messages(self.E, native_ids=NATIVE_IDS, limit=50)
+        assert s == Statement(
+            self.LOCK + " WHERE Id IN (SELECT CAST(value AS uniqueidentifier) FROM OPENJSON(?)) ORDER BY RowVersion",
+            (50, _js(["6f9619ff-8b86-d011-b42d-00c04fc964ff", "0b4e3c2a-1d5f-4e6a-9b8c-7d6e5f4a3b2c"])),
+        )
+        _marks_match(s)
+        # any number of ids is one parameter, in marker order after the limit
+        many = D.lock_messages(self.E, native_ids=[str(uuid.UUID(int=i)) for i in range(3000)], limit=3000)
+        assert len(placeholders(many.sql)) == 2 and many.params[0] == 3000
+        assert len(json.loads(many.params[1])) == 3000
+
+    def test_lock_no_native_ids_is_valid_sql_selecting_nothing(self) -> None:
+        s = D.lock_messages(self.E, native_ids=[], limit=50)
+        assert s.params == (50, "[]")
+        assert "WHERE Id IN (SELECT CAST(value AS uniqueidentifier) FROM OPENJSON(?))" in s.sql  # not the oldest 50
+        _marks_match(s)
+        (tree,) = parse_all(s.sql)
+        assert isinstance(tree, exp.Select)
+
+    @pytest.mark.parametrize("bad", ["", "x", "6F9619FF-8B86-D011-B42D", EVIL, "1 OR 1 = 1"])
+    def test_lock_refuses_what_is_no_uniqueidentifier(self, bad: str) -> None:
+        with pytest.raises(ValueError, match="native message id"):
+            D.lock_messages(self.E, native_ids=[NATIVE_IDS[0], bad], limit=1)
+
+    def test_lock_limit(self) -> None:
+        assert D.lock_messages(self.E, native_ids=None, limit=0).params == (0,)  # TOP (0): nothing
+        with pytest.raises(ValueError, match="limit must not be negative"):
+            D.lock_messages(self.E, native_ids=None, limit=-1)
+
+    def test_lock_takes_receive_locks(self) -> None:
+        """Rows others hold are skipped (READPAST), rows taken stay ours until commit (UPDLOCK)."""
+        for ids in (None, [], NATIVE_IDS):
+            s = D.lock_messages(self.E, native_ids=ids, limit=5)
+            assert s.sql.count(" FROM ") == 1 + (ids is not None)  # the queue and, with ids, OPENJSON
+            assert "WITH (UPDLOCK, READPAST, ROWLOCK)" in s.sql
+            assert "NOCOUNT" not in s.sql and ";" not in s.sql
+
+    @pytest.mark.parametrize("recoverable", [True, False])
+    def test_move(self, recoverable: bool) -> None:
+        s = D.move_messages(self.E, self.Q, keys=["17", "3"], headers=['{"a":"1"}', "not json"],
+                            recoverable=recoverable)
+        assert s.params == ('[[17,"{\\"a\\":\\"1\\"}"],[3,"not json"]]',)
+        assert json.loads(s.params[0]) == [[17, '{"a":"1"}'], [3, "not json"]]
+        rec = ("Recoverable, ", "1, ") if recoverable else ("", "")
+        assert _flat(s.sql) == (
+            f"INSERT INTO [dbo].[Sales] (Id, CorrelationId, ReplyToAddress, {rec[0]}Expires, Headers, Body)"
+            f" SELECT NEWID(), NULL, NULL, {rec[1]}NULL, k.Headers, m.Body"
+            " FROM OPENJSON(?) AS o"
+            " CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k"
+            " JOIN [dbo].[error] AS m WITH (READPAST, READCOMMITTEDLOCK) ON m.RowVersion = k.KeyRow"
+            " ORDER BY CAST(o.[key] AS int)"
+        )
+
+    @pytest.mark.parametrize("recoverable", [True, False])
+    def test_move_columns_and_values_line_up(self, recoverable: bool) -> None:
+        tree = _insert(D.move_messages(self.E, self.Q, keys=["1"], headers=["{}"], recoverable=recoverable))
+        cols = [c.name for c in tree.this.expressions]
+        expected = ["Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "Headers", "Body"]
+        assert cols == (expected if recoverable else [c for c in expected if c != "Recoverable"])
+        assert set(cols) <= _columns_of(D.create_queue(self.Q))
+        values = [v.sql("tsql") for v in tree.expression.expressions]
+        assert len(values) == len(cols)
+        got = dict(zip(cols, values, strict=True))
+        assert (got["Id"], got["Expires"], got["Headers"], got["Body"]) == ("NEWID()", "NULL", "k.Headers", "m.Body")
+        assert got.get("Recoverable", "1") == "1"
+        # new rows get their RowVersion in the order of the keys: the JSON array's position
+        assert [o.sql("tsql") for o in tree.expression.args["order"].expressions] == ["CAST(o.[key] AS INTEGER)"]
+
+    def test_move_keeps_key_order_beyond_the_parameter_limit(self) -> None:
+        keys = [str(i) for i in range(3000, 0, -1)]
+        s = D.move_messages(self.E, self.Q, keys=keys, headers=[f"h{i}" for i in range(3000)])
+        assert len(placeholders(s.sql)) == 1
+        assert [r[0] for r in json.loads(s.params[0])] == list(range(3000, 0, -1))
+        assert [r[1] for r in json.loads(s.params[0])] == [f"h{i}" for i in range(3000)]
+
+    def test_move_none_is_valid_sql(self) -> None:
+        s = D.move_messages(self.E, self.Q, keys=[], headers=[])
+        assert s.params == ("[]",)
+        _marks_match(s)
+        _insert(s)
+
+    def test_move_and_delete_check_their_input(self) -> None:
+        with pytest.raises(ValueError, match="2 keys but 1 headers"):
+            D.move_messages(self.E, self.Q, keys=["1", "2"], headers=["{}"])
+        for bad in ("", "x", " 17", "17 ", "1.5", "1e3", "1_000", "0x11", KEY, "9" * 20, str(2**63), EVIL):
+            with pytest.raises(ValueError, match="not a message key"):
+                D.move_messages(self.E, self.Q, keys=[bad], headers=["{}"])
+            with pytest.raises(ValueError, match="not a message key"):
+                D.delete_messages(self.E, keys=["1", bad])
+        assert D.delete_messages(self.E, keys=[str(2**63 - 1), "-5"]).params == (_js([2**63 - 1, -5]),)
+
+    @pytest.mark.parametrize("value", HOSTILE)
+    def test_headers_only_in_parameters(self, value: str) -> None:
+        s = D.move_messages(self.E, self.Q, keys=["1", "2"], headers=[value, "{}"])
+        assert s.sql == D.move_messages(self.E, self.Q, keys=["8", "9"], headers=["{}", "{}"]).sql
+        assert json.loads(s.params[0])[0][1] == value
+        _marks_match(s)
+
+    def test_delete(self) -> None:
+        s = D.delete_messages(self.E, keys=["17", "3"])
+        assert s == Statement(
+            "DELETE FROM [dbo].[error] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE RowVersion IN (SELECT k.KeyRow FROM OPENJSON(?) WITH (KeyRow bigint '$') AS k)",
+            ("[17,3]",),
+        )
+        # one statement, no SET NOCOUNT: the caller reads its rowcount
+        assert ";" not in s.sql and "NOCOUNT" not in s.sql
+        (tree,) = parse_all(s.sql)
+        assert isinstance(tree, exp.Delete)
+        assert _used_columns(s) <= _columns_of(D.create_queue(self.E))
+        none = D.delete_messages(self.E, keys=[])
+        assert none.params == ("[]",)
+        _marks_match(none)
 
 
 # -- scripts for DBAs ---------------------------------------------------------------------------
@@ -1912,3 +2063,50 @@ class TestSqlServerLive:
             for t in (dl, o, subs):
                 cur.execute(f"DROP TABLE IF EXISTS {D.qualified(t)}")
             db.conn.commit()
+
+    def test_move_messages(self, db: Any) -> None:
+        """sqlqueue error retry: lock by native ids or oldest first, move in key order, delete; one transaction."""
+        self.install(db)
+        e = D.qualified(db.e)
+        cur = db.conn.cursor()
+        for n in range(4):
+            cur.execute(NSB_SEND.format(e), (_headers(n), f"b{n}".encode()))
+        db.conn.commit()
+        ids = [r[0] for r in self.run(db.conn, D.peek_messages(db.e, limit=10)).fetchall()]
+        db.conn.commit()
+        assert len(ids) == 4
+
+        assert self.run(db.conn, D.lock_messages(db.e, native_ids=[], limit=10)).fetchall() == []
+        locked = self.run(db.conn, D.lock_messages(
+            db.e, native_ids=[ids[3].upper(), ids[1].lower(), str(uuid.uuid4())], limit=10)).fetchall()
+        assert [(r[1], r[2]) for r in locked] == [(ids[1].lower(), _headers(1)), (ids[3].lower(), _headers(3))]
+        keys = [r[0] for r in locked]
+        assert int(keys[0]) < int(keys[1])
+
+        # another session skips the rows locked here, never waits for them
+        other = D.connect(db.url)
+        try:
+            other.cursor().execute("SET LOCK_TIMEOUT 5000")
+            rows = self.run(other, D.lock_messages(db.e, native_ids=None, limit=10)).fetchall()
+            assert [r[2] for r in rows] == [_headers(0), _headers(2)]
+            other.rollback()
+        finally:
+            other.close()
+
+        # moved in the order of the keys given (reversed here), then deleted: all or nothing
+        moved = D.move_messages(db.e, db.q, keys=keys[::-1], headers=['{"retry":"3"}', '{"retry":"1"}'],
+                                recoverable=True)
+        assert self.run(db.conn, moved).rowcount == 2
+        assert self.run(db.conn, D.delete_messages(db.e, keys=keys[::-1])).rowcount == 2
+        db.conn.commit()
+        got = self.run(db.conn, Statement(
+            f"SELECT LOWER(CAST(Id AS varchar(36))), Headers, Body, Expires, Recoverable FROM {D.qualified(db.q)}"
+            " ORDER BY RowVersion")).fetchall()
+        assert [(h, bytes(b), x, r in (1, True)) for _, h, b, x, r in got] == [
+            ('{"retry":"3"}', b"b3", None, True), ('{"retry":"1"}', b"b1", None, True)]
+        assert not {r[0] for r in got} & {i.lower() for i in ids}  # new native ids
+        left = self.run(db.conn, D.lock_messages(db.e, native_ids=None, limit=10)).fetchall()
+        assert [r[2] for r in left] == [_headers(0), _headers(2)]
+        assert [r[2] for r in self.run(db.conn, D.lock_messages(db.e, native_ids=None, limit=1)).fetchall()] == [
+            _headers(0)]
+        db.conn.rollback()

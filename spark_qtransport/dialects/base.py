@@ -360,6 +360,24 @@ class Dialect(ABC):
     def unsubscribe(self, table: QueueAddress, *, endpoint: str, topic: str) -> Statement:
         """Delete one subscription; rowcount = deleted."""
 
+    @abstractmethod
+    def lock_messages(self, queue: QueueAddress, *, native_ids: list[str] | None, limit: int) -> Statement:
+        """Lock and return rows (key text, native id text, headers) of a queue: those with the
+        given native ids, else the oldest `limit`; skips rows others hold. The key is what
+        `move_messages`/`delete_messages` take."""
+
+    @abstractmethod
+    def move_messages(
+        self, queue: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        """INSERT the rows `keys` of `queue` (in that order) into `destination` with new native
+        ids, Expires NULL and the given headers; bodies copied server-side."""
+
+    @abstractmethod
+    def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
+        """Delete the rows `keys` of `queue`."""
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:

@@ -386,6 +386,37 @@ SELECT (SELECT count(*) FROM gone),
             {"endpoint": endpoint, "topic": topic},
         )
 
+    def lock_messages(self, queue: QueueAddress, *, native_ids: list[str] | None, limit: int) -> Statement:
+        q = self.qualified(queue)
+        if native_ids is None:
+            return Statement(
+                f"SELECT id::text, id::text, headers FROM {q} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+                {"limit": int(limit)},
+            )
+        return Statement(
+            f"SELECT id::text, id::text, headers FROM {q} WHERE id = ANY(%(ids)s::uuid[])"
+            " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+            {"ids": list(native_ids), "limit": int(limit)},
+        )
+
+    def move_messages(
+        self, queue: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        # Queue and delayed tables both key their rows by id uuid.
+        sql = (
+            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
+            " SELECT gen_random_uuid(), NULL, v.headers, m.body"
+            " FROM unnest(%(keys)s::uuid[], %(headers)s::text[]) WITH ORDINALITY AS v(id, headers, n)"
+            f" JOIN {self.qualified(queue)} AS m ON m.id = v.id ORDER BY v.n"
+        )
+        return Statement(sql, {"keys": list(keys), "headers": list(headers)})
+
+    def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(queue)} WHERE id = ANY(%(keys)s::uuid[])", {"keys": list(keys)}
+        )
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:
@@ -628,15 +659,7 @@ ORDER BY k.seq"""
         self, delayed: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
         recoverable: bool = False,
     ) -> Statement:
-        sql = (
-            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
-            " SELECT gen_random_uuid(), NULL, v.headers, d.body"
-            " FROM unnest(%(keys)s::uuid[], %(headers)s::text[]) WITH ORDINALITY AS v(id, headers, n)"
-            f" JOIN {self.qualified(delayed)} AS d ON d.id = v.id ORDER BY v.n"
-        )
-        return Statement(sql, {"keys": list(keys), "headers": list(headers)})
+        return self.move_messages(delayed, destination, keys=keys, headers=headers)
 
     def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
-        return Statement(
-            f"DELETE FROM {self.qualified(delayed)} WHERE id = ANY(%(keys)s::uuid[])", {"keys": list(keys)}
-        )
+        return self.delete_messages(delayed, keys=keys)

@@ -9,7 +9,7 @@ Queue tables are NServiceBus's (``SqlServerConstants.CreateQueueText``): a heap 
 ``Index_RowVersion`` and a filtered ``Index_Expires``; ``RowVersion bigint IDENTITY`` is the FIFO
 order. Columns are always named explicitly, so an added ``BodyString`` column does not matter.
 The delayed table and ``SubscriptionRouting`` are NServiceBus's too; ``<endpoint>.Staging`` and
-``<endpoint>.Outbox`` are ours. Lists of any length (task attempts, delayed row keys) travel as
+``<endpoint>.Outbox`` are ours. Lists of any length (task attempts, row keys, native ids) travel as
 one JSON parameter read with OPENJSON (a request takes at most 2,100 parameters).
 
 Statements are DB-API statements for pyodbc: ``?`` markers, parameters as a tuple in marker order.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from datetime import datetime, timezone
 from typing import Any
 
@@ -211,6 +212,22 @@ def _delayed_key(key: str) -> tuple[int, str]:
     if not sep or not due:
         raise ValueError(f"not a delayed row key: {key!r}")
     return int(row), due
+
+
+def _message_key(key: str) -> int:
+    """A key of `lock_messages` (a RowVersion as text) -> the RowVersion."""
+    text = str(key)
+    if not re.fullmatch(r"-?[0-9]{1,19}", text) or not -(2**63) <= int(text) < 2**63:
+        raise ValueError(f"not a message key: {key!r}")
+    return int(text)
+
+
+def _native_id(value: str) -> str:
+    """A native message id (a uniqueidentifier, any case, braces allowed) -> canonical text."""
+    try:
+        return str(uuid.UUID(str(value).strip()))
+    except ValueError:
+        raise ValueError(f"not a native message id (a uniqueidentifier): {value!r}") from None
 
 
 #: the time-to-be-received as Expires, computed on the server like NServiceBus's send. DATEADD
@@ -1077,6 +1094,59 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
         return Statement(
             f"DELETE FROM {self.qualified(table)} WHERE Endpoint = ? AND Topic = ?",
             (self._check_subscription("--endpoint", endpoint), self._check_subscription("--topic", topic)),
+        )
+
+    # Moving messages between queues (sqlqueue error retry): lock rows, insert copies, delete the
+    # rows, one transaction. Id is not unique in an NServiceBus queue table (nothing enforces it):
+    # a row's key is its RowVersion as text, which IDENTITY makes unique and Index_RowVersion seeks.
+
+    def lock_messages(self, queue: QueueAddress, *, native_ids: list[str] | None, limit: int) -> Statement:
+        # A receive's locks, as NServiceBus takes them: UPDLOCK + READPAST + ROWLOCK, so rows a
+        # receiver (or ServiceControl, on an error queue) holds are skipped, never waited for, and
+        # no one else takes the rows locked here until the transaction ends. Oldest first through
+        # Index_RowVersion. Any number of ids travels as one JSON parameter; none selects nothing.
+        limit = int(limit)
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, not {limit}")
+        sql = (
+            "SELECT TOP (?) CAST(RowVersion AS varchar(20)), LOWER(CAST(Id AS varchar(36))), Headers"
+            f" FROM {self.qualified(queue)} WITH (UPDLOCK, READPAST, ROWLOCK)"
+        )
+        if native_ids is None:
+            return Statement(sql + " ORDER BY RowVersion", (limit,))
+        ids = [_native_id(i) for i in native_ids]
+        return Statement(
+            sql + " WHERE Id IN (SELECT CAST(value AS uniqueidentifier) FROM OPENJSON(?)) ORDER BY RowVersion",
+            (limit, _json(ids)),
+        )
+
+    def move_messages(
+        self, queue: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        if len(keys) != len(headers):
+            raise ValueError(f"{len(keys)} keys but {len(headers)} headers")
+        rows = [[_message_key(k), str(h)] for k, h in zip(keys, headers, strict=True)]
+        cols, lead = self._queue_columns(recoverable)
+        # One JSON array of [RowVersion, Headers]; its [key] is the position, so the new RowVersion
+        # values follow the order of `keys` (INSERT ... SELECT ... ORDER BY). The rows are this
+        # transaction own (locked by lock_messages): READPAST skips only rows others hold.
+        sql = f"""
+INSERT INTO {self.qualified(destination)} ({cols})
+SELECT {lead}, NULL, k.Headers, m.Body
+FROM OPENJSON(?) AS o
+CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k
+JOIN {self.qualified(queue)} AS m WITH (READPAST, READCOMMITTEDLOCK) ON m.RowVersion = k.KeyRow
+ORDER BY CAST(o.[key] AS int)"""
+        return Statement(sql.strip(), (_json(rows),))
+
+    def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
+        # Seeks Index_RowVersion per key. The rows are this transaction own (see move_messages).
+        rows = [_message_key(k) for k in keys]
+        return Statement(
+            f"DELETE FROM {self.qualified(queue)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE RowVersion IN (SELECT k.KeyRow FROM OPENJSON(?) WITH (KeyRow bigint '$') AS k)",
+            (_json(rows),),
         )
 
     # -- connections --------------------------------------------------------------------------
