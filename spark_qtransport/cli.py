@@ -522,6 +522,28 @@ def unsubscribe(endpoint: str, topics: tuple[str, ...], table: str, url: str | N
     _print(rows, as_json)
 
 
+@main.command("doctor")
+@click.argument("queues", nargs=-1, required=True)
+@_url_option
+@_json_option
+def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
+    """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
+    RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them. Exit 1 on errors.
+
+    \b
+    Example:
+      sqlqueue doctor Sales Billing error
+    """
+    from .queues.doctor import check_queue
+
+    with _Session(url) as s:
+        findings = [f for q in queues for f in check_queue(s.conn.cursor(), s.d, s.d.parse_address(q, option="QUEUE"))]
+        s.conn.commit()
+    _print([{"level": f.level, "table": f.table, "finding": f.message} for f in findings], as_json)
+    if any(f.level == "error" for f in findings):
+        sys.exit(1)
+
+
 @main.group("error")
 def error_group() -> None:
     """Messages in the error queue: list them, send them back to the queue they failed in."""

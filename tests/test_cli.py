@@ -172,3 +172,19 @@ def test_error_list_and_retry_send_failed_messages_back(pg: Backend, names: Any,
     missing = run("error", "retry", "00000000-0000-0000-0000-000000000000", "--queue", error, ok=False)
     assert missing.exit_code == 1 and "not in the error queue" in missing.output
     assert run("error", "retry", "--queue", error, ok=False).exit_code == 2
+
+
+def test_doctor_on_our_tables_and_on_nservicebus_created_ones(pg: Backend, names: Any, run: Any) -> None:
+    ours, nsb, bad = pg.create_queue(names("Sales")), pg.create_queue(names("Nsb"), nsb=True), names("Bad")
+    with pg.connect() as c:
+        c.execute(f'CREATE TABLE "{bad}" (id uuid, headers text)')
+        # an NServiceBus table close to the end of its int4 sequence
+        c.execute(f"SELECT setval(pg_get_serial_sequence('\"{nsb}\"', 'seq'), 1900000000)")
+    pg.send(nsb, "{}", b"x")
+    result = run("doctor", ours, nsb, "--json")
+    findings = json.loads(result.output)
+    assert {(f["level"], f["table"]) for f in findings} >= {("ok", f'"public"."{ours}"'), ("warning", f'"public"."{nsb}"')}
+    assert any("32-bit serial" in f["finding"] and "88.5% used" in f["finding"] for f in findings)
+    failing = run("doctor", ours, bad, names("Missing"), ok=False)
+    assert failing.exit_code == 1
+    assert "missing column(s) body, expires, seq / RowVersion" in failing.output and "does not exist" in failing.output

@@ -207,6 +207,7 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "create_claims": D.create_claims(c),
         "table_id": [D.table_id(c)],
         "queue_columns": [D.queue_columns(e)],
+        "indexes": [D.indexes(q), D.indexes(e)],
         "try_lock_consumer": [D.try_lock_consumer(c, consumer)],
         "unlock_consumer": [D.unlock_consumer(c, consumer)],
         "peek": [D.peek(q, after=0, upto=None)],
@@ -1577,6 +1578,92 @@ class TestMessageMoves:
         _marks_match(none)
 
 
+class TestIndexes:
+    """sqlqueue doctor: (name, key columns, clustered, unique, filter) of a table's indexes."""
+
+    SQL = (
+        "WITH t AS (SELECT OBJECT_ID(?) AS id),"
+        " k AS ("
+        " SELECT ic.object_id, ic.index_id, ic.key_ordinal, CAST(LOWER(c.name) AS nvarchar(max)) AS cols"
+        " FROM t"
+        " JOIN {s}index_columns AS ic ON ic.object_id = t.id AND ic.key_ordinal = 1 AND ic.is_included_column = 0"
+        " JOIN {s}columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id"
+        " UNION ALL"
+        " SELECT ic.object_id, ic.index_id, ic.key_ordinal, CAST(k.cols + N',' + LOWER(c.name) AS nvarchar(max))"
+        " FROM k"
+        " JOIN {s}index_columns AS ic ON ic.object_id = k.object_id AND ic.index_id = k.index_id"
+        " AND ic.key_ordinal = k.key_ordinal + 1 AND ic.is_included_column = 0"
+        " JOIN {s}columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id"
+        " )"
+        " SELECT i.name, k.cols, CAST(CASE WHEN i.type = 1 THEN 1 ELSE 0 END AS bit), i.is_unique, i.filter_definition"
+        " FROM t"
+        " JOIN {s}indexes AS i ON i.object_id = t.id"
+        " LEFT JOIN k ON k.object_id = i.object_id AND k.index_id = i.index_id"
+        " AND NOT EXISTS (SELECT 1 FROM {s}index_columns AS n"
+        " WHERE n.object_id = k.object_id AND n.index_id = k.index_id AND n.key_ordinal = k.key_ordinal + 1)"
+        " WHERE i.type <> 0 AND i.is_hypothetical = 0"
+        " ORDER BY i.name"
+    )
+
+    def test_sql(self) -> None:
+        s = D.indexes(QueueAddress("Sales"))
+        assert s.params == ("[dbo].[Sales]",)
+        assert _flat(s.sql) == self.SQL.format(s="sys.")
+        assert s.sql == s.sql.strip() and ";" not in s.sql  # one statement, its rows the first result
+        _marks_match(s)
+
+    def test_catalog_views_of_the_tables_database(self) -> None:
+        s = D.indexes(QueueAddress("q", "s", "shop"))
+        assert s.params == ("[shop].[s].[q]",)
+        assert _flat(s.sql) == self.SQL.format(s="[shop].sys.")
+        assert _flat(s.sql).count("[shop].sys.") == 6 and " sys." not in s.sql  # no view of the current database
+        # schema and table are never in the text: OBJECT_ID resolves the quoted name
+        assert D.indexes(QueueAddress("q", "other")).sql == D.indexes(QueueAddress("Sales")).sql
+
+    def test_parsed_shape(self) -> None:
+        s = D.indexes(QueueAddress("Sales", "b", "shop"))
+        (tree,) = parse_all(s.sql)
+        assert isinstance(tree, exp.Select)
+        assert [c.alias_or_name for c in tree.ctes] == ["t", "k"]
+        # the one marker is OBJECT_ID's argument
+        (marker,) = tree.find_all(exp.Placeholder)
+        assert marker.parent.sql("tsql") == "OBJECT_ID(?)"
+        assert marker.find_ancestor(exp.CTE).alias == "t"
+        views = {(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table) if t.db}
+        assert views == {("shop", "sys", v) for v in ("index_columns", "columns", "indexes")}
+        assert {t.name for t in tree.find_all(exp.Table) if not t.db} == {"t", "k"}
+        assert len(tree.selects) == 5
+        assert [e.sql("tsql") for e in tree.args["order"].expressions] == ["i.name"]
+
+    def test_keys_only_in_key_order_no_heap(self) -> None:
+        flat = _flat(D.indexes(QueueAddress("Sales")).sql)
+        # key columns only (included and partitioning columns have key_ordinal 0), chained 1, 2, ...
+        assert "ic.key_ordinal = 1 AND ic.is_included_column = 0" in flat
+        assert "ic.key_ordinal = k.key_ordinal + 1 AND ic.is_included_column = 0" in flat
+        assert "CAST(k.cols + N',' + LOWER(c.name) AS nvarchar(max))" in flat  # appended: key order kept
+        # the last key of each index (no next one): its chain holds all keys
+        assert "NOT EXISTS (SELECT 1 FROM sys.index_columns AS n" in flat
+        assert "WHERE i.type <> 0 AND i.is_hypothetical = 0" in flat
+        # SQL Server 2016 (OPENJSON's first version): no STRING_AGG, no FOR XML
+        assert "STRING_AGG" not in flat.upper() and "FOR XML" not in flat.upper()
+
+    @pytest.mark.parametrize("name", [EVIL_TABLE, *[v for v in HOSTILE if v], "a]]]b", "x,y"])
+    def test_hostile_names_only_in_the_parameter(self, name: str) -> None:
+        plain = D.indexes(QueueAddress("q", "s"))
+        for address in (QueueAddress(name), QueueAddress("t", name), QueueAddress(name, name)):
+            s = D.indexes(address)
+            assert s.sql == plain.sql
+            assert s.params == (D.qualified(address),)
+        # as the catalog: one quoted identifier, six times; the statement's shape unchanged
+        s = D.indexes(QueueAddress("t", None, name))
+        assert s.params == (D.qualified(QueueAddress("t", None, name)),)
+        assert _shape(s.sql) == _shape(D.indexes(QueueAddress("t", None, "c")).sql)
+        quoted = D.quote(name)
+        assert [t.text for t in tokenize(s.sql) if t.token_type == TokenType.IDENTIFIER] == [name] * 6
+        assert s.sql.count(quoted) == 6
+        assert not [t for t in parse_all(s.sql) if isinstance(t, (exp.Drop, exp.Command))]
+
+
 # -- scripts for DBAs ---------------------------------------------------------------------------
 
 SQL_DIR = SQL_ROOT / "sqlserver"
@@ -1799,6 +1886,35 @@ class TestSqlServerLive:
         )).fetchall()}
         assert indexes == {"Index_RowVersion", "Index_Expires"}
         db.conn.commit()
+
+    def test_indexes(self, db: Any) -> None:
+        self.install(db)
+        rows = [tuple(r) for r in self.run(db.conn, D.indexes(db.q)).fetchall()]
+        # NServiceBus's heap: no row for the heap itself, only its two nonclustered indexes
+        assert rows == [("Index_Expires", "expires", False, False, "([Expires] IS NOT NULL)"),
+                        ("Index_RowVersion", "rowversion", False, False, None)]
+        assert self.run(db.conn, D.indexes(db.q.with_table("no_such_table_here"))).fetchall() == []
+        # the claim table: a clustered primary key of two columns, in key order
+        [(_, cols, clustered, unique, where)] = self.run(db.conn, D.indexes(db.c)).fetchall()
+        assert (cols, bool(clustered), bool(unique), where) == ("consumer,claimseq", True, True, None)
+        db.conn.commit()
+        # odd column names, keys in key order (not column order), included columns left out, heaps skipped
+        odd = db.q.with_table(db.q.table + "_odd ]")
+        t = D.qualified(odd)
+        try:
+            self.run(db.conn, [
+                Statement(f"CREATE TABLE {t} ([A,]]b] int NOT NULL, [Ü'x] int NOT NULL, [c?] int NULL)"),
+                Statement(f"CREATE UNIQUE CLUSTERED INDEX [ix ]]1] ON {t} ([Ü'x] DESC, [A,]]b])"),
+                Statement(f"CREATE INDEX [ix2] ON {t} ([c?]) INCLUDE ([A,]]b]) WHERE [c?] IS NOT NULL"),
+            ])
+            db.conn.commit()
+            rows = [tuple(r) for r in self.run(db.conn, D.indexes(odd)).fetchall()]
+            assert rows == [("ix ]1", "ü'x,a,]b", True, True, None), ("ix2", "c?", False, False, "([c?] IS NOT NULL)")]
+            db.conn.commit()
+        finally:
+            db.conn.rollback()
+            db.conn.cursor().execute(f"DROP TABLE IF EXISTS {t}")
+            db.conn.commit()
 
     def test_consumer_lock(self, db: Any) -> None:
         self.install(db)

@@ -378,6 +378,11 @@ class Dialect(ABC):
     def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
         """Delete the rows `keys` of `queue`."""
 
+    @abstractmethod
+    def indexes(self, table: QueueAddress) -> Statement:
+        """Rows (index name, comma-separated key columns lower-cased in key order, is clustered,
+        is unique, filter predicate text or NULL) of a table's indexes, for schema checks."""
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:

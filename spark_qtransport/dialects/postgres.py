@@ -417,6 +417,19 @@ SELECT (SELECT count(*) FROM gone),
             f"DELETE FROM {self.qualified(queue)} WHERE id = ANY(%(keys)s::uuid[])", {"keys": list(keys)}
         )
 
+    def indexes(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        return Statement(
+            "SELECT i.relname, string_agg(lower(a.attname), ',' ORDER BY k.n), ix.indisclustered, ix.indisunique,"
+            " pg_get_expr(ix.indpred, ix.indrelid)"
+            " FROM pg_index ix JOIN pg_class i ON i.oid = ix.indexrelid"
+            " CROSS JOIN LATERAL unnest(ix.indkey) WITH ORDINALITY AS k(attnum, n)"
+            " JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = k.attnum"
+            f" WHERE ix.indrelid = {expr}"
+            " GROUP BY i.relname, ix.indisclustered, ix.indisunique, ix.indpred, ix.indrelid ORDER BY i.relname",
+            params,
+        )
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:

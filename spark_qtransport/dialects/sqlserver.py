@@ -1149,6 +1149,39 @@ ORDER BY CAST(o.[key] AS int)"""
             (_json(rows),),
         )
 
+    def indexes(self, table: QueueAddress) -> Statement:
+        sys_ = self._sys(table)
+        # Key columns only, in key order: included columns have key_ordinal 0, and so do the
+        # partitioning columns SQL Server adds to an index silently (is_included_column = 0).
+        # Joined up by a recursive CTE rather than STRING_AGG (SQL Server 2017) or FOR XML PATH
+        # (fails on names with control characters): runs wherever OPENJSON does, from 2016 on.
+        # An index has at most 32 key columns, below the default MAXRECURSION of 100. An index
+        # without key columns (columnstore) has NULL columns. Heaps (type 0) are no index;
+        # hypothetical indexes (Database Engine Tuning Advisor) are statistics only.
+        sql = f"""
+WITH t AS (SELECT OBJECT_ID(?) AS id),
+k AS (
+SELECT ic.object_id, ic.index_id, ic.key_ordinal, CAST(LOWER(c.name) AS nvarchar(max)) AS cols
+FROM t
+JOIN {sys_}index_columns AS ic ON ic.object_id = t.id AND ic.key_ordinal = 1 AND ic.is_included_column = 0
+JOIN {sys_}columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id
+UNION ALL
+SELECT ic.object_id, ic.index_id, ic.key_ordinal, CAST(k.cols + N',' + LOWER(c.name) AS nvarchar(max))
+FROM k
+JOIN {sys_}index_columns AS ic ON ic.object_id = k.object_id AND ic.index_id = k.index_id
+AND ic.key_ordinal = k.key_ordinal + 1 AND ic.is_included_column = 0
+JOIN {sys_}columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id
+)
+SELECT i.name, k.cols, CAST(CASE WHEN i.type = 1 THEN 1 ELSE 0 END AS bit), i.is_unique, i.filter_definition
+FROM t
+JOIN {sys_}indexes AS i ON i.object_id = t.id
+LEFT JOIN k ON k.object_id = i.object_id AND k.index_id = i.index_id
+AND NOT EXISTS (SELECT 1 FROM {sys_}index_columns AS n
+WHERE n.object_id = k.object_id AND n.index_id = k.index_id AND n.key_ordinal = k.key_ordinal + 1)
+WHERE i.type <> 0 AND i.is_hypothetical = 0
+ORDER BY i.name"""
+        return Statement(sql.strip(), (self.qualified(table),))
+
     # -- connections --------------------------------------------------------------------------
 
     # streaming_cursor: pyodbc's default cursor is a forward-only firehose whose fetchmany()
