@@ -477,13 +477,21 @@ def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> Non
     _print([{"queue": name, "purged": total}], as_json)
 
 
+def _subscription_options(f: F) -> F:
+    for option in reversed([
+        click.option("--endpoint", required=True, help="the subscribing endpoint's name"),
+        click.option("--topic", "topics", required=True, multiple=True, help="event type full name (repeatable)"),
+        click.option("--table", default="SubscriptionRouting", show_default=True, help="subscription table address"),
+        _url_option,
+        _json_option,
+    ]):
+        f = option(f)
+    return f
+
+
 @main.command("subscribe")
 @click.argument("queue")
-@click.option("--endpoint", required=True, help="the subscribing endpoint's name")
-@click.option("--topic", "topics", required=True, multiple=True, help="event type full name (repeatable)")
-@click.option("--table", default="SubscriptionRouting", show_default=True, help="subscription table address")
-@_url_option
-@_json_option
+@_subscription_options
 def subscribe(queue: str, endpoint: str, topics: tuple[str, ...], table: str, url: str | None, as_json: bool) -> None:
     """Route published events of TOPIC to QUEUE (an upsert per endpoint and topic, as NServiceBus does).
 
@@ -503,11 +511,7 @@ def subscribe(queue: str, endpoint: str, topics: tuple[str, ...], table: str, ur
 
 
 @main.command("unsubscribe")
-@click.option("--endpoint", required=True, help="the subscribing endpoint's name")
-@click.option("--topic", "topics", required=True, multiple=True, help="event type full name (repeatable)")
-@click.option("--table", default="SubscriptionRouting", show_default=True, help="subscription table address")
-@_url_option
-@_json_option
+@_subscription_options
 def unsubscribe(endpoint: str, topics: tuple[str, ...], table: str, url: str | None, as_json: bool) -> None:
     """Stop routing TOPIC to the endpoint.
 
