@@ -188,3 +188,10 @@ def test_doctor_on_our_tables_and_on_nservicebus_created_ones(pg: Backend, names
     failing = run("doctor", ours, bad, names("Missing"), ok=False)
     assert failing.exit_code == 1
     assert "missing column(s) body, expires, seq / RowVersion" in failing.output and "does not exist" in failing.output
+
+
+def test_create_outbox_creates_the_sender_tables(pg: Backend, names: Any, run: Any) -> None:
+    e = names("Sales")
+    out = json.loads(run("create-outbox", e, "--json").output)
+    assert out == [{"table": f'"public"."{e}.Staging"', "status": "ready"}, {"table": f'"public"."{e}.Outbox"', "status": "ready"}]
+    assert pg.count(f'"{e}.Staging"') == 0 and pg.count(f'"{e}.Outbox"') == 0
