@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -13,6 +14,7 @@ __all__ = [
     "RESERVED",
     "decode_headers",
     "encode_headers",
+    "failure_headers",
     "format_time",
     "outgoing_headers",
     "parse_time",
@@ -70,6 +72,30 @@ def decode_headers(text: str | None) -> dict[str, str | None] | None:
 def encode_headers(headers: Mapping[str, str | None]) -> str:
     """Serialize headers as NServiceBus does: a flat object, ``/`` escaped as ``\\/``, non-ASCII raw."""
     return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":")).replace("/", "\\/")
+
+
+#: NServiceBus keeps at most this many characters of an exception message in its header
+MAX_EXCEPTION_MESSAGE = 16384
+
+
+def failure_headers(
+    headers: Mapping[str, str | None], *, failed_q: str, exception_type: str, message: str, source: str,
+    endpoint: str,
+) -> dict[str, str | None]:
+    """`headers` plus the failure headers NServiceBus's recoverability adds before it moves a
+    message to the error queue (FailedQ, ExceptionInfo.*, TimeOfFailure, Processing*)."""
+    out = dict(headers)
+    out.update({
+        H.FAILED_Q: failed_q,
+        "NServiceBus.ExceptionInfo.ExceptionType": exception_type,
+        "NServiceBus.ExceptionInfo.Message": message[:MAX_EXCEPTION_MESSAGE],
+        "NServiceBus.ExceptionInfo.Source": source,
+        "NServiceBus.ExceptionInfo.StackTrace": "",
+        H.TIME_OF_FAILURE: format_time(datetime.now(timezone.utc)),
+        "NServiceBus.ProcessingEndpoint": endpoint,
+        "NServiceBus.ProcessingMachine": socket.gethostname(),
+    })
+    return out
 
 
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S:%f Z"

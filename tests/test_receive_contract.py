@@ -524,3 +524,43 @@ def test_a_claim_spark_waits_for_starts_small(pg: Backend, queues) -> None:  # t
         second = r.latest(first, 20_000)
         assert len(read_batch(r, start, first)) == 2000
         assert len(read_batch(r, first, second)) == 3000
+
+
+def test_forward_destination_header_is_honoured(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
+    """NServiceBus's mover puts due delayed messages into the endpoint's own input queue with
+    NServiceBus.SqlServer.ForwardDestination on; the receiver forwards them in its receive
+    transaction (same native id, header removed, no expiry), keeps those addressed to itself
+    (header removed) and sends those whose destination is missing to the error queue."""
+    q, e, billing = names("Sales"), names("error"), names("Billing")
+    for t in (q, e, billing):
+        backend.create_queue(t)
+    fwd = "NServiceBus.SqlServer.ForwardDestination"
+    try:
+        to_billing = backend.send(q, nsb_headers("to-billing", **{fwd: billing}), b"b", ttbr_ms=3_600_000)
+        backend.send(q, nsb_headers("to-self", **{fwd: q}), b"s")
+        backend.send(q, nsb_headers("plain"), b"p")
+        backend.send(q, nsb_headers("to-nowhere", **{fwd: names("Nowhere")}), b"n")
+        backend.send(q, nsb_headers("mentions-it", **{"Custom.Note": fwd}), b"m")
+        with receiving(backend, q, e) as r:
+            rows, _ = drain(r)
+            assert (r.stats.forwarded, r.stats.forward_failed) == (1, 1)
+        got = {row[0]: row for row in rows}
+        assert sorted(got) == ["mentions-it", "plain", "to-self"]
+        assert fwd not in got["to-self"][2] and got["to-self"][3] == b"s"
+        assert got["mentions-it"][2]["Custom.Note"] == fwd
+
+        ((nid, text, body),) = backend.rows(billing)
+        headers = json.loads(text)
+        assert (nid, body, headers["NServiceBus.MessageId"]) == (str(to_billing), b"b", "to-billing")
+        assert fwd not in headers
+        assert backend.count(billing, "WHERE expires IS NULL") == 1
+
+        ((_, text, body),) = backend.rows(e)
+        failed = json.loads(text)
+        assert (failed["NServiceBus.MessageId"], body) == ("to-nowhere", b"n")
+        assert failed["NServiceBus.FailedQ"] == names("Nowhere") and fwd not in failed
+        assert "does not exist" in failed["NServiceBus.ExceptionInfo.Message"]
+        assert backend.count(q) == 0 and backend.count(backend.claims(q)) == 0
+    finally:
+        for t in (q, e, billing, backend.claims(q)):
+            backend.drop(t)

@@ -220,6 +220,11 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "read_claims": [D.read_claims(c, consumer, after=3, upto=9)],
         "ack_claims": [D.ack_claims(c, consumer, upto=9, batch=4000)],
         "max_source_seq": [D.max_source_seq(q)],
+        "forward_candidates": [D.forward_candidates(c, consumer, lo=3, hi=9)],
+        "forward_claims": [D.forward_claims(c, consumer, e, keys=[9, 3], headers=[consumer, "{}"], recoverable=True)],
+        "forward_claims_plain": [D.forward_claims(c, consumer, q, keys=[3], headers=[consumer])],
+        "set_claim_headers": [D.set_claim_headers(c, consumer, keys=[3, 4], headers=[consumer, "{}"])],
+        "drop_claims": [D.drop_claims(c, consumer, keys=[3, 4])],
         **operation_statements(q, e, c, dl, o, subs, consumer),
     }
 
@@ -727,14 +732,46 @@ class TestReceiveStatements:
     def test_claim_result_row(self) -> None:
         last = parse_all(self.claim().sql)[-1]
         assert isinstance(last, exp.Select)
-        assert [e.alias for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "max_claim", "max_source"]
-        assert [e.this.name for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "maxClaim", "maxSource"]
+        assert [e.alias for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "max_claim", "max_source", "min_claim", "forward"]
+        assert [e.this.name for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "maxClaim", "maxSource", "minClaim", "forward"]
         # the only statement returning rows: every other SELECT of the batch assigns variables
         selects = [part for kind, part in simple_statements(self.claim().sql)
                    if kind == "statement" and part.startswith("SELECT")]
         for part in selects[:-1]:
             tree = sqlglot.parse_one(part, read="tsql")
             assert all(isinstance(e, exp.EQ) and isinstance(e.this, exp.Parameter) for e in tree.expressions), part
+
+    def test_claim_flags_forwarded_rows(self) -> None:
+        flat = _flat(self.claim().sql)
+        assert ("SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0"
+                " AND Headers LIKE N'%NServiceBus.SqlServer.ForwardDestination%';") in flat
+        assert "SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;" in flat
+
+    @pytest.mark.parametrize("recoverable", [True, False])
+    def test_forward_claims_keep_the_native_id(self, recoverable: bool) -> None:
+        s = D.forward_claims(self.C, "B", self.E, keys=[9, 3], headers=['{"a":"1"}', "{}"], recoverable=recoverable)
+        assert s.params == ('[[9,"{\\"a\\":\\"1\\"}"],[3,"{}"]]', "B")
+        assert json.loads(s.params[0]) == [[9, '{"a":"1"}'], [3, "{}"]]
+        rec = ("Recoverable, ", "1, ") if recoverable else ("", "")
+        assert _flat(s.sql) == (
+            f"INSERT INTO [dbo].[error] (Id, CorrelationId, ReplyToAddress, {rec[0]}Expires, Headers, Body)"
+            f" SELECT c.Id, NULL, NULL, {rec[1]}NULL, k.Headers, c.Body"
+            " FROM OPENJSON(?) AS o"
+            " CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k"
+            " JOIN [dbo].[Sales.Claims] AS c ON c.Consumer = ? AND c.ClaimSeq = k.KeyRow"
+            " ORDER BY CAST(o.[key] AS int)"
+        )
+        with pytest.raises(ValueError):
+            D.forward_claims(self.C, "B", self.E, keys=[1], headers=[])
+
+    def test_forward_candidates_and_claim_edits(self) -> None:
+        s = D.forward_candidates(self.C, "B", lo=3, hi=9)
+        assert s.params == ("B", 3, 9)
+        assert "Headers LIKE N'%NServiceBus.SqlServer.ForwardDestination%'" in s.sql
+        s = D.set_claim_headers(self.C, "B", keys=[3], headers=["{}"])
+        assert s.params == ('[[3,"{}"]]', "B") and "WHERE c.Consumer = ?" in s.sql
+        s = D.drop_claims(self.C, "B", keys=[3, 4])
+        assert s.params == ("B", "[3,4]")
 
     def test_claim_rejects_nonsense(self) -> None:
         with pytest.raises(ValueError):

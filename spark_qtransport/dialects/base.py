@@ -56,6 +56,8 @@ class ClaimResult:
     claimed: int  # of which inserted into the claim table
     max_claim: int | None  # highest claim sequence inserted, None if none
     max_source: int | None  # highest queue sequence seen, None if none
+    min_claim: int | None = None  # lowest claim sequence inserted, None if none
+    forward: int = 0  # claimed rows whose headers may name a ForwardDestination (text match)
 
 
 def check_name(kind: str, name: str, *, max_bytes: int) -> str:
@@ -183,6 +185,28 @@ class Dialect(ABC):
         """Move at most `limit` of the oldest unlocked queue rows (sequence > after, <= upto) into
         the claim table, dropping expired ones and moving poison ones raw to the error queue.
         The LAST statement returns one row shaped like `ClaimResult`'s fields, in order."""
+
+    @abstractmethod
+    def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
+        """Rows (claim_seq, headers) of the consumer's claims in [lo, hi] whose headers text
+        contains the ForwardDestination header name (decoded and checked by the caller)."""
+
+    @abstractmethod
+    def forward_claims(
+        self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
+        headers: list[str], recoverable: bool = False,
+    ) -> Statement:
+        """Insert the consumer's claims `keys` (claim sequences) into `destination` with the given
+        headers, in that order: same native id (a new one where it would clash with the
+        destination's key), no expiry, body copied server-side. NServiceBus forwards so."""
+
+    @abstractmethod
+    def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
+        """Replace the headers of the consumer's claims `keys`."""
+
+    @abstractmethod
+    def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:
+        """Delete the consumer's claims `keys` (forwarded elsewhere in the same transaction)."""
 
     @abstractmethod
     def backlog(self, queue: QueueAddress) -> Statement:

@@ -19,6 +19,9 @@ __all__ = ["PostgresDialect"]
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
 
 
+#: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
+FORWARD_LIKE = "%NServiceBus.SqlServer.ForwardDestination%"
+
 _POISON_PATH = "'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")'"
 
 
@@ -253,7 +256,7 @@ class PostgresDialect(Dialect):
     ) -> list[Statement]:
         q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
         cond, params = self._range(after, upto)
-        params = {**params, "limit": int(limit), "consumer": consumer}
+        params = {**params, "limit": int(limit), "consumer": consumer, "forward_like": FORWARD_LIKE}
         # One statement, one transaction, same snapshot for every part. `picked` locks the oldest
         # unlocked rows and classifies them from their small columns; it is MATERIALIZED so it
         # runs once (a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for).
@@ -264,7 +267,8 @@ class PostgresDialect(Dialect):
 WITH picked AS MATERIALIZED (
     SELECT seq,
            (expires IS NOT NULL AND expires <= {_UTC_NOW}) AS expired,
-           {self._poison("headers")} AS poison
+           {self._poison("headers")} AS poison,
+           (headers LIKE %(forward_like)s) AS forward
     FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
@@ -289,8 +293,47 @@ SELECT (SELECT count(*) FROM gone),
        (SELECT count(*) FROM to_error),
        (SELECT count(*) FROM claimed),
        (SELECT max(claim_seq) FROM claimed),
-       (SELECT max(seq) FROM picked)"""
+       (SELECT max(seq) FROM picked),
+       (SELECT min(claim_seq) FROM claimed),
+       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired)"""
         return [Statement(sql.strip(), params)]
+
+    def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
+        return Statement(
+            f"SELECT claim_seq, headers FROM {self.qualified(claims)} WHERE consumer = %(consumer)s"
+            f" AND claim_seq >= %(lo)s AND claim_seq <= %(hi)s AND headers LIKE %(forward_like)s ORDER BY claim_seq",
+            {"consumer": consumer, "lo": int(lo), "hi": int(hi), "forward_like": FORWARD_LIKE},
+        )
+
+    def forward_claims(
+        self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
+        headers: list[str], recoverable: bool = False,
+    ) -> Statement:
+        d = self.qualified(destination)
+        # Same native id, as NServiceBus forwards; a new one only where the destination holds that
+        # id already (its primary key would otherwise fail every claim and stall the stream).
+        sql = (
+            f"INSERT INTO {d} (id, expires, headers, body)"
+            f" SELECT CASE WHEN EXISTS (SELECT 1 FROM {d} AS x WHERE x.id = c.id) THEN gen_random_uuid() ELSE c.id END,"
+            " NULL, v.headers, c.body"
+            " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
+            f" JOIN {self.qualified(claims)} AS c ON c.consumer = %(consumer)s AND c.claim_seq = v.seq ORDER BY v.n"
+        )
+        return Statement(sql, {"consumer": consumer, "keys": [int(k) for k in keys], "headers": list(headers)})
+
+    def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
+        return Statement(
+            f"UPDATE {self.qualified(claims)} AS c SET headers = v.headers"
+            " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) AS v(seq, headers)"
+            " WHERE c.consumer = %(consumer)s AND c.claim_seq = v.seq",
+            {"consumer": consumer, "keys": [int(k) for k in keys], "headers": list(headers)},
+        )
+
+    def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(claims)} WHERE consumer = %(consumer)s AND claim_seq = ANY(%(keys)s::bigint[])",
+            {"consumer": consumer, "keys": [int(k) for k in keys]},
+        )
 
     def backlog(self, queue: QueueAddress) -> Statement:
         q = self.qualified(queue)

@@ -77,6 +77,9 @@ _POISON = (
     " ELSE 1 END"
 )
 
+#: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
+_FORWARD_LIKE = "N'%NServiceBus.SqlServer.ForwardDestination%'"
+
 # error numbers worth a retry on a new connection
 _TRANSIENT_NUMBERS = frozenset(
     {
@@ -635,6 +638,7 @@ DECLARE @after bigint = ?;
 DECLARE @error {_QNAME} = ?;
 DECLARE @chunk bigint, @n bigint;
 DECLARE @deleted int, @expired int, @poison int, @claimed int, @maxClaim bigint, @maxSource bigint;
+DECLARE @minClaim bigint, @forward int;
 DECLARE @claimedSeq TABLE (ClaimSeq bigint NOT NULL);
 IF OBJECT_ID(N'tempdb..#sqlqueue_moved') IS NOT NULL DROP TABLE #sqlqueue_moved;
 CREATE TABLE #sqlqueue_moved (
@@ -696,12 +700,14 @@ OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)
 SELECT @consumer, Id, Expires, Headers, Body, RowVersion
 FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;
 SET @claimed = @@ROWCOUNT;
-SELECT @maxClaim = MAX(ClaimSeq) FROM @claimedSeq;
+SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;
+-- Rows that may carry the ForwardDestination header: the caller forwards them in this transaction.
+SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND Headers LIKE {_FORWARD_LIKE};
 SELECT @deleted = COUNT(*), @expired = COUNT(CASE WHEN Expired = 1 THEN 1 END), @maxSource = MAX(RowVersion)
 FROM #sqlqueue_moved;
 DROP TABLE #sqlqueue_moved;
 SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS claimed,
-       @maxClaim AS max_claim, @maxSource AS max_source;
+       @maxClaim AS max_claim, @maxSource AS max_source, @minClaim AS min_claim, @forward AS forward;
 """
         return [Statement(sql.strip(), tuple(params))]
 
@@ -744,6 +750,51 @@ SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS 
         return Statement(
             f"DELETE TOP (?) FROM {self.qualified(claims)} WHERE Consumer = ? AND ClaimSeq <= ?",
             (int(batch), self._check_consumer(consumer), int(upto)),
+        )
+
+    def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
+        return Statement(
+            f"SELECT ClaimSeq, Headers FROM {self.qualified(claims)}"
+            f" WHERE Consumer = ? AND ClaimSeq >= ? AND ClaimSeq <= ? AND Headers LIKE {_FORWARD_LIKE} ORDER BY ClaimSeq",
+            (self._check_consumer(consumer), int(lo), int(hi)),
+        )
+
+    def forward_claims(
+        self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
+        headers: list[str], recoverable: bool = False,
+    ) -> Statement:
+        if len(keys) != len(headers):
+            raise ValueError(f"{len(keys)} keys but {len(headers)} headers")
+        rows = [[int(k), str(h)] for k, h in zip(keys, headers, strict=True)]
+        cols, _ = self._queue_columns(recoverable)
+        lead = "c.Id, NULL, NULL, 1" if recoverable else "c.Id, NULL, NULL"
+        # Same Id, no expiry, as NServiceBus forwards (Id is no key in a queue table). One JSON
+        # array of [ClaimSeq, Headers]; its [key] keeps the order of `keys`.
+        sql = f"""
+INSERT INTO {self.qualified(destination)} ({cols})
+SELECT {lead}, NULL, k.Headers, c.Body
+FROM OPENJSON(?) AS o
+CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k
+JOIN {self.qualified(claims)} AS c ON c.Consumer = ? AND c.ClaimSeq = k.KeyRow
+ORDER BY CAST(o.[key] AS int)"""
+        return Statement(sql.strip(), (_json(rows), self._check_consumer(consumer)))
+
+    def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
+        if len(keys) != len(headers):
+            raise ValueError(f"{len(keys)} keys but {len(headers)} headers")
+        rows = [[int(k), str(h)] for k, h in zip(keys, headers, strict=True)]
+        return Statement(
+            f"UPDATE c SET Headers = k.Headers FROM {self.qualified(claims)} AS c"
+            " JOIN OPENJSON(?) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k ON c.ClaimSeq = k.KeyRow"
+            " WHERE c.Consumer = ?",
+            (_json(rows), self._check_consumer(consumer)),
+        )
+
+    def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(claims)} WHERE Consumer = ?"
+            " AND ClaimSeq IN (SELECT k.KeyRow FROM OPENJSON(?) WITH (KeyRow bigint '$') AS k)",
+            (self._check_consumer(consumer), _json([int(k) for k in keys])),
         )
 
     def max_source_seq(self, queue: QueueAddress) -> Statement:

@@ -12,14 +12,12 @@ the error queue with NServiceBus's failure headers. Bodies never leave the serve
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError
-from ..wire import H, decode_headers, encode_headers, format_time
+from ..wire import H, decode_headers, encode_headers, failure_headers
 from . import _db as db
 
 __all__ = ["DelayedMover", "MoveResult", "MOVE_BATCH"]
@@ -146,16 +144,8 @@ class DelayedMover:
             db.execute(cur, d.delete_delayed(self.delayed, keys=all_keys))
 
     def _failure(self, headers: dict[str, Any], target: str | None, problem: str) -> dict[str, Any]:
-        """NServiceBus's failure headers (recoverability), as an endpoint adds them."""
-        out = dict(headers)
-        out.update({
-            H.FAILED_Q: target or self.dialect.format_address(self.endpoint),
-            "NServiceBus.ExceptionInfo.ExceptionType": "spark_qtransport.QueueNotFoundError",
-            "NServiceBus.ExceptionInfo.Message": problem[:16384],
-            "NServiceBus.ExceptionInfo.Source": "spark_qtransport.delayed",
-            "NServiceBus.ExceptionInfo.StackTrace": "",
-            H.TIME_OF_FAILURE: format_time(datetime.now(timezone.utc)),
-            "NServiceBus.ProcessingEndpoint": self.endpoint.table,
-            "NServiceBus.ProcessingMachine": socket.gethostname(),
-        })
-        return out
+        return failure_headers(
+            headers, failed_q=target or self.dialect.format_address(self.endpoint),
+            exception_type="spark_qtransport.QueueNotFoundError", message=problem,
+            source="spark_qtransport.delayed", endpoint=self.endpoint.table,
+        )

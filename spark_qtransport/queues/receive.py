@@ -36,6 +36,7 @@ from ..options import ReaderOptions
 from ..wire import H, parse_time
 from . import _db as db
 from .delayed import DelayedMover
+from .forward import ForwardResult, forward_claimed
 
 __all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
 
@@ -105,6 +106,8 @@ class ReceiveStats:
     claimed: int = 0
     expired: int = 0
     poison: int = 0
+    forwarded: int = 0  # to the queue their ForwardDestination header names
+    forward_failed: int = 0  # that destination missing: to the error queue
     empty_peeks: int = 0
     acked: int = 0
 
@@ -351,7 +354,7 @@ class Receiver:
             self._low_water = None
         d, o = self.dialect, self.options
 
-        def work(conn: Any) -> ClaimResult | None:
+        def work(conn: Any) -> tuple[ClaimResult, ForwardResult] | None:
             cur = conn.cursor()
             after = self._low_water or 0
             if db.first(cur, d.peek(o.queue, after=after, upto=self._target)) is None:
@@ -365,14 +368,20 @@ class Receiver:
                                 limit=limit, after=after, upto=self._target):
                 cur.execute(*db.args(stmt))
             row = cur.fetchone()
-            return ClaimResult(*(None if v is None else int(v) for v in row))
+            claim = ClaimResult(*(None if v is None else int(v) for v in row))
+            forwarded = ForwardResult()
+            if claim.forward and claim.min_claim is not None and claim.max_claim is not None:
+                forwarded = forward_claimed(d, cur, queue=o.queue, claims=self.claims, consumer=o.consumer,
+                                            error_queue=o.error_queue, lo=claim.min_claim, hi=claim.max_claim)
+            return claim, forwarded
 
-        result = self._run("claim", work, slot=slot)
-        if result is None:
+        outcome = self._run("claim", work, slot=slot)
+        if outcome is None:
             self.stats.empty_peeks += 1
             self._more = False
             return None, False
-        self._record(result)
+        result, forwarded = outcome
+        self._record(result, forwarded)
         full = result.deleted >= limit
         self._more = full
         if full and result.max_source is not None:
@@ -383,12 +392,14 @@ class Receiver:
             self._low_water = None
         return result.max_claim, full
 
-    def _record(self, r: ClaimResult) -> None:
+    def _record(self, r: ClaimResult, f: ForwardResult) -> None:
         s = self.stats
         s.claims += 1
-        s.claimed += r.claimed
+        s.claimed += r.claimed - f.forwarded - f.failed
         s.expired += r.expired
         s.poison += r.poison
+        s.forwarded += f.forwarded
+        s.forward_failed += f.failed
         if r.expired or r.poison:
             log.warning(
                 "queue %s: claimed %d, dropped %d expired, moved %d poison to %s (totals: %d expired, %d poison)",
@@ -412,7 +423,9 @@ class Receiver:
     def report(self) -> dict[str, Any]:
         """The last planned end offset and this run's counters, for progress reports."""
         end = ClaimOffset(self._last_end or 0, self.table_id).to_dict()
-        return {**end, "claimed": self.stats.claimed, "expired": self.stats.expired, "poison": self.stats.poison}
+        s = self.stats
+        return {**end, "claimed": s.claimed, "expired": s.expired, "poison": s.poison,
+                "forwarded": s.forwarded, "forwardFailed": s.forward_failed}
 
     def reported_backlog(self) -> int:
         """The backlog for progress reports, without racing our own claim-ahead.
