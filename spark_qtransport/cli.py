@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .connections import parse_url
+from .connections import ConnectionURL, parse_url
 from .dialects import Dialect, dialect_named
 from .errors import QTransportError, QueueNotFoundError
 from .options import URL_ENV, WriterOptions, parse_duration
@@ -158,16 +158,16 @@ def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
 
 
 def _run_ddl(d: Dialect, url: Any, stmts: list[Any]) -> None:
+    """Run installer statements in one transaction (idempotent: safe to retry after a fault)."""
     from .queues import _db as db
 
-    conn = d.connect(url)
-    try:
+    def install(conn: Any) -> None:
         cur = conn.cursor()
         for stmt in stmts:
             db.execute(cur, stmt)
-        conn.commit()
-    finally:
-        db.close(conn)
+
+    with _Session(url) as s:
+        s.run(install)
 
 
 @main.command("ddl")
@@ -309,12 +309,15 @@ def move_delayed(endpoint: str, error_queue: str, url: str | None, as_json: bool
 
 
 class _Session:
-    """One connection for a command, autocommitted statement by statement."""
+    """One connection for a command, a transaction per statement (or per `run`). Transient faults
+    (a dropped connection, a deadlock victim) are retried on a new connection with backoff."""
 
-    def __init__(self, url: str | None) -> None:
-        self.url = _need_url(url)
+    def __init__(self, url: Any) -> None:
+        self.url = url if isinstance(url, ConnectionURL) else _need_url(url)
         self.d: Dialect = dialect_named(self.url.dialect)
-        self.conn = self.d.connect(self.url)
+        self.conn: Any = None
+        ctx = click.get_current_context(silent=True)
+        self.what = f"sqlqueue {ctx.command_path.split(' ', 1)[-1]}" if ctx is not None else "sqlqueue"
 
     def __enter__(self) -> _Session:
         return self
@@ -322,15 +325,29 @@ class _Session:
     def __exit__(self, *exc: object) -> None:
         from .queues import _db as db
 
-        db.rollback(self.conn)
-        db.close(self.conn)
+        if self.conn is not None:
+            db.rollback(self.conn)
+            db.close(self.conn)
+
+    def run(self, fn: Any) -> Any:
+        """`fn(conn)` in a transaction, committed; retried on a new connection after a transient fault."""
+        from .queues import _db as db
+
+        def connection() -> Any:
+            if self.conn is None:
+                self.conn = self.d.connect(self.url)
+            return self.conn
+
+        def discard(conn: Any) -> None:
+            db.close(conn)
+            self.conn = None
+
+        return db.retrying(self.d, fn, connection=connection, discard=discard, what=self.what)
 
     def all(self, stmt: Any) -> list[Any]:
         from .queues import _db as db
 
-        rows = self.conn.cursor().execute(*db.args(stmt)).fetchall()
-        self.conn.commit()
-        return [tuple(r) for r in rows]
+        return self.run(lambda conn: [tuple(r) for r in conn.cursor().execute(*db.args(stmt)).fetchall()])
 
     def one(self, stmt: Any) -> tuple[Any, ...]:
         rows = self.all(stmt)
@@ -339,9 +356,7 @@ class _Session:
     def rowcount(self, stmt: Any) -> int:
         from .queues import _db as db
 
-        n = db.rowcount(self.conn.cursor(), stmt)
-        self.conn.commit()
-        return n
+        return self.run(lambda conn: db.rowcount(conn.cursor(), stmt))
 
     def exists(self, address: Any) -> bool:
         return bool(self.all(self.d.queue_columns(address)))
@@ -541,8 +556,8 @@ def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
     from .queues.doctor import check_queue
 
     with _Session(url) as s:
-        findings = [f for q in queues for f in check_queue(s.conn.cursor(), s.d, s.d.parse_address(q, option="QUEUE"))]
-        s.conn.commit()
+        addresses = [s.d.parse_address(q, option="QUEUE") for q in queues]
+        findings = s.run(lambda conn: [f for a in addresses for f in check_queue(conn.cursor(), s.d, a)])
     _print([{"level": f.level, "table": f.table, "finding": f.message} for f in findings], as_json)
     if any(f.level == "error" for f in findings):
         sys.exit(1)
@@ -607,7 +622,7 @@ def error_retry(native_ids: tuple[str, ...], retry_all: bool, queue: str, batch:
     with _Session(url) as s:
         address = s.queue(queue, option="--queue")
         while True:
-            r = retry_failed(s.conn, s.d, address, native_ids=list(native_ids) or None, limit=batch)
+            r = s.run(lambda conn: retry_failed(conn, s.d, address, native_ids=list(native_ids) or None, limit=batch))
             for name, n in r.moved.items():
                 total.moved[name] = total.moved.get(name, 0) + n
             total.kept += r.kept

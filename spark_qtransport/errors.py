@@ -9,7 +9,9 @@ The hierarchy::
      ├── ConsumerBusyError        another running query already uses this consumer identity
      ├── OffsetError              a checkpointed offset does not fit the tables it names
      ├── OutboxConflictError      a batch id was dispatched before by another query (checkpoint reset)
-     └── DispatchError            a batch could not be dispatched as staged (nothing was sent)
+     ├── DispatchError            a batch could not be dispatched as staged (nothing was sent)
+     └── DatabaseError            a database call failed for good (after retrying transient faults);
+                                  names the operation and the queue, the driver's error is its cause
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "OffsetError",
     "OutboxConflictError",
     "DispatchError",
+    "DatabaseError",
 ]
 
 
@@ -60,3 +63,7 @@ class OutboxConflictError(QTransportError):
 
 class DispatchError(QTransportError):
     """A batch could not be dispatched as its tasks staged it; nothing of it was sent."""
+
+
+class DatabaseError(QTransportError):
+    """A database call failed: a persistent fault, or a transient one that outlasted the retries."""

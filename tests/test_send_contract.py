@@ -20,6 +20,7 @@ import pytest
 from backends import Backend
 from spark_qtransport.errors import (
     ConfigError,
+    DatabaseError,
     DispatchError,
     OutboxConflictError,
     QueueNotFoundError,
@@ -424,3 +425,90 @@ def test_mover_notices_a_destination_dropped_after_it_was_seen(backend: Backend,
     assert (again.moved, again.failed) == (0, 1)
     [(h, body)] = received(backend, queues.error)
     assert (h[H.MESSAGE_ID], body) == ("d2", b"second")
+
+
+def test_a_dispatch_whose_connection_dies_is_retried_and_sends_once(pg: Backend, names: Any) -> None:
+    """The server ends the dispatching session inside its transaction (failover, admin kill): the
+    dispatch runs again on a new connection, and every message arrives once."""
+    sales, billing = pg.create_queue(names("Sales")), pg.create_queue(names("Billing"))
+    seq, fn = f"once_{names.tag}", f"kill_once_{names.tag}"
+    with pg.connect() as c:
+        c.execute(f"CREATE SEQUENCE {seq}")
+        c.execute(
+            f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF nextval('{seq}') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
+            "RETURN NULL; END $$"
+        )
+        c.execute(f"CREATE TRIGGER kill_once AFTER INSERT ON {pg.q(billing)} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()")
+    try:
+        s = Sender(pg, sales, destination=billing)
+        result = s.send([msg(message_id=f"m{i}") for i in range(3)], batch_id=0)
+        assert result.sent == 3 and not result.skipped
+        assert sorted(h[H.MESSAGE_ID] for h, _ in received(pg, billing)) == ["m0", "m1", "m2"]
+        with pg.connect() as c:
+            assert c.execute(f"SELECT last_value FROM {seq}").fetchone()[0] == 2, "killed once, then retried"
+        assert s.staged() == 0
+    finally:
+        with pg.connect() as c:
+            c.execute(f"DROP TABLE IF EXISTS {pg.q(billing)}")
+            c.execute(f"DROP FUNCTION IF EXISTS {fn}()")
+            c.execute(f"DROP SEQUENCE IF EXISTS {seq}")
+
+
+def test_a_persistent_fault_names_the_operation_and_sends_nothing(pg: Backend, names: Any) -> None:
+    sales, billing = pg.create_queue(names("Sales")), pg.create_queue(names("Billing"))
+    with pg.connect() as c:
+        c.execute(f"ALTER TABLE {pg.q(billing)} ADD CONSTRAINT small_bodies CHECK (length(body) < 10)")
+    s = Sender(pg, sales, destination=billing)
+    with pytest.raises(DatabaseError, match=r"dispatch for endpoint .*Sales.* failed: CheckViolation: .*small_bodies") as exc:
+        s.send([msg("{}", message_id="ok"), msg('{"much": "too long"}', message_id="big")], batch_id=0)
+    assert exc.value.__cause__ is not None
+    assert pg.count(billing) == 0
+    # the batch was not recorded: once the constraint is gone, its replay sends both
+    with pg.connect() as c:
+        c.execute(f"ALTER TABLE {pg.q(billing)} DROP CONSTRAINT small_bodies")
+    assert s.send([msg("{}", message_id="ok"), msg('{"much": "too long"}', message_id="big")], batch_id=0).sent == 2
+
+
+def test_computed_body_string_column_present(backend: Backend, queues: Any) -> None:
+    """Queue tables with an extra computed column (NServiceBus users add BodyString for reading
+    bodies in SQL tools) still send and receive: every statement names its columns."""
+    from spark_qtransport.options import ReaderOptions
+    from spark_qtransport.queues.receive import Receiver, read_slice
+
+    if backend.name == "postgres":
+        ddl = "ADD COLUMN bodystring text GENERATED ALWAYS AS (encode(body, 'escape')) STORED"
+    else:
+        ddl = "ADD BodyString AS CAST(Body AS nvarchar(max))"
+    with backend.connect() as c:
+        c.cursor().execute(f"ALTER TABLE {backend.q(queues.billing)} {ddl}")
+    Sender(backend, queues.sales, destination=queues.billing).send([msg('{"n": 1}', message_id="with-body-string")])
+    r = Receiver(ReaderOptions.parse({"url": backend.url, "queue": queues.billing, "errorQueue": queues.error}))
+    try:
+        start = r.initial_offset()
+        end = r.latest(start, 10)
+        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
+        r.ack(end)
+    finally:
+        r.close()
+    assert [(row[0], row[3]) for row in rows] == [("with-body-string", b'{"n": 1}')]
+    assert backend.count(queues.billing) == 0
+
+
+def test_recoverable_column_removed_and_added_back(backend: Backend, queues: Any) -> None:
+    """SQL Server: NServiceBus tables have a legacy Recoverable bit NOT NULL without default; a
+    DBA may drop it, or add it back. Sends and delayed moves adapt to its presence each time."""
+    if backend.name != "sqlserver":
+        pytest.skip("the Recoverable column exists only in SQL Server queue tables")
+    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    billing = backend.q(queues.billing)
+    s.send([msg(message_id="with-column")], batch_id=0)
+    with backend.connect() as c:
+        c.cursor().execute(f"ALTER TABLE {billing} DROP COLUMN Recoverable")
+    s.send([msg(message_id="without-column"), msg(message_id="deferred", delay=0.01)], batch_id=1)
+    time.sleep(0.05)
+    with backend.connect() as c:
+        c.cursor().execute(f"ALTER TABLE {billing} ADD Recoverable bit NOT NULL DEFAULT 1")
+    s.send([msg(message_id="column-back")], batch_id=2)  # also moves the due deferred message
+    ids = sorted(h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing))
+    assert ids == ["column-back", "deferred", "with-column", "without-column"]

@@ -1854,6 +1854,44 @@ class TestConnect:
         assert D.is_transient(OperationalError("HY000", "anything"))  # every OperationalError
 
 
+    def test_freetds_driver_reaches_the_server(self) -> None:
+        """The real pyodbc + unixODBC + FreeTDS path, up to the connection attempt: a listener on
+        loopback receives the driver's TDS PRELOGIN packet; the refused login is a transient
+        OperationalError (retried by the connector), and the password is not in it."""
+        import socket
+        import threading
+
+        pyodbc = pytest.importorskip("pyodbc")
+        if "FreeTDS" not in pyodbc.drivers():
+            pytest.skip("FreeTDS ODBC driver not installed (make system-deps installs it)")
+        from spark_qtransport.connections import parse_url
+
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(20)
+        received: list[bytes] = []
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                received.append(conn.recv(8))
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        port = listener.getsockname()[1]
+        url = parse_url(f"sqlserver://sa:s3cret-pw@127.0.0.1:{port}/Shop?driver=FreeTDS&TDS_Version=7.4")
+        try:
+            with pytest.raises(pyodbc.OperationalError) as exc:
+                D.connect(url)
+        finally:
+            server.join(20)
+            listener.close()
+        assert received and received[0][:1] == b"\x12", "no TDS PRELOGIN packet reached the listener"
+        assert D.is_transient(exc.value)
+        assert "s3cret-pw" not in str(exc.value)
+
+
 # -- a real SQL Server --------------------------------------------------------------------------
 
 LIVE_URL = os.environ.get("SQLQUEUE_TEST_SQLSERVER_URL")

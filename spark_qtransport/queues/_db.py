@@ -8,17 +8,17 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..dialects import Dialect, Statement
-from ..errors import QTransportError
+from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 
-__all__ = ["args", "execute", "first", "one", "columns", "rowcount", "rollback", "close", "retrying"]
+__all__ = ["args", "execute", "first", "one", "columns", "rowcount", "rollback", "close", "explain", "retrying"]
 
 log = logging.getLogger("spark_qtransport.db")
 
 T = TypeVar("T")
 
-#: attempts of one transaction that meets transient faults (connection lost, deadlock victim...)
-RETRIES = 4
-
+#: attempts of one transaction that meets transient faults (connection lost, deadlock victim,
+#: server restarting): waits of 0.2, 0.4, 0.8, 1.6 and 3.2 s between them ride out a restart
+RETRIES = 6
 
 def args(stmt: Statement) -> tuple[Any, ...]:
     return (stmt.sql,) if stmt.params is None else (stmt.sql, stmt.params)
@@ -64,6 +64,14 @@ def close(conn: Any) -> None:
         pass
 
 
+def explain(dialect: Dialect, what: str, exc: Exception) -> QTransportError:
+    """Our error for a driver error that is final: it names the operation (and with it the queue)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if dialect.is_undefined_table(exc):
+        return QueueNotFoundError(f"{what}: a table does not exist ({text})")
+    return DatabaseError(f"{what} failed: {type(exc).__name__}: {text}")
+
+
 def retrying(
     dialect: Dialect,
     fn: Callable[[Any], T],
@@ -71,30 +79,35 @@ def retrying(
     connection: Callable[[], Any],
     discard: Callable[[Any], None],
     what: str,
-    explain: Callable[[Exception], Exception] | None = None,
 ) -> T:
-    """Run `fn(conn)` in a transaction and commit; after a transient fault, `discard` the
-    connection, wait (0.2 s, doubling, at most 5 s) and run it again on a new one, at most
-    `RETRIES` times. Our own errors and persistent faults roll back and propagate (through
-    `explain`, when given)."""
+    """Run `fn(conn)` in a transaction and commit. After a transient fault (in `fn`, at commit or
+    while connecting) `discard` the connection, wait (0.2 s, doubling, at most 5 s) and run it
+    again on a new one, at most `RETRIES` times. Our own errors propagate as they are; a
+    persistent fault, or a transient one on the last attempt, rolls back and is raised as
+    `QueueNotFoundError` / `DatabaseError` naming `what`, with the driver's error as its cause.
+
+    `fn` must be safe to run again after a failure whose commit may or may not have happened
+    (the dispatch finds its own outbox record; claims and acknowledgements are idempotent)."""
     delay = 0.2
     for attempt in range(1, RETRIES + 1):
-        conn = connection()
+        conn = None
         try:
+            conn = connection()
             result = fn(conn)
             conn.commit()
             return result
         except QTransportError:
-            rollback(conn)
+            if conn is not None:
+                rollback(conn)
             raise
         except Exception as exc:
-            if not dialect.is_transient(exc) or attempt == RETRIES:
+            if conn is not None:
                 rollback(conn)
-                if explain is None:
-                    raise
-                raise explain(exc) from exc
-            log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
-            discard(conn)
+            if not dialect.is_transient(exc) or attempt == RETRIES:
+                raise explain(dialect, what, exc) from exc
+            log.warning("%s failed (%s); retrying in %.1fs", what, " ".join(str(exc).split()), delay)
+            if conn is not None:
+                discard(conn)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
     raise AssertionError("unreachable")

@@ -58,6 +58,9 @@ class DelayedMover:
 
     def move(self, conn: Any, *, max_batches: int = 20) -> MoveResult:
         """Move due rows, at most `max_batches` transactions of `batch` rows. Commits each."""
+        # Destinations' columns are looked up afresh each call: a queue may have been created,
+        # dropped, or lost or regained its Recoverable column since (SQL Server).
+        self._exists.clear()
         result = MoveResult()
         cur = conn.cursor()
         for _ in range(max_batches):

@@ -164,12 +164,7 @@ class Receiver:
             self._conns.pop(slot, None)
 
         return db.retrying(self.dialect, fn, connection=lambda: self._connection(slot), discard=discard,
-                           what=f"{what} on {self.options.queue}", explain=lambda exc: self._explain(what, exc))
-
-    def _explain(self, what: str, exc: Exception) -> Exception:
-        if self.dialect.is_undefined_table(exc):
-            return QueueNotFoundError(f"{what} on queue {self.options.queue}: a table is missing ({exc})")
-        return exc
+                           what=f"{what} on queue {self.dialect.format_address(self.options.queue)}")
 
     def _set_up(self, conn: Any) -> None:
         """Check the queues, create our claim table, take the consumer lock (once per connection)."""

@@ -76,21 +76,30 @@ def set_up_sender(options: WriterOptions) -> SendPlan:
     """Create the endpoint's staging and outbox tables (ours, always) and, with createQueues,
     its delayed table; find its input queue for ReplyToAddress. Returns the executors' plan."""
     d = options.dialect
-    conn = d.connect(options.url)
-    try:
+    stmts = [*d.create_staging(options.staging), *d.create_outbox(options.outbox)]
+    if options.create_queues:
+        stmts += d.create_delayed(options.delayed)
+        if options.destination is not None:
+            stmts += d.create_queue(options.destination)
+    conns: list[Any] = []
+
+    def connect() -> Any:
+        conns.append(d.connect(options.url))
+        return conns[-1]
+
+    def set_up(conn: Any) -> bool:
         cur = conn.cursor()
-        stmts = [*d.create_staging(options.staging), *d.create_outbox(options.outbox)]
-        if options.create_queues:
-            stmts += d.create_delayed(options.delayed)
-            if options.destination is not None:
-                stmts += d.create_queue(options.destination)
-        for stmt in stmts:
+        for stmt in stmts:  # idempotent installers: safe to run again after a fault
             db.execute(cur, stmt)
         conn.commit()
-        has_input = bool(db.columns(cur, d.queue_columns(options.endpoint)))
-        conn.commit()
+        return bool(db.columns(cur, d.queue_columns(options.endpoint)))
+
+    try:
+        has_input = db.retrying(d, set_up, connection=connect, discard=db.close,
+                                what=f"setting up the sender tables of endpoint {d.format_address(options.endpoint)}")
     finally:
-        db.close(conn)
+        for conn in conns:
+            db.close(conn)
     return SendPlan(
         dialect=d.name,
         endpoint=options.endpoint.table,
@@ -332,11 +341,12 @@ class Dispatcher:
 
     def move_due(self) -> MoveResult | None:
         """Move the endpoint's due delayed messages (no-op when its delayed table does not exist)."""
-        conn = self._connection()
-        if not db.columns(conn.cursor(), self.dialect.queue_columns(self.options.delayed)):
-            conn.commit()
-            return None
-        return self.mover.move(conn)
+        def move(conn: Any) -> MoveResult | None:
+            if not db.columns(conn.cursor(), self.dialect.queue_columns(self.options.delayed)):
+                return None
+            return self.mover.move(conn)
+
+        return self._run("moving due delayed messages", move)
 
     def abort(self, reports: list[StageReport | None]) -> None:
         """Best effort: delete what the attempts of a failed batch staged."""
