@@ -17,6 +17,7 @@ from typing import Any
 from .errors import (
     ConfigError,
     ConsumerBusyError,
+    DatabaseError,
     DispatchError,
     OffsetError,
     OutboxConflictError,
@@ -31,6 +32,7 @@ __all__ = [
     "QueueSink",
     "reply",
     "publish",
+    "DatabaseError",
     "DispatchError",
     "OutboxConflictError",
     "ConfigError",

@@ -208,6 +208,20 @@ def test_injected_destination_is_quoted_not_executed(backend: Backend, queues: A
     assert backend.count(victim) == 0  # still there
 
 
+@pytest.mark.parametrize("style", ["sqlserver", "postgres"])
+def test_injected_reply_to_address(backend: Backend, queues: Any, names: Any, style: str) -> None:
+    """A received message's ReplyToAddress is attacker-controlled text: a reply to it is refused
+    as a missing queue, whichever dialect's quoting the text targets, and nothing is dropped."""
+    victim = backend.create_queue(names("Victim"))
+    evil = (f"error] (Id) VALUES (NEWID()); DROP TABLE [{victim}]; --" if style == "sqlserver"
+            else f'error" (id) VALUES (gen_random_uuid()); DROP TABLE "{victim}"; --')
+    s = Sender(backend, queues.sales)
+    with pytest.raises((QueueNotFoundError, ConfigError)):
+        s.send([msg(destination=evil, intent="reply", correlation_id="req-1")])
+    assert backend.count(victim) == 0 and backend.count(queues.error) == 0  # both still there
+    assert backend.count(queues.billing) == 0 and backend.count(queues.sales) == 0
+
+
 def test_same_message_id_to_the_same_destination_is_sent_once(backend: Backend, queues: Any) -> None:
     s = Sender(backend, queues.sales, destination=queues.billing)
     a = s.stage([msg("first", message_id="same"), msg("x", message_id="other")], batch_id=0)
