@@ -410,24 +410,29 @@ def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
 
 
 @main.command("stats")
-@click.argument("queues", nargs=-1, required=True)
+@click.argument("queues", nargs=-1)
 @click.option("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
 @_url_option
 @_json_option
 def stats(queues: tuple[str, ...], watch: float | None, url: str | None, as_json: bool) -> None:
     """Counts per queue: messages (counted), backlog span, expired, oldest age, delayed due/pending,
-    claimed-but-unacknowledged per endpoint, outbox records.
+    claimed-but-unacknowledged per endpoint, outbox records. Without QUEUE: every queue table of
+    the database.
 
     \b
     Examples:
+      sqlqueue stats
       sqlqueue stats Sales Billing
       sqlqueue stats Sales --watch 2
     """
     import time
 
+    from .dialects import QueueAddress
+
     with _Session(url) as s:
         while True:
-            rows = [_queue_stats(s, q) for q in queues]
+            names = queues or [s.d.format_address(QueueAddress(str(t), str(n))) for n, t in s.all(s.d.list_queues())]
+            rows = [_queue_stats(s, q) for q in names]
             if watch:
                 click.clear()
             _print(rows, as_json)

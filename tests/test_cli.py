@@ -195,3 +195,24 @@ def test_create_outbox_creates_the_sender_tables(pg: Backend, names: Any, run: A
     out = json.loads(run("create-outbox", e, "--json").output)
     assert out == [{"table": f'"public"."{e}.Staging"', "status": "ready"}, {"table": f'"public"."{e}.Outbox"', "status": "ready"}]
     assert pg.count(f'"{e}.Staging"') == 0 and pg.count(f'"{e}.Outbox"') == 0
+
+
+def test_stats_without_queues_lists_every_queue_with_its_claims(pg: Backend, names: Any, run: Any) -> None:
+    from backends import nsb_headers
+    from spark_qtransport.options import ReaderOptions
+    from spark_qtransport.queues.receive import Receiver
+
+    q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
+    run("create-queue", q, "--delayed")
+    pg.send_many(q, [(nsb_headers(f"m{i}"), b"{}") for i in range(3)])
+    r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": q, "errorQueue": e, "endpoint": "Sales.Spark",
+                                      "claimAhead": "false"}))
+    try:
+        r.latest(r.initial_offset(), 2)  # claimed, never acknowledged
+    finally:
+        r.close()
+    rows = {row["queue"]: row for row in json.loads(run("stats", "--json").output)}
+    mine = rows[f'"public"."{q}"']
+    assert (mine["messages"], mine["claimed"]) == (1, {"Sales.Spark": 2})
+    assert f'"public"."{e}"' in rows
+    assert not [name for name in rows if name.endswith(('.Claims"', '.Delayed"', '.Staging"', '.Outbox"'))]

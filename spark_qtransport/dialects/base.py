@@ -356,6 +356,11 @@ class Dialect(ABC):
         Changes nothing, takes no lock, never waits for other sessions' rows."""
 
     @abstractmethod
+    def list_queues(self) -> Statement:
+        """Rows (schema, table) of every table of the database shaped like a queue table (id,
+        headers, body, expires and a sequence column), ordered."""
+
+    @abstractmethod
     def queue_stats(self, queue: QueueAddress) -> Statement:
         """One row: (messages, expired, lowest sequence, highest sequence): counted, not estimated
         (SQL Server skips rows other sessions hold at that moment)."""

@@ -388,6 +388,15 @@ SELECT (SELECT count(*) FROM gone),
             {"limit": int(limit)},
         )
 
+    def list_queues(self) -> Statement:
+        return Statement(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%%'"
+            " AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            " AND lower(a.attname) IN ('id', 'headers', 'body', 'expires', 'seq')) = 5"
+            " ORDER BY 1, 2"
+        )
+
     def queue_stats(self, queue: QueueAddress) -> Statement:
         return Statement(
             f"SELECT count(*), count(*) FILTER (WHERE expires <= {_UTC_NOW}), min(seq), max(seq)"

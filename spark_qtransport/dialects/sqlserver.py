@@ -1072,6 +1072,14 @@ ORDER BY CAST(o.[key] AS int)"""
             (self._check_limit(limit),),
         )
 
+    def list_queues(self) -> Statement:
+        return Statement(
+            "SELECT s.name, t.name FROM sys.tables AS t JOIN sys.schemas AS s ON s.schema_id = t.schema_id"
+            " WHERE (SELECT COUNT(*) FROM sys.columns AS c WHERE c.object_id = t.object_id"
+            " AND LOWER(c.name) IN (N'id', N'headers', N'body', N'expires', N'rowversion')) = 5"
+            " ORDER BY s.name, t.name"
+        )
+
     def queue_stats(self, queue: QueueAddress) -> Statement:
         q = self.qualified(queue)
         # Exact counts of the committed rows no one holds right now (see above): a queue that
