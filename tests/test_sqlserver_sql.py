@@ -1898,6 +1898,53 @@ class TestConnect:
         assert "s3cret-pw" not in str(exc.value)
 
 
+class TestDoctor:
+    """`sqlqueue doctor`'s judgement of SQL Server tables, from the facts its statements read."""
+
+    NSB = {"id": "uniqueidentifier", "correlationid": "varchar(255)", "replytoaddress": "varchar(255)",
+           "recoverable": "bit", "expires": "datetime", "headers": "nvarchar(max)", "body": "varbinary(max)",
+           "rowversion": "bigint"}
+    CURRENT = ((("rowversion",), False), (("expires",), False))  # NServiceBus's current installer
+
+    def assess(self, **kw: Any) -> list[tuple[str, str]]:
+        from spark_qtransport.queues.doctor import TableFacts, assess
+
+        facts = {"dialect": "sqlserver", "name": "[dbo].[Sales]", "columns": dict(self.NSB), "index_keys": self.CURRENT, **kw}
+        return [(f.level, f.message) for f in assess(TableFacts(**facts))]
+
+    def test_current_installer_table_is_fine(self) -> None:
+        findings = self.assess()
+        assert findings[0][0] == "ok"
+        assert ("info", "Recoverable column present: sends write 1") in findings
+        assert not [f for f in findings if f[0] in ("warning", "error")]
+
+    def test_varchar_headers_warn(self) -> None:
+        findings = self.assess(columns={**self.NSB, "headers": "varchar(max)"})
+        assert [level for level, m in findings if "Headers is varchar(max)" in m] == ["warning"]
+
+    def test_missing_expires_index_and_clustered_rowversion_warn(self) -> None:
+        findings = self.assess(index_keys=((("rowversion",), True),))
+        messages = [m for level, m in findings if level == "warning"]
+        assert any(m.startswith("no index on Expires") for m in messages)
+        assert any(m.startswith("clustered index on RowVersion") for m in messages)
+
+    @pytest.mark.parametrize(("high", "level"), [(1000, "info"), (int(0.85 * 2**31), "warning"), (2**31 - 10, "error")])
+    def test_int_rowversion_near_exhaustion(self, high: int, level: str) -> None:
+        findings = self.assess(columns={**self.NSB, "rowversion": "int"}, high_seq=high)
+        assert [lv for lv, m in findings if m.startswith("RowVersion is a 32-bit int IDENTITY")] == [level]
+
+    def test_recoverable_removed_and_body_string(self) -> None:
+        cols = {k: v for k, v in self.NSB.items() if k != "recoverable"} | {"bodystring": "nvarchar(max)"}
+        findings = self.assess(columns=cols)
+        assert ("info", "no Recoverable column: sends leave it out") in findings
+        assert any(m.startswith("computed BodyString column present") for _, m in findings)
+
+    def test_not_a_queue_table(self) -> None:
+        assert self.assess(columns={"id": "int", "name": "nvarchar(50)"}) == [
+            ("error", "not a queue table: missing column(s) headers, body, expires, seq / RowVersion")]
+        assert self.assess(columns={})[0][0] == "error"
+
+
 # -- a real SQL Server --------------------------------------------------------------------------
 
 LIVE_URL = os.environ.get("SQLQUEUE_TEST_SQLSERVER_URL")
