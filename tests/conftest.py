@@ -80,8 +80,15 @@ def spark() -> Iterator[object]:
 
     from spark_qtransport import register
 
+    sys.path.insert(0, str(ROOT / "jobs"))
+    import _spark  # the jobs' Delta settings: the same jars, resolved once into .cache/ivy
+
+    delta = _spark.delta_conf()
+    builder = SparkSession.builder
+    for key, value in _spark.with_cached_jars(delta).items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("spark-qtransport-tests")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
@@ -93,6 +100,7 @@ def spark() -> Iterator[object]:
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
+    _spark.remember_jars(session, delta)
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     yield session

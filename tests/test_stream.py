@@ -233,15 +233,21 @@ def test_two_queries_and_an_nsb_endpoint_compete_without_sharing(spark: Any, pg:
     total = 1500
     pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x") for i in range(total)])
     sinks = {"A": Collect(), "B": Collect()}
-    queries = [
-        reader(spark, pg, q, e, endpoint=name, maxMessagesPerTrigger="50")
-        .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / name))
-        .trigger(processingTime="50 milliseconds").start()
-        for name, sink in sinks.items()
-    ]
+    queries = []
     nsb: list[str] = []
     conn = pg.connect(autocommit=False)
     try:
+        # One after the other, each once the previous one has its first rows: on a loaded
+        # machine a query's first batch takes seconds, and the others could drain it all first.
+        for name, sink in sinks.items():
+            queries.append(
+                reader(spark, pg, q, e, endpoint=name, maxMessagesPerTrigger="50")
+                .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / name))
+                .trigger(processingTime="50 milliseconds").start()
+            )
+            started = time.monotonic() + 120
+            while not sink.rows and time.monotonic() < started:
+                time.sleep(0.05)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             row = pg.receive_one(q, conn)

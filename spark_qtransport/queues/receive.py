@@ -405,7 +405,9 @@ class Receiver:
             log.info("queue %s: claimed %d", self.dialect.format_address(self.options.queue), r.claimed)
 
     def prepare_available_now(self) -> None:
-        """Trigger.AvailableNow: take only what is in the queue now, then finish."""
+        """Trigger.AvailableNow: take only what is in the queue now, then finish. Delayed
+        messages due by now are moved in first: they are available now too."""
+        self.move_delayed()
         (target,) = self._run("available-now target", lambda c: db.one(c.cursor(), self.dialect.max_source_seq(self.options.queue)))
         self._target = int(target) if target is not None else 0
 

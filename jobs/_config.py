@@ -1,0 +1,64 @@
+"""Job configuration: built-in defaults, then a TOML file (``--config``), then command-line flags.
+
+A TOML file holds one table per job (``[queue_to_delta]``, ``[endpoint]``); keys are the long
+flag names with ``-`` or ``_`` (``max-messages`` = ``max_messages``). See conf/*.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+def parse(parser: argparse.ArgumentParser, section: str, defaults: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse flags over the `section` table of ``--config`` over `defaults`; unknown keys fail."""
+    parser.add_argument("--config", metavar="TOML", help=f"a TOML file with a [{section}] table (flags win)")
+    ns = parser.parse_args(argv)
+    values = dict(defaults)
+    if ns.config:
+        path = Path(ns.config)
+        try:
+            table = tomllib.loads(path.read_text()).get(section, {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            parser.error(f"--config {path}: {exc}")
+        known = {a.dest for a in parser._actions}
+        for key, value in table.items():
+            dest = key.replace("-", "_")
+            if dest not in known or dest == "config":
+                parser.error(f"--config {path}: [{section}] has an unknown key {key!r}")
+            values[dest] = value
+    for key, value in vars(ns).items():
+        if value is not None:
+            values[key] = value
+    missing = [f"--{k.replace('_', '-')}" for k, v in values.items() if v is None and k in defaults]
+    if missing:
+        parser.error(f"missing {', '.join(missing)} (a flag or a key in --config)")
+    args = argparse.Namespace(**values)
+    # Checked before Spark starts: a typo fails in a second, not after the session's start-up.
+    from spark_qtransport.errors import ConfigError
+
+    try:
+        from spark_qtransport.connections import parse_url
+
+        parse_url(str(args.url), option="--url")
+        trigger(str(args.trigger))
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def trigger(text: str) -> dict[str, Any]:
+    """``available-now`` or a duration (``500ms``, ``10s``, ``5m``) -> keyword arguments of ``trigger()``."""
+    from spark_qtransport.options import parse_duration
+
+    if text.strip().lower() == "available-now":
+        return {"availableNow": True}
+    seconds = parse_duration(text, option="--trigger")
+    return {"processingTime": f"{round(seconds * 1000)} milliseconds"}

@@ -1,0 +1,211 @@
+"""An endpoint pipeline, as a template to copy: receive orders, validate, keep, reply, publish, defer.
+
+For every micro-batch of messages received on the endpoint's queue (``--queue``, default Sales):
+
+- ``Shop.Messages.PlaceOrder`` whose JSON body has an ``OrderId`` and a positive ``Amount`` is
+  accepted: appended to a Delta table, answered with an ``OrderAccepted`` reply to its sender,
+  announced with a published ``Sales.Events.OrderPlaced`` event (to the queues subscribed to it in
+  SubscriptionRouting), and followed by a ``PaymentReminder`` deferred to this endpoint itself;
+- a ``PaymentReminder`` coming back when due is recorded in the same Delta table;
+- anything else (invalid orders, unknown message types) goes to the error queue with NServiceBus's
+  failure headers (FailedQ, ExceptionInfo.*), which ``sqlqueue error retry`` understands.
+
+Delta and the queues are each written exactly once per batch (Delta ``txnAppId``/``txnVersion``;
+the connector's outbox), so a crash and a replay of the batch change nothing.
+
+The part to edit is "The handler" below: plain DataFrame functions from received messages to
+rows. The rest is plumbing.
+
+    python jobs/endpoint.py --url postgresql://... --table /data/sales --checkpoint /data/ckpt/sales
+    spark-submit --properties-file conf/spark-defaults.conf --conf spark.jars.ivy=$PWD/.cache/ivy \\
+        --py-files dist/spark_qtransport-*.whl jobs/endpoint.py --config conf/endpoint.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _config  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------
+# The handler: edit this part.
+# ----------------------------------------------------------------------------------------------
+
+PLACE_ORDER = "Shop.Messages.PlaceOrder"
+ORDER_ACCEPTED = "Shop.Messages.OrderAccepted, Shop.Messages"
+ORDER_PLACED = "Sales.Events.OrderPlaced, Sales.Events"
+PAYMENT_REMINDER = "Sales.Messages.PaymentReminder, Sales.Messages"
+
+ORDER_SCHEMA = "OrderId long, Amount double, Customer string"
+
+
+def message_kind(type_column: Any) -> Any:
+    """'order', 'reminder' or null (no handler), from NServiceBus.EnclosedMessageTypes."""
+    from pyspark.sql import functions as F
+
+    first = F.trim(F.split(F.coalesce(type_column, F.lit("")), "[,;]").getItem(0))
+    return (F.when(first == PLACE_ORDER, "order")
+            .when(first == PAYMENT_REMINDER.split(",")[0], "reminder"))
+
+
+def handle(messages: Any) -> Any:
+    """Received messages -> one row each: what the handler made of it (`outcome`, `problem`)."""
+    from pyspark.sql import functions as F
+
+    kind = message_kind(F.col("message_type"))
+    body = F.from_json(F.col("body").cast("string"), ORDER_SCHEMA)
+    problem = (
+        F.when(kind.isNull(), F.concat(F.lit("no handler for message type "), F.coalesce("message_type", F.lit("(none)"))))
+        .when((kind == "order") & body.isNull(), F.lit("order body is not JSON"))
+        .when((kind == "order") & body["OrderId"].isNull(), F.lit("order has no OrderId"))
+        .when((kind == "order") & ~(F.coalesce(body["Amount"], F.lit(0.0)) > 0), F.lit("order Amount must be positive"))
+    )
+    return messages.select(
+        "*", kind.alias("kind"), body["OrderId"].alias("order_id"), body["Amount"].alias("amount"),
+        body["Customer"].alias("customer"), problem.alias("problem"),
+        F.when(problem.isNull(), F.lit("handled")).otherwise(F.lit("failed")).alias("outcome"),
+    )
+
+
+def table_rows(handled: Any) -> Any:
+    """What the Delta table keeps: accepted orders and reminders that came back."""
+    return handled.where("outcome = 'handled'").selectExpr(
+        "message_id", "kind", "order_id", "amount", "customer", "conversation_id", "time_sent", "claimed_at",
+        "to_date(coalesce(time_sent, claimed_at)) AS date",
+    )
+
+
+def outgoing(handled: Any, *, endpoint: str, error_queue: str, reminder_delay: float) -> Any:
+    """The messages to send: replies, events, reminders and error-queue copies of failures."""
+    from pyspark.sql import functions as F
+
+    from spark_qtransport import publish, reply
+
+    orders = handled.where("outcome = 'handled' AND kind = 'order'")
+    order_body = F.to_json(F.struct(F.col("order_id").alias("OrderId"), F.col("amount").alias("Amount")))
+    replies = orders.where("reply_to IS NOT NULL").select(*reply(body=order_body, message_type=ORDER_ACCEPTED))
+    events = orders.select(*publish(body=order_body, message_type=ORDER_PLACED))
+    reminders = orders.select(
+        F.to_json(F.struct(F.col("order_id").alias("OrderId"))).alias("body"),
+        F.lit(endpoint).alias("destination"), F.lit(PAYMENT_REMINDER).alias("message_type"),
+        F.lit(float(reminder_delay)).alias("delay"),
+        F.create_map(F.lit("NServiceBus.ConversationId"), F.col("conversation_id"),
+                     F.lit("NServiceBus.RelatedTo"), F.col("message_id")).alias("headers"),
+    )
+    failures = handled.where("outcome = 'failed'").select(
+        F.col("body"), F.lit(error_queue).alias("destination"), F.col("message_id"),
+        # the received headers win; a type is needed only when the sender gave none
+        F.coalesce(F.col("message_type"), F.lit("Unknown")).alias("message_type"),
+        failure_headers(F.col("headers"), failed_q=endpoint, reason=F.col("problem")).alias("headers"),
+    )
+    out = replies
+    for part in (events, reminders, failures):
+        out = out.unionByName(part, allowMissingColumns=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Plumbing.
+# ----------------------------------------------------------------------------------------------
+
+DEFAULTS: dict[str, Any] = {
+    "url": os.environ.get("SQLQUEUE_URL"),
+    "queue": "Sales",
+    "error_queue": "error",
+    "table": None,
+    "checkpoint": None,
+    "trigger": "5s",
+    "max_messages": 10_000,
+    "reminder_delay": 3600.0,
+    "job_id": "endpoint",
+}
+
+FAILURE_KEYS = (
+    "NServiceBus.FailedQ", "NServiceBus.ExceptionInfo.ExceptionType", "NServiceBus.ExceptionInfo.Message",
+    "NServiceBus.ExceptionInfo.Source", "NServiceBus.ExceptionInfo.StackTrace", "NServiceBus.TimeOfFailure",
+    "NServiceBus.ProcessingEndpoint", "NServiceBus.ProcessingMachine",
+)
+
+
+def failure_headers(headers: Any, *, failed_q: str, reason: Any) -> Any:
+    """The received headers plus NServiceBus's failure headers (replacing older ones)."""
+    import socket
+
+    from pyspark.sql import functions as F
+
+    now = F.date_format(F.current_timestamp(), "yyyy-MM-dd HH:mm:ss:SSSSSS 'Z'")
+    added = F.create_map(
+        F.lit("NServiceBus.FailedQ"), F.lit(failed_q),
+        F.lit("NServiceBus.ExceptionInfo.ExceptionType"), F.lit("Sales.ValidationException"),
+        F.lit("NServiceBus.ExceptionInfo.Message"), reason,
+        F.lit("NServiceBus.ExceptionInfo.Source"), F.lit("jobs/endpoint.py"),
+        F.lit("NServiceBus.ExceptionInfo.StackTrace"), F.lit(""),
+        F.lit("NServiceBus.TimeOfFailure"), now,
+        F.lit("NServiceBus.ProcessingEndpoint"), F.lit(failed_q),
+        F.lit("NServiceBus.ProcessingMachine"), F.lit(socket.gethostname()),
+    )
+    kept = F.map_filter(headers, lambda k, v: ~k.isin(*FAILURE_KEYS))
+    return F.map_concat(kept, added)
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="database URL (default: $SQLQUEUE_URL)")
+    p.add_argument("--queue", help="the endpoint's input queue; also its name when sending (default: Sales)")
+    p.add_argument("--error-queue", help="where failed messages go (default: error)")
+    p.add_argument("--table", help="Delta table path for handled messages")
+    p.add_argument("--checkpoint", help="checkpoint location of the stream")
+    p.add_argument("--trigger", help="'available-now' (drain, then stop) or an interval like '5s' (default)")
+    p.add_argument("--max-messages", type=int, help="messages per micro-batch (default 10000)")
+    p.add_argument("--reminder-delay", type=float, help="seconds until an order's PaymentReminder (default 3600)")
+    p.add_argument("--job-id", help="stable name of this job, part of Delta's txnAppId (default: endpoint)")
+    return _config.parse(p, "endpoint", DEFAULTS, argv)
+
+
+def batch_handler(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The foreachBatch function: Delta and the queues, each exactly once per batch id."""
+    from spark_qtransport import QueueSink
+
+    sink = QueueSink(url=args.url, endpoint=args.queue, errorQueue=args.error_queue)
+
+    def run(batch: Any, batch_id: int) -> None:
+        query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
+        handled = handle(batch).persist()
+        try:
+            (table_rows(handled).write.format("delta").mode("append").partitionBy("date")
+             .option("txnAppId", f"{args.job_id}:{query_id}").option("txnVersion", batch_id).save(args.table))
+            sink(outgoing(handled, endpoint=args.queue, error_queue=args.error_queue,
+                          reminder_delay=args.reminder_delay), batch_id)
+        finally:
+            handled.unpersist()
+
+    return run
+
+
+def start(spark: Any, args: argparse.Namespace) -> Any:
+    received = (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", args.queue)
+                .option("errorQueue", args.error_queue).option("maxMessagesPerTrigger", str(args.max_messages))
+                .load())
+    return (received.writeStream.foreachBatch(batch_handler(args)).option("checkpointLocation", args.checkpoint)
+            .trigger(**_config.trigger(args.trigger)).queryName("endpoint").start())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    from _spark import session
+
+    spark = session("sqlqueue-endpoint")
+    query = start(spark, args)
+    print(f"endpoint {args.queue}: handling into {args.table} (checkpoint {args.checkpoint})", flush=True)
+    query.awaitTermination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
