@@ -17,8 +17,13 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+#: a default that means "must be given"
+REQUIRED: Any = None
+
+
 def parse(parser: argparse.ArgumentParser, section: str, defaults: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse flags over the `section` table of ``--config`` over `defaults`; unknown keys fail."""
+    """Parse flags over the `section` table of ``--config`` over `defaults`; unknown keys fail.
+    Keys whose default is `REQUIRED` (None) must be given; use "" for an optional empty value."""
     parser.add_argument("--config", metavar="TOML", help=f"a TOML file with a [{section}] table (flags win)")
     ns = parser.parse_args(argv)
     values = dict(defaults)

@@ -142,7 +142,8 @@ def main() -> int:
         table = work / "sales-delta"
         args = argparse.Namespace(url=url, queue="Sales", error_queue="error", table=str(table),
                                   checkpoint=str(work / "checkpoint"), trigger="available-now",
-                                  max_messages=5000, reminder_delay=2.0, job_id="demo")
+                                  max_messages=5000, reminder_delay=2.0, job_id="demo",
+                                  subscription_table="SubscriptionRouting")
         query, elapsed = run_endpoint(spark, args)
         progress = [p for p in query.recentProgress if p["numInputRows"]]
         received = sum(p["numInputRows"] for p in progress)

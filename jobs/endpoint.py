@@ -118,11 +118,12 @@ DEFAULTS: dict[str, Any] = {
     "url": os.environ.get("SQLQUEUE_URL"),
     "queue": "Sales",
     "error_queue": "error",
-    "table": None,
-    "checkpoint": None,
+    "table": _config.REQUIRED,
+    "checkpoint": _config.REQUIRED,
     "trigger": "5s",
     "max_messages": 10_000,
     "reminder_delay": 3600.0,
+    "subscription_table": "SubscriptionRouting",
     "job_id": "endpoint",
 }
 
@@ -164,6 +165,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trigger", help="'available-now' (drain, then stop) or an interval like '5s' (default)")
     p.add_argument("--max-messages", type=int, help="messages per micro-batch (default 10000)")
     p.add_argument("--reminder-delay", type=float, help="seconds until an order's PaymentReminder (default 3600)")
+    p.add_argument("--subscription-table", help="table routing published events (default: SubscriptionRouting)")
     p.add_argument("--job-id", help="stable name of this job, part of Delta's txnAppId (default: endpoint)")
     return _config.parse(p, "endpoint", DEFAULTS, argv)
 
@@ -172,7 +174,8 @@ def batch_handler(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The foreachBatch function: Delta and the queues, each exactly once per batch id."""
     from spark_qtransport import QueueSink
 
-    sink = QueueSink(url=args.url, endpoint=args.queue, errorQueue=args.error_queue)
+    sink = QueueSink(url=args.url, endpoint=args.queue, errorQueue=args.error_queue,
+                     subscriptionTable=args.subscription_table)
 
     def run(batch: Any, batch_id: int) -> None:
         query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"

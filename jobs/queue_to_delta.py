@@ -29,11 +29,11 @@ import _config  # noqa: E402
 
 DEFAULTS: dict[str, Any] = {
     "url": os.environ.get("SQLQUEUE_URL"),
-    "queue": None,
-    "endpoint": None,
+    "queue": _config.REQUIRED,
+    "endpoint": "",
     "error_queue": "error",
-    "table": None,
-    "checkpoint": None,
+    "table": _config.REQUIRED,
+    "checkpoint": _config.REQUIRED,
     "trigger": "10s",
     "max_messages": 10_000,
     "job_id": "queue_to_delta",
