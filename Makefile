@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: setup system-deps test test-fast demo bench lint clean
+.PHONY: setup system-deps test test-fast demo bench lint wheel clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,10 @@ bench: setup
 
 lint: setup
 	$(PY) -m ruff check spark_qtransport tests jobs bench
+
+# dist/spark_qtransport-<version>-py3-none-any.whl: for pip install on clusters or spark-submit --py-files
+wheel: setup
+	$(PY) -m build --wheel --outdir dist .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache
