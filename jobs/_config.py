@@ -21,6 +21,19 @@ else:  # pragma: no cover - Python 3.10
 REQUIRED: Any = None
 
 
+def stream_parser(doc: str | None, *, trigger: str, job_id: str) -> argparse.ArgumentParser:
+    """A job's parser with the flags every streaming job has (the job adds its own)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="database URL (default: $SQLQUEUE_URL)")
+    p.add_argument("--error-queue", help="where messages that cannot be handled go (default: error)")
+    p.add_argument("--table", help="Delta table path")
+    p.add_argument("--checkpoint", help="checkpoint location of the stream")
+    p.add_argument("--trigger", help=f"'available-now' (drain, then stop) or an interval like '{trigger}' (default)")
+    p.add_argument("--max-messages", type=int, help="messages per micro-batch (default 10000)")
+    p.add_argument("--job-id", help=f"stable name of this job, part of Delta's txnAppId (default: {job_id})")
+    return p
+
+
 def parse(parser: argparse.ArgumentParser, section: str, defaults: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
     """Parse flags over the `section` table of ``--config`` over `defaults`; unknown keys fail.
     Keys whose default is `REQUIRED` (None) must be given; use "" for an optional empty value."""

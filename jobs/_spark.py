@@ -102,3 +102,12 @@ def session(app: str, extra: dict[str, str] | None = None) -> Any:
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def append_once(batch: Any, batch_id: int, *, table: str, job_id: str, partition: str = "date") -> None:
+    """Append a micro-batch to a Delta table once: ``txnAppId`` = job id + the streaming query's
+    id (kept in the checkpoint, so a new checkpoint is never taken for a replay), ``txnVersion`` =
+    the batch id (a batch Spark replays after a crash is skipped by Delta)."""
+    query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
+    (batch.write.format("delta").mode("append").partitionBy(partition)
+     .option("txnAppId", f"{job_id}:{query_id}").option("txnVersion", batch_id).save(table))

@@ -156,17 +156,10 @@ def failure_headers(headers: Any, *, failed_q: str, reason: Any) -> Any:
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", help="database URL (default: $SQLQUEUE_URL)")
+    p = _config.stream_parser(__doc__, trigger="5s", job_id="endpoint")
     p.add_argument("--queue", help="the endpoint's input queue; also its name when sending (default: Sales)")
-    p.add_argument("--error-queue", help="where failed messages go (default: error)")
-    p.add_argument("--table", help="Delta table path for handled messages")
-    p.add_argument("--checkpoint", help="checkpoint location of the stream")
-    p.add_argument("--trigger", help="'available-now' (drain, then stop) or an interval like '5s' (default)")
-    p.add_argument("--max-messages", type=int, help="messages per micro-batch (default 10000)")
     p.add_argument("--reminder-delay", type=float, help="seconds until an order's PaymentReminder (default 3600)")
     p.add_argument("--subscription-table", help="table routing published events (default: SubscriptionRouting)")
-    p.add_argument("--job-id", help="stable name of this job, part of Delta's txnAppId (default: endpoint)")
     return _config.parse(p, "endpoint", DEFAULTS, argv)
 
 
@@ -177,12 +170,12 @@ def batch_handler(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     sink = QueueSink(url=args.url, endpoint=args.queue, errorQueue=args.error_queue,
                      subscriptionTable=args.subscription_table)
 
+    from _spark import append_once
+
     def run(batch: Any, batch_id: int) -> None:
-        query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
         handled = handle(batch).persist()
         try:
-            (table_rows(handled).write.format("delta").mode("append").partitionBy("date")
-             .option("txnAppId", f"{args.job_id}:{query_id}").option("txnVersion", batch_id).save(args.table))
+            append_once(table_rows(handled), batch_id, table=args.table, job_id=args.job_id)
             sink(outgoing(handled, endpoint=args.queue, error_queue=args.error_queue,
                           reminder_delay=args.reminder_delay), batch_id)
         finally:

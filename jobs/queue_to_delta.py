@@ -39,20 +39,10 @@ DEFAULTS: dict[str, Any] = {
     "job_id": "queue_to_delta",
 }
 
-QUERY_ID = "sql.streaming.queryId"
-
-
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", help="database URL (default: $SQLQUEUE_URL)")
+    p = _config.stream_parser(__doc__, trigger="10s", job_id="queue_to_delta")
     p.add_argument("--queue", help="queue address to drain (NServiceBus syntax)")
     p.add_argument("--endpoint", help="consumer identity (default: the queue's name)")
-    p.add_argument("--error-queue", help="where poison messages go (default: error)")
-    p.add_argument("--table", help="Delta table path")
-    p.add_argument("--checkpoint", help="checkpoint location of the stream")
-    p.add_argument("--trigger", help="'available-now' (drain, then stop) or an interval like '10s' (default)")
-    p.add_argument("--max-messages", type=int, help="messages per micro-batch (default 10000)")
-    p.add_argument("--job-id", help="stable name of this job, part of Delta's txnAppId (default: queue_to_delta)")
     return _config.parse(p, "queue_to_delta", DEFAULTS, argv)
 
 
@@ -73,12 +63,10 @@ def bronze(messages: Any) -> Any:
 
 def append_once(table: str, job_id: str):  # type: ignore[no-untyped-def]
     """A foreachBatch function appending each batch once (Delta idempotent writes)."""
+    from _spark import append_once as append
 
     def write(batch: Any, batch_id: int) -> None:
-        query_id = batch.sparkSession.sparkContext.getLocalProperty(QUERY_ID) or "no-query"
-        (batch.write.format("delta").mode("append").partitionBy("date")
-         .option("txnAppId", f"{job_id}:{query_id}").option("txnVersion", batch_id)
-         .save(table))
+        append(batch, batch_id, table=table, job_id=job_id)
 
     return write
 
