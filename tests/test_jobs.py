@@ -125,3 +125,18 @@ def test_endpoint_job_accepts_replies_publishes_defers_and_fails_invalid_orders(
     assert failed["o101"][1] == b"not json"
     assert "no handler" in failed["o102"][0]["NServiceBus.ExceptionInfo.Message"]
     assert pg.count(sales) == 0
+
+
+def test_demo_runs_and_every_count_matches(tmp_path: Path) -> None:
+    """`make demo` as a new user runs it: its own embedded PostgreSQL, exit code 0, a full report."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SQLQUEUE_URL"}
+    done = subprocess.run([sys.executable, str(JOBS / "demo.py"), "--orders", "400"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = done.stdout[done.stdout.index("spark-qtransport demo report"):]
+    assert "BAD" not in report and report.rstrip().endswith("all counts match")
+    assert report.count("  ok  ") == 10
