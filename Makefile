@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: setup system-deps test test-fast demo bench lint wheel clean
+.PHONY: setup system-deps test test-fast chaos demo bench lint wheel clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
+
+# the long chaos run: 20 driver kills under a faster producer; writes reports/chaos.md
+chaos: setup
+	SQLQUEUE_CHAOS_KILLS=20 SQLQUEUE_CHAOS_PAUSE=0.05 SQLQUEUE_CHAOS_REPORT=reports/chaos.md \
+	  $(PY) -m pytest -s tests/chaos
 
 demo: setup
 	$(PY) jobs/demo.py

@@ -1,0 +1,95 @@
+"""Bad input, each with its documented outcome and nothing lost (../shared/CONFORMANCE.md, issue 6).
+
+Bodies are opaque bytes in both directions: NULL, empty, not UTF-8, 10 MB. Hostile queue names in
+headers (ForwardDestination, ReplyToAddress) are quoted or refused, never executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from backends import Backend, nsb_headers
+from spark_qtransport.errors import ConfigError, QueueNotFoundError
+from spark_qtransport.options import ReaderOptions, WriterOptions
+from spark_qtransport.queues.receive import Receiver, read_slice
+from spark_qtransport.queues.send import Dispatcher, set_up_sender, stage_partition
+from spark_qtransport.wire import decode_headers
+
+BODIES = {
+    "null": None,
+    "empty": b"",
+    "not utf-8": b"\xff\xfe\x00\x80 \xc3\x28 bytes",
+    "all byte values": bytes(range(256)),
+    "10 MB": os.urandom(10 * 1024 * 1024),
+}
+
+
+def receive_all(pg: Backend, queue: str, error: str) -> list[tuple[Any, ...]]:
+    r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": queue, "errorQueue": error, "claimAhead": "false"}))
+    try:
+        start = r.initial_offset()
+        end = r.latest(start, 1000)
+        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
+        r.ack(end)
+        return rows
+    finally:
+        r.close()
+
+
+def send(pg: Backend, endpoint: str, rows: list[dict[str, Any]], **options: str) -> Any:
+    opts = WriterOptions.parse({"url": pg.url, "endpoint": endpoint, **options})
+    plan = set_up_sender(opts)
+    report = stage_partition(opts, plan, [rows], batch_id=0, query_id="bad-input")
+    d = Dispatcher(opts)
+    try:
+        return d.dispatch(0, [report], query_id="bad-input")
+    finally:
+        d.close()
+
+
+@pytest.fixture
+def queues(pg: Backend, names: Any) -> Any:
+    class Q:
+        sales = pg.create_queue(names("Sales"))
+        out = pg.create_queue(names("Out"))
+        error = pg.create_queue(names("error"))
+
+    return Q
+
+
+def test_bodies_are_opaque_bytes_both_ways(pg: Backend, queues: Any) -> None:
+    for name, body in BODIES.items():
+        pg.send(queues.sales, nsb_headers(name), body)
+    received = {row[0]: row[3] for row in receive_all(pg, queues.sales, queues.error)}
+    assert received == BODIES
+    result = send(pg, queues.sales, [
+        {"body": body, "message_id": f"{name}-out", "message_type": "T", "destination": queues.out}
+        for name, body in BODIES.items()
+    ])
+    assert result.sent == len(BODIES)
+    out = {decode_headers(h)["NServiceBus.MessageId"]: body for _, h, body in pg.rows(queues.out)}
+    assert out == {f"{name}-out": body for name, body in BODIES.items()}
+    assert pg.count(queues.error) == 0
+
+
+@pytest.mark.parametrize("hostile", [
+    'x"; DROP TABLE "Victim"; --', "x]; DROP TABLE [Victim]; --", "Victim' OR '1'='1", "a;b--c", "Ünï😀.queue",
+])
+def test_hostile_addresses_in_headers_are_quoted_or_refused(pg: Backend, queues: Any, names: Any, hostile: str) -> None:
+    victim = pg.create_queue("Victim")
+    fwd = "NServiceBus.SqlServer.ForwardDestination"
+    # a claimed message whose ForwardDestination is hostile: the error queue gets it, FailedQ set
+    pg.send(queues.sales, nsb_headers("forwarded", **{fwd: hostile}), b"f")
+    assert receive_all(pg, queues.sales, queues.error) == []
+    ((_, text, body),) = pg.rows(queues.error)
+    failed = decode_headers(text)
+    assert failed["NServiceBus.FailedQ"] == hostile and body == b"f" and fwd not in failed
+    # a reply to a hostile ReplyToAddress: refused, nothing sent anywhere
+    with pytest.raises((QueueNotFoundError, ConfigError)):
+        send(pg, queues.sales, [{"body": b"r", "message_type": "T", "intent": "reply", "destination": hostile}])
+    assert pg.count(victim) == 0 and pg.count(queues.out) == 0 and pg.count(queues.error) == 1
+    assert json.loads(text)["NServiceBus.MessageId"] == "forwarded"
