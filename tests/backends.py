@@ -177,3 +177,19 @@ class Backend:
             cur = conn.cursor()
             cur.execute(f"SELECT CAST(id AS varchar(36)), headers, body FROM {self.q(queue)} ORDER BY {order}")
             return [(str(r[0]).lower(), r[1], None if r[2] is None else bytes(r[2])) for r in cur.fetchall()]
+
+
+def receive_batch(backend: Backend, queue: str, error: str, *, limit: int = 1000) -> list[tuple[Any, ...]]:
+    """One micro-batch the way Spark runs it, without Spark: claim, read every slice, acknowledge."""
+    from spark_qtransport.options import ReaderOptions
+    from spark_qtransport.queues.receive import Receiver, read_slice
+
+    r = Receiver(ReaderOptions.parse({"url": backend.url, "queue": queue, "errorQueue": error, "claimAhead": "false"}))
+    try:
+        start = r.initial_offset()
+        end = r.latest(start, limit)
+        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
+        r.ack(end)
+        return rows
+    finally:
+        r.close()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from backends import Backend
+from backends import Backend, receive_batch
 from spark_qtransport.dialects import QueueAddress, dialect_named
 from spark_qtransport.errors import ConfigError
 from spark_qtransport.wire import decode_headers, encode_headers
@@ -74,19 +74,9 @@ def test_addresses_round_trip_through_their_canonical_form(dialect: str, table: 
 def test_headers_survive_the_database_and_the_claim(pg: Backend, headers_list: list[dict[str, str | None]]) -> None:
     """Any flat string map, sent with NServiceBus's SQL, is claimed (never taken for poison) and
     read back equal; the claim's server-side poison check agrees with the Python one."""
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver, read_slice
-
     q, e = pg.create_queue("PropSales"), pg.create_queue("PropErrors")
     for h in headers_list:
         pg.send(q, encode_headers(h), b"x")
-    r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": q, "errorQueue": e, "claimAhead": "false"}))
-    try:
-        start = r.initial_offset()
-        end = r.latest(start, 100)
-        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
-        r.ack(end)
-    finally:
-        r.close()
+    rows = receive_batch(pg, q, e)
     assert [row[2] for row in rows] == headers_list
     assert pg.count(e) == 0

@@ -487,8 +487,7 @@ def test_a_persistent_fault_names_the_operation_and_sends_nothing(pg: Backend, n
 def test_computed_body_string_column_present(backend: Backend, queues: Any) -> None:
     """Queue tables with an extra computed column (NServiceBus users add BodyString for reading
     bodies in SQL tools) still send and receive: every statement names its columns."""
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver, read_slice
+    from backends import receive_batch
 
     if backend.name == "postgres":
         ddl = "ADD COLUMN bodystring text GENERATED ALWAYS AS (encode(body, 'escape')) STORED"
@@ -497,14 +496,7 @@ def test_computed_body_string_column_present(backend: Backend, queues: Any) -> N
     with backend.connect() as c:
         c.cursor().execute(f"ALTER TABLE {backend.q(queues.billing)} {ddl}")
     Sender(backend, queues.sales, destination=queues.billing).send([msg('{"n": 1}', message_id="with-body-string")])
-    r = Receiver(ReaderOptions.parse({"url": backend.url, "queue": queues.billing, "errorQueue": queues.error}))
-    try:
-        start = r.initial_offset()
-        end = r.latest(start, 10)
-        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
-        r.ack(end)
-    finally:
-        r.close()
+    rows = receive_batch(backend, queues.billing, queues.error)
     assert [(row[0], row[3]) for row in rows] == [("with-body-string", b'{"n": 1}')]
     assert backend.count(queues.billing) == 0
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, receive_batch
 from spark_qtransport.errors import ConfigError, QueueNotFoundError
-from spark_qtransport.options import ReaderOptions, WriterOptions
-from spark_qtransport.queues.receive import Receiver, read_slice
+from spark_qtransport.options import WriterOptions
 from spark_qtransport.queues.send import Dispatcher, set_up_sender, stage_partition
 from spark_qtransport.wire import decode_headers
 
@@ -26,18 +25,6 @@ BODIES = {
     "all byte values": bytes(range(256)),
     "10 MB": os.urandom(10 * 1024 * 1024),
 }
-
-
-def receive_all(pg: Backend, queue: str, error: str) -> list[tuple[Any, ...]]:
-    r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": queue, "errorQueue": error, "claimAhead": "false"}))
-    try:
-        start = r.initial_offset()
-        end = r.latest(start, 1000)
-        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
-        r.ack(end)
-        return rows
-    finally:
-        r.close()
 
 
 def send(pg: Backend, endpoint: str, rows: list[dict[str, Any]], **options: str) -> Any:
@@ -64,7 +51,7 @@ def queues(pg: Backend, names: Any) -> Any:
 def test_bodies_are_opaque_bytes_both_ways(pg: Backend, queues: Any) -> None:
     for name, body in BODIES.items():
         pg.send(queues.sales, nsb_headers(name), body)
-    received = {row[0]: row[3] for row in receive_all(pg, queues.sales, queues.error)}
+    received = {row[0]: row[3] for row in receive_batch(pg, queues.sales, queues.error)}
     assert received == BODIES
     result = send(pg, queues.sales, [
         {"body": body, "message_id": f"{name}-out", "message_type": "T", "destination": queues.out}
@@ -84,7 +71,7 @@ def test_hostile_addresses_in_headers_are_quoted_or_refused(pg: Backend, queues:
     fwd = "NServiceBus.SqlServer.ForwardDestination"
     # a claimed message whose ForwardDestination is hostile: the error queue gets it, FailedQ set
     pg.send(queues.sales, nsb_headers("forwarded", **{fwd: hostile}), b"f")
-    assert receive_all(pg, queues.sales, queues.error) == []
+    assert receive_batch(pg, queues.sales, queues.error) == []
     ((_, text, body),) = pg.rows(queues.error)
     failed = decode_headers(text)
     assert failed["NServiceBus.FailedQ"] == hostile and body == b"f" and fwd not in failed
