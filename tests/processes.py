@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 class Job:
     """One run of a child script, tagged so that every process it spawns can be killed."""
 
-    def __init__(self, script: Path, args: list[str], point: str = "", *, log: Path) -> None:
+    def __init__(self, script: Path, args: list[str], point: str = "", *, log: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.tag = uuid.uuid4().hex
-        env = {**os.environ, "CRASH_POINT": point, "SQLQUEUE_CRASH_TAG": self.tag,
+        env = {**os.environ, **(env or {}), "CRASH_POINT": point, "SQLQUEUE_CRASH_TAG": self.tag,
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.log = log.open("ab")
         self.proc = subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=self.log,

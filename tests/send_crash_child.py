@@ -9,6 +9,7 @@ Usage: send_crash_child.py URL QUEUE OUT ERROR CHECKPOINT MARKER_DIR [available-
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def main() -> None:
     spark = child_spark()
     messages = (
         spark.readStream.format("sqlqueue").option("url", url).option("queue", queue).option("errorQueue", error)
-        .option("maxMessagesPerTrigger", "300").load()
+        .option("maxMessagesPerTrigger", os.environ.get("SQLQUEUE_CHILD_MAX_MESSAGES", "300")).load()
         .select(
             F.col("body"),
             F.concat(F.col("message_id"), F.lit("-out")).alias("message_id"),
