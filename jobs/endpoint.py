@@ -127,31 +127,20 @@ DEFAULTS: dict[str, Any] = {
     "job_id": "endpoint",
 }
 
-FAILURE_KEYS = (
-    "NServiceBus.FailedQ", "NServiceBus.ExceptionInfo.ExceptionType", "NServiceBus.ExceptionInfo.Message",
-    "NServiceBus.ExceptionInfo.Source", "NServiceBus.ExceptionInfo.StackTrace", "NServiceBus.TimeOfFailure",
-    "NServiceBus.ProcessingEndpoint", "NServiceBus.ProcessingMachine",
-)
-
-
 def failure_headers(headers: Any, *, failed_q: str, reason: Any) -> Any:
-    """The received headers plus NServiceBus's failure headers (replacing older ones)."""
+    """The received headers plus NServiceBus's failure headers (replacing older ones): the
+    column-expression twin of `spark_qtransport.wire.failure_headers`."""
     import socket
 
     from pyspark.sql import functions as F
 
+    from spark_qtransport.wire import FAILURE_HEADERS
+
     now = F.date_format(F.current_timestamp(), "yyyy-MM-dd HH:mm:ss:SSSSSS 'Z'")
-    added = F.create_map(
-        F.lit("NServiceBus.FailedQ"), F.lit(failed_q),
-        F.lit("NServiceBus.ExceptionInfo.ExceptionType"), F.lit("Sales.ValidationException"),
-        F.lit("NServiceBus.ExceptionInfo.Message"), reason,
-        F.lit("NServiceBus.ExceptionInfo.Source"), F.lit("jobs/endpoint.py"),
-        F.lit("NServiceBus.ExceptionInfo.StackTrace"), F.lit(""),
-        F.lit("NServiceBus.TimeOfFailure"), now,
-        F.lit("NServiceBus.ProcessingEndpoint"), F.lit(failed_q),
-        F.lit("NServiceBus.ProcessingMachine"), F.lit(socket.gethostname()),
-    )
-    kept = F.map_filter(headers, lambda k, v: ~k.isin(*FAILURE_KEYS))
+    values = (F.lit(failed_q), F.lit("Sales.ValidationException"), reason, F.lit("jobs/endpoint.py"), F.lit(""),
+              now, F.lit(failed_q), F.lit(socket.gethostname()))
+    added = F.create_map(*(c for name, value in zip(FAILURE_HEADERS, values, strict=True) for c in (F.lit(name), value)))
+    kept = F.map_filter(headers, lambda k, v: ~k.isin(*FAILURE_HEADERS))
     return F.map_concat(kept, added)
 
 

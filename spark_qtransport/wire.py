@@ -14,6 +14,7 @@ __all__ = [
     "RESERVED",
     "decode_headers",
     "encode_headers",
+    "FAILURE_HEADERS",
     "failure_headers",
     "format_time",
     "outgoing_headers",
@@ -78,24 +79,23 @@ def encode_headers(headers: Mapping[str, str | None]) -> str:
 MAX_EXCEPTION_MESSAGE = 16384
 
 
+#: the headers NServiceBus's recoverability adds to a message it moves to the error queue
+FAILURE_HEADERS = (
+    H.FAILED_Q, "NServiceBus.ExceptionInfo.ExceptionType", "NServiceBus.ExceptionInfo.Message",
+    "NServiceBus.ExceptionInfo.Source", "NServiceBus.ExceptionInfo.StackTrace", H.TIME_OF_FAILURE,
+    "NServiceBus.ProcessingEndpoint", "NServiceBus.ProcessingMachine",
+)
+
+
 def failure_headers(
     headers: Mapping[str, str | None], *, failed_q: str, exception_type: str, message: str, source: str,
     endpoint: str,
 ) -> dict[str, str | None]:
     """`headers` plus the failure headers NServiceBus's recoverability adds before it moves a
     message to the error queue (FailedQ, ExceptionInfo.*, TimeOfFailure, Processing*)."""
-    out = dict(headers)
-    out.update({
-        H.FAILED_Q: failed_q,
-        "NServiceBus.ExceptionInfo.ExceptionType": exception_type,
-        "NServiceBus.ExceptionInfo.Message": message[:MAX_EXCEPTION_MESSAGE],
-        "NServiceBus.ExceptionInfo.Source": source,
-        "NServiceBus.ExceptionInfo.StackTrace": "",
-        H.TIME_OF_FAILURE: format_time(datetime.now(timezone.utc)),
-        "NServiceBus.ProcessingEndpoint": endpoint,
-        "NServiceBus.ProcessingMachine": socket.gethostname(),
-    })
-    return out
+    values = (failed_q, exception_type, message[:MAX_EXCEPTION_MESSAGE], source, "",
+              format_time(datetime.now(timezone.utc)), endpoint, socket.gethostname())
+    return {**headers, **dict(zip(FAILURE_HEADERS, values, strict=True))}
 
 
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S:%f Z"

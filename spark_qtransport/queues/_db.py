@@ -20,6 +20,7 @@ T = TypeVar("T")
 #: server restarting): waits of 0.2, 0.4, 0.8, 1.6 and 3.2 s between them ride out a restart
 RETRIES = 6
 
+
 def args(stmt: Statement) -> tuple[Any, ...]:
     return (stmt.sql,) if stmt.params is None else (stmt.sql, stmt.params)
 

@@ -54,6 +54,14 @@ def forward_claimed(
     own = d.qualified(queue)
     local: tuple[list[int], list[str]] = ([], [])
     groups: dict[str, tuple[QueueAddress, list[int], list[str]]] = {}
+    columns: dict[str, dict[str, str]] = {}  # each destination's columns, looked up once
+
+    def columns_of(address: QueueAddress) -> dict[str, str]:
+        name = d.qualified(address)
+        if name not in columns:
+            columns[name] = db.columns(cur, d.queue_columns(address))
+        return columns[name]
+
     for seq, text in cur.execute(*db.args(d.forward_candidates(claims, consumer, lo=lo, hi=hi))).fetchall():
         headers = decode_headers(text)
         if headers is None or H.FORWARD_DESTINATION not in headers:
@@ -71,11 +79,10 @@ def forward_claimed(
             local[1].append(encode_headers(headers))
             continue
         if problem is None:
-            name = d.qualified(target)
-            if name not in groups and not db.columns(cur, d.queue_columns(target)):
+            if not columns_of(target):
                 problem = f"queue {target_text} does not exist"
             else:
-                group = groups.setdefault(name, (target, [], []))
+                group = groups.setdefault(d.qualified(target), (target, [], []))
                 group[1].append(int(seq))
                 group[2].append(encode_headers(headers))
                 continue
@@ -92,7 +99,7 @@ def forward_claimed(
         result.local = len(local[0])
     moved: list[int] = []
     for name, (target, keys, headers_list) in groups.items():
-        recoverable = "recoverable" in db.columns(cur, d.queue_columns(target))
+        recoverable = "recoverable" in columns_of(target)
         db.execute(cur, d.forward_claims(claims, consumer, target, keys=keys, headers=headers_list,
                                          recoverable=recoverable))
         moved += keys
