@@ -14,7 +14,9 @@ from typing import Any
 
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
+from spark_qtransport.options import WriterOptions
 from spark_qtransport.queues.install import create_queues
+from spark_qtransport.queues.send import Dispatcher, StageReport, set_up_sender, stage_partition
 
 # NServiceBus.Transport.PostgreSql PostgreSqlConstants (SendText, ReceiveText, CreateQueueText),
 # with {0} the quoted table name. Used verbatim so our tables stay interchangeable with theirs.
@@ -193,3 +195,32 @@ def receive_batch(backend: Backend, queue: str, error: str, *, limit: int = 1000
         return rows
     finally:
         r.close()
+
+
+#: the streaming query id the send tests dispatch under (any stable text)
+QUERY = "3f1c9a57-0000-4000-8000-000000000001"
+
+
+class Sender:
+    """One endpoint's sink, driven the way Spark drives it: tasks stage, the driver dispatches."""
+
+    def __init__(self, backend: Backend, endpoint: str, **options: Any) -> None:
+        self.backend = backend
+        self.options = WriterOptions.parse({"url": backend.url, "endpoint": endpoint, **options})
+        self.plan = set_up_sender(self.options)
+
+    def stage(self, rows: list[dict[str, Any]], batch_id: int, *, query: str | None = QUERY) -> StageReport:
+        return stage_partition(self.options, self.plan, [rows], batch_id=batch_id, query_id=query)
+
+    def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query: str | None = QUERY) -> Any:
+        d = Dispatcher(self.options)
+        try:
+            return d.dispatch(batch_id, reports, query_id=query)
+        finally:
+            d.close()
+
+    def send(self, rows: list[dict[str, Any]], batch_id: int = 0, *, query: str | None = QUERY) -> Any:
+        return self.dispatch(batch_id, [self.stage(rows, batch_id, query=query)], query=query)
+
+    def staged(self) -> int:
+        return self.backend.count(self.backend.dialect.format_address(self.options.staging))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from backends import Backend
+from backends import Backend, Sender
 from spark_qtransport.errors import (
     ConfigError,
     DatabaseError,
@@ -25,37 +25,9 @@ from spark_qtransport.errors import (
     OutboxConflictError,
     QueueNotFoundError,
 )
-from spark_qtransport.options import WriterOptions
 from spark_qtransport.queues.delayed import DelayedMover
-from spark_qtransport.queues.send import Dispatcher, StageReport, set_up_sender, stage_partition
+from spark_qtransport.queues.send import Dispatcher
 from spark_qtransport.wire import H, decode_headers, parse_time
-
-QUERY = "3f1c9a57-0000-4000-8000-000000000001"
-
-
-class Sender:
-    """One endpoint's sink, driven the way Spark drives it: tasks stage, the driver dispatches."""
-
-    def __init__(self, backend: Backend, endpoint: str, **options: Any) -> None:
-        self.backend = backend
-        self.options = WriterOptions.parse({"url": backend.url, "endpoint": endpoint, **options})
-        self.plan = set_up_sender(self.options)
-
-    def stage(self, rows: list[dict[str, Any]], batch_id: int, *, query: str | None = QUERY) -> StageReport:
-        return stage_partition(self.options, self.plan, [rows], batch_id=batch_id, query_id=query)
-
-    def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query: str | None = QUERY) -> Any:
-        d = Dispatcher(self.options)
-        try:
-            return d.dispatch(batch_id, reports, query_id=query)
-        finally:
-            d.close()
-
-    def send(self, rows: list[dict[str, Any]], batch_id: int = 0, *, query: str | None = QUERY) -> Any:
-        return self.dispatch(batch_id, [self.stage(rows, batch_id, query=query)], query=query)
-
-    def staged(self) -> int:
-        return self.backend.count(self.backend.dialect.format_address(self.options.staging))
 
 
 def received(backend: Backend, queue: str) -> list[tuple[dict[str, str], bytes | None]]:

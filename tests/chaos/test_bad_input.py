@@ -12,10 +12,8 @@ from typing import Any
 
 import pytest
 
-from backends import Backend, nsb_headers, receive_batch
+from backends import Backend, Sender, nsb_headers, receive_batch
 from spark_qtransport.errors import ConfigError, QueueNotFoundError
-from spark_qtransport.options import WriterOptions
-from spark_qtransport.queues.send import Dispatcher, set_up_sender, stage_partition
 from spark_qtransport.wire import decode_headers
 
 BODIES = {
@@ -25,17 +23,6 @@ BODIES = {
     "all byte values": bytes(range(256)),
     "10 MB": os.urandom(10 * 1024 * 1024),
 }
-
-
-def send(pg: Backend, endpoint: str, rows: list[dict[str, Any]], **options: str) -> Any:
-    opts = WriterOptions.parse({"url": pg.url, "endpoint": endpoint, **options})
-    plan = set_up_sender(opts)
-    report = stage_partition(opts, plan, [rows], batch_id=0, query_id="bad-input")
-    d = Dispatcher(opts)
-    try:
-        return d.dispatch(0, [report], query_id="bad-input")
-    finally:
-        d.close()
 
 
 @pytest.fixture
@@ -53,7 +40,7 @@ def test_bodies_are_opaque_bytes_both_ways(pg: Backend, queues: Any) -> None:
         pg.send(queues.sales, nsb_headers(name), body)
     received = {row[0]: row[3] for row in receive_batch(pg, queues.sales, queues.error)}
     assert received == BODIES
-    result = send(pg, queues.sales, [
+    result = Sender(pg, queues.sales).send([
         {"body": body, "message_id": f"{name}-out", "message_type": "T", "destination": queues.out}
         for name, body in BODIES.items()
     ])
@@ -77,6 +64,6 @@ def test_hostile_addresses_in_headers_are_quoted_or_refused(pg: Backend, queues:
     assert failed["NServiceBus.FailedQ"] == hostile and body == b"f" and fwd not in failed
     # a reply to a hostile ReplyToAddress: refused, nothing sent anywhere
     with pytest.raises((QueueNotFoundError, ConfigError)):
-        send(pg, queues.sales, [{"body": b"r", "message_type": "T", "intent": "reply", "destination": hostile}])
+        Sender(pg, queues.sales).send([{"body": b"r", "message_type": "T", "intent": "reply", "destination": hostile}])
     assert pg.count(victim) == 0 and pg.count(queues.out) == 0 and pg.count(queues.error) == 1
     assert json.loads(text)["NServiceBus.MessageId"] == "forwarded"
