@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -130,6 +130,7 @@ class Receiver:
         self._more = False  # the last claim was full: more is probably waiting
         self._backlog = 0
         self._ahead: Future[tuple[int | None, bool]] | None = None
+        self._released = False  # claims up to the first planned start (a previous run's last batch)
         self._pool: ThreadPoolExecutor | None = None
         # NServiceBus convention: the endpoint that receives from queue Q owns Q.Delayed
         self._mover: DelayedMover | None = None
@@ -266,6 +267,7 @@ class Receiver:
         self._await_ahead()
         self.move_delayed()
         after = self._start_after(start)
+        self._release_previous_run(start, after)
         held_max, _ = self._run("peek claims", lambda c: db.one(c.cursor(), self.dialect.max_claim(self.claims, self.options.consumer)))
         if held_max is not None and (after is None or held_max > after):
             end = self._cap_held(after, int(held_max), limit)
@@ -285,6 +287,22 @@ class Receiver:
         if limit is not None and self._more and self.options.claim_ahead and after is not None:
             self._claim_ahead(limit)
         return ClaimOffset(end, self.table_id)
+
+    def _release_previous_run(self, start: ClaimOffset | None, after: int | None) -> None:
+        """Acknowledge the batch a previous run of this checkpoint ended with.
+
+        Spark sends ``commit(end)`` only when it plans a batch after ``end``, so a run's last batch
+        stays claimed after it stops, and would stay so while the queue is empty. Spark asks for
+        the next offset only once every batch up to ``start`` is in the commit log (a restart
+        first replays an uncommitted batch), so this run's first planning may acknowledge up to
+        ``start``. Only the first: this run's own last batch stays replayable until the next run
+        (a manual replay after deleting ``commits/N`` finds its rows).
+        """
+        if self._released or start is None:
+            return
+        self._released = True
+        if after:  # in the foreground: Spark may end this run's process without waiting on a thread
+            self.ack(ClaimOffset(after, self.table_id))
 
     def move_delayed(self) -> None:
         """Deliver the due messages of ``<queue>.Delayed``, if that table exists: every trigger,
@@ -523,24 +541,49 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
     """Yield the raw claim rows of one slice in order, `chunk` at a time, on a reused connection.
 
     Rows are (claim_seq, native_id text, expires, headers text, body, source_seq, claimed_at).
+    A transient fault mid-slice (the session terminated, the server restarting) does not fail the
+    task: the read resumes after the last claim sequence it yielded, on a new connection, with the
+    waits of `_db.retrying`. Claims are not acknowledged before Spark commits this batch, so the
+    rest of the slice is still there.
     """
     dialect = dialect_named(part.dialect)
-    conn, cur = _open_slice(dialect, part)
-    healthy = False
-    try:
-        while True:
-            rows = cur.fetchmany(chunk)
-            if not rows:
-                break
-            yield rows
-        cur.close()
-        conn.commit()
-        healthy = True
-    finally:
-        if healthy:
-            EXECUTOR_CONNECTIONS.put(part.url, conn)
-        else:
-            db.close(conn)
+    after, delay = part.after, 0.2
+    for attempt in range(1, db.RETRIES + 1):
+        try:
+            conn, cur = _open_slice(dialect, part if after == part.after else replace(part, after=after))
+        except Exception as exc:
+            if attempt == db.RETRIES or not dialect.is_transient(exc):
+                raise
+            log.warning("reading %r failed (%s); retrying in %.1fs", part, " ".join(str(exc).split()), delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        healthy = False
+        try:
+            while True:
+                try:
+                    rows = cur.fetchmany(chunk)
+                    if not rows:
+                        cur.close()
+                        conn.commit()
+                        healthy = True
+                        return
+                except Exception as exc:
+                    if attempt == db.RETRIES or not dialect.is_transient(exc):
+                        raise
+                    log.warning("reading %r failed after claim %d (%s); resuming there in %.1fs",
+                                part, after, " ".join(str(exc).split()), delay)
+                    break
+                after = int(rows[-1][0])
+                yield rows
+        finally:
+            if healthy:
+                EXECUTOR_CONNECTIONS.put(part.url, conn)
+            else:
+                db.close(conn)
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")
 
 
 def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:

@@ -20,6 +20,7 @@ sent, with an error naming them.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ T = TypeVar("T")
 
 #: rows per bulk write on executors
 STAGE_CHUNK = 5000
+#: rows of one task kept in memory to stage again after a transient fault (headers + bodies)
+STAGE_RETRY_BYTES = 64 * 2**20
 
 
 
@@ -121,42 +124,83 @@ def stage_partition(
     batch_id: int,
     query_id: str | None,
 ) -> StageReport:
-    """Stage every row of one task in one transaction; returns what the driver needs to dispatch."""
+    """Stage every row of one task in one transaction; returns what the driver needs to dispatch.
+
+    A transient fault (the session terminated, the server restarting) stages again on a new
+    connection under a new attempt id, from the rows kept so far (up to `STAGE_RETRY_BYTES`;
+    a larger task fails, and Spark's task retry or the query's restart stages it again). If the
+    failed attempt's commit landed after all, its rows are never sent: the driver dispatches only
+    the attempts tasks report and deletes the rest of the batch's staged rows.
+    """
     dialect = options.dialect
-    attempt = uuid.uuid4().hex
-    builder = MessageBuilder(plan, batch_id=batch_id, attempt=attempt)
+    builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
     now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
-    conn = _connect(dialect, options)
-    healthy = False
-    rows = 0
-    try:
-        pending: list[tuple[Any, ...]] = []
-        for batch in batches:
-            for row in batch:
-                pending.append(builder.build(row, now))
+    source = iter(builder.build(row, now) for batch in batches for row in batch)
+    kept: list[tuple[Any, ...]] | None = []  # every row read so far, while small enough to keep
+    kept_bytes, delay = 0, 0.2
+    for attempt in range(1, db.RETRIES + 1):
+        conn = None
+        rows = 0
+        try:
+            conn = _connect(dialect, options)
+            for i in range(0, len(kept or ()), STAGE_CHUNK):  # a retry: what the failed attempt read
+                chunk = [(*r[:2], builder.attempt, *r[3:]) for r in kept[i:i + STAGE_CHUNK]]  # type: ignore[index]
+                dialect.stage_rows(conn, options.staging, chunk)
+                rows += len(chunk)
+            pending: list[tuple[Any, ...]] = []
+            while (row := _next_input(source)) is not None:
+                if kept is not None:
+                    kept.append(row)
+                    kept_bytes += len(row[6]) + len(row[7] or b"")
+                    if kept_bytes > STAGE_RETRY_BYTES:
+                        kept = None
+                pending.append(row)
                 if len(pending) >= STAGE_CHUNK:
                     dialect.stage_rows(conn, options.staging, pending)
                     rows += len(pending)
                     pending = []
-        if pending:
-            dialect.stage_rows(conn, options.staging, pending)
-            rows += len(pending)
-        conn.commit()
-        healthy = True
+            if pending:
+                dialect.stage_rows(conn, options.staging, pending)
+                rows += len(pending)
+            conn.commit()
+        except _InputFailed as failed:  # our input (the upstream plan, a bad row) failed: not ours to retry
+            _discard(conn)
+            raise failed.__cause__ from None  # type: ignore[misc]
+        except Exception as exc:
+            _discard(conn)
+            what = f"staging batch {batch_id} of endpoint {plan.endpoint!r} into {dialect.qualified(options.staging)}"
+            if dialect.is_undefined_table(exc):
+                raise QueueNotFoundError(f"{what}: the staging table does not exist") from exc
+            if not dialect.is_transient(exc) or attempt == db.RETRIES or kept is None:
+                raise db.explain(dialect, what, exc) from exc
+            log.warning("%s failed (%s); staging again in %.1fs", what, " ".join(str(exc).split()), delay)
+            builder.attempt = uuid.uuid4().hex
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        EXECUTOR_CONNECTIONS.put(options.url, conn)
+        routes = tuple((k, r, n) for (k, r), n in sorted(builder.counts.items()))
+        return StageReport(builder.attempt, rows, routes, batch_id, query_id)
+    raise AssertionError("unreachable")
+
+
+class _InputFailed(Exception):
+    """Raised from the task's input rows; the original error is the cause."""
+
+
+def _next_input(rows: Any) -> tuple[Any, ...] | None:
+    try:
+        return next(rows)  # type: ignore[no-any-return]
+    except StopIteration:
+        return None
     except Exception as exc:
-        if dialect.is_undefined_table(exc):
-            raise QueueNotFoundError(
-                f"staging table {dialect.qualified(options.staging)} of endpoint {plan.endpoint!r} does not exist"
-            ) from exc
-        raise
-    finally:
-        if healthy:
-            EXECUTOR_CONNECTIONS.put(options.url, conn)
-        else:
-            db.rollback(conn)
-            db.close(conn)
-    routes = tuple((k, r, n) for (k, r), n in sorted(builder.counts.items()))
-    return StageReport(attempt, rows, routes, batch_id, query_id)
+        raise _InputFailed from exc
+
+
+def _discard(conn: Any) -> None:
+    if conn is not None:
+        db.rollback(conn)
+        db.close(conn)
 
 
 def _connect(dialect: Dialect, options: WriterOptions) -> Any:

@@ -1,0 +1,129 @@
+"""Database faults aimed at each phase of a queue -> Spark -> queue pipeline.
+
+The connector's session is terminated by the server (``pg_terminate_backend``, what a failover or
+an administrator does) at one chosen moment:
+
+- claim:    inside the claim transaction (driver), when it inserts into ``<queue>.Claims``
+- read:     while an executor reads its slice of the claim table (between two fetches)
+- ack:      inside an acknowledgement (driver), when it deletes from ``<queue>.Claims``
+- staging:  inside a task's staging transaction (executor), when it copies into ``<endpoint>.Staging``
+- dispatch: inside the dispatch transaction (driver), when it inserts into the destination queue
+
+Every phase retries on a new connection, so the query rides through: it finishes without an error,
+and every message is at the output exactly once, nothing is left claimed or staged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from backends import Backend, nsb_headers
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark")]
+
+MESSAGES = 12_000
+PER_BATCH = MESSAGES  # one batch a run, two slices of 6,000 rows: each read fetches twice (5,000 a fetch)
+
+
+class ReadKiller(threading.Thread):
+    """A read has no trigger to hook: watch for a session in the middle of the read's server-side
+    cursor (declared, fetched from, transaction still open) and terminate it, once."""
+
+    def __init__(self, pg: Backend) -> None:
+        super().__init__(daemon=True)
+        self.pg, self.done, self.terminated = pg, threading.Event(), 0
+
+    def run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.pg.url, autocommit=True) as c:
+            while not self.done.is_set() and not self.terminated:
+                self.terminated = sum(1 for (ok,) in c.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = 'spark-qtransport' AND state <> 'idle'"
+                    " AND (query LIKE 'DECLARE \"sqlqueue_read\"%' OR query LIKE 'FETCH %sqlqueue_read%')"
+                    " LIMIT 1") if ok)
+                time.sleep(0.002)
+
+
+def arm(pg: Backend, table: str, event: str, tag: str) -> str:
+    """A statement trigger on `table` that terminates the connector session firing it, once.
+    Returns the sequence that counts the connector's statements there (1: the fault fired)."""
+    seq, fn = f"fault_seq_{tag}", f"fault_fn_{tag}"
+    with pg.connect() as c:
+        c.execute(f"CREATE SEQUENCE {seq}")
+        c.execute(
+            f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF current_setting('application_name') = 'spark-qtransport' "
+            f"AND nextval('{seq}') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
+            "RETURN NULL; END $$"
+        )
+        c.execute(f"CREATE TRIGGER fault_{tag} AFTER {event} ON {pg.q(table)} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()")
+    return seq
+
+
+def pipeline(spark: Any, pg: Backend, q: str, out: str, e: str, checkpoint: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return (
+        spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q).option("errorQueue", e)
+        .option("maxMessagesPerTrigger", str(PER_BATCH)).option("numPartitions", "2").option("claimAhead", "false").load()
+        .select("body", F.concat("message_id", F.lit("-out")).alias("message_id"),
+                F.lit("Faults.Out").alias("message_type"))
+        .writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", q).option("destination", out)
+        .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    )
+
+
+@pytest.mark.parametrize("phase", ["claim", "read", "ack", "staging", "dispatch"])
+def test_a_session_terminated_in_each_phase_is_ridden_through(
+    spark: Any, pg: Backend, names: Any, checkpoint: str, phase: str
+) -> None:
+    q, out, e = pg.create_queue(names("Faults")), pg.create_queue(names("Out")), pg.create_queue(names("error"))
+    pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x" * 512) for i in range(MESSAGES)])
+    # the first query creates the claim and staging tables; the fault is armed on them before the second
+    first = pipeline(spark, pg, q, out, e, checkpoint)
+    first.awaitTermination(300)
+    assert first.exception() is None, first.exception()
+    pg.send_many(q, [(nsb_headers(f"n{i:05d}"), b"y" * 512) for i in range(MESSAGES)])
+
+    killer, seq = None, None
+    if phase == "read":
+        killer = ReadKiller(pg)
+        killer.start()
+    else:
+        table, event = {"claim": (pg.claims(q), "INSERT"), "ack": (pg.claims(q), "DELETE"),
+                        "staging": (f'"{q}.Staging"', "INSERT"), "dispatch": (out, "INSERT")}[phase]
+        seq = arm(pg, table, event, names.tag)
+    try:
+        query = pipeline(spark, pg, q, out, e, checkpoint)
+        query.awaitTermination(300)
+    finally:
+        if killer is not None:
+            killer.done.set()
+            killer.join(10)
+    assert not query.isActive
+    assert query.exception() is None, f"the query did not ride through a fault in {phase}: {query.exception()}"
+
+    if killer is not None:
+        assert killer.terminated == 1, "a read was caught and terminated"
+    else:
+        with pg.connect() as c:
+            fired, called = c.execute(f"SELECT last_value, is_called FROM {seq}").fetchone()
+        assert called and fired >= 2, f"the {phase} fault fired once and the phase ran again ({fired})"
+
+    again = pipeline(spark, pg, q, out, e, checkpoint)  # releases the last batch's claims
+    again.awaitTermination(300)
+    assert again.exception() is None, again.exception()
+    with pg.connect() as c:
+        ids = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(out)}")]
+    expected = {f"{p}{i:05d}-out" for p in "mn" for i in range(MESSAGES)}
+    assert len(ids) == len(set(ids)), "no message was sent twice"
+    assert set(ids) == expected, "every message was sent"
+    assert pg.count(q) == 0 and pg.count(e) == 0
+    assert pg.count(pg.claims(q)) == 0, "nothing is left claimed"
+    assert pg.count(f'"{q}.Staging"') == 0, "nothing is left staged"
