@@ -229,6 +229,16 @@ class Dialect(ABC):
     def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
         """Delete at most `batch` claims of the consumer with claim_seq <= upto (rowcount = deleted)."""
 
+    def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
+        """One row, one column: true when `table` holds at least `min_rows` deleted rows and was not
+        vacuumed in the last `every_seconds`. None when the database reclaims the space of
+        deleted rows by itself (SQL Server's ghost cleanup)."""
+        return None
+
+    def vacuum(self, table: QueueAddress) -> Statement | None:
+        """Run outside any transaction: make the space of deleted rows reusable (see `vacuum_due`)."""
+        return None
+
     @abstractmethod
     def max_source_seq(self, queue: QueueAddress) -> Statement:
         """One row, one column: the highest sequence in the queue (NULL when empty)."""

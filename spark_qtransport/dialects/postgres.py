@@ -367,6 +367,20 @@ SELECT (SELECT count(*) FROM gone),
             {"consumer": consumer, "after": after, "upto": upto},
         )
 
+    def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
+        # Claim and staging tables see every message inserted and deleted once; autovacuum
+        # wakes once a minute by default, so between its runs they would grow by a minute of traffic.
+        return Statement(
+            "SELECT n_dead_tup >= %(rows)s AND coalesce(greatest(last_vacuum, last_autovacuum), '-infinity')"
+            " < now() - %(every)s * interval '1 second'"
+            " FROM pg_stat_user_tables WHERE relid = to_regclass(%(table)s)",
+            {"rows": int(min_rows), "every": float(every_seconds), "table": self.qualified(table)},
+        )
+
+    def vacuum(self, table: QueueAddress) -> Statement | None:
+        # SKIP_LOCKED: another driver vacuuming the same table already does the work
+        return Statement(f"VACUUM (SKIP_LOCKED) {self.qualified(table)}")
+
     def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
         c = self.qualified(claims)
         return Statement(

@@ -37,6 +37,7 @@ from ..wire import H, parse_time
 from . import _db as db
 from .delayed import DelayedMover
 from .forward import ForwardResult, forward_claimed
+from .vacuum import vacuum_if_due
 
 __all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
 
@@ -508,6 +509,8 @@ class Receiver:
             if n < batch:
                 break
         self.stats.acked += total
+        if total and self._conns.get(slot) is not None:
+            vacuum_if_due(self.dialect, self._conns[slot], self.claims)
         return total
 
     def close(self) -> None:

@@ -36,6 +36,7 @@ from . import _db as db
 from .delayed import DelayedMover, MoveResult
 from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
 from .outbox import Outbox, fingerprint
+from .vacuum import vacuum_if_due
 
 __all__ = ["StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
 
@@ -261,6 +262,7 @@ class Dispatcher:
         try:
             result.moved = self.move_due()
             self.outbox.cleanup(self._connection(), self.options.retention_seconds)
+            vacuum_if_due(self.dialect, self._connection(), self.options.staging)
         except Exception as exc:  # noqa: BLE001 - the batch is sent; these run again next time
             db.rollback(self._connection())
             log.warning("after dispatching batch %d of %s: %s", batch_id, self.options.endpoint, exc)

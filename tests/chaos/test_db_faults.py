@@ -15,6 +15,7 @@ and every message is at the output exactly once, nothing is left claimed or stag
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -22,11 +23,13 @@ from typing import Any
 import pytest
 
 from backends import Backend, nsb_headers
+from report import section
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark")]
 
-MESSAGES = 12_000
-PER_BATCH = MESSAGES  # one batch a run, two slices of 6,000 rows: each read fetches twice (5,000 a fetch)
+#: messages sent before each run: one batch a run; for the read, one slice of 6,000 rows, which it
+#: fetches in two (5,000 a fetch), so that the watcher finds the cursor open between the fetches
+MESSAGES = {"read": 6000}
 
 
 class ReadKiller(threading.Thread):
@@ -66,12 +69,13 @@ def arm(pg: Backend, table: str, event: str, tag: str) -> str:
     return seq
 
 
-def pipeline(spark: Any, pg: Backend, q: str, out: str, e: str, checkpoint: str) -> Any:
+def pipeline(spark: Any, pg: Backend, q: str, out: str, e: str, checkpoint: str, *, per_batch: int, slices: int) -> Any:
     from pyspark.sql import functions as F
 
     return (
         spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q).option("errorQueue", e)
-        .option("maxMessagesPerTrigger", str(PER_BATCH)).option("numPartitions", "2").option("claimAhead", "false").load()
+        .option("maxMessagesPerTrigger", str(per_batch)).option("numPartitions", str(slices))
+        .option("claimAhead", "false").load()
         .select("body", F.concat("message_id", F.lit("-out")).alias("message_id"),
                 F.lit("Faults.Out").alias("message_type"))
         .writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", q).option("destination", out)
@@ -79,17 +83,22 @@ def pipeline(spark: Any, pg: Backend, q: str, out: str, e: str, checkpoint: str)
     )
 
 
-@pytest.mark.parametrize("phase", ["claim", "read", "ack", "staging", "dispatch"])
+PHASES = ["claim", "read", "ack", "staging", "dispatch"]
+
+
+@pytest.mark.parametrize("phase", PHASES)
 def test_a_session_terminated_in_each_phase_is_ridden_through(
     spark: Any, pg: Backend, names: Any, checkpoint: str, phase: str
 ) -> None:
-    q, out, e = pg.create_queue(names("Faults")), pg.create_queue(names("Out")), pg.create_queue(names("error"))
-    pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x" * 512) for i in range(MESSAGES)])
+    n = MESSAGES.get(phase, 2000)
+    run = functools.partial(pipeline, spark, pg, q := pg.create_queue(names("Faults")), out := pg.create_queue(names("Out")),
+                            e := pg.create_queue(names("error")), checkpoint, per_batch=n, slices=1 if phase == "read" else 2)
+    pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x" * 512) for i in range(n)])
     # the first query creates the claim and staging tables; the fault is armed on them before the second
-    first = pipeline(spark, pg, q, out, e, checkpoint)
+    first = run()
     first.awaitTermination(300)
     assert first.exception() is None, first.exception()
-    pg.send_many(q, [(nsb_headers(f"n{i:05d}"), b"y" * 512) for i in range(MESSAGES)])
+    pg.send_many(q, [(nsb_headers(f"n{i:05d}"), b"y" * 512) for i in range(n)])
 
     killer, seq = None, None
     if phase == "read":
@@ -100,7 +109,7 @@ def test_a_session_terminated_in_each_phase_is_ridden_through(
                         "staging": (f'"{q}.Staging"', "INSERT"), "dispatch": (out, "INSERT")}[phase]
         seq = arm(pg, table, event, names.tag)
     try:
-        query = pipeline(spark, pg, q, out, e, checkpoint)
+        query = run()
         query.awaitTermination(300)
     finally:
         if killer is not None:
@@ -109,6 +118,7 @@ def test_a_session_terminated_in_each_phase_is_ridden_through(
     assert not query.isActive
     assert query.exception() is None, f"the query did not ride through a fault in {phase}: {query.exception()}"
 
+    fired = 0
     if killer is not None:
         assert killer.terminated == 1, "a read was caught and terminated"
     else:
@@ -116,12 +126,26 @@ def test_a_session_terminated_in_each_phase_is_ridden_through(
             fired, called = c.execute(f"SELECT last_value, is_called FROM {seq}").fetchone()
         assert called and fired >= 2, f"the {phase} fault fired once and the phase ran again ({fired})"
 
-    again = pipeline(spark, pg, q, out, e, checkpoint)  # releases the last batch's claims
+    again = run()  # releases the last batch's claims
     again.awaitTermination(300)
     assert again.exception() is None, again.exception()
     with pg.connect() as c:
         ids = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(out)}")]
-    expected = {f"{p}{i:05d}-out" for p in "mn" for i in range(MESSAGES)}
+    expected = {f"{p}{i:05d}-out" for p in "mn" for i in range(n)}
+    figures = {"phase": phase, "terminated": killer.terminated if killer else int(fired >= 2), "ridden through": "yes",
+               "messages": len(expected), "lost": len(expected - set(ids)), "duplicated": len(ids) - len(set(ids)),
+               "left claimed": pg.count(pg.claims(q)), "left staged": pg.count(f'"{q}.Staging"')}
+    section("db-faults-", [
+        "## Database faults aimed at each phase",
+        "",
+        "queue -> Spark -> queue; the connector's session is terminated once inside the phase (a statement",
+        "trigger calling `pg_terminate_backend(pg_backend_pid())`; for the read, a watcher that finds the",
+        "slice's cursor open between two fetches). Reproduce: `.venv/bin/python -m pytest tests/chaos/test_db_faults.py`.",
+        "",
+        "| phase | sessions terminated | query rode through | messages | lost | duplicated | left claimed | left staged |",
+        "|---|---|---|---|---|---|---|---|",
+    ], {})
+    section(f"db-faults-{PHASES.index(phase)}-{phase}", ["| " + " | ".join(str(v) for v in figures.values()) + " |"], figures)
     assert len(ids) == len(set(ids)), "no message was sent twice"
     assert set(ids) == expected, "every message was sent"
     assert pg.count(q) == 0 and pg.count(e) == 0
