@@ -107,8 +107,9 @@ class TestStatements:
             assert "DROP TABLE" not in stmt.sql
 
     def test_claim_skips_locked_rows_in_order(self) -> None:
-        (claim,) = D.claim(QueueAddress("Sales"), QueueAddress("Sales.Claims"), QueueAddress("error"),
-                             consumer="c", limit=10, after=0, upto=None)
+        *hints, claim = D.claim(QueueAddress("Sales"), QueueAddress("Sales.Claims"), QueueAddress("error"),
+                                consumer="c", limit=10, after=0, upto=None)
+        assert [h.sql for h in hints] == ["SET LOCAL enable_seqscan = off", "SET LOCAL enable_bitmapscan = off"]
         assert "FOR UPDATE SKIP LOCKED" in claim.sql and "ORDER BY seq" in claim.sql
         assert "AS MATERIALIZED" in claim.sql
         assert "work_mem" not in claim.sql  # bodies are never materialized: no spill to tune away

@@ -138,7 +138,7 @@ def test_corrupted_headers(backend: Backend, queues, bad: str, helper: bool) -> 
         assert r.stats.poison == 1
     assert [row[0] for row in rows] == ["before", "after"]
     if helper:
-        (claim_sql,) = r.dialect.claim(r.options.queue, r.claims, r.options.error_queue,
+        *_, claim_sql = r.dialect.claim(r.options.queue, r.claims, r.options.error_queue,
                                        consumer="x", limit=1, after=0, upto=None)
         assert "sqlqueue_poison_headers(" in claim_sql.sql and "pg_input_is_valid" not in claim_sql.sql
     # moved raw: same native id, headers text and body, in the claim transaction

@@ -229,6 +229,13 @@ class Dialect(ABC):
     def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
         """Delete at most `batch` claims of the consumer with claim_seq <= upto (rowcount = deleted)."""
 
+    def dispatch_plans(self) -> list[Statement]:
+        """Run first in a dispatch transaction: plans that stay linear whatever the statistics say.
+        A staging table swings between empty and a whole batch faster than statistics follow;
+        last seen empty, it is estimated at one row, and a plan built on that (a nested loop over
+        a full scan) costs seconds per batch instead of milliseconds."""
+        return []
+
     def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
         """One row, one column: true when `table` holds at least `min_rows` deleted rows and was not
         vacuumed in the last `every_seconds`. None when the database reclaims the space of

@@ -296,7 +296,13 @@ SELECT (SELECT count(*) FROM gone),
        (SELECT max(seq) FROM picked),
        (SELECT min(claim_seq) FROM claimed),
        (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired)"""
-        return [Statement(sql.strip(), params)]
+        # The queue's statistics lag its backlog (a queue last analyzed empty and now holding a
+        # million rows is estimated at a few thousand): left alone, the planner may then read and
+        # classify every row above `after` and sort them, seconds per claim. Without bitmap and
+        # sequential scans it walks the seq index in order and stops at the limit. LOCAL: this
+        # transaction only.
+        return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
+                Statement(sql.strip(), params)]
 
     def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
         return Statement(
@@ -366,6 +372,11 @@ SELECT (SELECT count(*) FROM gone),
             " ORDER BY claim_seq",
             {"consumer": consumer, "after": after, "upto": upto},
         )
+
+    def dispatch_plans(self) -> list[Statement]:
+        # LOCAL: this transaction only. Joins of staged rows become hash or merge joins, linear
+        # in the batch (a nested loop is still used where nothing else can run).
+        return [Statement("SET LOCAL enable_nestloop = off")]
 
     def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
         # Claim and staging tables see every message inserted and deleted once; autovacuum

@@ -277,6 +277,8 @@ class Dispatcher:
         if expected == 0:
             self._delete_leftovers(cur, batch_id)
             return result
+        for stmt in d.dispatch_plans():
+            db.execute(cur, stmt)
         if self.outbox.begin(cur, batch_id, fp) is not None:
             result.skipped = True
             db.execute(cur, d.delete_staged(o.staging, attempts=attempts))
