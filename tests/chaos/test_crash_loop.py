@@ -5,7 +5,7 @@ restarted once mid-stream. After a final run every produced message is at the ou
 and nothing is left claimed or staged.
 
 ``make test`` runs a short version (SQLQUEUE_CHAOS_KILLS=2, a producer of about 250 msg/s);
-``make chaos`` runs 20 kills under about 1,000 msg/s (SQLQUEUE_CHAOS_PAUSE=0.05) and writes a
+``make chaos`` runs 20 kills under about 700 msg/s (SQLQUEUE_CHAOS_PAUSE=0.05) and writes a
 report section with a rate plot (SQLQUEUE_CHAOS_REPORT, see report.py). The random seed is
 SQLQUEUE_CRASH_SEED (printed).
 """
