@@ -28,12 +28,18 @@ _SCHEMES = {
     "mssql": "sqlserver",
 }
 
-_ODBC_SECRET = re.compile(r"(?i)\b(pwd|password)\s*=\s*(\{[^}]*\}|[^;]*)")
+# an ODBC PWD= / Password= value: braced (a } inside doubled, unterminated to the end) or up to ;
+_ODBC_SECRET = re.compile(r"(?i)\b(pwd|password)\s*=\s*(\{(?:\}\}|[^}])*(?:\}|$)|[^;]*)")
+# a URL's userinfo in free text: from :// to the last @ of the line. A password may hold spaces,
+# '/', '?', '#', '@' and even '://', so nothing shorter is safe; hiding too much is.
+_URL_USERINFO = re.compile(r"://[^\r\n]*@")
 
 
 def mask(text: str) -> str:
-    """Hide passwords in a URL or ODBC connection string (for logs, errors and reprs)."""
-    text = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    """Hide passwords in text that may hold a URL or an ODBC connection string (for logs, errors
+    and reprs): everything between a URL's ``://`` and its last ``@``, and ODBC ``PWD=`` /
+    ``Password=`` values."""
+    text = _URL_USERINFO.sub("://***@", text)
     text = _ODBC_SECRET.sub(lambda m: f"{m.group(1)}=***", text)
     text = re.sub(r"(?i)(password=)[^&\s]*", r"\1***", text)
     return text
@@ -135,27 +141,49 @@ def parse_url(url: str, *, option: str = "url") -> ConnectionURL:
         if "=" not in raw:
             raise ConfigError(f"option '{option}': 'odbc:' must be followed by an ODBC connection string")
         return ConnectionURL("sqlserver", odbc=raw)
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"option '{option}' is not a valid URL: {mask(url)!r} ({exc})") from None
-    scheme = parts.scheme.lower()
+    # The userinfo is split off by hand, at the LAST '@': a password given raw may hold '#', '/',
+    # '?', '@' and spaces, which urllib would take for the end of the authority (and then quote
+    # in its errors). urllib only ever sees the URL without it; no error shows any part of it.
+    scheme_text, sep, rest = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme_text):
+        raise ConfigError(
+            f"option '{option}' is not a valid URL: give postgresql://user:password@host:port/database "
+            "or sqlserver://..., or odbc: and an ODBC connection string"
+        )
+    userinfo, at, hostpart = rest.rpartition("@")
+    shown = f"{scheme_text}://{'***@' if at else ''}{hostpart}"
+    encode = "; percent-encode special characters in the user name and password (@ as %40, : as %3A, / as %2F, % as %25)"
+    scheme = scheme_text.lower()
     if scheme not in _SCHEMES:
         raise ConfigError(
-            f"option '{option}' has an unsupported scheme {parts.scheme!r} in {mask(url)!r}: "
+            f"option '{option}' has an unsupported scheme {scheme_text!r} in {shown!r}: "
             "use postgresql://, sqlserver://, mssql:// or odbc:"
         )
-    if not parts.hostname:
-        raise ConfigError(f"option '{option}' has no host: {mask(url)!r}")
+    try:
+        parts = urlsplit(f"{scheme}://{hostpart}")
+        port = parts.port
+        host = parts.hostname
+    except ValueError:
+        raise ConfigError(
+            f"option '{option}' is not a valid URL: {shown!r} (a port must be a number from 0 to 65535; "
+            f"an IPv6 address goes in brackets){encode}"
+        ) from None
+    if not host:
+        raise ConfigError(f"option '{option}' has no host: {shown!r}{encode}")
+    user: str | None = None
+    password: str | None = None
+    if at:
+        name, colon, secret = userinfo.partition(":")
+        user = unquote(name) or None
+        password = unquote(secret) if colon else None
     database = unquote(parts.path.lstrip("/")) or None
     return ConnectionURL(
         dialect=_SCHEMES[scheme],
-        host=parts.hostname,
+        host=host,
         port=port,
         database=database,
-        user=unquote(parts.username) if parts.username else None,
-        password=unquote(parts.password) if parts.password is not None else None,
+        user=user,
+        password=password,
         query=tuple(parse_qsl(parts.query, keep_blank_values=True)),
     )
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from ..dialects import Dialect, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 
-__all__ = ["args", "execute", "first", "one", "columns", "rowcount", "rollback", "close", "explain", "retrying"]
+__all__ = ["args", "execute", "first", "one", "rows", "columns", "rowcount", "rollback", "close", "describe", "explain", "retrying"]
 
 log = logging.getLogger("spark_qtransport.db")
 
@@ -41,6 +41,11 @@ def one(cur: Any, stmt: Statement) -> tuple[Any, ...]:
     return tuple(row) if row is not None else (None,)
 
 
+def rows(cur: Any, stmt: Statement) -> list[Any]:
+    cur.execute(*args(stmt))
+    return cur.fetchall()  # type: ignore[no-any-return]
+
+
 def columns(cur: Any, stmt: Statement) -> dict[str, str]:
     cur.execute(*args(stmt))
     return {str(name).lower(): str(typ) for name, typ in cur.fetchall()}
@@ -65,9 +70,17 @@ def close(conn: Any) -> None:
         pass
 
 
+def describe(dialect: Dialect, exc: BaseException) -> str:
+    """One line about an error for a log: ours as they are; a driver's without the lines that
+    may quote row contents (see `Dialect.error_text`)."""
+    return str(exc) if isinstance(exc, QTransportError) else dialect.error_text(exc)
+
+
 def explain(dialect: Dialect, what: str, exc: Exception) -> QTransportError:
-    """Our error for a driver error that is final: it names the operation (and with it the queue)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """Our error for a driver error that is final: one line that names the operation (and with it
+    the queue) and the driver's primary message, never the row contents or password a driver's
+    full text may hold. Raise it `from exc`: the driver's error stays its cause."""
+    text = dialect.error_text(exc)
     if dialect.is_undefined_table(exc):
         return QueueNotFoundError(f"{what}: a table does not exist ({text})")
     return DatabaseError(f"{what} failed: {type(exc).__name__}: {text}")
@@ -83,9 +96,11 @@ def retrying(
 ) -> T:
     """Run `fn(conn)` in a transaction and commit. After a transient fault (in `fn`, at commit or
     while connecting) `discard` the connection, wait (0.2 s, doubling, at most 5 s) and run it
-    again on a new one, at most `RETRIES` times. Our own errors propagate as they are; a
-    persistent fault, or a transient one on the last attempt, rolls back and is raised as
-    `QueueNotFoundError` / `DatabaseError` naming `what`, with the driver's error as its cause.
+    again on a new one, at most `RETRIES` times. Our own errors propagate as they are. A
+    permanent fault (`Dialect.is_transient` false: a wrong password, a missing database or
+    table, no permission) at once, or a transient one on the last attempt, rolls back and is
+    raised as `QueueNotFoundError` / `DatabaseError` naming `what`, on one line, with the
+    driver's error as its cause.
 
     `fn` must be safe to run again after a failure whose commit may or may not have happened
     (the dispatch finds its own outbox record; claims and acknowledgements are idempotent)."""
@@ -106,7 +121,7 @@ def retrying(
                 rollback(conn)
             if not dialect.is_transient(exc) or attempt == RETRIES:
                 raise explain(dialect, what, exc) from exc
-            log.warning("%s failed (%s); retrying in %.1fs", what, " ".join(str(exc).split()), delay)
+            log.warning("%s failed (%s); retrying in %.1fs", what, dialect.error_text(exc), delay)
             if conn is not None:
                 discard(conn)
             time.sleep(delay)
