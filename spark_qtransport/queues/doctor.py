@@ -3,8 +3,9 @@
 NServiceBus.SqlServer checks a queue's Headers type (varchar loses non-ASCII text), its
 `Index_Expires` (the expired-message purge scans without it) and a clustered RowVersion index
 (a latch hot spot); int4 sequences of PostgreSQL tables stop accepting messages after about 2.1
-billion inserts. A finding is an error (the connector cannot use the table), a warning
-(it works, but should be fixed) or information.
+billion inserts. Ours: the current role's privileges on the queue, its sequence and the tables of
+ours beside it (what ``sqlqueue ddl --grant-to`` grants). A finding is an error (the connector
+cannot use the table), a warning (it works, but should be fixed) or information.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import Any
 
 from ..dialects import Dialect, QueueAddress
 from . import _db as db
+from .privileges import DML
+from .routing import QUEUE_COLUMNS
 
 __all__ = ["Finding", "TableFacts", "assess", "check_queue"]
 
 INT4_MAX = 2**31 - 1
-QUEUE_COLUMNS = ("id", "headers", "body", "expires")
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,17 @@ class TableFacts:
     high_seq: int | None = None  # highest sequence in the table (read for 32-bit sequences only)
     index_keys: tuple[tuple[tuple[str, ...], bool], ...] = ()  # (key columns, clustered), SQL Server
     companions: tuple[str, ...] = ()  # our tables found beside it (quoted names)
+    missing: tuple[str, ...] = ()  # privileges the current role lacks on the queue (and its sequence)
+    companions_missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (quoted name, lacking), ours beside it
 
 
 def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
     """Check one queue table and the tables of ours beside it."""
     name = d.qualified(queue)
+    missing = _missing(cur, d, queue)
+    schema = [m for m in missing if m.startswith("USAGE ON SCHEMA")]
+    if schema:  # nothing in the schema can even be looked up
+        return [_lacking("error", name, schema)]
     cols = db.columns(cur, d.queue_columns(queue))
     high = None
     seq = _seq_column(cols)
@@ -53,14 +61,32 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
         rows = cur.execute(*db.args(d.indexes(queue))).fetchall()
         keys = tuple((tuple(str(r[1] or "").split(",")), bool(r[2])) for r in rows)
     companions = []
-    for suffix in ("Claims", "Delayed"):
+    companions_missing = []
+    for suffix in ("Claims", "Delayed", "Staging", "Outbox"):
         try:
             companion = d.companion(queue, suffix)
         except Exception:  # noqa: BLE001 - a name too long for the companion: it cannot exist
             continue
         if cols and db.columns(cur, d.queue_columns(companion)):
-            companions.append(d.qualified(companion))
-    return assess(TableFacts(d.name, name, cols, None if high is None else int(high), keys, tuple(companions)))
+            if suffix in ("Claims", "Delayed"):
+                companions.append(d.qualified(companion))
+            lacking = _missing(cur, d, companion)
+            if lacking:
+                companions_missing.append((d.qualified(companion), tuple(lacking)))
+    return assess(TableFacts(d.name, name, cols, None if high is None else int(high), keys, tuple(companions),
+                             tuple(missing) if cols else (), tuple(companions_missing)))
+
+
+def _missing(cur: Any, d: Dialect, table: QueueAddress) -> list[str]:
+    """What the current role lacks of `DML` on `table` and of what using it needs besides
+    (schema, sequence). Unknown (NULL: SQL Server cannot see the object) counts as held."""
+    rows = cur.execute(*db.args(d.privileges(table, DML))).fetchall()
+    return [str(what) for what, granted in rows if granted is not None and not granted]
+
+
+def _lacking(level: str, name: str, missing: tuple[str, ...] | list[str]) -> Finding:
+    return Finding(level, name, f"the current role lacks {', '.join(missing)} (an endpoint needs "
+                   f"{', '.join(DML)} here; sqlqueue ddl --grant-to ROLE prints the grants)")
 
 
 #: sequence column types that are 32 bits wide: PostgreSQL's serial, SQL Server's int IDENTITY
@@ -103,7 +129,10 @@ def assess(t: TableFacts) -> list[Finding]:
                            else "no Recoverable column: sends leave it out"))
     if "bodystring" in cols:
         out.append(Finding("info", name, "computed BodyString column present (columns are always named: no effect)"))
+    if t.missing:
+        out.append(_lacking("error", name, t.missing))
     out += [Finding("info", companion, "present") for companion in t.companions]
+    out += [_lacking("warning", companion, lacking) for companion, lacking in t.companions_missing]
     if not any(f.level in ("error", "warning") for f in out):
         out.insert(0, Finding("ok", name, f"queue table fits the transport ({', '.join(sorted(cols))})"))
     return out
