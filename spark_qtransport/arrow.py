@@ -15,6 +15,14 @@ _UTC = pa.timestamp("us", tz="UTC")
 _TYPES = [pa.string(), pa.string(), None, pa.binary(), _UTC, pa.string(), pa.string(), pa.string(),
           pa.string(), pa.string(), _UTC, pa.string(), pa.int64(), pa.int64(), _UTC]
 _HEADERS = 2
+_BODY = 3
+
+
+def _one_body(body: bytes) -> pa.Array:
+    """A binary array of one value that uses the value's memory: a large body alone in its batch
+    (reads fetch large rows one at a time) is not copied."""
+    offsets = pa.array([0, len(body)], pa.int32()).buffers()[1]
+    return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(body)])
 
 
 def rows_to_batch(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
@@ -33,6 +41,7 @@ def rows_to_batch(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> pa.Reco
             type=schema.field("headers").type,
         )
         if i == _HEADERS
+        else _one_body(col[0]) if i == _BODY and len(col) == 1 and col[0] is not None
         else pa.array(col, typ)
         for i, (col, typ) in enumerate(zip(columns, _TYPES, strict=True))
     ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .connections import ConnectionURL, parse_url
 from .dialects import Dialect, QueueAddress, dialect_for
 from .errors import ConfigError
+from .queues.routing import RoutingPolicy
 
 __all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]
 
@@ -32,6 +33,12 @@ OPT_CREATE_QUEUES = "createqueues"
 OPT_ACK_BATCH = "ackbatchsize"
 OPT_CLAIM_AHEAD = "claimahead"
 
+#: the allow-list for queue addresses that come from message data (see `queues.routing`)
+ALLOW_OPTIONS: dict[str, tuple[str, str]] = {
+    "allowedSchemas": ("any but system schemas", "comma-separated schemas that ADDRESSES may name; others go to the error queue"),
+    "allowedQueues": ("any", "comma-separated name patterns (`Sales*`, `*.Replies`) that ADDRESSES may name; others go to the error queue"),
+}
+
 #: option key (as documented) -> (default shown in docs, meaning)
 OPTIONS: dict[str, tuple[str, str]] = {
     "url": (f"${URL_ENV}", "postgresql://, sqlserver:// (mssql://) URL or odbc:<connection string>"),
@@ -45,24 +52,34 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": ("10000", "claims deleted per statement when a batch is acknowledged"),
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
+    **{k: (v[0], v[1].replace("ADDRESSES", "ForwardDestination headers")) for k, v in ALLOW_OPTIONS.items()},
 }
 _KNOWN = {k.lower() for k in OPTIONS}
 
 DEFAULT_MAX_MESSAGES = 10_000
+#: the largest values the integer options take: far above any useful setting, far below 2^63 - 1
+MAX_MAX_MESSAGES = 10_000_000
+MAX_NUM_PARTITIONS = 10_000
+MAX_ACK_BATCH = 1_000_000
+MAX_RETENTION_SECONDS = 3650 * 86400  # ten years (SQL Server's DATEADD takes an int of seconds)
 PARTITION_TARGET_ROWS = 25_000
 MAX_AUTO_PARTITIONS = 16
 
 
-def _int(opts: Mapping[str, str], key: str, name: str, default: int | None, *, minimum: int = 1) -> int | None:
+def _int(
+    opts: Mapping[str, str], key: str, name: str, default: int | None, *, minimum: int = 1, maximum: int = 2**63 - 1
+) -> int | None:
     raw = opts.get(key)
     if raw is None or str(raw).strip() == "":
         return default
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise ConfigError(f"option '{name}' must be a whole number, not {raw!r}") from None
+        raise ConfigError(f"option '{name}' must be a whole number, not {str(raw)[:40]!r}") from None
     if value < minimum:
         raise ConfigError(f"option '{name}' must be at least {minimum}, not {value}")
+    if value > min(maximum, 2**63 - 1):
+        raise ConfigError(f"option '{name}' must be at most {min(maximum, 2**63 - 1):,}, not {str(value)[:40]}")
     return value
 
 
@@ -76,6 +93,11 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     if text in ("false", "0", "no"):
         return False
     raise ConfigError(f"option '{name}' must be true or false, not {raw!r}")
+
+
+def routing_policy(opts: Mapping[str, str]) -> RoutingPolicy:
+    """The allow-list options (keys already lower-cased)."""
+    return RoutingPolicy.parse(opts.get("allowedschemas"), opts.get("allowedqueues"))
 
 
 def resolve_url(opts: Mapping[str, str]) -> ConnectionURL:
@@ -97,6 +119,7 @@ class ReaderOptions:
     create_queues: bool
     ack_batch: int
     claim_ahead: bool = True
+    routing: RoutingPolicy = RoutingPolicy()
 
     @property
     def dialect(self) -> Dialect:
@@ -123,17 +146,22 @@ class ReaderOptions:
         if endpoint is not None and not str(endpoint).strip():
             raise ConfigError("option 'endpoint' is empty")
         consumer = str(endpoint).strip() if endpoint else queue.table
-        dialect.claims_table(queue)  # fails early when the claim table name would be too long
+        try:
+            dialect.claims_table(queue)  # fails early when the claim table name would be too long
+        except ConfigError as exc:
+            raise ConfigError(f"option 'queue': {exc}") from None
         return cls(
             url=url,
             queue=queue,
             error_queue=error_queue,
             consumer=consumer,
-            max_messages=_int(opts, OPT_MAX_MESSAGES, "maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES) or DEFAULT_MAX_MESSAGES,
-            num_partitions=_int(opts, OPT_NUM_PARTITIONS, "numPartitions", None),
+            max_messages=_int(opts, OPT_MAX_MESSAGES, "maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES,
+                              maximum=MAX_MAX_MESSAGES) or DEFAULT_MAX_MESSAGES,
+            num_partitions=_int(opts, OPT_NUM_PARTITIONS, "numPartitions", None, maximum=MAX_NUM_PARTITIONS),
             create_queues=_bool(opts, OPT_CREATE_QUEUES, "createQueues", False),
-            ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", 10_000) or 10_000,
+            ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", 10_000, maximum=MAX_ACK_BATCH) or 10_000,
             claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
+            routing=routing_policy(opts),
         )
 
     def partitions_for(self, rows: int) -> int:
@@ -152,11 +180,12 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
     "endpoint": ("required", "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and `.Delayed`"),
     "destination": ("none", "queue address for rows whose `destination` column is null or absent"),
     "sinkName": ("default", "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),
-    "errorQueue": ("error", "where the delayed-message mover puts messages it cannot deliver"),
-    "createQueues": ("false", "create missing destination queues, `<endpoint>.Delayed` and `SubscriptionRouting`"),
+    "errorQueue": ("error", "where messages go that cannot be delivered: a destination from data that is missing, not a queue or not allowed; due delayed messages likewise"),
+    "createQueues": ("false", "create the `destination` and `errorQueue` queues, `<endpoint>.Delayed` and `SubscriptionRouting` if missing; never a queue named by message data"),
     "subscriptionTable": ("SubscriptionRouting", "table that routes published events to subscriber queues"),
     "deduplicationRetention": ("7d", "how long outbox records are kept (`30s`, `12h`, `7d`); replays older than this are sent again"),
     "contentType": ("application/json", "`NServiceBus.ContentType` of messages without one"),
+    **{k: (v[0], v[1].replace("ADDRESSES", "`destination` values (so replies' ReplyToAddress) and subscription rows")) for k, v in ALLOW_OPTIONS.items()},
 }
 _WRITER_KNOWN = {k.lower() for k in WRITER_OPTIONS}
 #: options Spark adds itself, and the ones QueueSink passes to the batch writer
@@ -187,6 +216,7 @@ class WriterOptions:
     content_type: str
     batch_id: int | None = None  # given by QueueSink (foreachBatch); streams get it from Spark
     query_id: str | None = None
+    routing: RoutingPolicy = RoutingPolicy()
 
     @property
     def dialect(self) -> Dialect:
@@ -220,8 +250,11 @@ class WriterOptions:
                 "option 'endpoint' is required to send: the sending endpoint's name, e.g. .option('endpoint', 'Sales')"
             )
         endpoint = dialect.parse_address(opts["endpoint"], option="endpoint")
-        for suffix in ("Staging", "Outbox", "Delayed"):
-            dialect.companion(endpoint, suffix)  # fails early when a name would be too long
+        for suffix in ("Staging", "Outbox", "Delayed"):  # fail early when a name would be too long
+            try:
+                dialect.companion(endpoint, suffix)  # (index names are derived to fit: `index_name`)
+            except ConfigError as exc:
+                raise ConfigError(f"option 'endpoint': {exc}") from None
         destination = opts.get("destination")
         sink = str(opts.get("sinkname") or "default").strip()
         if not sink or len(sink) > 200:
@@ -229,6 +262,8 @@ class WriterOptions:
         retention = parse_duration(opts.get("deduplicationretention") or "7d", option="deduplicationRetention")
         if retention < 1:
             raise ConfigError("option 'deduplicationRetention' must be at least 1s")
+        if retention > MAX_RETENTION_SECONDS:
+            raise ConfigError(f"option 'deduplicationRetention' must be at most {MAX_RETENTION_SECONDS // 86400}d")
         batch_id = opts.get("_batchid")
         return cls(
             url=url,
@@ -242,4 +277,5 @@ class WriterOptions:
             content_type=str(opts.get("contenttype") or "application/json"),
             batch_id=int(batch_id) if batch_id not in (None, "") else None,
             query_id=opts.get("_queryid") or None,
+            routing=routing_policy(opts),
         )

@@ -22,6 +22,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from .errors import ConfigError
 from .options import WriterOptions
+from .queues import _db as db
 from .queues.messages import SendPlan, check_columns
 from .queues.send import Dispatcher, StageReport, set_up_sender, stage_partition
 
@@ -70,15 +71,55 @@ def prepare(options: dict[str, str], schema: Any) -> tuple[WriterOptions, SendPl
     return parsed, plan
 
 
+#: bytes of one record batch turned into Python rows at a time
+ROWS_BYTES = 16 * 2**20
+
+
 def _rows(iterator: Iterator[Any]) -> Iterator[Any]:
-    """The task's input as batches of row dicts, from Arrow record batches or Spark rows."""
+    """The task's input as batches of row dicts, from Arrow record batches or Spark rows.
+
+    A record batch is turned into Python objects a slice of at most `ROWS_BYTES` at a time (one
+    row at least): Spark's batches hold up to 10,000 rows, whatever their size."""
     if ARROW_WRITES:
         for batch in iterator:
             names = batch.schema.names
-            columns = [batch.column(i).to_pylist() for i in range(len(names))]
-            yield (dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True))
+            for part in _slices(batch, ROWS_BYTES):
+                columns = [part.column(i).to_pylist() for i in range(len(names))]
+                del part
+                yield (dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True))
+                del columns
     else:  # pragma: no cover
         yield (row.asDict() for row in iterator)
+
+
+def _slices(batch: Any, budget: int) -> Iterator[Any]:
+    """Zero-copy slices of a record batch holding about `budget` bytes each, by row sizes."""
+    n = batch.num_rows
+    if n <= 1 or batch.nbytes <= budget:
+        yield batch
+        return
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # variable-length columns by their values' lengths; the rest (headers map included) by average
+    sizes = [0] * n
+    rest = batch.nbytes
+    for column in batch.columns:
+        t = column.type
+        if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+            for i, length in enumerate(pc.binary_length(column).to_pylist()):
+                if length:
+                    sizes[i] += length
+                    rest -= length
+    share = max(0, rest) // n
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        size += share
+        if i > start and total + size > budget:
+            yield batch.slice(start, i - start)
+            start, total = i, 0
+        total += size
+    yield batch.slice(start, n - start)
 
 
 def _task_ids(options: WriterOptions) -> tuple[int, str | None]:
@@ -158,7 +199,7 @@ def _abort(options: WriterOptions, messages: list[Any]) -> None:
     try:
         dispatcher.abort(_reports(messages))
     except Exception as exc:  # noqa: BLE001 - leftovers are deleted with the batch's next dispatch
-        log.warning("could not delete what a failed batch staged: %s", exc)
+        log.warning("could not delete what a failed batch staged: %s", db.describe(options.dialect, exc))
     finally:
         dispatcher.close()
 

@@ -183,10 +183,17 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_slice(part)
             return
         # Arrow record batches built column by column: Spark takes them as they are.
+        import pyarrow as pa
+
         from .arrow import rows_to_batch
 
+        # pyspark keeps the first batch a read yields referenced until the read ends: make it empty
+        yield pa.RecordBatch.from_pylist([], schema=schema)
         for rows in read_chunks(part):
-            yield rows_to_batch([output_row(part.queue, row) for row in rows], schema)
+            batch = rows_to_batch([output_row(part.queue, row) for row in rows], schema)
+            del rows  # neither the rows nor their batch are held while the next rows are fetched
+            yield batch
+            del batch
 
 
 def _arrow_schema() -> Any:

@@ -144,3 +144,48 @@ class TestWriterOptions:
     def test_spark_and_queue_sink_options_are_accepted(self) -> None:
         o = WriterOptions.parse({"url": URL, "endpoint": "S", "checkpointLocation": "/tmp/x", "_batchId": "7", "_queryId": "q"})
         assert (o.batch_id, o.query_id) == (7, "q")
+
+
+@pytest.mark.parametrize(
+    ("option", "cap"),
+    [("maxMessagesPerTrigger", 10_000_000), ("numPartitions", 10_000), ("ackBatchSize", 1_000_000)],
+)
+def test_integer_options_are_capped(option: str, cap: int) -> None:
+    assert ReaderOptions.parse({"url": URL, "queue": "Sales", option: str(cap)})
+    for too_big in (cap + 1, 2**63 - 1, 2**63, 10**100):
+        with pytest.raises(ConfigError, match=f"option '{option}' must be at most {cap:,}"):
+            ReaderOptions.parse({"url": URL, "queue": "Sales", option: str(too_big)})
+    with pytest.raises(ConfigError, match=f"option '{option}' must be a whole number"):
+        ReaderOptions.parse({"url": URL, "queue": "Sales", option: "9" * 5000})  # past int()'s digit limit
+
+
+def test_retention_is_capped() -> None:
+    assert WriterOptions.parse({"url": URL, "endpoint": "S", "deduplicationRetention": "3650d"}).retention_seconds == 3650 * 86400
+    for text in ("3651d", "9" * 400 + "d"):
+        with pytest.raises(ConfigError, match="option 'deduplicationRetention' must be at most 3650d"):
+            WriterOptions.parse({"url": URL, "endpoint": "S", "deduplicationRetention": text})
+
+
+def test_index_names_always_fit_and_tables_too_long_fail_at_parse() -> None:
+    """PostgreSQL cuts identifiers to 63 bytes without an error: an index of ours whose plain name
+    `<endpoint>.Outbox_dispatched` would not fit gets a shortened one with a digest; a companion
+    table that would not fit fails when the options are parsed."""
+    from spark_qtransport.dialects import dialect_named
+
+    d = dialect_named("postgres")
+    fits = "e" * (63 - len(".Outbox_dispatched"))
+    assert d.index_name(WriterOptions.parse({"url": URL, "endpoint": fits}).outbox, "dispatched") == fits + ".Outbox_dispatched"
+    longest = "é" * 27  # 54 bytes: its tables fit (NServiceBus allows 55), the plain index names do not
+    options = WriterOptions.parse({"url": URL, "endpoint": longest})
+    names = {d.index_name(t, s) for t, s in ((options.outbox, "dispatched"), (options.staging, "route"),
+                                             (options.delayed, "Due"))}
+    assert len(names) == 3 and all(len(n.encode()) <= 63 for n in names)
+    for stmt in d.create_outbox(options.outbox) + d.create_staging(options.staging):
+        assert stmt.sql  # quoting checks every name's length
+    with pytest.raises(ConfigError, match=r"option 'endpoint': .*too long.*Staging"):
+        WriterOptions.parse({"url": URL, "endpoint": "e" * 56})  # the staging table itself
+    with pytest.raises(ConfigError, match=r"option 'queue': .*too long.*Claims"):
+        ReaderOptions.parse({"url": URL, "queue": "q" * 57})
+    # SQL Server's indexes have fixed names: only its 128-character table names count
+    sqlserver = "sqlserver://app@db.example.com/shop"
+    assert WriterOptions.parse({"url": sqlserver, "endpoint": "e" * 100}).delayed.table == "e" * 100 + ".Delayed"

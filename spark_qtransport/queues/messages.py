@@ -7,6 +7,7 @@ error names the column and the message at fault.
 
 from __future__ import annotations
 
+import math
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
@@ -88,15 +89,35 @@ def _timespan(seconds: float) -> str:
     return text
 
 
-def _seconds(value: Any, column: str, message_id: str) -> float | None:
+#: the longest delay or time to be received, and how far from now deliver_at may be
+MAX_SECONDS = 100 * 365.25 * 86_400
+#: SQL Server computes due and expiry times with DATEADD(second, n, ...), whose n is an int
+SQLSERVER_MAX_SECONDS = 2**31 - 1
+
+
+def _seconds(value: Any, column: str, message_id: str, limit: float = MAX_SECONDS) -> float | None:
+    """A duration column in seconds: finite and at most `limit` (negative values are the caller's)."""
     if value is None:
         return None
-    if isinstance(value, timedelta):
-        return value.total_seconds()
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"column {column!r} of message {message_id}: {value!r} is not a number of seconds") from None
+        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"column {column!r} of message {message_id!r}: {value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise ConfigError(f"column {column!r} of message {message_id!r}: {value!r} is not a finite number of seconds")
+    if seconds > limit:
+        raise ConfigError(
+            f"column {column!r} of message {message_id!r}: {value!r} is too long ({seconds:.0f} s; "
+            f"at most {limit:.0f} s, about {limit / (365.25 * 86_400):.0f} years)"
+        )
+    return seconds
+
+
+def _no_nul(value: Any, column: str, message_id: str) -> None:
+    """PostgreSQL text cannot hold a NUL character: refuse it here, naming the message."""
+    if isinstance(value, str) and "\x00" in value:
+        shown = repr(value) if len(value) <= 200 else repr(value[:200]) + "..."
+        raise ConfigError(f"column {column!r} of message {message_id!r}: {shown} contains a NUL character (\\x00)")
 
 
 @dataclass(frozen=True)
@@ -120,11 +141,15 @@ class MessageBuilder:
         self.batch_id = batch_id
         self.attempt = attempt
         self.machine = socket.gethostname()
+        self._now = datetime.now(timezone.utc)  # for the range of deliver_at: once per task is close enough
+        self._max_seconds = SQLSERVER_MAX_SECONDS if self.dialect.name == "sqlserver" else MAX_SECONDS
         self._routes: dict[str | None, str] = {}
         self.counts: dict[tuple[str, str], int] = {}
 
     def route(self, destination: str | None, message_id: str) -> str:
-        """The canonical address of a destination (parsed once per distinct value)."""
+        """The canonical address of a destination (parsed once per distinct value). A value that
+        is not an address is kept as it is: the dispatch's routing path sends its messages to the
+        error queue (an address from data never fails the batch)."""
         route = self._routes.get(destination)
         if route is None:
             if destination is None:
@@ -135,7 +160,11 @@ class MessageBuilder:
                     )
                 address = self.plan.default_destination
             else:
-                address = self.dialect.parse_address(destination, option=f"destination of message {message_id}")
+                try:
+                    address = self.dialect.parse_address(destination, option="destination")
+                except ConfigError:  # kept for the error queue's FailedQ; a NUL is no text to store
+                    route = self._routes[destination] = destination.replace("\x00", "\\x00")
+                    return route
             route = self.dialect.format_address(address)
             self._routes[destination] = route
         return route
@@ -145,6 +174,9 @@ class MessageBuilder:
         (or its text in NServiceBus's format, formatted once per task)."""
         get = row.get
         message_id = get("message_id") or str(uuid.uuid4())
+        _no_nul(message_id, "message_id", message_id)
+        for column in ("correlation_id", "message_type", "reply_to"):
+            _no_nul(get(column), column, message_id)
         intent = (get("intent") or "send").strip().lower()
         if intent not in INTENTS:
             raise ConfigError(f"column 'intent' of message {message_id}: {get('intent')!r} is not one of send, publish, reply")
@@ -155,11 +187,23 @@ class MessageBuilder:
         if given is not None and not isinstance(given, Mapping):
             given = dict(given)  # Arrow maps arrive as (key, value) pairs
         given = {k: v for k, v in (given or {}).items() if v is not None}
-        ttbr = _seconds(get("time_to_be_received"), "time_to_be_received", message_id)
-        delay = _seconds(get("delay"), "delay", message_id)
+        for key, value in given.items():
+            _no_nul(key, "headers", message_id)
+            _no_nul(value, f"headers[{key!r}]", message_id)
+        ttbr = _seconds(get("time_to_be_received"), "time_to_be_received", message_id, self._max_seconds)
+        delay = _seconds(get("delay"), "delay", message_id, self._max_seconds)
+        if delay is not None and delay < 0:
+            delay = 0.0  # a negative delay: due now
         deliver_at = get("deliver_at")
-        if deliver_at is not None and deliver_at.tzinfo is None:
-            deliver_at = deliver_at.replace(tzinfo=timezone.utc)
+        if deliver_at is not None:
+            if not isinstance(deliver_at, datetime):
+                raise ConfigError(f"column 'deliver_at' of message {message_id!r}: {deliver_at!r} is not a timestamp")
+            if deliver_at.tzinfo is None:
+                deliver_at = deliver_at.replace(tzinfo=timezone.utc)
+            if abs((deliver_at - self._now).total_seconds()) > MAX_SECONDS:
+                raise ConfigError(
+                    f"column 'deliver_at' of message {message_id!r}: {deliver_at.isoformat()} is more than 100 years from now"
+                )
         deferred = deliver_at is not None or (delay is not None and delay > 0)
         if ttbr is not None:
             if ttbr <= 0:
@@ -195,13 +239,10 @@ class MessageBuilder:
             if deferred:
                 raise ConfigError(f"message {message_id}: delaying a published event is not supported; send it delayed")
             kind, route = PUBLISH, headers[H.ENCLOSED_MESSAGE_TYPES] or ""
-        elif intent == "reply" and destination is None:
-            raise ConfigError(
-                f"reply {message_id} has no destination: set it to the ReplyToAddress of the message replied to "
-                "(spark_qtransport.reply() does)"
-            )
         else:
-            route = self.route(destination, message_id)
+            # a reply to a message without a ReplyToAddress has no destination: route "" is
+            # refused at dispatch, and the reply goes to the error queue
+            route = "" if intent == "reply" and destination is None else self.route(destination, message_id)
             kind = DELAYED if deferred else SEND
             if deferred:
                 headers[H.FORWARD_DESTINATION] = route

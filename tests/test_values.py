@@ -1,0 +1,134 @@
+"""The sink refuses values the database cannot take, before anything is written, naming the
+column, the value and the message: non-finite or out-of-range durations and times, NUL characters."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from backends import Backend, nsb_headers
+from spark_qtransport.dialects import dialect_named
+from spark_qtransport.errors import ConfigError
+from spark_qtransport.queues.messages import DELAYED, SEND, MessageBuilder, SendPlan
+
+TYPE = "Shop.Messages.PlaceOrder, Shop.Messages"
+YEAR = 365.25 * 86_400
+
+
+def builder(dialect: str = "postgres") -> MessageBuilder:
+    plan = SendPlan(dialect=dialect, endpoint="Sales", default_destination=dialect_named(dialect).parse_address("Billing"),
+                    reply_to=None, content_type="application/json", sink="default")
+    return MessageBuilder(plan, batch_id=1, attempt="a")
+
+
+def build(**row: Any) -> tuple[Any, ...]:
+    return builder().build({"body": b"{}", "message_id": "order-7", "message_type": TYPE, **row}, datetime.now(timezone.utc))
+
+
+def refused(column: str, shown: str, **row: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        build(**row)
+    text = str(info.value)
+    assert repr(column) in text and "order-7" in text and shown in text, text
+    return text
+
+
+@pytest.mark.parametrize("column", ["delay", "time_to_be_received"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, Decimal("NaN"), Decimal("Infinity")])
+def test_non_finite_durations_are_refused(column: str, value: Any) -> None:
+    assert "finite" in refused(column, repr(value), **{column: value})
+
+
+@pytest.mark.parametrize("column", ["delay", "time_to_be_received"])
+def test_durations_past_100_years_are_refused(column: str) -> None:
+    assert "too long" in refused(column, "1e+300", **{column: 1e300})
+    refused(column, "days=36865", **{column: timedelta(days=101 * 365)})
+    refused(column, str(10**400), **{column: 10**400})  # too large for a float at all
+
+
+def test_durations_up_to_100_years_are_taken() -> None:
+    row = build(delay=99 * YEAR)
+    assert row[3] == DELAYED and row[9] == round(99 * YEAR * 1000)
+    assert build(time_to_be_received=timedelta(days=99 * 365))[8] == 99 * 365 * 86_400_000
+
+
+def test_sql_server_adds_at_most_an_int_of_seconds() -> None:
+    b = builder("sqlserver")
+    base = {"body": b"{}", "message_id": "order-7", "message_type": TYPE}
+    assert b.build({**base, "delay": 2**31 - 1}, "now")[9] == (2**31 - 1) * 1000
+    with pytest.raises(ConfigError, match=r"'delay' of message 'order-7': 2147483648 is too long"):
+        b.build({**base, "delay": 2**31}, "now")
+
+
+def test_a_negative_delay_is_due_now() -> None:
+    for delay in (-5, -1e300, -(10**20)):
+        row = build(delay=delay)
+        assert row[3] == SEND and row[9] == 0
+
+
+def test_deliver_at_more_than_100_years_from_now_is_refused() -> None:
+    now = datetime.now(timezone.utc)
+    assert "100 years" in refused("deliver_at", "9999-12-31", deliver_at=datetime(9999, 12, 31))
+    refused("deliver_at", "0001-01-01", deliver_at=datetime(1, 1, 1, tzinfo=timezone.utc))
+    assert build(deliver_at=now + timedelta(days=99 * 365))[3] == DELAYED
+    assert build(deliver_at=now - timedelta(days=30))[10] is not None  # in the past: due now, as before
+
+
+@pytest.mark.parametrize("column", ["correlation_id", "message_type", "reply_to"])
+def test_nul_in_text_columns_is_refused(column: str) -> None:
+    assert "NUL" in refused(column, r"'a\x00b'", **{column: "a\x00b"})
+
+
+def test_nul_in_the_message_id_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"column 'message_id' of message 'order\\x007'"):
+        build(message_id="order\x007")
+
+
+def test_nul_in_header_keys_and_values_is_refused() -> None:
+    refused("headers", r"'Shop.Tenant\x00'", headers={"Shop.Tenant\x00": "x"})
+    refused("headers['Shop.Tenant']", r"'acme\x00'", headers={"Shop.Tenant": "acme\x00"})
+    long = "x" * 10_000 + "\x00"
+    assert len(refused("headers['Shop.Tenant']", "...", headers={"Shop.Tenant": long})) < 1000
+
+
+def test_ordinary_values_pass() -> None:
+    row = build(correlation_id="c-1", reply_to="Shop.Web", headers={"Shop.Tenant": "acme"}, time_to_be_received=30.5)
+    assert row[3] == SEND and row[8] == 30_500
+
+
+@pytest.mark.usefixtures("spark")
+def test_a_stream_with_a_bad_value_fails_naming_column_and_message(spark: Any, pg: Backend, names: Any, checkpoint: str) -> None:
+    from pyspark.sql import functions as F
+
+    source, target, error = pg.create_queue(names("Sales")), pg.create_queue(names("Billing")), pg.create_queue(names("error"))
+    pg.send_many(source, [(nsb_headers(f"order-{i}"), b"{}") for i in range(3)])
+    received = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", source)
+                .option("errorQueue", error).load())
+    out = received.select(
+        "body", "message_id", "message_type", F.lit(target).alias("destination"),
+        F.when(F.col("message_id") == "order-1", F.lit(float("nan"))).otherwise(F.lit(1.0)).alias("delay"),
+    )
+    query = (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", source)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    with pytest.raises(Exception) as info:
+        query.awaitTermination(180)
+    assert not query.isActive
+    failure = str(info.value)
+    assert "column 'delay' of message 'order-1': nan is not a finite number of seconds" in failure, failure
+    assert pg.count(target) == 0 and pg.count(f'"{source}.Staging"') == 0  # the batch sent nothing
+
+
+def test_a_destination_with_a_nul_goes_to_the_error_queue_not_to_a_database_error(pg: Any, names: Any) -> None:
+    """A NUL cannot be stored in text: a destination holding one is refused by the routing path
+    (its FailedQ shows it escaped), not by the staging COPY."""
+    from backends import Sender
+
+    sales, error = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
+    result = Sender(pg, sales, errorQueue=error).send([{"body": b"x", "message_type": "T", "destination": "a\x00b"}])
+    assert (result.sent, result.failed) == (0, 1)
+    [(_, headers, _)] = pg.rows(error)
+    assert '"NServiceBus.FailedQ":"a\\\\x00b"' in headers
