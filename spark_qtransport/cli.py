@@ -16,6 +16,7 @@ import click
 
 from .connections import ConnectionURL, parse_url
 from .dialects import Dialect, dialect_named
+from .dialects.base import one_line
 from .errors import QTransportError, QueueNotFoundError
 from .options import URL_ENV, WriterOptions, parse_duration
 
@@ -31,6 +32,22 @@ def _url_option(f: F) -> F:
                         help=f"database URL (postgresql://..., sqlserver://..., odbc:...); default ${URL_ENV}")(f)
 
 
+def _allow_options(f: F) -> F:
+    """The allow-list for queue addresses that come from message data (as the Spark options
+    allowedSchemas / allowedQueues): addresses outside it are refused like missing queues."""
+    f = click.option("--allowed-queues", envvar="SQLQUEUE_ALLOWED_QUEUES", metavar="PATTERNS",
+                     help="comma-separated name patterns addresses from messages may name (default: any)")(f)
+    return click.option("--allowed-schemas", envvar="SQLQUEUE_ALLOWED_SCHEMAS", metavar="SCHEMAS",
+                        help="comma-separated schemas addresses from messages may name (default: any but "
+                        "system schemas)")(f)
+
+
+def _policy(schemas: str | None, queues: str | None) -> Any:
+    from .queues.routing import RoutingPolicy
+
+    return RoutingPolicy.parse(schemas, queues, schemas_option="--allowed-schemas", queues_option="--allowed-queues")
+
+
 def _json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="print JSON for scripts instead of a table")(f)
 
@@ -41,18 +58,24 @@ def _need_url(url: str | None) -> Any:
     return parse_url(url, option="--url")
 
 
+#: control characters (C0, DEL, C1) as escapes: a header from a queue must not drive the terminal
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
+
+
 def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
-    """A list of records as an aligned table, or as JSON."""
-    if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str, ensure_ascii=False))
+    """A list of records as an aligned table (control characters escaped, as ``\\x1b``), or as JSON."""
+    if as_json:  # json escapes C0 controls itself; DEL and C1 only occur in strings: escape them too
+        click.echo(json.dumps(rows, indent=2, default=str, ensure_ascii=False).translate(_JSON_ESCAPES))
         return
     if not rows:
         click.echo("(nothing)")
         return
     cols = list(dict.fromkeys(c for r in rows for c in r))
-    cells = [{c: "-" if r.get(c) is None else str(r[c]) for c in cols} for r in rows]
-    width = {c: max(len(c), *(len(cell[c]) for cell in cells)) for c in cols}
-    click.echo("  ".join(c.ljust(width[c]) for c in cols).rstrip())
+    cells = [{c: "-" if r.get(c) is None else str(r[c]).translate(_ESCAPES) for c in cols} for r in rows]
+    names = {c: str(c).translate(_ESCAPES) for c in cols}
+    width = {c: max(len(names[c]), *(len(cell[c]) for cell in cells)) for c in cols}
+    click.echo("  ".join(names[c].ljust(width[c]) for c in cols).rstrip())
     for cell in cells:
         click.echo("  ".join(cell[c].ljust(width[c]) for c in cols).rstrip())
 
@@ -68,8 +91,9 @@ class _Group(click.Group):
         except QTransportError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
-        except Exception as exc:  # noqa: BLE001 - a database error: its own words, on one line
-            text = " ".join(str(exc).split()) or type(exc).__name__
+        except Exception as exc:  # noqa: BLE001 - a driver error: its first line, passwords masked
+            # (later lines may quote a row; a dialect's error_text knows more, none is at hand)
+            text = one_line(str(exc)) or type(exc).__name__
             click.echo(f"error: {type(exc).__name__}: {text}", err=True)
             sys.exit(1)
 
@@ -177,17 +201,34 @@ def _run_ddl(d: Dialect, url: Any, stmts: list[Any]) -> None:
 @click.option("--part", "parts", multiple=True, type=click.Choice(DDL_PARTS),
               help="what to print (repeatable); default: all")
 @click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
+@click.option("--grant-to", "role", metavar="ROLE",
+              help="print the GRANT statements ROLE needs (instead of the DDL); the tables must exist")
+@click.option("--for", "kinds", multiple=True, type=click.Choice(["receiving", "sending"]),
+              help="with --grant-to: the endpoint kind (repeatable); default: both")
+@click.option("--destination", "destinations", multiple=True, metavar="QUEUE",
+              help="with --grant-to: a queue the sending endpoint sends to (repeatable)")
+@click.option("--error-queue", default="error", show_default=True, help="with --grant-to: the error queue")
 @_url_option
-def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, url: str | None) -> None:
-    """Print the exact DDL the connector runs, for review by a DBA. Needs no connection.
+def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, role: str | None,
+        kinds: tuple[str, ...], destinations: tuple[str, ...], error_queue: str, url: str | None) -> None:
+    """Print the exact DDL the connector runs, for review by a DBA, or with --grant-to the grants
+    a role needs to run once the tables exist (no DDL runs then). Needs no connection.
 
     \b
-    Example:
+    Examples:
       sqlqueue ddl --dialect sqlserver --queue 'Sales@[billing]' --part queue --part delayed
+      sqlqueue ddl --grant-to app_role --queue Sales --destination Billing
     """
     name = dialect_name or (parse_url(url, option="--url").dialect if url else "postgres")
     d = dialect_named(name)
     address = d.parse_address(queue, option="--queue")
+    if role is not None:
+        _print_grants(d, role, address, kinds=kinds or ("receiving", "sending"), parts=parts or DDL_PARTS,
+                      destinations=[d.parse_address(q, option="--destination") for q in destinations],
+                      error_queue=d.parse_address(error_queue, option="--error-queue"))
+        return
+    if kinds or destinations:
+        raise click.UsageError("--for and --destination go with --grant-to")
     makers = {
         "queue": lambda: d.create_queue(address, seq_bits=int(seq_bits)),
         "claims": lambda: d.create_claims(d.claims_table(address)),
@@ -198,6 +239,27 @@ def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: 
     for part in parts or DDL_PARTS:
         click.echo(f"-- {part}: {d.name}")
         click.echo(d.script(makers[part]()))
+
+
+def _print_grants(d: Dialect, role: str, endpoint: Any, *, kinds: tuple[str, ...], parts: tuple[str, ...],
+                  destinations: list[Any], error_queue: Any) -> None:
+    """The grants of `role` for each endpoint kind, limited to the tables of `parts`."""
+    from .queues import privileges
+
+    for kind in dict.fromkeys(kinds):
+        if kind == "receiving":
+            needs = privileges.receiving(d, endpoint, error_queue=error_queue)
+        else:
+            needs = privileges.sending(d, endpoint, destinations=destinations, error_queue=error_queue,
+                                       subscriptions=d.parse_address("SubscriptionRouting"))
+        needs = [n for n in needs if n.part in parts]
+        if not needs:
+            continue
+        # one line each: a name with a line break must not end the comment
+        click.echo(" ".join(f"-- grants for role {role}: {kind} endpoint {d.format_address(endpoint)} ({d.name})".split()))
+        for n in needs:
+            click.echo("--   " + " ".join(f"{d.qualified(n.table)}: {', '.join(n.privileges)} ({n.why})".split()))
+        click.echo(d.script(privileges.grant_statements(d, role, needs)))
 
 
 # -- messages ---------------------------------------------------------------------------------------
@@ -225,11 +287,15 @@ def _header(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
 @click.option("--delay", help="deliver after this long (30s, 5m, 2h)")
 @click.option("--ttbr", help="time to be received (30s, 5m, 2h): becomes Expires")
 @click.option("--create-queues", is_flag=True, help="create the queue (and the endpoint's .Delayed) when missing")
+@click.option("--error-queue", default="error", show_default=True,
+              help="where a message goes that cannot be delivered (e.g. a subscriber that is not a queue)")
+@_allow_options
 @_url_option
 @_json_option
 def send(queue: str | None, body: str, endpoint: str, message_type: str | None, headers: dict[str, str],
          message_id: str | None, intent: str, delay: str | None, ttbr: str | None, create_queues: bool,
-         url: str | None, as_json: bool) -> None:
+         error_queue: str, allowed_schemas: str | None, allowed_queues: str | None, url: str | None,
+         as_json: bool) -> None:
     """Send one message as an NServiceBus endpoint would (headers filled in), exactly once.
 
     \b
@@ -244,24 +310,31 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
     if queue is None and intent != "publish":
         raise click.UsageError("QUEUE is required (only --intent publish sends to the subscribers instead)")
     data = _read_body(body)
-    options = WriterOptions.parse({"url": url or "", "endpoint": endpoint, "createQueues": str(create_queues).lower()})
+    options = WriterOptions.parse({
+        "url": url or "", "endpoint": endpoint, "createQueues": str(create_queues).lower(), "errorQueue": error_queue,
+        **({"allowedSchemas": allowed_schemas} if allowed_schemas else {}),
+        **({"allowedQueues": allowed_queues} if allowed_queues else {}),
+        **({"destination": queue} if queue is not None and intent != "publish" else {}),
+    })
     row: dict[str, Any] = {"body": data, "message_id": message_id, "message_type": message_type, "headers": headers,
                            "intent": intent, "destination": None if intent == "publish" else queue}
     if delay:
         row["delay"] = parse_duration(delay, option="--delay")
     if ttbr:
         row["time_to_be_received"] = parse_duration(ttbr, option="--ttbr")
-    plan = set_up_sender(options)
-    report = stage_partition(options, plan, [[row]], batch_id=-1, query_id=None)
     dispatcher = Dispatcher(options)
     try:
+        plan = set_up_sender(options)
+        report = stage_partition(options, plan, [[row]], batch_id=-1, query_id=None)
         result = dispatcher.dispatch(-2 - int.from_bytes(os.urandom(7), "big"), [report])
     except QueueNotFoundError as exc:
         raise QueueNotFoundError(f"{exc}; here: sqlqueue send ... --create-queues") from None
     finally:
         dispatcher.close()
     _print([{"queue": q, "sent": n} for q, n in result.destinations.items()]
-           + ([{"queue": options.dialect.qualified(options.delayed), "sent": result.delayed}] if result.delayed else []),
+           + ([{"queue": options.dialect.qualified(options.delayed), "sent": result.delayed}] if result.delayed else [])
+           + ([{"queue": f"{options.dialect.qualified(options.error_queue)} (could not be delivered)",
+                "sent": result.failed}] if result.failed else []),
            as_json)
 
 
@@ -277,9 +350,11 @@ def _read_body(body: str) -> bytes:
 @main.command("move-delayed")
 @click.argument("endpoint")
 @click.option("--error-queue", default="error", show_default=True, help="where undeliverable messages go")
+@_allow_options
 @_url_option
 @_json_option
-def move_delayed(endpoint: str, error_queue: str, url: str | None, as_json: bool) -> None:
+def move_delayed(endpoint: str, error_queue: str, allowed_schemas: str | None, allowed_queues: str | None,
+                 url: str | None, as_json: bool) -> None:
     """Deliver the endpoint's due delayed messages now (one mover at a time per table).
 
     \b
@@ -289,7 +364,11 @@ def move_delayed(endpoint: str, error_queue: str, url: str | None, as_json: bool
     from .queues.send import Dispatcher
 
     _need_url(url)
-    options = WriterOptions.parse({"url": url or "", "endpoint": endpoint, "errorQueue": error_queue})
+    options = WriterOptions.parse({
+        "url": url or "", "endpoint": endpoint, "errorQueue": error_queue,
+        **({"allowedSchemas": allowed_schemas} if allowed_schemas else {}),
+        **({"allowedQueues": allowed_queues} if allowed_queues else {}),
+    })
     dispatcher = Dispatcher(options)
     try:
         result = dispatcher.move_due()
@@ -609,9 +688,11 @@ def error_list(queue: str, count: int, url: str | None, as_json: bool) -> None:
 @click.option("--all", "retry_all", is_flag=True, help="retry every message (in batches of --batch)")
 @click.option("--queue", "queue", default="error", show_default=True, help="error queue address")
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 10_000))
+@_allow_options
 @_url_option
 @_json_option
-def error_retry(native_ids: tuple[str, ...], retry_all: bool, queue: str, batch: int, url: str | None, as_json: bool) -> None:
+def error_retry(native_ids: tuple[str, ...], retry_all: bool, queue: str, batch: int, allowed_schemas: str | None,
+                allowed_queues: str | None, url: str | None, as_json: bool) -> None:
     """Send failed messages back to their NServiceBus.FailedQ, failure headers removed.
 
     \b
@@ -623,11 +704,13 @@ def error_retry(native_ids: tuple[str, ...], retry_all: bool, queue: str, batch:
 
     if bool(native_ids) == retry_all:
         raise click.UsageError("give the native ids of the messages to retry, or --all")
+    policy = _policy(allowed_schemas, allowed_queues)
     total = RetryResult()
     with _Session(url) as s:
         address = s.queue(queue, option="--queue")
         while True:
-            r = s.run(lambda conn: retry_failed(conn, s.d, address, native_ids=list(native_ids) or None, limit=batch))
+            r = s.run(lambda conn: retry_failed(conn, s.d, address, native_ids=list(native_ids) or None, limit=batch,
+                                                policy=policy))
             for name, n in r.moved.items():
                 total.moved[name] = total.moved.get(name, 0) + n
             total.kept += r.kept

@@ -88,6 +88,12 @@ class Backend:
         return self.dialect.name
 
     def connect(self, *, autocommit: bool = True) -> Any:
+        """A plain driver connection, as another application sharing the database has (on
+        PostgreSQL the server's default search_path, unlike the connector's pinned one)."""
+        if self.name == "postgres":
+            import psycopg
+
+            return psycopg.connect(**self.parsed.psycopg_kwargs(), autocommit=autocommit)
         conn = self.dialect.connect(self.parsed)
         conn.autocommit = autocommit
         return conn
@@ -181,12 +187,13 @@ class Backend:
             return [(str(r[0]).lower(), r[1], None if r[2] is None else bytes(r[2])) for r in cur.fetchall()]
 
 
-def receive_batch(backend: Backend, queue: str, error: str, *, limit: int = 1000) -> list[tuple[Any, ...]]:
+def receive_batch(backend: Backend, queue: str, error: str, *, limit: int = 1000, **options: str) -> list[tuple[Any, ...]]:
     """One micro-batch the way Spark runs it, without Spark: claim, read every slice, acknowledge."""
     from spark_qtransport.options import ReaderOptions
     from spark_qtransport.queues.receive import Receiver, read_slice
 
-    r = Receiver(ReaderOptions.parse({"url": backend.url, "queue": queue, "errorQueue": error, "claimAhead": "false"}))
+    r = Receiver(ReaderOptions.parse({"url": backend.url, "queue": queue, "errorQueue": error, "claimAhead": "false",
+                                      **options}))
     try:
         start = r.initial_offset()
         end = r.latest(start, limit)

@@ -80,8 +80,8 @@ def test_send_delayed_then_move_delayed(pg: Backend, names: Any, run: Any) -> No
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (("send", "Nowhere_x", "--endpoint", "S", "--type", "T", "--body", "x"), 1, "do not exist"),
-        (("send", "B", "--endpoint", "S", "--body", "x"), 1, "has no message type"),
+        (("send", "Nowhere_x", "--endpoint", "S", "--type", "T", "--body", "x"), 1, "Nowhere_x\" does not exist"),
+        (("send", "--endpoint", "S", "--intent", "publish", "--body", "x"), 1, "has no message type"),
         (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--header", "novalue"), 2, "KEY=VALUE"),
         (("send", "--endpoint", "S", "--type", "T", "--body", "x"), 2, "QUEUE is required"),
         (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--delay", "soon"), 1, "option '--delay'"),
@@ -163,7 +163,7 @@ def test_error_list_and_retry_send_failed_messages_back(pg: Backend, names: Any,
     one = run("error", "retry", str(ok[1]), "--queue", error, "--json")
     assert json.loads(one.output) == [{"native_id": "", "to": f'"public"."{sales}"', "result": "1 sent back"}]
     rest = run("error", "retry", "--all", "--queue", error, "--json")
-    assert {r["result"] for r in json.loads(rest.output)} == {"2 sent back", f"kept: queue {gone} does not exist"}
+    assert {r["result"] for r in json.loads(rest.output)} == {"2 sent back", f'kept: "public"."{gone}" does not exist'}
     back = [(decode_headers(h), b) for _, h, b in pg.rows(sales)]
     assert [(h[H.MESSAGE_ID], b) for h, b in back] == [("m1", b"1"), ("m0", b"0"), ("m2", b"2")]
     assert all(not any(k.startswith("NServiceBus.ExceptionInfo") or k in ("NServiceBus.FailedQ", "NServiceBus.TimeOfFailure")
@@ -216,3 +216,20 @@ def test_stats_without_queues_lists_every_queue_with_its_claims(pg: Backend, nam
     assert (mine["messages"], mine["claimed"]) == (1, {"Sales.Spark": 2})
     assert f'"public"."{e}"' in rows
     assert not [name for name in rows if name.endswith(('.Claims"', '.Delayed"', '.Staging"', '.Outbox"'))]
+
+
+def test_table_output_escapes_control_characters(pg: Backend, names: Any, run: Any) -> None:
+    """A header from a queue cannot drive the terminal: ESC, DEL, C1 and line breaks are shown as
+    escapes in tables; JSON output stays JSON and carries the text unchanged."""
+    from backends import nsb_headers
+
+    error = pg.create_queue(names("error"))
+    hostile = "boom\x1b]0;owned\x07\x1b[2J\r\nfake line\x7f\x9b"
+    pg.send(error, nsb_headers("m1", **{"NServiceBus.FailedQ": "Sales", "NServiceBus.ExceptionInfo.Message": hostile}), b"x")
+    table = run("error", "list", "--queue", error).output
+    assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 for c in table), repr(table)
+    assert r"boom\x1b]0;owned\x07\x1b[2J\x0d\x0afake line\x7f\x9b" in table
+    assert len(table.splitlines()) == 2  # the header line and one row: no injected line
+    output = run("error", "list", "--queue", error, "--json").output
+    assert "\x1b" not in output and "\x9b" not in output
+    assert json.loads(output)[0]["message"] == hostile

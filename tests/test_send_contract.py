@@ -20,7 +20,6 @@ import pytest
 from backends import Backend, Sender
 from spark_qtransport.errors import (
     ConfigError,
-    DatabaseError,
     DispatchError,
     OutboxConflictError,
     QueueNotFoundError,
@@ -148,35 +147,56 @@ def test_checkpoint_reset_with_a_reused_endpoint_is_detected(backend: Backend, q
     assert other.send([msg(message_id="c")], batch_id=0, query="query-two").sent == 1
 
 
-def test_dispatching_with_one_missing_destination_writes_nothing(backend: Backend, queues: Any, names: Any) -> None:
-    s = Sender(backend, queues.sales, destination=queues.billing)
+def test_dispatching_messages_a_missing_destination_goes_to_the_error_queue(
+    backend: Backend, queues: Any, names: Any
+) -> None:
+    """Upstream's "dispatching messages" fails the whole dispatch for one bad destination. Here
+    destinations come from data (a column, a ReplyToAddress), so the trust rules apply: that one
+    message goes to the error queue with FailedQ and the reason, the rest of the batch is sent."""
     missing = names("Nowhere")
     rows = [msg(message_id="ok"), msg(message_id="lost", destination=missing)]
-    report = s.stage(rows, batch_id=1)
-    with pytest.raises(QueueNotFoundError, match=rf"{missing}.*do not exist; nothing of this batch was sent"):
-        s.dispatch(1, [report])
+    # without an error queue the batch cannot be settled: it fails whole, naming the option
+    s = Sender(backend, queues.sales, destination=queues.billing, errorQueue=names("noerror"))
+    with pytest.raises(QueueNotFoundError, match="option 'errorQueue'"):
+        s.dispatch(1, [s.stage(rows, batch_id=1)])
     assert backend.count(queues.billing) == 0
-    # createQueues: the same batch goes through once the destination is created
-    s2 = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
-    s2.dispatch(1, [s2.stage(rows, batch_id=1)])
-    assert backend.count(queues.billing) == 1 and backend.count(missing) == 1
+    s = Sender(backend, queues.sales, destination=queues.billing, errorQueue=queues.error, createQueues="true")
+    result = s.dispatch(1, [s.stage(rows, batch_id=1)])
+    assert (result.sent, result.failed) == (1, 1)
+    assert [h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)] == ["ok"]
+    [(h, body)] = received(backend, queues.error)
+    assert h[H.MESSAGE_ID] == "lost" and body == b"{}"
+    assert h[H.FAILED_Q] == backend.dialect.format_address(backend.address(missing))
+    assert "does not exist" in h["NServiceBus.ExceptionInfo.Message"]
+    # createQueues creates names from options only, never a name from message data
+    with backend.connect() as c:
+        assert not c.cursor().execute(*_args(backend.dialect.queue_columns(backend.address(missing)))).fetchall()
+    assert s.staged() == 0
 
 
-def test_invalid_destination_is_refused_before_anything_is_staged(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales)
-    with pytest.raises(ConfigError, match="destination of message m1"):
-        s.stage([msg(message_id="m1", destination="  ")], batch_id=0)
-    with pytest.raises(ConfigError, match="no destination"):
+def _args(stmt: Any) -> tuple[Any, ...]:
+    return (stmt.sql,) if stmt.params is None else (stmt.sql, stmt.params)
+
+
+def test_a_destination_that_is_not_an_address_goes_to_the_error_queue(backend: Backend, queues: Any) -> None:
+    s = Sender(backend, queues.sales, errorQueue=queues.error)
+    with pytest.raises(ConfigError, match="no destination"):  # the job's own omission fails loudly
         s.stage([msg(message_id="m2")], batch_id=0)
+    result = s.send([msg(message_id="m1", destination="  "), msg(message_id="m3", intent="reply")])
+    assert (result.sent, result.failed) == (0, 2)
+    failed = {h[H.MESSAGE_ID]: h for h, _ in received(backend, queues.error)}
+    assert set(failed) == {"m1", "m3"}
+    assert "no destination" in failed["m3"]["NServiceBus.ExceptionInfo.Message"]
     assert s.staged() == 0
 
 
 def test_injected_destination_is_quoted_not_executed(backend: Backend, queues: Any, names: Any) -> None:
     victim = backend.create_queue(names("Victim"))
     evil = f"x]; DROP TABLE [{victim}]; --" if backend.name == "sqlserver" else f'x"; DROP TABLE "{victim}"; --'
-    s = Sender(backend, queues.sales)
-    with pytest.raises(QueueNotFoundError):
-        s.send([msg(destination=evil)])
+    s = Sender(backend, queues.sales, errorQueue=queues.error)
+    assert s.send([msg(destination=evil)]).failed == 1
+    [(h, _)] = received(backend, queues.error)
+    assert h[H.FAILED_Q] in (evil, backend.dialect.format_address(backend.address(evil)))
     assert backend.count(victim) == 0  # still there
 
 
@@ -422,7 +442,7 @@ def test_a_dispatch_whose_connection_dies_is_retried_and_sends_once(pg: Backend,
         c.execute(f"CREATE SEQUENCE {seq}")
         c.execute(
             f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            f"IF nextval('{seq}') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
+            f"IF nextval('public.{seq}') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
             "RETURN NULL; END $$"
         )
         c.execute(f"CREATE TRIGGER kill_once AFTER INSERT ON {pg.q(billing)} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()")
@@ -441,19 +461,23 @@ def test_a_dispatch_whose_connection_dies_is_retried_and_sends_once(pg: Backend,
             c.execute(f"DROP SEQUENCE IF EXISTS {seq}")
 
 
-def test_a_persistent_fault_names_the_operation_and_sends_nothing(pg: Backend, names: Any) -> None:
+def test_a_destination_that_refuses_the_rows_sends_them_to_the_error_queue(pg: Backend, names: Any) -> None:
+    """A destination that fails when written to (a constraint, a trigger, a privilege) is settled
+    like a missing one: its messages go to the error queue with the reason, the batch goes on."""
     sales, billing = pg.create_queue(names("Sales")), pg.create_queue(names("Billing"))
+    shipping, error = pg.create_queue(names("Shipping")), pg.create_queue(names("error"))
     with pg.connect() as c:
         c.execute(f"ALTER TABLE {pg.q(billing)} ADD CONSTRAINT small_bodies CHECK (length(body) < 10)")
-    s = Sender(pg, sales, destination=billing)
-    with pytest.raises(DatabaseError, match=r"dispatch for endpoint .*Sales.* failed: CheckViolation: .*small_bodies") as exc:
-        s.send([msg("{}", message_id="ok"), msg('{"much": "too long"}', message_id="big")], batch_id=0)
-    assert exc.value.__cause__ is not None
-    assert pg.count(billing) == 0
-    # the batch was not recorded: once the constraint is gone, its replay sends both
-    with pg.connect() as c:
-        c.execute(f"ALTER TABLE {pg.q(billing)} DROP CONSTRAINT small_bodies")
-    assert s.send([msg("{}", message_id="ok"), msg('{"much": "too long"}', message_id="big")], batch_id=0).sent == 2
+    s = Sender(pg, sales, destination=billing, errorQueue=error)
+    result = s.send([msg("{}", message_id="ok"), msg('{"much": "too long"}', message_id="big"),
+                     msg("{}", message_id="elsewhere", destination=shipping)], batch_id=0)
+    assert (result.sent, result.failed) == (1, 2)
+    assert pg.count(billing) == 0 and pg.count(shipping) == 1
+    failed = {h[H.MESSAGE_ID]: h for h, _ in received(pg, error)}
+    assert set(failed) == {"ok", "big"}  # one INSERT per destination: the group fails together
+    assert "small_bodies" in failed["big"]["NServiceBus.ExceptionInfo.Message"]
+    assert "DETAIL" not in failed["big"]["NServiceBus.ExceptionInfo.Message"]  # no row contents
+    assert s.staged() == 0
 
 
 def test_computed_body_string_column_present(backend: Backend, queues: Any) -> None:

@@ -210,12 +210,13 @@ def test_a_failed_batch_sends_nothing_and_its_poison_stays_in_the_error_queue(
     spark: Any, pg: Backend, endpoint: Any, checkpoint: str,
 ) -> None:
     """'Sending from the error path' and 'failure happens after send': a batch whose send fails
-    (a destination is missing) sends none of its messages, while the poison message its claim
-    moved to the error queue stays there; once the destination exists, the batch goes out once."""
+    (a destination is missing, and so is the sink's error queue that would take its message)
+    sends none of its messages, while the poison message its claim moved to the error queue stays
+    there; once the error queue exists, the batch goes out once, the undeliverable message to it."""
     from pyspark.sql import functions as F
 
     e = endpoint
-    missing = e.billing + "_later"
+    missing, sink_errors = e.billing + "_later", e.error + "_sink"
     pg.send_many(e.sales, [(nsb_headers(f"m{i}"), b"{}") for i in range(10)])
     pg.send(e.sales, "<corrupted headers", b"poison")
 
@@ -224,15 +225,18 @@ def test_a_failed_batch_sends_nothing_and_its_poison_stays_in_the_error_queue(
             "body", F.lit("Billing.Messages.Invoice").alias("message_type"),
             F.when(F.col("message_id") == "m3", F.lit(missing)).otherwise(F.lit(e.billing)).alias("destination"))
         return (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
+                .option("errorQueue", sink_errors)
                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
-    with pytest.raises(Exception, match=rf"(?s){missing}.* do not exist"):
+    with pytest.raises(Exception, match=rf"(?s)errorQueue.*{sink_errors}.* does not exist"):
         start().awaitTermination(180)
     assert pg.count(e.billing) == 0
     assert [b for _, _, b in pg.rows(e.error)] == [b"poison"]
-    pg.create_queue(missing)
+    pg.create_queue(sink_errors)
     finish(start())
-    assert pg.count(e.billing) == 9 and pg.count(missing) == 1
+    assert pg.count(e.billing) == 9
+    [(_, headers, _)] = pg.rows(sink_errors)
+    assert json.loads(headers)["NServiceBus.FailedQ"] == f'"public"."{missing}"'
     assert pg.count(e.error) == 1
 
 

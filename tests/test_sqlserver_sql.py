@@ -65,6 +65,7 @@ SQLGLOT_GAPS = [
 #: statements sqlglot misreads rather than rejects ("THROW" parses as a column name)
 TEXT_ONLY = {
     "THROW": re.compile(r"^THROW(\s+5\d{4}, N'[^']*', 1)?$"),
+    "SAVE": re.compile(r"^SAVE TRANSACTION [A-Za-z_]\w*$"),  # sqlglot 30 has no SAVE TRANSACTION
 }
 
 _STARTERS = {
@@ -278,6 +279,11 @@ def send_statements(
         "dispatch_plain": [D.dispatch(s, e, attempts=attempts, route=None, publish_routes=[value])],
         "dispatch_send_only": [D.dispatch(s, e, attempts=attempts, route=value, publish_routes=[])],
         "dispatch_none": [D.dispatch(s, e, attempts=[], route=None, publish_routes=[])],
+        "staged_messages": [D.staged_messages(s, attempts=attempts, route=value, publish_routes=[value, "Ns.A"])],
+        "staged_messages_none": [D.staged_messages(s, attempts=[], route=None, publish_routes=[])],
+        "move_staged": [D.move_staged(s, e, keys=[9, 3], headers=[value, "{}"], recoverable=True)],
+        "move_staged_plain": [D.move_staged(s, q, keys=[3], headers=[value])],
+        "move_staged_none": [D.move_staged(s, q, keys=[], headers=[])],
         "dispatch_delayed": [D.dispatch_delayed(s, dl, attempts=attempts)],
         "dispatch_delayed_none": [D.dispatch_delayed(s, dl, attempts=[])],
         "delete_staged": [D.delete_staged(s, attempts=attempts)],
@@ -577,11 +583,16 @@ class TestNoUserTextInSql:
     def test_lock_resource_fits_and_stays_distinct(self) -> None:
         c = D.claims_table(QueueAddress("q" * 100, "s" * 100))
         a, b = D.try_lock_consumer(c, "x" * 199 + "a"), D.try_lock_consumer(c, "x" * 199 + "b")
-        assert all(len(s.params[0]) <= 255 for s in (a, b))
         assert a.params != b.params
+        # "sqlqueue consumer " + two ints as text + " " + the consumer: within nvarchar(255)
+        for consumer in ("x" * 200, "\U0001f600" * 200, "\U0001f600" * 199 + "a"):
+            part = D.try_lock_consumer(c, consumer).params[1]
+            assert len("sqlqueue consumer ") + 23 + 1 + len(part.encode("utf-16-le")) // 2 <= 255
+        x, y = (D.try_lock_consumer(c, "\U0001f600" * 199 + t).params[1] for t in "ab")
+        assert x != y and re.fullmatch("[0-9a-f]{64}", x)  # too long: a digest, never truncated
         short = D.try_lock_consumer(D.claims_table(QueueAddress("Sales")), "Billing")
-        assert short.params == ("sqlqueue consumer [dbo].[Sales.Claims] Billing",)
-        assert D.unlock_consumer(D.claims_table(QueueAddress("Sales")), "Billing").params == short.params * 2
+        assert short.params == ("[dbo].[Sales.Claims]", "Billing")
+        assert D.unlock_consumer(D.claims_table(QueueAddress("Sales")), "Billing").params == short.params
 
 
 # -- the statements, one by one -----------------------------------------------------------------
@@ -800,12 +811,16 @@ class TestReceiveStatements:
 
     def test_consumer_lock(self) -> None:
         s = D.try_lock_consumer(self.C, "Billing")
-        assert "EXEC @rc = sys.sp_getapplock @Resource = ?, @LockMode = N'Exclusive', @LockOwner = N'Session'," \
-               " @LockTimeout = 0;" in s.sql
-        assert s.sql.rstrip().endswith("SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)")
+        flat = _flat(s.sql)
+        assert "EXEC @rc = sys.sp_getapplock @Resource = @resource, @LockMode = N'Exclusive'," \
+               " @LockOwner = N'Session', @LockTimeout = 0;" in flat
+        assert flat.endswith("SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)")
+        # no claim table, no resource: an error, never a lock on a NULL name
+        assert flat.index("IF @resource IS NULL THROW 51000, N'") < flat.index("sp_getapplock")
         u = D.unlock_consumer(self.C, "Billing")
-        assert "APPLOCK_MODE(N'public', ?, N'Session') <> N'NoLock'" in u.sql
-        assert "EXEC sys.sp_releaseapplock @Resource = ?, @LockOwner = N'Session';" in u.sql
+        assert ("IF @resource IS NOT NULL EXEC sys.sp_executesql N'IF APPLOCK_MODE(N''public'', @resource,"
+                " N''Session'') <> N''NoLock'' EXEC sys.sp_releaseapplock @Resource = @resource,"
+                " @LockOwner = N''Session'';', N'@resource nvarchar(255)', @resource = @resource;") in _flat(u.sql)
 
     def test_claims_reads(self) -> None:
         assert D.max_claim(self.C, "B") == Statement(
@@ -1857,7 +1872,7 @@ class TestConnect:
         assert ("execute", "SET TRANSACTION ISOLATION LEVEL READ COMMITTED", ()) in calls
         assert calls[-1] == ("commit",)
         assert D.is_transient(OperationalError("08S01", "link failure"))
-        assert D.is_transient(OperationalError("HY000", "anything"))  # every OperationalError
+        assert not D.is_transient(OperationalError("HY000", "anything"))  # judged by diagnostics, not class
 
 
     def test_freetds_driver_reaches_the_server(self) -> None:
@@ -2354,3 +2369,179 @@ class TestSqlServerLive:
         assert [r[2] for r in self.run(db.conn, D.lock_messages(db.e, native_ids=None, limit=1)).fetchall()] == [
             _headers(0)]
         db.conn.rollback()
+
+
+# -- trust: system names, savepoints, user tables only, canonical locks, staged error copies ---
+
+
+class TestTrust:
+    S, Q, E = QueueAddress("Sales.Staging"), QueueAddress("Billing"), QueueAddress("error")
+    A = ["a" * 32, "b" * 32]
+
+    def test_system_schemas_and_catalogs(self) -> None:
+        for schema in ("sys", "SYS", "Sys", "INFORMATION_SCHEMA", "information_schema"):
+            assert D.is_system_schema(schema), schema
+        for schema in ("dbo", "sales", "system", "sys2"):
+            assert not D.is_system_schema(schema), schema
+        for catalog in ("Master", "MSDB", "model", "TempDB", "mssqlsystemresource"):
+            assert D.is_system_catalog(catalog), catalog
+        for catalog in ("shop", "masters", "Sales"):
+            assert not D.is_system_catalog(catalog), catalog
+
+    def test_names_compare_case_insensitively(self) -> None:
+        assert D.fold_name("SaLes.Orders") == D.fold_name("sales.ORDERS") == "sales.orders"
+        assert D.fold_name("[X]") == "[x]"  # folding is no unquoting: brackets stay part of the name
+
+    def test_savepoint_opens_a_transaction_when_none_is_open(self) -> None:
+        s = D.savepoint("sqlqueue_route")
+        assert s.params is None  # a plain batch, not sp_executesql
+        assert _flat(s.sql) == (
+            "IF @@TRANCOUNT = 0 BEGIN BEGIN TRANSACTION; IF @@TRANCOUNT = 2 COMMIT TRANSACTION; END"
+            " SAVE TRANSACTION sqlqueue_route;"
+        )
+        parts = simple_statements(s.sql)
+        assert [k for k, _ in parts] == ["condition", "statement", "condition", "statement", "statement"]
+        # implicit transaction mode: BEGIN at 0 makes 2, the inner COMMIT leaves the implicit one
+        assert [p for _, p in parts] == [
+            "SELECT CASE WHEN @@TRANCOUNT = 0 THEN 1 END", "BEGIN TRANSACTION",
+            "SELECT CASE WHEN @@TRANCOUNT = 2 THEN 1 END", "COMMIT TRANSACTION", "SAVE TRANSACTION sqlqueue_route",
+        ]
+        parse_all(s.sql)
+        assert block_words(s.sql) == ["BEGIN", "END"]
+
+    def test_rollback_to_savepoint_only_while_committable(self) -> None:
+        s = D.rollback_to_savepoint("sqlqueue_route")
+        assert s.params is None
+        flat = _flat(s.sql)
+        assert flat.startswith("IF XACT_STATE() = 1 ROLLBACK TRANSACTION sqlqueue_route; ELSE THROW 51000, N'")
+        trees = parse_all(s.sql)
+        (rollback,) = [t for t in trees if isinstance(t, exp.Rollback)]
+        assert rollback.this.name == "sqlqueue_route"
+        assert D.release_savepoint("sqlqueue_route") is None  # SQL Server has no RELEASE SAVEPOINT
+
+    @pytest.mark.parametrize("name", ["", "1st", "a b", "x;DROP", "[x]", "a" * 33, "sp?", EVIL])
+    def test_savepoint_names_are_identifiers(self, name: str) -> None:
+        for make in (D.savepoint, D.rollback_to_savepoint, D.release_savepoint):
+            with pytest.raises(ValueError, match="savepoint name"):
+                make(name)
+
+    def test_queue_columns_of_user_tables_only(self) -> None:
+        for address, sys_ in ((QueueAddress("q"), "sys."), (QueueAddress("q", "s", "c"), "[c].sys.")):
+            s = D.queue_columns(address)
+            assert s.params == (D.qualified(address),)
+            assert (f" JOIN {sys_}tables AS o ON o.object_id = c.object_id AND o.is_ms_shipped = 0"
+                    " AND o.is_external = 0 WHERE c.object_id = OBJECT_ID(?) ORDER BY c.column_id") in s.sql
+            (tree,) = parse_all(s.sql)
+            tables = {(t.catalog or None, t.db, t.name) for t in tree.find_all(exp.Table)}
+            assert tables == {(address.catalog, "sys", n) for n in ("columns", "types", "tables")}
+            _marks_match(s)
+
+    SPELLINGS = ["Sales", "Sales@dbo", "Sales@[dbo]", "SALES@[DBO]", "sales@[]"]
+
+    def test_consumer_lock_keyed_by_object_id_not_spelling(self) -> None:
+        """However the queue is spelled, the SQL text is the same: the resource is built on the
+        server from DB_ID and OBJECT_ID, so SQL Server's name resolution, not ours, decides."""
+        for make in (D.try_lock_consumer, D.unlock_consumer):
+            stmts = [make(D.claims_table(D.parse_address(t)), "Billing") for t in self.SPELLINGS]
+            assert len({s.sql for s in stmts}) == 1
+            sql = stmts[0].sql
+            assert "sales" not in sql.lower()
+            assert [s.params[1:] for s in stmts] == [("Billing",)] * len(stmts)
+            assert {s.params[0].lower() for s in stmts} == {"[dbo].[sales.claims]"}  # resolved by OBJECT_ID
+            assert ("DECLARE @resource nvarchar(255) = N'sqlqueue consumer ' + CAST(DB_ID() AS nvarchar(11))"
+                    " + N'.' + CAST(OBJECT_ID(@table) AS nvarchar(11)) + N' ' + @consumer;") in _flat(sql)
+            parse_all(sql)
+            _marks_match(stmts[0])
+
+    def test_consumer_lock_resource_expression(self) -> None:
+        s = D.try_lock_consumer(D.claims_table(self.Q), "Billing")
+        declares = [t for t in parse_all(s.sql) if isinstance(t, exp.Declare)]
+        text = {d.sql("tsql") for d in declares}
+        assert any("OBJECT_ID(@table)" in t and "DB_ID()" in t and "@consumer" in t for t in text), text
+        # the declared variables take the parameters in marker order: table, consumer
+        assert _flat(s.sql).index("DECLARE @table nvarchar(776) = ?;") < _flat(s.sql).index(
+            "DECLARE @consumer nvarchar(255) = ?;")
+
+    def test_consumer_lock_in_the_claim_tables_database(self) -> None:
+        here = D.claims_table(D.parse_address("Sales@[dbo]"))
+        there = D.claims_table(D.parse_address("Sales@[dbo]@[Shop]"))
+        t = D.try_lock_consumer(there, "Billing")
+        assert t.params == ("[Shop].[dbo].[Sales.Claims]", "Billing", "Shop")
+        flat = _flat(t.sql)
+        assert "CAST(DB_ID(?) AS nvarchar(11))" in flat
+        assert "EXEC @rc = [Shop].sys.sp_getapplock @Resource = @resource," in flat
+        u = D.unlock_consumer(there, "Billing")
+        assert u.params == t.params
+        assert "IF @resource IS NOT NULL EXEC [Shop].sys.sp_executesql N'IF APPLOCK_MODE(" in _flat(u.sql)
+        # the same statements as in the current database but for where they run and DB_ID's argument
+        for make in (D.try_lock_consumer, D.unlock_consumer):
+            a, b = make(here, "Billing").sql, make(there, "Billing").sql
+            assert b.replace("[Shop].sys.", "sys.").replace("DB_ID(?)", "DB_ID()") == a
+            parse_all(b)
+            _marks_match(make(there, "Billing"))
+
+    def test_staged_messages_selects_what_dispatch_sends(self) -> None:
+        kw: dict[str, Any] = {"attempts": self.A, "route": "Billing@[dbo]", "publish_routes": ["Ns.E", "Ns.F"]}
+        s = D.staged_messages(self.S, **kw)
+        assert _flat(s.sql) == (
+            "SELECT m.Seq, m.Headers"
+            " FROM (SELECT MIN(Seq) AS Seq FROM [dbo].[Sales.Staging]"
+            " WHERE Attempt IN (SELECT a.Attempt COLLATE Latin1_General_BIN2 FROM OPENJSON(?)"
+            " WITH (Attempt varchar(64) '$') AS a)"
+            " AND ((Kind = 's' AND Route = ?) OR (Kind = 'p' AND Route IN (?, ?)))"
+            " GROUP BY MessageId) AS f"
+            " JOIN [dbo].[Sales.Staging] AS m ON m.Seq = f.Seq"
+            " ORDER BY f.Seq"
+        )
+        d = D.dispatch(self.S, self.Q, **kw)
+        assert s.params == d.params == (_js(self.A), "Billing@[dbo]", "Ns.E", "Ns.F")
+        assert d.sql.endswith(s.sql.split("\n", 1)[1])  # one selection text, written once
+        (tree,) = parse_all(s.sql)
+        assert isinstance(tree, exp.Select)
+        _marks_match(s)
+        for k in ({"route": None}, {"publish_routes": []}, {"attempts": [], "route": None, "publish_routes": []}):
+            args = {**kw, **k}
+            assert D.staged_messages(self.S, **args).params == D.dispatch(self.S, self.Q, **args).params
+            parse_all(D.staged_messages(self.S, **args).sql)
+
+    @pytest.mark.parametrize("recoverable", [True, False])
+    def test_move_staged(self, recoverable: bool) -> None:
+        s = D.move_staged(self.S, self.E, keys=[17, 3], headers=['{"a":"1"}', "not json"], recoverable=recoverable)
+        assert s.params == (_js([[17, '{"a":"1"}'], [3, "not json"]]),)
+        rec = ("Recoverable, ", "1, ") if recoverable else ("", "")
+        assert _flat(s.sql) == (
+            f"INSERT INTO [dbo].[error] (Id, CorrelationId, ReplyToAddress, {rec[0]}Expires, Headers, Body)"
+            f" SELECT NEWID(), NULL, NULL, {rec[1]}NULL, k.Headers, m.Body"
+            " FROM OPENJSON(?) AS o"
+            " CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k"
+            " JOIN [dbo].[Sales.Staging] AS m ON m.Seq = k.KeyRow"
+            " ORDER BY CAST(o.[key] AS int)"
+        )
+        tree = _insert(s)
+        cols = [c.name for c in tree.this.expressions]
+        assert set(cols) <= _columns_of(D.create_queue(self.E))
+        got = dict(zip(cols, [v.sql("tsql") for v in tree.expression.expressions], strict=True))
+        assert (got["Id"], got["Expires"], got["Headers"], got["Body"]) == ("NEWID()", "NULL", "k.Headers", "m.Body")
+        assert got.get("Recoverable", "1") == "1"
+        assert {"Seq", "Body"} <= _columns_of(D.create_staging(self.S))
+        _marks_match(s)
+
+    def test_move_staged_keeps_key_order_and_checks_input(self) -> None:
+        keys = list(range(3000, 0, -1))
+        s = D.move_staged(self.S, self.Q, keys=keys, headers=[f"h{i}" for i in range(3000)])
+        assert len(placeholders(s.sql)) == 1
+        assert [r[0] for r in json.loads(s.params[0])] == keys
+        assert D.move_staged(self.S, self.Q, keys=["5"], headers=["{}"]).params == (_js([[5, "{}"]]),)
+        with pytest.raises(ValueError, match="2 keys but 1 headers"):
+            D.move_staged(self.S, self.Q, keys=[1, 2], headers=["{}"])
+        with pytest.raises(ValueError):
+            D.move_staged(self.S, self.Q, keys=[EVIL], headers=["{}"])
+        none = D.move_staged(self.S, self.Q, keys=[], headers=[])
+        assert none.params == ("[]",)
+        _insert(none)
+
+    @pytest.mark.parametrize("value", HOSTILE)
+    def test_staged_headers_only_in_parameters(self, value: str) -> None:
+        s = D.move_staged(self.S, self.Q, keys=[1, 2], headers=[value, "{}"])
+        assert s.sql == D.move_staged(self.S, self.Q, keys=[8, 9], headers=["{}", "{}"]).sql
+        assert json.loads(s.params[0])[0][1] == value

@@ -9,17 +9,30 @@ formatted into SQL text.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["QueueAddress", "Statement", "Dialect", "ClaimResult", "STAGED_COLUMNS"]
+__all__ = ["QueueAddress", "Statement", "Dialect", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES"]
 
 #: columns of a staged row, in the order executors write them (see `Dialect.stage_rows`)
 STAGED_COLUMNS = (
     "sink", "batch_id", "attempt", "kind", "route", "message_id", "headers", "body", "ttbr_ms", "delay_ms", "due",
 )
+
+#: the table privileges the connector ever needs (and `Dialect.grants` / `Dialect.privileges` take)
+TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+def check_privileges(privileges: Sequence[str]) -> tuple[str, ...]:
+    """Privilege names, upper-cased, each one of `TABLE_PRIVILEGES` (they are written into SQL)."""
+    out = tuple(str(p).upper() for p in privileges)
+    bad = [p for p in out if p not in TABLE_PRIVILEGES]
+    if bad or not out:
+        raise ConfigError(f"table privileges must be some of {', '.join(TABLE_PRIVILEGES)}, not {list(privileges)!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,17 @@ class ClaimResult:
     max_source: int | None  # highest queue sequence seen, None if none
     min_claim: int | None = None  # lowest claim sequence inserted, None if none
     forward: int = 0  # claimed rows whose headers may name a ForwardDestination (text match)
+
+
+def one_line(text: str) -> str:
+    """The first non-blank line of an error's text, whitespace collapsed, passwords masked: a
+    driver's later lines may quote the statement or the row at fault."""
+    from ..connections import mask
+
+    for line in text.splitlines():
+        if line.strip():
+            return mask(" ".join(line.split()))
+    return ""
 
 
 def check_name(kind: str, name: str, *, max_bytes: int) -> str:
@@ -117,6 +141,45 @@ class Dialect(ABC):
         """The claim table that belongs to a queue: ``<queue>.Claims`` beside it."""
         return self.companion(queue, "Claims")
 
+    def index_name(self, table: QueueAddress, suffix: str) -> str:
+        """The name of an index of ours on `table`: ``<table>_<suffix>``, or, where that would be
+        longer than the database allows (PostgreSQL would cut it silently), the table name
+        shortened with a digest of the whole, so the name still fits and stays unique."""
+        import hashlib
+
+        name = f"{table.table}_{suffix}"
+        if len(name.encode("utf-8")) <= self.max_table_bytes:
+            return name
+        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+        keep = self.max_table_bytes - len(suffix) - len(digest) - 2
+        head = table.table.encode("utf-8")[:keep].decode("utf-8", errors="ignore")
+        return f"{head}_{digest}_{suffix}"
+
+    #: schemas (lower case) whose tables are the database's own, never a queue
+    system_schemas: frozenset[str] = frozenset()
+
+    def fold_name(self, name: str) -> str:
+        """An identifier part as the database compares it (case-sensitive unless overridden)."""
+        return name
+
+    def is_system_schema(self, schema: str) -> bool:
+        return schema.lower() in self.system_schemas
+
+    def is_system_catalog(self, catalog: str) -> bool:
+        """A database that holds only the server's own tables (SQL Server's master, msdb...)."""
+        return False
+
+    # -- savepoints: one INSERT that may fail without aborting its transaction -----------------
+
+    def savepoint(self, name: str) -> Statement:
+        return Statement(f"SAVEPOINT {name}")
+
+    def rollback_to_savepoint(self, name: str) -> Statement:
+        return Statement(f"ROLLBACK TO SAVEPOINT {name}")
+
+    def release_savepoint(self, name: str) -> Statement | None:
+        return Statement(f"RELEASE SAVEPOINT {name}")
+
     # -- installers ---------------------------------------------------------------------------
 
     @abstractmethod
@@ -151,9 +214,15 @@ class Dialect(ABC):
         """Idempotent DDL for server-side helpers the SQL needs on this server (none by default)."""
         return []
 
+    def helpers_exist(self, claims: QueueAddress) -> Statement | None:
+        """One row, one boolean: the helpers `create_helpers` makes are there (so no DDL runs).
+        None when there are none to make."""
+        return None
+
     @abstractmethod
     def queue_columns(self, table: QueueAddress) -> Statement:
-        """Rows of (lower-cased column name, type name) for a table; none if it does not exist."""
+        """Rows of (lower-cased column name, type name) of an ordinary table; none if there is no
+        such table (a view, a foreign table or a system object has none either)."""
 
     @abstractmethod
     def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
@@ -237,9 +306,11 @@ class Dialect(ABC):
         return []
 
     def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
-        """One row, one column: true when `table` holds at least `min_rows` deleted rows and was not
-        vacuumed in the last `every_seconds`. None when the database reclaims the space of
-        deleted rows by itself (SQL Server's ghost cleanup)."""
+        """One row, two columns: (due, allowed). Due: `table` holds at least `min_rows` deleted
+        rows and was not vacuumed in the last `every_seconds`. Allowed: the current role may vacuum
+        it (owns it; PostgreSQL 17+: or holds MAINTAIN); a role with table privileges only leaves
+        it to autovacuum. No row when there is no such table. None when the database reclaims the
+        space of deleted rows by itself (SQL Server's ghost cleanup)."""
         return None
 
     def vacuum(self, table: QueueAddress) -> Statement | None:
@@ -314,6 +385,22 @@ class Dialect(ABC):
         `route`) and published to it (kind 'p', route in `publish_routes`): one row per message
         id (the first staged), in staging order, new native ids, Expires computed on the server.
         Rowcount = rows inserted."""
+
+    @abstractmethod
+    def staged_messages(
+        self, staging: QueueAddress, *, attempts: list[str], route: str | None, publish_routes: list[str]
+    ) -> Statement:
+        """Rows (key, headers) of the staged rows `dispatch` would insert for this selection (one
+        per message id, the first staged, in staging order): read when they cannot be sent."""
+
+    @abstractmethod
+    def move_staged(
+        self, staging: QueueAddress, destination: QueueAddress, *, keys: list[Any], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        """INSERT the staged rows `keys` (from `staged_messages`, in that order) into
+        `destination` with new native ids, Expires NULL and the given headers; bodies copied
+        server-side (error copies of messages that cannot be sent)."""
 
     @abstractmethod
     def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
@@ -429,6 +516,24 @@ class Dialect(ABC):
         """Rows (index name, comma-separated key columns lower-cased in key order, is clustered,
         is unique, filter predicate text or NULL) of a table's indexes, for schema checks."""
 
+    # -- privileges (``sqlqueue ddl --grant-to``, ``sqlqueue doctor``) -------------------------
+
+    @abstractmethod
+    def grants(
+        self, role: str, tables: Mapping[QueueAddress, Sequence[str]], *, queues: Collection[QueueAddress] = ()
+    ) -> list[Statement]:
+        """GRANT statements that give `role` the privileges (`TABLE_PRIVILEGES` names) on each
+        table, and what using them needs besides (PostgreSQL: USAGE on each schema, and on the
+        sequence of each table in `queues` granted INSERT: a ``serial`` seq column takes its next
+        value with the inserting role's privileges). Tables must exist when they run."""
+
+    @abstractmethod
+    def privileges(self, table: QueueAddress, privileges: Sequence[str]) -> Statement:
+        """Rows (what, granted) of the current role: each of `privileges` on `table` (none when
+        there is no such table), and what using the table needs besides, named as in GRANT
+        (PostgreSQL: ``USAGE ON SCHEMA ...``; with INSERT, ``USAGE ON SEQUENCE ...`` of each
+        serial column). Needs no privilege on the table itself."""
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:
@@ -446,3 +551,9 @@ class Dialect(ABC):
     @abstractmethod
     def is_undefined_table(self, exc: BaseException) -> bool:
         """True when the error says a table does not exist."""
+
+    def error_text(self, exc: BaseException) -> str:
+        """The driver's primary message on one line, for our errors and logs: never the lines a
+        database adds that may copy row contents (PostgreSQL's DETAIL, CONTEXT, HINT), never a
+        password."""
+        return one_line(str(exc)) or type(exc).__name__

@@ -9,14 +9,105 @@ added ``BodyString`` column does not matter.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from ..connections import mask
 from ..errors import ConfigError
-from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement, check_name
+from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement, check_name, check_privileges, one_line
 
 __all__ = ["PostgresDialect"]
 
 _UTC_NOW = "(now() AT TIME ZONE 'UTC')"
+
+# -- errors: one classification, behind `PostgresDialect.is_transient` ------------------------
+#
+# A server error carries its SQLSTATE: transient are those below and class 08 (connection
+# exception); everything else (28P01/28000 authentication, 3D000 no database, 42501 permission,
+# 42P01/42703 undefined table/column, 23514 check violation, 42602/3F000/42704 bad names...)
+# is permanent and fails at once. Errors raised while connecting, and by libpq or psycopg
+# themselves, have no SQLSTATE (psycopg 3 leaves it None): they are judged by libpq's message,
+# permanent fragments first, and are permanent unless a fragment says the connection was lost,
+# refused or timed out, or the server is starting, stopping or full.
+_TRANSIENT_STATES = frozenset({
+    "40001",  # serialization failure
+    "40P01",  # deadlock detected
+    "55P03",  # lock not available (lock_timeout)
+    "53300",  # too many connections
+    "57P01",  # terminating connection due to administrator command
+    "57P02",  # crash shutdown
+    "57P03",  # cannot connect now (starting up, shutting down)
+    "57P05",  # terminating connection due to idle-session timeout
+})
+_PERMANENT_MESSAGES = (
+    "password authentication failed",  # 28P01
+    "authentication failed",  # 28000 (ident, peer, ldap...)
+    "no password supplied",
+    "no pg_hba.conf entry",  # 28000
+    "is not permitted to log in",  # 28000
+    "does not exist",  # 3D000 database, 28000 role
+    "permission denied",  # 42501
+    "could not translate host name",  # unknown host (libpq)
+    "name or service not known",  # unknown host (getaddrinfo, glibc)
+    "nodename nor servname",  # unknown host (getaddrinfo, BSD / macOS)
+    "no address associated with hostname",
+    "failed to resolve host",  # psycopg's own resolver, whatever the reason
+    "invalid connection option",
+    "invalid dsn",
+    "certificate",  # TLS verification failed
+)
+_TRANSIENT_MESSAGES = (
+    "connection refused",
+    "server closed the connection unexpectedly",
+    "terminating connection",
+    "timeout expired",  # libpq connect_timeout, psycopg's "connection timeout expired"
+    "connection timed out",
+    "connection reset",
+    "broken pipe",
+    "could not receive data from server",
+    "could not send data to server",
+    "ssl syscall error",
+    "ssl connection has been closed unexpectedly",
+    "no connection to the server",
+    "the connection is closed",
+    "the connection is lost",
+    "connection is bad",
+    "consuming input failed",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "sorry, too many clients already",  # 53300
+    "too many connections",  # 53300 (per role, per database)
+    "remaining connection slots are reserved",  # 53300
+    "network is unreachable",
+    "no route to host",
+    "temporary failure in name resolution",  # the resolver, not the name, failed
+)
+
+
+def _is_psycopg_error(exc: BaseException) -> bool:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the postgres extra is not installed
+        return False
+    return isinstance(exc, psycopg.Error)
+
+
+def _classify(exc: BaseException) -> str:
+    """``"transient"`` (worth a retry on a new connection) or ``"permanent"`` (fail at once)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        sqlstate = sqlstate.upper()
+        return "transient" if sqlstate in _TRANSIENT_STATES or sqlstate.startswith("08") else "permanent"
+    if not _is_psycopg_error(exc):
+        return "permanent"
+    text = str(exc).lower()
+    if any(m in text for m in _PERMANENT_MESSAGES):
+        return "permanent"
+    if any(m in text for m in _TRANSIENT_MESSAGES):
+        return "transient"
+    return "permanent"
 
 
 #: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
@@ -65,6 +156,12 @@ class PostgresDialect(Dialect):
     name = "postgres"
     default_schema = "public"
     max_table_bytes = 63
+    system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
+
+    def is_system_schema(self, schema: str) -> bool:
+        # pg_temp_N, pg_toast_temp_N and any future pg_ schema are the server's (names starting
+        # with pg_ are reserved: CREATE SCHEMA refuses them)
+        return super().is_system_schema(schema) or schema.lower().startswith("pg_")
 
     # -- addresses ----------------------------------------------------------------------------
 
@@ -112,7 +209,7 @@ class PostgresDialect(Dialect):
         # CREATE TABLE IF NOT EXISTS races with itself (both see "absent", one fails on pg_type);
         # a transaction-scoped advisory lock on the name serialises concurrent installers.
         return Statement(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))",
+            "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%(key)s, 0))",
             {"key": f"sqlqueue ddl {self.qualified(table)}"},
         )
 
@@ -215,27 +312,38 @@ class PostgresDialect(Dialect):
             ),
         ]
 
+    def helpers_exist(self, claims: QueueAddress) -> Statement | None:
+        if self.helper_schema is None:
+            return None
+        return Statement("SELECT pg_catalog.to_regprocedure(%(fn)s) IS NOT NULL",
+                         {"fn": f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}(text)"})
+
     def queue_columns(self, table: QueueAddress) -> Statement:
         expr, params = self._regclass(table)
+        # ordinary and partitioned tables only: a view (rules, INSTEAD OF triggers) or a foreign
+        # table is never written to as a queue
         return Statement(
-            "SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+            "SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod)"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid AND c.relkind IN ('r', 'p')"
             f" WHERE a.attrelid = {expr} AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             params,
         )
 
-    @staticmethod
-    def _lock_key(claims: QueueAddress, consumer: str) -> dict[str, Any]:
-        return {"key": f"sqlqueue consumer {claims.schema or ''}.{claims.table} {consumer}"}
+    def _lock_key(self, claims: QueueAddress, consumer: str) -> tuple[str, dict[str, Any]]:
+        # Keyed by the claim table's oid, not by its spelling: `Sales`, `public.Sales` and
+        # `"public"."Sales"` are one table, so one lock. The oid is digits, so the text
+        # "sqlqueue consumer <oid> <consumer>" cannot be read two ways.
+        expr, params = self._regclass(claims)
+        key = f"pg_catalog.hashtextextended('sqlqueue consumer ' || {expr}::oid::text || ' ' || %(consumer)s, 0)"
+        return key, {**params, "consumer": consumer}
 
     def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
-        return Statement(
-            "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))", self._lock_key(claims, consumer)
-        )
+        key, params = self._lock_key(claims, consumer)
+        return Statement(f"SELECT pg_catalog.pg_try_advisory_lock({key})", params)
 
     def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
-        return Statement(
-            "SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))", self._lock_key(claims, consumer)
-        )
+        key, params = self._lock_key(claims, consumer)
+        return Statement(f"SELECT pg_catalog.pg_advisory_unlock({key})", params)
 
     @staticmethod
     def _range(after: int, upto: int | None) -> tuple[str, dict[str, Any]]:
@@ -390,10 +498,18 @@ SELECT (SELECT count(*) FROM gone),
     def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
         # Claim and staging tables see every message inserted and deleted once; autovacuum
         # wakes once a minute by default, so between its runs they would grow by a minute of traffic.
+        # VACUUM needs ownership (pg_has_role USAGE: the owner, a member inheriting it, or a
+        # superuser) or, from PostgreSQL 17, the MAINTAIN privilege (granted, or through
+        # pg_maintain); it skips other tables with a warning. The CASE keeps 'MAINTAIN' from being
+        # parsed on older servers, which do not know it.
         return Statement(
-            "SELECT n_dead_tup >= %(rows)s AND coalesce(greatest(last_vacuum, last_autovacuum), '-infinity')"
-            " < now() - %(every)s * interval '1 second'"
-            " FROM pg_stat_user_tables WHERE relid = to_regclass(%(table)s)",
+            "SELECT s.n_dead_tup >= %(rows)s AND coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')"
+            " < pg_catalog.now() - %(every)s * interval '1 second',"
+            " pg_catalog.pg_has_role(c.relowner, 'USAGE')"
+            " OR CASE WHEN pg_catalog.current_setting('server_version_num')::int >= 170000"
+            " THEN pg_catalog.has_table_privilege(c.oid, 'MAINTAIN') ELSE false END"
+            " FROM pg_catalog.pg_stat_user_tables s JOIN pg_catalog.pg_class c ON c.oid = s.relid"
+            " WHERE s.relid = pg_catalog.to_regclass(%(table)s)",
             {"rows": int(min_rows), "every": float(every_seconds), "table": self.qualified(table)},
         )
 
@@ -516,6 +632,60 @@ SELECT (SELECT count(*) FROM gone),
             params,
         )
 
+    # -- privileges -------------------------------------------------------------------------------
+
+    def grants(
+        self, role: str, tables: Mapping[QueueAddress, Sequence[str]], *, queues: Collection[QueueAddress] = ()
+    ) -> list[Statement]:
+        grantee = '"' + check_name("role", role, max_bytes=63).replace('"', '""') + '"'
+        schemas = dict.fromkeys(t.schema or self.default_schema for t in tables)
+        out = [Statement(f"GRANT USAGE ON SCHEMA {self.quote(s)} TO {grantee}") for s in schemas]
+        for table, privileges in tables.items():
+            granted = check_privileges(privileges)
+            out.append(Statement(f"GRANT {', '.join(granted)} ON TABLE {self.qualified(table)} TO {grantee}"))
+            if table in queues and "INSERT" in granted:
+                # The sequence's name is PostgreSQL's choice (truncated, numbered on a clash), so
+                # it is looked up where the grant runs. A DO block takes no parameters: literals.
+                out.append(Statement(
+                    "DO $grant$\n"
+                    f"DECLARE seq text := pg_catalog.pg_get_serial_sequence({_literal(self.qualified(table))}, 'seq');\n"
+                    "BEGIN\n"
+                    "    IF seq IS NOT NULL THEN\n"
+                    f"        EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE %s TO %I', seq, {_literal(role)});\n"
+                    "    END IF;\n"
+                    "END\n"
+                    "$grant$"
+                ))
+        return out
+
+    def privileges(self, table: QueueAddress, privileges: Sequence[str]) -> Statement:
+        wanted = check_privileges(privileges)
+        # Found by name in the catalogs, not with to_regclass (which fails without USAGE on the
+        # schema); has_*_privilege by oid checks the object's own privileges only.
+        rel = "pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        this = "n.nspname = %(schema)s AND c.relname = %(table)s AND c.relkind IN ('r', 'p')"
+        sql = (
+            "SELECT 'USAGE ON SCHEMA ' || pg_catalog.quote_ident(n.nspname), pg_catalog.has_schema_privilege(n.oid, 'USAGE')"
+            " FROM pg_catalog.pg_namespace n WHERE n.nspname = %(schema)s"
+            " UNION ALL SELECT p.p, pg_catalog.has_table_privilege(c.oid, p.p)"
+            f" FROM pg_catalog.unnest(%(privileges)s::text[]) AS p(p), {rel} WHERE {this}"
+        )
+        if "INSERT" in wanted:
+            # serial columns (dependency 'a'); an identity column's sequence (dependency 'i') is
+            # advanced by INSERT without any privilege on it
+            sql += (
+                " UNION ALL SELECT 'USAGE ON SEQUENCE ' || pg_catalog.quote_ident(sn.nspname) || '.'"
+                " || pg_catalog.quote_ident(s.relname), pg_catalog.has_sequence_privilege(s.oid, 'USAGE, UPDATE')"
+                f" FROM {rel}"
+                " JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+                " AND d.refobjid = c.oid AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'a'"
+                " JOIN pg_catalog.pg_class s ON s.oid = d.objid AND s.relkind = 'S'"
+                " JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace"
+                f" WHERE {this}"
+            )
+        return Statement(sql, {"schema": table.schema or self.default_schema, "table": table.table,
+                               "privileges": list(wanted)})
+
     # -- connections --------------------------------------------------------------------------
 
     def streaming_cursor(self, conn: Any) -> Any:
@@ -528,19 +698,34 @@ SELECT (SELECT count(*) FROM gone),
 
         conn = psycopg.connect(**url.psycopg_kwargs(), autocommit=False)
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        try:
+            # Every function, operator and type the connector names resolves to the catalog: a
+            # role with CREATE on a schema in the search path could otherwise plant a better
+            # match (public.hashtextextended(text, integer) beats the catalog's with its implicit
+            # cast). Every table we touch is schema-qualified. pg_temp last: never searched first.
+            conn.execute("SET search_path = pg_catalog, pg_temp")
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def is_transient(self, exc: BaseException) -> bool:
-        import psycopg
-
-        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            return True
-        sqlstate = getattr(exc, "sqlstate", None) or ""
-        # 40001 serialization failure, 40P01 deadlock, 57P01 admin shutdown, 08xxx connection
-        return sqlstate in ("40001", "40P01", "57P01", "57P02", "57P03") or sqlstate.startswith("08")
+        return _classify(exc) == "transient"
 
     def is_undefined_table(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) == "42P01"
+
+    def error_text(self, exc: BaseException) -> str:
+        # The primary message only: DETAIL ("Key (b)=(...) already exists", "Failing row
+        # contains (...)"), CONTEXT and HINT may copy row contents, the LINE lines the statement.
+        diag = getattr(exc, "diag", None)
+        primary = getattr(diag, "message_primary", None) if diag is not None else None
+        if primary:
+            return one_line(primary)
+        if _is_psycopg_error(exc):  # raised by libpq or psycopg itself: no row in it; keep every line
+            return mask(" ".join(str(exc).split())) or type(exc).__name__
+        return super().error_text(exc)
 
     # -- send: installers -----------------------------------------------------------------------
 
@@ -568,7 +753,7 @@ SELECT (SELECT count(*) FROM gone),
                 "    staged_at timestamptz NOT NULL DEFAULT now()\n"
                 ")"
             ),
-            Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(staging.table + '_route')} ON {t} (kind, route)"),
+            Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(self.index_name(staging, 'route'))} ON {t} (kind, route)"),
         ]
 
     def create_outbox(self, outbox: QueueAddress) -> list[Statement]:
@@ -588,7 +773,7 @@ SELECT (SELECT count(*) FROM gone),
                 ")"
             ),
             Statement(
-                f"CREATE INDEX IF NOT EXISTS {self.quote(outbox.table + '_dispatched')} ON {t} (dispatched_at)"
+                f"CREATE INDEX IF NOT EXISTS {self.quote(self.index_name(outbox, 'dispatched'))} ON {t} (dispatched_at)"
             ),
         ]
 
@@ -606,7 +791,7 @@ SELECT (SELECT count(*) FROM gone),
                 "    due timestamptz NOT NULL\n"
                 ")"
             ),
-            Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(delayed.table + '_Due')} ON {t} (due)"),
+            Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(self.index_name(delayed, 'Due'))} ON {t} (due)"),
         ]
 
     def create_subscriptions(self, table: QueueAddress) -> list[Statement]:
@@ -686,13 +871,39 @@ SELECT gen_random_uuid(),
        CASE WHEN m.ttbr_ms IS NULL THEN NULL ELSE {_UTC_NOW} + m.ttbr_ms * interval '1 millisecond' END,
        m.headers, m.body
 FROM (SELECT min(seq) AS seq FROM {s}
-      WHERE attempt = ANY(%(attempts)s)
-        AND ((kind = 's' AND route = %(route)s) OR (kind = 'p' AND route = ANY(%(published)s)))
+      WHERE {self._staged_selection()}
       GROUP BY message_id ORDER BY 1) AS first
 JOIN {s} AS m ON m.seq = first.seq
 ORDER BY first.seq"""
         return Statement(
             sql.strip(), {"attempts": list(attempts), "route": route, "published": list(publish_routes)}
+        )
+
+    @staticmethod
+    def _staged_selection() -> str:
+        return ("attempt = ANY(%(attempts)s)"
+                " AND ((kind = 's' AND route = %(route)s) OR (kind = 'p' AND route = ANY(%(published)s)))")
+
+    def staged_messages(
+        self, staging: QueueAddress, *, attempts: list[str], route: str | None, publish_routes: list[str]
+    ) -> Statement:
+        s = self.qualified(staging)
+        return Statement(
+            f"SELECT m.seq, m.headers FROM (SELECT min(seq) AS seq FROM {s} WHERE {self._staged_selection()}"
+            f" GROUP BY message_id) AS first JOIN {s} AS m ON m.seq = first.seq ORDER BY m.seq",
+            {"attempts": list(attempts), "route": route, "published": list(publish_routes)},
+        )
+
+    def move_staged(
+        self, staging: QueueAddress, destination: QueueAddress, *, keys: list[Any], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        return Statement(
+            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
+            " SELECT gen_random_uuid(), NULL, v.headers, m.body"
+            " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
+            f" JOIN {self.qualified(staging)} AS m ON m.seq = v.seq ORDER BY v.n",
+            {"keys": [int(k) for k in keys], "headers": list(headers)},
         )
 
     def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
@@ -743,7 +954,7 @@ ORDER BY k.seq"""
 
     def lock_mover(self, delayed: QueueAddress) -> Statement:
         return Statement(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))",
+            "SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtextextended(%(key)s, 0))",
             {"key": f"sqlqueue mover {self.qualified(delayed)}"},
         )
 

@@ -26,11 +26,12 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigError
-from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement
+from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement, check_privileges, one_line
 
 __all__ = ["SqlServerDialect"]
 
@@ -42,6 +43,8 @@ _QNAME = "nvarchar(776)"
 MAX_CONSUMER_CHARS = 200
 #: application lock resource names are nvarchar(255)
 _MAX_RESOURCE = 255
+#: longest ``<database id>.<object id>`` of a consumer lock resource: two ints as text
+_MAX_IDS_CHARS = 11 + 1 + 11
 #: rows deleted from a queue per DELETE statement of a claim. SQL Server escalates to a table lock
 #: once ONE statement holds about 5,000 locks on one table or index (a heap row costs a RID lock,
 #: a key lock per index and page intent locks): a table lock on a queue would block every
@@ -80,18 +83,48 @@ _POISON = (
 #: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
 _FORWARD_LIKE = "N'%NServiceBus.SqlServer.ForwardDestination%'"
 
+# -- errors: one classification, behind `SqlServerDialect.is_transient` -----------------------
+#
+# A pyodbc error's args are (SQLSTATE, message); the message carries each diagnostic record's
+# native error number. Permanent markers win (a failed login often comes with a connection
+# SQLSTATE); then the transient ones; anything else is permanent and fails at once.
+
+# error numbers that never go away by retrying
+_PERMANENT_NUMBERS = frozenset(
+    {
+        18456,  # login failed
+        18452, 18470, 18487, 18488,  # untrusted domain, account disabled, password expired / must change
+        4060,  # cannot open database requested by the login
+        916,  # the server principal cannot access the database
+        229, 230, 262,  # permission denied (object, column, statement)
+        208, 207,  # invalid object name, invalid column name
+        547,  # constraint conflict
+        11001,  # no such host is known (WSAHOST_NOT_FOUND)
+    }
+)
 # error numbers worth a retry on a new connection
 _TRANSIENT_NUMBERS = frozenset(
     {
         -2,  # client timeout (SqlClient's number; ODBC reports SQLSTATE HYT00)
         233,  # no process on the other end of the pipe
         1205,  # deadlock victim
-        4060,  # cannot open database (failover in progress)
+        1222,  # lock request time out period exceeded
+        4221,  # login to a read-secondary failed: replica not yet available (Azure SQL)
         10053, 10054, 10060,  # connection aborted / reset / timed out
+        10928, 10929,  # Azure SQL: resource limit reached
         40197, 40501, 40613,  # Azure SQL: service error, busy, database unavailable
         49918, 49919, 49920,  # Azure SQL: too many operations in progress
     }
 )
+# SQLSTATEs worth a retry: 08xxx connection exceptions (08S01 link failure, 08001 cannot
+# connect), 40001 deadlock victim, HYT00/HYT01 query / connection timeout
+_TRANSIENT_STATES = frozenset({"40001", "HYT00", "HYT01"})
+# an unknown host is permanent whatever SQLSTATE the driver gives it
+_UNKNOWN_HOST = re.compile(
+    r"(?i)no such host is known|name or service not known|nodename nor servname|could not translate host name|unknown host"
+)
+# sentences of SQL Server messages that copy row contents: cut from our errors and logs
+_ROW_CONTENTS = re.compile(r"(?i)\s*(?:The duplicate key value is \(.*?\)\.|Truncated value: '.*?'\.)")
 # pyodbc formats each diagnostic record as "[SQLSTATE] message (native error) (function)", the
 # records joined by "; ": a native number is the parenthesized integer before "(SQL...", ";" or the end.
 _NATIVE_NUMBER = re.compile(r"\((-?\d+)\)(?=\s*(?:\(SQL|;|$))")
@@ -254,6 +287,21 @@ class SqlServerDialect(Dialect):
     name = "sqlserver"
     default_schema = "dbo"
     max_table_bytes = 128  # really 128 characters; see _check
+    # The schemas of the catalog views. System objects elsewhere (change data capture tables,
+    # replication tables) are marked is_ms_shipped, which `queue_columns` filters out.
+    system_schemas = frozenset({"sys", "information_schema"})
+    #: the server's own databases (mssqlsystemresource is the hidden resource database)
+    system_catalogs = frozenset({"master", "model", "msdb", "tempdb", "mssqlsystemresource"})
+
+    def fold_name(self, name: str) -> str:
+        # Assumes a case-insensitive database collation (SQL Server's default, such as
+        # SQL_Latin1_General_CP1_CI_AS), where Sales and SALES name one table: names compare
+        # lower-cased. On a case-sensitive database an allow-list entry then also admits the
+        # names differing from it only in case.
+        return name.lower()
+
+    def is_system_catalog(self, catalog: str) -> bool:
+        return catalog.lower() in self.system_catalogs
 
     # -- addresses ----------------------------------------------------------------------------
 
@@ -321,6 +369,52 @@ class SqlServerDialect(Dialect):
     def _sys(self, address: QueueAddress) -> str:
         """The catalog views of the address's database: ``sys.`` or ``[catalog].sys.``."""
         return f"{self.quote(address.catalog)}.sys." if address.catalog else "sys."
+
+    # -- savepoints -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_savepoint(name: str) -> str:
+        # Written into the SQL text: a regular identifier only. SQL Server uses 32 characters of it.
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,31}", name):
+            raise ValueError(f"savepoint name {name!r} must be a letter or _ then up to 31 letters, digits or _")
+        return name
+
+    def savepoint(self, name: str) -> Statement:
+        # SAVE TRANSACTION needs an open transaction (error 628 otherwise), and does not open
+        # one: pyodbc without autocommit runs in implicit transaction mode, where a transaction
+        # starts with the first statement that touches a table, so none may be open yet. There,
+        # BEGIN TRANSACTION at @@TRANCOUNT 0 opens two nested transactions (the implicit one and
+        # the explicit one, @@TRANCOUNT 2); committing the inner one only lowers the count to 1,
+        # leaving the implicit transaction that the driver commit or rollback ends, as usual.
+        # Outside implicit mode BEGIN TRANSACTION makes 1 and nothing is committed. No parameter:
+        # a plain batch, not sp_executesql (which would refuse to end with a transaction count
+        # different from the one it began with).
+        return Statement(
+            "IF @@TRANCOUNT = 0\n"
+            "BEGIN\n"
+            "    BEGIN TRANSACTION;\n"
+            "    IF @@TRANCOUNT = 2 COMMIT TRANSACTION;\n"
+            "END\n"
+            f"SAVE TRANSACTION {self._check_savepoint(name)};"
+        )
+
+    def rollback_to_savepoint(self, name: str) -> Statement:
+        # Undoes the work since the savepoint and keeps the transaction (and @@TRANCOUNT). Only
+        # possible while the transaction is committable: an error that dooms it (XACT_STATE -1:
+        # XACT_ABORT, most errors raised in a trigger) or ends it (a trigger that rolls back)
+        # leaves no savepoint to return to. Then this raises, and the caller error path rolls
+        # the whole transaction back.
+        return Statement(
+            "IF XACT_STATE() = 1\n"
+            f"    ROLLBACK TRANSACTION {self._check_savepoint(name)};\n"
+            "ELSE\n"
+            "    THROW 51000, N'sqlqueue: the failed statement ended the transaction (an error in a trigger"
+            " or XACT_ABORT), so it cannot be rolled back to a savepoint', 1;"
+        )
+
+    def release_savepoint(self, name: str) -> Statement | None:
+        self._check_savepoint(name)
+        return None  # SQL Server has no RELEASE: a savepoint lives until the transaction ends
 
     # -- installers ---------------------------------------------------------------------------
 
@@ -536,6 +630,9 @@ CREATE TABLE {t} (
     def queue_columns(self, table: QueueAddress) -> Statement:
         sys_ = self._sys(table)
         # user_type_id, not system_type_id: nvarchar and sysname share a system type id.
+        # Ordinary user tables only: sys.tables holds no view and no synonym (OBJECT_ID of a
+        # synonym is the synonym's own id), is_ms_shipped marks system objects in any schema and
+        # is_external PolyBase external tables, the counterparts of PostgreSQL foreign tables.
         return Statement(
             "SELECT LOWER(c.name),"
             " CASE WHEN t.name IN (N'varchar', N'char', N'varbinary', N'binary')"
@@ -544,6 +641,7 @@ CREATE TABLE {t} (
             " THEN t.name + N'(' + CASE WHEN c.max_length = -1 THEN N'max' ELSE CAST(c.max_length / 2 AS nvarchar(10)) END + N')'"
             " ELSE t.name END"
             f" FROM {sys_}columns AS c JOIN {sys_}types AS t ON t.user_type_id = c.user_type_id"
+            f" JOIN {sys_}tables AS o ON o.object_id = c.object_id AND o.is_ms_shipped = 0 AND o.is_external = 0"
             " WHERE c.object_id = OBJECT_ID(?) ORDER BY c.column_id",
             (self.qualified(table),),
         )
@@ -556,32 +654,65 @@ CREATE TABLE {t} (
             )
         return consumer
 
-    def _lock_resource(self, claims: QueueAddress, consumer: str) -> str:
-        """The application lock of (claim table, consumer). Resources are nvarchar(255): longer
-        names get a digest, so two long names never share a lock by truncation."""
+    def _lock_resource(self, claims: QueueAddress, consumer: str) -> tuple[str, tuple[Any, ...]]:
+        """The application lock of (claim table, consumer): SQL declaring ``@resource`` and its
+        parameters.
+
+        Keyed by the claim table's identity, computed on the server, not by its spelling:
+        ``Sales``, ``SALES@[dbo]`` and ``Sales@[dbo]@[<current database>]`` are one table, so one
+        lock, ``sqlqueue consumer <database id>.<object id> <consumer>``. The ids are digits, so
+        the text cannot be read two ways; NULL (no such table) makes the resource NULL. Resources
+        are nvarchar(255): a consumer name too long for the rest gets a digest, so two long names
+        never share a lock by truncation.
+        """
         self._check_consumer(consumer)
-        return _resource("consumer", self.qualified(claims), consumer)
+        prefix = len("sqlqueue consumer ") + _MAX_IDS_CHARS + 1
+        part = consumer
+        if prefix + len(consumer.encode("utf-16-le")) // 2 > _MAX_RESOURCE:
+            part = hashlib.sha256(consumer.encode()).hexdigest()
+        db_id, params = ("DB_ID(?)", (claims.catalog,)) if claims.catalog else ("DB_ID()", ())
+        sql = (
+            f"DECLARE @table {_QNAME} = ?;\n"
+            "DECLARE @consumer nvarchar(255) = ?;\n"
+            f"DECLARE @resource nvarchar(255) = N'sqlqueue consumer ' + CAST({db_id} AS nvarchar(11)) + N'.'"
+            " + CAST(OBJECT_ID(@table) AS nvarchar(11)) + N' ' + @consumer;\n"
+        )
+        return sql, (self.qualified(claims), part, *params)
 
     def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
         # Session-owned: held across transactions until released or the connection closes.
         # LockTimeout 0: a busy consumer is reported at once (return code -1), never waited for.
+        # An application lock belongs to a database: this one is taken in the claim table own
+        # database, as the delayed mover lock is (see lock_mover), so two sessions whose current
+        # databases differ still meet on the same lock when they name the same claim table.
+        declare, params = self._lock_resource(claims, consumer)
         return Statement(
             "SET NOCOUNT ON;\n"
+            f"{declare}"
             "DECLARE @rc int;\n"
-            "EXEC @rc = sys.sp_getapplock @Resource = ?, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = 0;\n"
+            "IF @resource IS NULL\n"
+            "    THROW 51000, N'sqlqueue: the claim table does not exist, so no consumer lock can be taken on it', 1;\n"
+            f"EXEC @rc = {self._sys(claims)}sp_getapplock @Resource = @resource, @LockMode = N'Exclusive',"
+            " @LockOwner = N'Session', @LockTimeout = 0;\n"
             "SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)",
-            (self._lock_resource(claims, consumer),),
+            params,
         )
 
     def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
         # Releasing a lock not held is an error (1223): only release what this session holds.
-        resource = self._lock_resource(claims, consumer)
+        # APPLOCK_MODE looks in the current database only: the check and the release run in the
+        # claim table own database, where try_lock_consumer took the lock. A claim table dropped
+        # meanwhile has no resource: nothing to release here, closing the connection does it.
+        declare, params = self._lock_resource(claims, consumer)
         return Statement(
-            "IF APPLOCK_MODE(N'public', ?, N'Session') <> N'NoLock'\n"
-            "BEGIN\n"
-            "    EXEC sys.sp_releaseapplock @Resource = ?, @LockOwner = N'Session';\n"
-            "END",
-            (resource, resource),
+            "SET NOCOUNT ON;\n"
+            f"{declare}"
+            "IF @resource IS NOT NULL\n"
+            f"    EXEC {self._sys(claims)}sp_executesql"
+            " N'IF APPLOCK_MODE(N''public'', @resource, N''Session'') <> N''NoLock''"
+            " EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = N''Session'';',"
+            " N'@resource nvarchar(255)', @resource = @resource;",
+            params,
         )
 
     def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
@@ -893,7 +1024,22 @@ ORDER BY CAST(o.[key] AS int)"""
         publish_routes: list[str],
         recoverable: bool = False,
     ) -> Statement:
-        s, d = self.qualified(staging), self.qualified(destination)
+        first, params = self._first_staged(staging, attempts=attempts, route=route, publish_routes=publish_routes)
+        cols, lead = self._queue_columns(recoverable)
+        # INSERT ... SELECT ... ORDER BY assigns the RowVersion IDENTITY values in ORDER BY order
+        # (documented), so queue order is staging order.
+        sql = f"""
+INSERT INTO {self.qualified(destination)} ({cols})
+SELECT {lead}, {_EXPIRES}, m.Headers, m.Body
+{first}"""
+        return Statement(sql.strip(), params)
+
+    def _first_staged(
+        self, staging: QueueAddress, *, attempts: list[str], route: str | None, publish_routes: list[str]
+    ) -> tuple[str, tuple[Any, ...]]:
+        """``FROM ... ORDER BY`` of the staged rows a dispatch sends (`m`, in staging order) and
+        its parameters: what `dispatch` inserts and `staged_messages` reads."""
+        s = self.qualified(staging)
         cond, attempts_json = _attempts(attempts)
         params: list[Any] = [attempts_json]
         routes = []
@@ -904,21 +1050,52 @@ ORDER BY CAST(o.[key] AS int)"""
             in_routes, route_params = _in("Route", publish_routes, "published routes")
             routes.append(f"(Kind = 'p' AND {in_routes})")
             params += route_params
-        cols, lead = self._queue_columns(recoverable)
         # `f` picks one staged row per message id (the first staged, as NServiceBus's dispatcher
         # deduplicates on message id and destination) from the index alone; the join then reads
-        # each picked row by its clustered key. INSERT ... SELECT ... ORDER BY assigns the
-        # RowVersion IDENTITY values in ORDER BY order (documented), so queue order is staging order.
-        sql = f"""
-INSERT INTO {d} ({cols})
-SELECT {lead}, {_EXPIRES}, m.Headers, m.Body
-FROM (SELECT MIN(Seq) AS Seq FROM {s}
+        # each picked row by its clustered key.
+        sql = f"""FROM (SELECT MIN(Seq) AS Seq FROM {s}
       WHERE {cond}
         AND ({' OR '.join(routes) or '1 = 0'})
       GROUP BY MessageId) AS f
 JOIN {s} AS m ON m.Seq = f.Seq
 ORDER BY f.Seq"""
-        return Statement(sql.strip(), tuple(params))
+        return sql, tuple(params)
+
+    def staged_messages(
+        self, staging: QueueAddress, *, attempts: list[str], route: str | None, publish_routes: list[str]
+    ) -> Statement:
+        # The rows `dispatch` would insert, keyed by their Seq (the clustered key `move_staged` seeks).
+        first, params = self._first_staged(staging, attempts=attempts, route=route, publish_routes=publish_routes)
+        return Statement(f"SELECT m.Seq, m.Headers\n{first}", params)
+
+    def move_staged(
+        self, staging: QueueAddress, destination: QueueAddress, *, keys: list[Any], headers: list[str],
+        recoverable: bool = False,
+    ) -> Statement:
+        # Each staged row is read by its clustered key, as `dispatch` reads them: committed rows
+        # of the batch, no hint needed.
+        return self._copy_rows(destination, [int(k) for k in keys], headers, recoverable=recoverable,
+                               source=f"{self.qualified(staging)} AS m ON m.Seq = k.KeyRow")
+
+    def _copy_rows(
+        self, destination: QueueAddress, keys: list[int], headers: list[str], *, recoverable: bool, source: str
+    ) -> Statement:
+        """INSERT rows of `source` (joined as ``m`` on ``k.KeyRow``) into a queue with new ids,
+        Expires NULL and the given headers, in the order of `keys`. One JSON array of
+        [key, Headers]; its [key] is the position, so the new RowVersion values follow that order
+        (INSERT ... SELECT ... ORDER BY)."""
+        if len(keys) != len(headers):
+            raise ValueError(f"{len(keys)} keys but {len(headers)} headers")
+        rows = [[k, str(h)] for k, h in zip(keys, headers, strict=True)]
+        cols, lead = self._queue_columns(recoverable)
+        sql = f"""
+INSERT INTO {self.qualified(destination)} ({cols})
+SELECT {lead}, NULL, k.Headers, m.Body
+FROM OPENJSON(?) AS o
+CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k
+JOIN {source}
+ORDER BY CAST(o.[key] AS int)"""
+        return Statement(sql.strip(), (_json(rows),))
 
     def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
         s, d = self.qualified(staging), self.qualified(delayed)
@@ -1183,21 +1360,11 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
         self, queue: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
         recoverable: bool = False,
     ) -> Statement:
-        if len(keys) != len(headers):
-            raise ValueError(f"{len(keys)} keys but {len(headers)} headers")
-        rows = [[_message_key(k), str(h)] for k, h in zip(keys, headers, strict=True)]
-        cols, lead = self._queue_columns(recoverable)
-        # One JSON array of [RowVersion, Headers]; its [key] is the position, so the new RowVersion
-        # values follow the order of `keys` (INSERT ... SELECT ... ORDER BY). The rows are this
-        # transaction own (locked by lock_messages): READPAST skips only rows others hold.
-        sql = f"""
-INSERT INTO {self.qualified(destination)} ({cols})
-SELECT {lead}, NULL, k.Headers, m.Body
-FROM OPENJSON(?) AS o
-CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k
-JOIN {self.qualified(queue)} AS m WITH (READPAST, READCOMMITTEDLOCK) ON m.RowVersion = k.KeyRow
-ORDER BY CAST(o.[key] AS int)"""
-        return Statement(sql.strip(), (_json(rows),))
+        # The rows are this transaction own (locked by lock_messages): READPAST skips only rows
+        # others hold.
+        return self._copy_rows(destination, [_message_key(k) for k in keys], headers, recoverable=recoverable,
+                               source=f"{self.qualified(queue)} AS m WITH (READPAST, READCOMMITTEDLOCK)"
+                               " ON m.RowVersion = k.KeyRow")
 
     def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
         # Seeks Index_RowVersion per key. The rows are this transaction own (see move_messages).
@@ -1241,6 +1408,31 @@ WHERE i.type <> 0 AND i.is_hypothetical = 0
 ORDER BY i.name"""
         return Statement(sql.strip(), (self.qualified(table),))
 
+    # -- privileges -------------------------------------------------------------------------------
+
+    def grants(
+        self, role: str, tables: Mapping[QueueAddress, Sequence[str]], *, queues: Collection[QueueAddress] = ()
+    ) -> list[Statement]:
+        # Object privileges are all: an IDENTITY column needs none, schemas have no USAGE, and
+        # sp_getapplock (the consumer and mover locks) needs only membership in public.
+        grantee = self.quote(role)
+        out = []
+        for table, privileges in tables.items():
+            on = ".".join(self.quote(p) for p in (table.schema or self.default_schema, table.table))
+            grant = f"GRANT {', '.join(check_privileges(privileges))} ON {on} TO {grantee}"
+            if table.catalog:  # GRANT names objects of the current database only
+                grant = f"EXEC {self.quote(table.catalog)}.sys.sp_executesql {_literal(grant)}"
+            out.append(Statement(grant))
+        return out
+
+    def privileges(self, table: QueueAddress, privileges: Sequence[str]) -> Statement:
+        # NULL when the object does not exist or the role cannot see it at all.
+        values = ", ".join(f"(N'{p}')" for p in check_privileges(privileges))
+        return Statement(
+            f"SELECT p.v, HAS_PERMS_BY_NAME(?, N'OBJECT', p.v) FROM (VALUES {values}) AS p(v)",
+            (self.qualified(table),),
+        )
+
     # -- connections --------------------------------------------------------------------------
 
     # streaming_cursor: pyodbc's default cursor is a forward-only firehose whose fetchmany()
@@ -1280,18 +1472,27 @@ ORDER BY i.name"""
         return state.upper(), numbers
 
     def is_transient(self, exc: BaseException) -> bool:
-        try:
-            import pyodbc
-        except ImportError:  # no ODBC driver manager here: judge by the diagnostics alone
-            pyodbc = None
-        if pyodbc is not None and isinstance(exc, pyodbc.OperationalError):
-            return True
+        # Judged by the diagnostics alone, whatever the driver's class: pyodbc raises a failed
+        # login and a lost connection alike as OperationalError.
         state, numbers = self._diagnostics(exc)
-        # 08xxx connection errors, 40001 deadlock victim / serialization, HYT00/HYT01 timeouts
-        if state.startswith("08") or state in ("40001", "HYT00", "HYT01"):
+        if numbers & _PERMANENT_NUMBERS or _UNKNOWN_HOST.search(self._message(exc)):
+            return False
+        if state.startswith("08") or state in _TRANSIENT_STATES:
             return True
         return bool(numbers & _TRANSIENT_NUMBERS)
 
     def is_undefined_table(self, exc: BaseException) -> bool:
         state, numbers = self._diagnostics(exc)
         return state == "42S02" or 208 in numbers
+
+    @staticmethod
+    def _message(exc: BaseException) -> str:
+        args = getattr(exc, "args", ()) or ()
+        if len(args) >= 2 and isinstance(args[0], str) and len(args[0]) == 5:
+            return " ".join(str(a) for a in args[1:])
+        return " ".join(str(a) for a in args) if args else str(exc)
+
+    def error_text(self, exc: BaseException) -> str:
+        # The driver's message without pyodbc's tuple around it, and without the sentences that
+        # quote a row (a duplicate key's value, a truncated value).
+        return one_line(_ROW_CONTENTS.sub("", self._message(exc))) or type(exc).__name__

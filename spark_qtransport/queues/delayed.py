@@ -5,8 +5,9 @@ NServiceBus stores a deferred message in the sending endpoint's delayed table wi
 up to a minute. Here one mover at a time per table (a transaction-scoped advisory lock / applock)
 runs whenever the reader plans a trigger, the sink commits a batch, or the CLI asks, and moves due
 rows in bounded batches straight to their destination with that header removed. A row without the
-header belongs to the endpoint's own input queue. A row whose destination does not exist goes to
-the error queue with NServiceBus's failure headers. Bodies never leave the server.
+header belongs to the endpoint's own input queue. Destinations go through the one routing path
+(`queues.routing`): a row whose destination does not exist, is not a queue or is outside the
+allow-list goes to the error queue with NServiceBus's failure headers. Bodies never leave the server.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
-from ..errors import ConfigError
-from ..wire import H, decode_headers, encode_headers, failure_headers
+from ..wire import H, decode_headers
 from . import _db as db
+from .routing import Item, Router, RoutingPolicy, route_rows
 
 __all__ = ["DelayedMover", "MoveResult", "MOVE_BATCH"]
 
@@ -45,22 +46,10 @@ class DelayedMover:
     endpoint: QueueAddress  # the endpoint's input queue: destination of rows without the header
     error_queue: QueueAddress
     batch: int = MOVE_BATCH
-    _exists: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
-
-    def _columns(self, cur: Any, address: QueueAddress) -> dict[str, str]:
-        key = self.dialect.qualified(address)
-        cols = self._exists.get(key)
-        if not cols:
-            cols = db.columns(cur, self.dialect.queue_columns(address))
-            if cols:
-                self._exists[key] = cols
-        return cols
+    policy: RoutingPolicy | None = None
 
     def move(self, conn: Any, *, max_batches: int = 20) -> MoveResult:
         """Move due rows, at most `max_batches` transactions of `batch` rows. Commits each."""
-        # Destinations' columns are looked up afresh each call: a queue may have been created,
-        # dropped, or lost or regained its Recoverable column since (SQL Server).
-        self._exists.clear()
         result = MoveResult()
         cur = conn.cursor()
         for _ in range(max_batches):
@@ -73,21 +62,8 @@ class DelayedMover:
                 result.busy = True
                 break
             rows = cur.execute(*db.args(self.dialect.due_delayed(self.delayed, limit=self.batch))).fetchall()
-            done = MoveResult()
-            try:
-                self._move_rows(cur, rows, done)
-            except Exception as exc:
-                if not (self.dialect.is_undefined_table(exc) and self._exists):
-                    raise
-                # a queue this mover saw earlier was dropped since: look again, route its rows to errors
-                conn.rollback()
-                self._exists.clear()
-                continue
+            self._move_rows(cur, rows, result)
             conn.commit()
-            result.moved += done.moved
-            result.failed += done.failed
-            for name, n in done.destinations.items():
-                result.destinations[name] = result.destinations.get(name, 0) + n
             if len(rows) < self.batch:
                 break
         if result.moved or result.failed:
@@ -97,58 +73,34 @@ class DelayedMover:
 
     def _move_rows(self, cur: Any, rows: list[Any], result: MoveResult) -> None:
         d = self.dialect
-        groups: dict[str, tuple[QueueAddress, list[str], list[str]]] = {}
-        failed_keys: list[str] = []
-        failed_headers: list[str] = []
+        # Destinations are looked up afresh in each transaction: a queue may have been created,
+        # dropped, or lost or regained its Recoverable column since (SQL Server).
+        router = Router(d, self.policy)
+        own = None
+        items = []
         for key, text in rows:
-            key = str(key)
             headers = decode_headers(text)
             if headers is None:  # not ours to repair: the error queue gets it as it was
-                failed_keys.append(key)
-                failed_headers.append(text)
+                items.append(Item(str(key), None, None, raw=text))
                 continue
-            target_text = headers.pop(H.FORWARD_DESTINATION, None)
-            problem = None
-            target = self.endpoint
-            if target_text:
-                try:
-                    target = d.parse_address(target_text, option=H.FORWARD_DESTINATION)
-                except ConfigError as exc:
-                    problem = str(exc)
-            if problem is None and not self._columns(cur, target):
-                problem = f"queue {target_text or d.format_address(target)} does not exist"
-            if problem is not None:
-                failed_keys.append(key)
-                failed_headers.append(encode_headers(self._failure(headers, target_text, problem)))
-                continue
-            name = d.qualified(target)
-            group = groups.setdefault(name, (target, [], []))
-            group[1].append(key)
-            group[2].append(encode_headers(headers))
-        for name, (target, keys, headers_list) in groups.items():
-            recoverable = "recoverable" in self._columns(cur, target)
-            db.execute(cur, d.move_delayed(self.delayed, target, keys=keys, headers=headers_list, recoverable=recoverable))
-            result.moved += len(keys)
-            result.destinations[name] = result.destinations.get(name, 0) + len(keys)
-        if failed_keys:
-            if not self._columns(cur, self.error_queue):
-                raise ConfigError(
-                    f"delayed messages in {d.qualified(self.delayed)} cannot be delivered and the error queue "
-                    f"{d.format_address(self.error_queue)} does not exist; create it (option 'errorQueue')"
-                )
-            recoverable = "recoverable" in self._columns(cur, self.error_queue)
-            db.execute(cur, d.move_delayed(self.delayed, self.error_queue, keys=failed_keys,
-                                           headers=failed_headers, recoverable=recoverable))
-            result.failed += len(failed_keys)
-            log.warning("%d delayed message(s) could not be delivered; moved to %s",
-                        len(failed_keys), d.format_address(self.error_queue))
-        all_keys = [k for _, keys, _ in groups.values() for k in keys] + failed_keys
-        if all_keys:
-            db.execute(cur, d.delete_delayed(self.delayed, keys=all_keys))
-
-    def _failure(self, headers: dict[str, Any], target: str | None, problem: str) -> dict[str, Any]:
-        return failure_headers(
-            headers, failed_q=target or self.dialect.format_address(self.endpoint),
-            exception_type="spark_qtransport.QueueNotFoundError", message=problem,
+            target = headers.pop(H.FORWARD_DESTINATION, None)
+            if target is None:  # no header: the endpoint's own input queue ("" is refused)
+                own = own or router.trusted(cur, self.endpoint)
+            items.append(Item(str(key), headers, own if target is None else target))
+        if not items:
+            return
+        routed = route_rows(
+            cur, router, items,
+            insert=lambda t, keys, headers: d.move_delayed(self.delayed, t.address, keys=keys, headers=headers,
+                                                          recoverable=t.recoverable),
+            delete=lambda keys: d.delete_delayed(self.delayed, keys=keys),
+            error_queue=lambda: router.configured(cur, self.error_queue, option="errorQueue"),
             source="spark_qtransport.delayed", endpoint=self.endpoint.table,
         )
+        result.moved += sum(routed.moved.values())
+        result.failed += routed.failed
+        for name, n in routed.moved.items():
+            result.destinations[name] = result.destinations.get(name, 0) + n
+        if routed.failed:
+            log.warning("%d delayed message(s) could not be delivered; moved to %s",
+                        routed.failed, d.format_address(self.error_queue))

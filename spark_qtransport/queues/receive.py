@@ -37,6 +37,7 @@ from ..wire import H, parse_time
 from . import _db as db
 from .delayed import DelayedMover
 from .forward import ForwardResult, forward_claimed
+from .routing import Router, queue_shape_problem
 from .vacuum import vacuum_if_due
 
 __all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
@@ -53,7 +54,6 @@ LOW_WATER_TTL = 5.0
 STARTER_CLAIM = 1000
 #: how long a starting query waits for its endpoint's lock before ConsumerBusyError
 LOCK_WAIT = 30.0
-QUEUE_COLUMNS = {"id", "headers", "body", "expires"}
 #: how often a reader looks again whether its endpoint's delayed table exists
 DELAYED_RECHECK = 30.0
 
@@ -137,7 +137,7 @@ class Receiver:
         self._mover: DelayedMover | None = None
         try:
             self._mover = DelayedMover(self.dialect, self.dialect.companion(options.queue, "Delayed"),
-                                       options.queue, options.error_queue)
+                                       options.queue, options.error_queue, policy=options.routing)
         except ConfigError:  # a queue name too long to have a delayed table (NServiceBus allows 55 bytes)
             pass
         self._delayed_checked_at: float | None = None
@@ -190,13 +190,16 @@ class Receiver:
                     f"option '{option}': queue {d.format_address(address)} does not exist; create it "
                     "(the DDL in sql/, or .option('createQueues', 'true'))"
                 )
-            missing = sorted(QUEUE_COLUMNS - cols.keys()) + ([] if {"seq", "rowversion"} & cols.keys() else ["seq"])
-            if missing:
-                raise SchemaError(
-                    f"option '{option}': table {d.format_address(address)} is not a queue table: "
-                    f"missing column(s) {', '.join(missing)}"
-                )
-        for stmt in [*d.create_claims(self.claims), *d.create_helpers(self.claims)]:
+            shape = queue_shape_problem(cols)  # the routing path's own check, for our own queues too
+            if shape is not None:
+                raise SchemaError(f"option '{option}': table {d.format_address(address)} {shape}")
+        # DDL only for what is missing: once a DBA has created the tables (and, on PostgreSQL
+        # 13-15, the helper function), table privileges are enough to run.
+        ddl = [] if db.columns(cur, d.queue_columns(self.claims)) else d.create_claims(self.claims)
+        helpers = d.helpers_exist(self.claims)
+        if helpers is not None and not db.one(cur, helpers)[0]:
+            ddl += d.create_helpers(self.claims)
+        for stmt in ddl:
             db.execute(cur, stmt)
         conn.commit()
         self._lock_consumer(conn, cur)
@@ -235,7 +238,9 @@ class Receiver:
     @property
     def table_id(self) -> str:
         if self._table_id is None:
-            self._connection("main")
+            # through _run: a failure to connect or set up (a wrong password, a missing database)
+            # is our DatabaseError naming the queue, a transient one is retried
+            self._run("connecting", lambda conn: None)
         assert self._table_id is not None
         return self._table_id
 
@@ -320,7 +325,7 @@ class Receiver:
                 self._mover.move(self._connection("main"))
         except Exception as exc:  # noqa: BLE001
             db.rollback(self._connection("main"))
-            log.warning("moving due delayed messages of %s failed: %s", self.options.queue, exc)
+            log.warning("moving due delayed messages of %s failed: %s", self.options.queue, db.describe(self.dialect, exc))
 
     def _foreground_size(self, limit: int) -> int:
         """How much to claim while Spark waits. With claim-ahead, a large batch starts with a
@@ -359,7 +364,8 @@ class Receiver:
             ahead.result()
         except Exception as exc:  # noqa: BLE001 - the claim is simply made again, in the foreground
             self._more = False
-            log.warning("claiming ahead on %s failed (%s); claiming in the foreground", self.options.queue, exc)
+            log.warning("claiming ahead on %s failed (%s); claiming in the foreground", self.options.queue,
+                        db.describe(self.dialect, exc))
 
     def _claim_once(self, limit: int, *, slot: str = "main") -> tuple[int | None, bool]:
         """One peek-then-claim transaction. Returns (highest claim sequence or None, batch was full)."""
@@ -385,8 +391,9 @@ class Receiver:
             claim = ClaimResult(*(None if v is None else int(v) for v in row))
             forwarded = ForwardResult()
             if claim.forward and claim.min_claim is not None and claim.max_claim is not None:
-                forwarded = forward_claimed(d, cur, queue=o.queue, claims=self.claims, consumer=o.consumer,
-                                            error_queue=o.error_queue, lo=claim.min_claim, hi=claim.max_claim)
+                forwarded = forward_claimed(
+                    d, cur, router=Router(d, o.routing), queue=o.queue, claims=self.claims, consumer=o.consumer,
+                    error_queue=o.error_queue, lo=claim.min_claim, hi=claim.max_claim)
             return claim, forwarded
 
         outcome = self._run("claim", work, slot=slot)
@@ -459,7 +466,7 @@ class Receiver:
         try:
             self.backlog(slot="ahead")
         except Exception as exc:  # noqa: BLE001 - a progress metric must not fail the query
-            log.info("backlog estimate for %s failed: %s", self.options.queue, exc)
+            log.info("backlog estimate for %s failed: %s", self.options.queue, db.describe(self.dialect, exc))
 
     # -- partitions and acknowledgement -------------------------------------------------------
 
@@ -497,7 +504,8 @@ class Receiver:
         try:
             self._ack(end, slot="ahead")
         except Exception as exc:  # noqa: BLE001 - the next acknowledgement covers these claims too
-            log.warning("acknowledging claims up to %s on %s failed: %s", end.claim, self.options.queue, exc)
+            log.warning("acknowledging claims up to %s on %s failed: %s", end.claim, self.options.queue,
+                        db.describe(self.dialect, exc))
 
     def _ack(self, end: ClaimOffset, *, slot: str) -> int:
         batch = self.options.ack_batch
@@ -537,11 +545,21 @@ class Receiver:
 
 # -- executors ----------------------------------------------------------------------------------
 
+#: most rows one fetch asks for (small rows: one round trip per 5,000)
 _FETCH = 5000
+#: headers and body bytes one fetch aims at; the next fetch is sized from the largest row seen
+FETCH_BYTES = 16 * 2**20
 
 
-def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple[Any, ...]]]:
-    """Yield the raw claim rows of one slice in order, `chunk` at a time, on a reused connection.
+def read_chunks(
+    part: ClaimSlice, *, chunk: int = _FETCH, budget: int = FETCH_BYTES
+) -> Iterator[list[tuple[Any, ...]]]:
+    """Yield the raw claim rows of one slice in order, a fetch at a time, on a reused connection.
+
+    Fetches are bounded by bytes as well as rows: the first asks for one row, each next one for
+    at most `budget` bytes' worth of the largest row seen so far (never more than `chunk` rows,
+    and at most four times the previous fetch, so a run of large rows after small ones is met
+    by a small fetch). 20 MB bodies come one at a time; 1 KB bodies still 5,000 at a time.
 
     Rows are (claim_seq, native_id text, expires, headers text, body, source_seq, claimed_at).
     A transient fault mid-slice (the session terminated, the server restarting) does not fail the
@@ -551,13 +569,14 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
     """
     dialect = dialect_named(part.dialect)
     after, delay = part.after, 0.2
+    size, largest = 1, 1  # rows to fetch next; bytes of the largest row seen
     for attempt in range(1, db.RETRIES + 1):
         try:
             conn, cur = _open_slice(dialect, part if after == part.after else replace(part, after=after))
         except Exception as exc:
             if attempt == db.RETRIES or not dialect.is_transient(exc):
                 raise
-            log.warning("reading %r failed (%s); retrying in %.1fs", part, " ".join(str(exc).split()), delay)
+            log.warning("reading %r failed (%s); retrying in %.1fs", part, db.describe(dialect, exc), delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
             continue
@@ -565,7 +584,7 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
         try:
             while True:
                 try:
-                    rows = cur.fetchmany(chunk)
+                    rows = cur.fetchmany(size)
                     if not rows:
                         cur.close()
                         conn.commit()
@@ -575,10 +594,13 @@ def read_chunks(part: ClaimSlice, *, chunk: int = _FETCH) -> Iterator[list[tuple
                     if attempt == db.RETRIES or not dialect.is_transient(exc):
                         raise
                     log.warning("reading %r failed after claim %d (%s); resuming there in %.1fs",
-                                part, after, " ".join(str(exc).split()), delay)
+                                part, after, db.describe(dialect, exc), delay)
                     break
                 after = int(rows[-1][0])
+                largest = max(largest, *(len(r[3] or "") + len(r[4] or b"") for r in rows))
+                size = max(1, min(chunk, size * 4, budget // largest))
                 yield rows
+                rows = []  # the caller is done with them: not held during the next fetch
         finally:
             if healthy:
                 EXECUTOR_CONNECTIONS.put(part.url, conn)
@@ -609,7 +631,7 @@ def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:
             db.close(conn)
             if attempt == 2 or not dialect.is_transient(exc):
                 raise
-            log.info("reconnecting to read %r: %s", part, exc)
+            log.info("reconnecting to read %r: %s", part, db.describe(dialect, exc))
     raise AssertionError("unreachable")
 
 

@@ -3,7 +3,8 @@
 What ServiceControl's retry does for NServiceBus endpoints, for a database without ServiceControl:
 each message goes back with its headers, minus the failure headers recoverability added, under a
 new native id, in one transaction with its removal from the error queue. A message that cannot go
-back (no FailedQ, unreadable headers, a queue that no longer exists) stays where it is, reported.
+back (no FailedQ, unreadable headers, a queue that no longer exists, an address the routing path
+refuses: see `queues.routing`) stays where it is, reported.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
-from ..errors import ConfigError
-from ..wire import H, decode_headers, encode_headers
+from ..wire import H, decode_headers
 from . import _db as db
+from .routing import Item, Router, RoutingPolicy, route_rows
 
 __all__ = ["RetryResult", "retry_failed", "is_failure_header"]
 
@@ -33,42 +34,34 @@ class RetryResult:
 
 
 def retry_failed(
-    conn: Any, dialect: Dialect, error_queue: QueueAddress, *, native_ids: list[str] | None, limit: int = 1000
+    conn: Any, dialect: Dialect, error_queue: QueueAddress, *, native_ids: list[str] | None, limit: int = 1000,
+    policy: RoutingPolicy | None = None,
 ) -> RetryResult:
     """Move failed messages (the given native ids, else the oldest `limit`) back; one transaction."""
     result = RetryResult()
     cur = conn.cursor()
     rows = cur.execute(*db.args(dialect.lock_messages(error_queue, native_ids=native_ids, limit=limit))).fetchall()
-    groups: dict[str, tuple[QueueAddress, list[str], list[str]]] = {}
-    columns: dict[str, dict[str, str]] = {}
+    items: list[Item] = []
+    ids: dict[str, str] = {}  # key -> native id
     for key, native_id, text in rows:
-        native_id = str(native_id).lower()
+        ids[str(key)] = native_id = str(native_id).lower()
         headers = decode_headers(text)
-        target_text = (headers or {}).get(H.FAILED_Q)
-        if headers is None or not target_text:
-            result.kept.append((native_id, "no NServiceBus.FailedQ header" if headers is not None else "headers are not a flat JSON object"))
-            continue
-        try:
-            target = dialect.parse_address(target_text, option=H.FAILED_Q)
-        except ConfigError as exc:
-            result.kept.append((native_id, str(exc)))
-            continue
-        name = dialect.qualified(target)
-        if name not in columns:
-            columns[name] = db.columns(cur, dialect.queue_columns(target))
-        if not columns[name]:
-            result.kept.append((native_id, f"queue {target_text} does not exist"))
-            continue
-        group = groups.setdefault(name, (target, [], []))
-        group[1].append(str(key))
-        group[2].append(encode_headers({k: v for k, v in headers.items() if not is_failure_header(k)}))
-    for name, (target, keys, headers_list) in groups.items():
-        recoverable = "recoverable" in columns[name]
-        db.execute(cur, dialect.move_messages(error_queue, target, keys=keys, headers=headers_list, recoverable=recoverable))
-        result.moved[dialect.format_address(target)] = len(keys)
-    moved_keys = [k for _, keys, _ in groups.values() for k in keys]
-    if moved_keys:
-        db.execute(cur, dialect.delete_messages(error_queue, keys=moved_keys))
+        if headers is None:
+            result.kept.append((native_id, "headers are not a flat JSON object"))
+        elif not headers.get(H.FAILED_Q):
+            result.kept.append((native_id, "no NServiceBus.FailedQ header"))
+        else:
+            kept = {k: v for k, v in headers.items() if not is_failure_header(k)}
+            items.append(Item(str(key), kept, headers[H.FAILED_Q]))
+    routed = route_rows(
+        cur, Router(dialect, policy), items,
+        insert=lambda t, keys, headers: dialect.move_messages(error_queue, t.address, keys=keys, headers=headers,
+                                                             recoverable=t.recoverable),
+        delete=lambda keys: dialect.delete_messages(error_queue, keys=keys),
+        error_queue=None, source="sqlqueue error retry", endpoint="",
+    )
+    result.moved = routed.moved
+    result.kept += [(ids[key], reason) for key, reason in routed.kept]
     conn.commit()
     if native_ids is not None:
         found = {str(r[1]).lower() for r in rows}

@@ -13,8 +13,11 @@ How a batch travels:
    Rows of failed attempts are ignored and deleted.
 
 A crash before the dispatch commits sends nothing (Spark replays the batch and stages it again);
-after it, the replay is skipped. Destinations that do not exist fail the batch before anything is
-sent, with an error naming them.
+after it, the replay is skipped. Destinations come from data (the ``destination`` column, a
+ReplyToAddress, subscription rows), so each goes through the routing path (`queues.routing`): a
+message whose destination is missing, not a queue or outside the allow-list goes to the endpoint's
+error queue with NServiceBus's failure headers, in the same transaction, and the rest is sent. A
+missing static ``destination`` option fails at start instead, naming it.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from ..connections import EXECUTOR_CONNECTIONS
-from ..dialects import Dialect, QueueAddress
-from ..errors import ConfigError, DispatchError, QueueNotFoundError
+from ..dialects import Dialect
+from ..errors import DispatchError, QueueNotFoundError
 from ..options import WriterOptions
-from ..wire import format_time
+from ..wire import decode_headers, format_time
 from . import _db as db
 from .delayed import DelayedMover, MoveResult
 from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
 from .outbox import Outbox, fingerprint
+from .routing import Item, Refusal, Router, Target, insert_guarded, route_rows
 from .vacuum import vacuum_if_due
 
 __all__ = ["StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
@@ -46,6 +50,8 @@ T = TypeVar("T")
 
 #: rows per bulk write on executors
 STAGE_CHUNK = 5000
+#: headers and body bytes per bulk write: a chunk is written once it holds this many
+STAGE_BYTES = 16 * 2**20
 #: rows of one task kept in memory to stage again after a transient fault (headers + bodies)
 STAGE_RETRY_BYTES = 64 * 2**20
 
@@ -69,6 +75,7 @@ class DispatchResult:
     sent: int = 0
     delayed: int = 0
     published: int = 0
+    failed: int = 0  # refused by the routing path: to the endpoint's error queue instead
     destinations: dict[str, int] = field(default_factory=dict)
     moved: MoveResult | None = None
 
@@ -78,13 +85,14 @@ class DispatchResult:
 
 def set_up_sender(options: WriterOptions) -> SendPlan:
     """Create the endpoint's staging and outbox tables (ours, always) and, with createQueues,
-    its delayed table; find its input queue for ReplyToAddress. Returns the executors' plan."""
+    its delayed table, error queue and default destination, each only if missing (once they exist, table
+    privileges are enough); find its input queue for ReplyToAddress. Returns the executors' plan."""
     d = options.dialect
-    stmts = [*d.create_staging(options.staging), *d.create_outbox(options.outbox)]
-    if options.create_queues:
-        stmts += d.create_delayed(options.delayed)
+    tables = [(options.staging, d.create_staging), (options.outbox, d.create_outbox)]
+    if options.create_queues:  # names from options only, never names from message data
+        tables += [(options.delayed, d.create_delayed), (options.error_queue, d.create_queue)]
         if options.destination is not None:
-            stmts += d.create_queue(options.destination)
+            tables.append((options.destination, d.create_queue))
     conns: list[Any] = []
 
     def connect() -> Any:
@@ -93,9 +101,13 @@ def set_up_sender(options: WriterOptions) -> SendPlan:
 
     def set_up(conn: Any) -> bool:
         cur = conn.cursor()
-        for stmt in stmts:  # idempotent installers: safe to run again after a fault
-            db.execute(cur, stmt)
+        for table, create in tables:
+            if not db.columns(cur, d.queue_columns(table)):
+                for stmt in create(table):  # idempotent installers: safe to run again after a fault
+                    db.execute(cur, stmt)
         conn.commit()
+        if options.destination is not None:  # a wrong static destination fails at start, named
+            Router(d, options.routing).configured(cur, options.destination, option="destination")
         return bool(db.columns(cur, d.queue_columns(options.endpoint)))
 
     try:
@@ -144,22 +156,28 @@ def stage_partition(
         rows = 0
         try:
             conn = _connect(dialect, options)
-            for i in range(0, len(kept or ()), STAGE_CHUNK):  # a retry: what the failed attempt read
-                chunk = [(*r[:2], builder.attempt, *r[3:]) for r in kept[i:i + STAGE_CHUNK]]  # type: ignore[index]
-                dialect.stage_rows(conn, options.staging, chunk)
-                rows += len(chunk)
             pending: list[tuple[Any, ...]] = []
+            pending_bytes = 0
+            for r in kept or ():  # a retry: what the failed attempt read, under this attempt's id
+                pending.append((*r[:2], builder.attempt, *r[3:]))
+                pending_bytes += _staged_bytes(r)
+                if len(pending) >= STAGE_CHUNK or pending_bytes >= STAGE_BYTES:
+                    dialect.stage_rows(conn, options.staging, pending)
+                    rows += len(pending)
+                    pending, pending_bytes = [], 0
             while (row := _next_input(source)) is not None:
+                size = _staged_bytes(row)
                 if kept is not None:
                     kept.append(row)
-                    kept_bytes += len(row[6]) + len(row[7] or b"")
+                    kept_bytes += size
                     if kept_bytes > STAGE_RETRY_BYTES:
                         kept = None
                 pending.append(row)
-                if len(pending) >= STAGE_CHUNK:
+                pending_bytes += size
+                if len(pending) >= STAGE_CHUNK or pending_bytes >= STAGE_BYTES:
                     dialect.stage_rows(conn, options.staging, pending)
                     rows += len(pending)
-                    pending = []
+                    pending, pending_bytes = [], 0
             if pending:
                 dialect.stage_rows(conn, options.staging, pending)
                 rows += len(pending)
@@ -174,7 +192,7 @@ def stage_partition(
                 raise QueueNotFoundError(f"{what}: the staging table does not exist") from exc
             if not dialect.is_transient(exc) or attempt == db.RETRIES or kept is None:
                 raise db.explain(dialect, what, exc) from exc
-            log.warning("%s failed (%s); staging again in %.1fs", what, " ".join(str(exc).split()), delay)
+            log.warning("%s failed (%s); staging again in %.1fs", what, dialect.error_text(exc), delay)
             builder.attempt = uuid.uuid4().hex
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -183,6 +201,11 @@ def stage_partition(
         routes = tuple((k, r, n) for (k, r), n in sorted(builder.counts.items()))
         return StageReport(builder.attempt, rows, routes, batch_id, query_id)
     raise AssertionError("unreachable")
+
+
+def _staged_bytes(row: tuple[Any, ...]) -> int:
+    """Headers and body bytes of one staged row (`STAGED_COLUMNS` order)."""
+    return len(row[6]) + len(row[7] or b"")
 
 
 class _InputFailed(Exception):
@@ -229,7 +252,8 @@ class Dispatcher:
         self.options = options
         self.dialect: Dialect = options.dialect
         self.outbox = Outbox(self.dialect, options.outbox, options.staging, options.endpoint.table, options.sink)
-        self.mover = DelayedMover(self.dialect, options.delayed, options.endpoint, options.error_queue)
+        self.mover = DelayedMover(self.dialect, options.delayed, options.endpoint, options.error_queue,
+                                  policy=options.routing)
         self._conn: Any = None
 
     def _connection(self) -> Any:
@@ -265,7 +289,8 @@ class Dispatcher:
             vacuum_if_due(self.dialect, self._connection(), self.options.staging)
         except Exception as exc:  # noqa: BLE001 - the batch is sent; these run again next time
             db.rollback(self._connection())
-            log.warning("after dispatching batch %d of %s: %s", batch_id, self.options.endpoint, exc)
+            log.warning("after dispatching batch %d of %s: %s", batch_id, self.options.endpoint,
+                        db.describe(self.dialect, exc))
         return result
 
     def _dispatch(self, conn: Any, batch_id: int, reports: list[StageReport], fp: str) -> DispatchResult:
@@ -288,20 +313,30 @@ class Dispatcher:
         for r in reports:
             for kind, route, n in r.routes:
                 routes[(kind, route)] = routes.get((kind, route), 0) + n
-        # every destination, keyed by its canonical address: (address, send route, published routes)
-        targets: dict[str, tuple[QueueAddress, str | None, list[str]]] = {}
-        for (kind, route), _ in routes.items():
+        router = Router(d, o.routing)
+        # every destination: canonical address -> (target or why not, send route, published routes)
+        targets: dict[str, tuple[Target | Refusal, str | None, list[str]]] = {}
+        for kind, route in routes:
             if kind == SEND:
-                targets[route] = (d.parse_address(route, option="destination"), route, [])
+                targets[route] = (router.resolve(cur, route, option="destination"), route, [])
         published = [route for (kind, route) in routes if kind == PUBLISH]
         if published:
-            self._route_publishes(cur, published, targets)
-        columns = self._check_destinations(cur, targets)
-        for name, (address, route, pub_routes) in targets.items():
-            n = db.rowcount(cur, d.dispatch(o.staging, address, attempts=attempts, route=route,
-                                            publish_routes=pub_routes, recoverable="recoverable" in columns[name]))
-            result.destinations[name] = n
+            self._route_publishes(cur, router, published, targets)
+        refused: list[tuple[Refusal, str | None, list[str]]] = []
+        for to, route, pub_routes in targets.values():
+            if isinstance(to, Refusal):
+                refused.append((to, route, pub_routes))
+                continue
+            stmt = d.dispatch(o.staging, to.address, attempts=attempts, route=route, publish_routes=pub_routes,
+                              recoverable=to.recoverable)
+            n, problem = insert_guarded(cur, d, stmt)
+            if problem is not None:  # the table refused the rows (privileges, a trigger...)
+                refused.append((Refusal(to.text, f"writing to {to.name} failed: {problem}"), route, pub_routes))
+                continue
+            result.destinations[to.text] = result.destinations.get(to.text, 0) + n
             result.sent += n
+        if refused:
+            result.failed = self._to_error_queue(cur, router, attempts, refused)
         result.published = sum(n for (kind, _), n in routes.items() if kind == PUBLISH)
         delayed = sum(n for (kind, _), n in routes.items() if kind == DELAYED)
         if delayed:
@@ -328,8 +363,27 @@ class Dispatcher:
         if batch_id >= 0:
             db.execute(cur, self.dialect.delete_batch_leftovers(self.options.staging, sink=self.options.sink, batch_id=batch_id))
 
-    def _route_publishes(self, cur: Any, published: list[str],
-                         targets: dict[str, tuple[QueueAddress, str | None, list[str]]]) -> None:
+    def _to_error_queue(self, cur: Any, router: Router, attempts: list[str],
+                        refused: list[tuple[Refusal, str | None, list[str]]]) -> int:
+        """Copy the staged messages of refused destinations to the endpoint's error queue, with
+        NServiceBus's failure headers naming the destination and the reason."""
+        d, o = self.dialect, self.options
+        items = []
+        for refusal, route, pub_routes in refused:
+            stmt = d.staged_messages(o.staging, attempts=attempts, route=route, publish_routes=pub_routes)
+            items += [Item(key, decode_headers(text), refusal, raw=text) for key, text in db.rows(cur, stmt)]
+        routed = route_rows(
+            cur, router, items,
+            insert=lambda t, keys, headers: d.move_staged(o.staging, t.address, keys=keys, headers=headers,
+                                                         recoverable=t.recoverable),
+            delete=None,  # the staged rows go with the rest of the batch's
+            error_queue=lambda: router.configured(cur, o.error_queue, option="errorQueue"),
+            source="spark_qtransport.send", endpoint=o.endpoint.table,
+        )
+        return routed.failed
+
+    def _route_publishes(self, cur: Any, router: Router, published: list[str],
+                         targets: dict[str, tuple[Target | Refusal, str | None, list[str]]]) -> None:
         """Add each subscriber queue with the EnclosedMessageTypes values routed to it."""
         d, o = self.dialect, self.options
         if not db.columns(cur, d.queue_columns(o.subscriptions)):
@@ -346,32 +400,12 @@ class Dispatcher:
                 by_topic.setdefault(topic, []).append(types)
         if not by_topic:
             return
-        for queue_text, topic in cur.execute(*db.args(d.subscribers(o.subscriptions, sorted(by_topic)))).fetchall():
-            try:
-                address = d.parse_address(queue_text, option=f"subscriber of {topic}")
-            except ConfigError as exc:
-                raise ConfigError(f"{d.qualified(o.subscriptions)}: {exc}") from None
-            name = d.format_address(address)
-            entry = targets.setdefault(name, (address, None, []))
+        for queue_text, topic in db.rows(cur, d.subscribers(o.subscriptions, sorted(by_topic))):
+            to = router.resolve(cur, queue_text, option=f"subscriber of {topic} in {d.qualified(o.subscriptions)}")
+            entry = targets.setdefault(to.text if isinstance(to, Target) else f"\0{queue_text}", (to, None, []))
             for types in by_topic[topic]:
                 if types not in entry[2]:
                     entry[2].append(types)
-
-    def _check_destinations(self, cur: Any, targets: Mapping[str, tuple[QueueAddress, str | None, list[str]]]) -> dict[str, dict[str, str]]:
-        """The columns of every destination; missing ones are created (createQueues) or fail the batch."""
-        d, o = self.dialect, self.options
-        columns = {name: db.columns(cur, d.queue_columns(address)) for name, (address, _, _) in targets.items()}
-        missing = sorted(name for name, cols in columns.items() if not cols)
-        if missing and not o.create_queues:
-            raise QueueNotFoundError(
-                f"destination queue(s) {', '.join(missing)} do not exist; nothing of this batch was sent. "
-                "Create them (the DDL in sql/, or .option('createQueues', 'true'))"
-            )
-        for name in missing:
-            for stmt in d.create_queue(targets[name][0]):
-                db.execute(cur, stmt)
-            columns[name] = db.columns(cur, d.queue_columns(targets[name][0]))
-        return columns
 
     def _check_delayed(self, cur: Any) -> None:
         d, o = self.dialect, self.options

@@ -8,7 +8,7 @@
 -- Idempotent: CREATE ... IF NOT EXISTS under a transaction-scoped advisory lock, so concurrent
 -- installers never race. Run it inside a transaction (psql -1 -f ...).
 
-SELECT pg_advisory_xact_lock(hashtextextended('sqlqueue ddl "public"."Sales"', 0));
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('sqlqueue ddl "public"."Sales"', 0));
 
 CREATE TABLE IF NOT EXISTS "public"."Sales" (
     id uuid NOT NULL PRIMARY KEY,

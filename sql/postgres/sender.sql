@@ -8,7 +8,7 @@
 -- Idempotent: CREATE ... IF NOT EXISTS under a transaction-scoped advisory lock, so concurrent
 -- installers never race. Run it inside a transaction (psql -1 -f ...).
 
-SELECT pg_advisory_xact_lock(hashtextextended('sqlqueue ddl "public"."Sales.Staging"', 0));
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('sqlqueue ddl "public"."Sales.Staging"', 0));
 
 CREATE UNLOGGED TABLE IF NOT EXISTS "public"."Sales.Staging" (
     seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -28,7 +28,7 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "public"."Sales.Staging" (
 
 CREATE INDEX IF NOT EXISTS "Sales.Staging_route" ON "public"."Sales.Staging" (kind, route);
 
-SELECT pg_advisory_xact_lock(hashtextextended('sqlqueue ddl "public"."Sales.Outbox"', 0));
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('sqlqueue ddl "public"."Sales.Outbox"', 0));
 
 CREATE TABLE IF NOT EXISTS "public"."Sales.Outbox" (
     sink text NOT NULL,
