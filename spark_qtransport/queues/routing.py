@@ -178,11 +178,7 @@ class Router:
         """A queue named by an option, not by data (the endpoint's own queue): no allow-list,
         but it must exist and be queue-shaped."""
         d = self.dialect
-        columns = db.columns(cur, d.queue_columns(address))
-        shape = queue_shape_problem(columns)
-        if shape is not None:
-            return Refusal(d.format_address(address), f"{d.qualified(address)} {shape}")
-        return Target(address, d.qualified(address), d.format_address(address), columns)
+        return self._queue(cur, address, d.qualified(address), d.format_address(address))
 
     def configured(self, cur: Any, address: QueueAddress, *, option: str) -> Target:
         """Like `trusted`, for a queue the work cannot go on without (the error queue): a
@@ -190,10 +186,18 @@ class Router:
         found = self.trusted(cur, address)
         if isinstance(found, Refusal):
             raise QueueNotFoundError(
-                f"option '{option}': queue {self.dialect.format_address(address)} {found.reason.split(' ', 1)[1]}; "
+                f"option '{option}': queue {found.reason}; "
                 "create it (sqlqueue create-queue, the DDL in sql/, or .option('createQueues', 'true'))"
             )
         return found
+
+    def _queue(self, cur: Any, address: QueueAddress, name: str, text: str) -> Target | Refusal:
+        """The table's columns: a `Target` if it is a queue table, else why not."""
+        columns = db.columns(cur, self.dialect.queue_columns(address))
+        shape = queue_shape_problem(columns)
+        if shape is not None:
+            return Refusal(text, f"{name} {shape}")
+        return Target(address, name, text, columns)
 
     def _check(self, cur: Any, address: QueueAddress, name: str) -> Target | Refusal:
         d = self.dialect
@@ -206,11 +210,7 @@ class Router:
         problem = self.policy.problem(d, address)
         if problem is not None:
             return Refusal(text, problem)
-        columns = db.columns(cur, d.queue_columns(address))
-        shape = queue_shape_problem(columns)
-        if shape is not None:
-            return Refusal(text, f"{name} {shape}")
-        return Target(address, name, text, columns)
+        return self._queue(cur, address, name, text)
 
 
 @dataclass
@@ -232,7 +232,6 @@ class Routed:
     moved: dict[str, int] = field(default_factory=dict)  # canonical address -> messages
     failed: int = 0  # to the error queue
     kept: list[tuple[Any, str]] = field(default_factory=list)  # (key, reason): left where they are
-    failures: list[Refusal] = field(default_factory=list)
 
 
 #: copies rows `keys` of the source into a target with the given headers text (one per key)
@@ -255,7 +254,8 @@ def route_rows(
 
     A message whose target is refused (or whose group's INSERT fails for good) goes to the
     error queue (`error_queue()`, looked up only then) with NServiceBus's failure headers; with
-    no error queue it stays where it is (``Routed.kept``). Transient faults propagate: the caller's transaction is retried whole."""
+    no error queue it stays where it is (``Routed.kept``). Transient faults propagate: the
+    caller's transaction is retried whole."""
     d = router.dialect
     result = Routed()
     groups: dict[str, tuple[Target, list[Item]]] = {}
@@ -295,8 +295,7 @@ def route_rows(
             db.execute(cur, insert(error, [i.key for i, _ in to_error], headers))
             moved += [i.key for i, _ in to_error]
             result.failed = len(to_error)
-            result.failures = [r for _, r in to_error if r is not None]
-            for r in {(r.failed_q, r.reason): r for r in result.failures}.values():
+            for r in {(r.failed_q, r.reason): r for _, r in to_error if r is not None}.values():
                 log.warning("%s: a message went to %s: %s", source, error.text, r.message)
     if moved and delete is not None:
         db.execute(cur, delete(moved))

@@ -42,6 +42,7 @@ def load(pg: Backend, queue: str, n: int) -> None:
 
 def test_a_large_backlog_drains_in_flat_memory(tmp_path: Path) -> None:
     from spark_qtransport.embedded import EmbeddedPostgres
+    from spark_qtransport.queues.vacuum import VACUUM_EVERY
 
     n = int(os.environ.get("SQLQUEUE_CHAOS_BACKLOG", "50000"))
     per_batch = max(1000, min(20_000, n // 25))  # enough batches to see a trend
@@ -61,7 +62,7 @@ def test_a_large_backlog_drains_in_flat_memory(tmp_path: Path) -> None:
                 return {"delivered": rows(c, pg.q(out)), "claimed": rows(c, claims), "staged": rows(c, staging),
                         "claims_mb": megabytes(c, claims), "staging_mb": megabytes(c, staging), **memory_mb(job)}
 
-        sampler = Sampler(sample)
+        sampler = Sampler(sample, every=0.5 if n <= 100_000 else 1.0)  # a short drain lasts a few seconds
         sampler.start()
         try:
             code = job.wait(6000)
@@ -74,6 +75,8 @@ def test_a_large_backlog_drains_in_flat_memory(tmp_path: Path) -> None:
                 "SELECT count(*), count(DISTINCT m), count(DISTINCT m) FILTER (WHERE m ~ '^bk[0-9]{7}-out$'"
                 " AND substr(m, 3, 7)::int BETWEEN 1 AND %s)"
                 f" FROM (SELECT headers::json->>'NServiceBus.MessageId' m FROM {pg.q(out)}) o", (n,)).fetchone()
+            vacuums = {t: c.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = to_regclass(%s)",
+                                    (t,)).fetchone()[0] for t in (claims, staging)}
 
     during = [s for s in samples if 0 < s["delivered"] < n]
     assert len(during) >= 8, f"the drain was sampled ({len(during)} samples)"
@@ -118,6 +121,11 @@ def test_a_large_backlog_drains_in_flat_memory(tmp_path: Path) -> None:
     # no growth with the backlog: what the last quarter of the drain needs, the second needed too
     assert peak(late, "python") <= peak(early, "python") * 1.25 + 50, "the Python processes' memory is flat"
     assert peak(late, "jvm") <= peak(early, "jvm") * 1.5 + 100, "the JVM's memory is flat"
-    assert peak(late, "claims_mb") <= peak(early, "claims_mb") * 1.5 + 16, "the claim table does not grow"
-    assert peak(late, "staging_mb") <= peak(early, "staging_mb") * 1.5 + 16, "the staging table does not grow"
+    # the connector vacuums both tables (at most every VACUUM_EVERY seconds): between two vacuums
+    # they grow by that much traffic, so a plateau shows only in a drain of several cycles
+    # (`make chaos`: 1,000,000 messages); `make test`'s short drain is over within about one
+    assert min(vacuums.values()) >= 1, f"the claim and staging tables were vacuumed: {vacuums}"
+    if finished - started >= 3 * VACUUM_EVERY:
+        assert peak(late, "claims_mb") <= peak(early, "claims_mb") * 1.5 + 16, "the claim table does not grow"
+        assert peak(late, "staging_mb") <= peak(early, "staging_mb") * 1.5 + 16, "the staging table does not grow"
 

@@ -62,7 +62,7 @@ def arm(pg: Backend, table: str, event: str, tag: str) -> str:
         c.execute(
             f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             "IF current_setting('application_name') = 'spark-qtransport' "
-            f"AND nextval('{seq}') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
+            f"AND nextval('public.{seq}') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
             "RETURN NULL; END $$"
         )
         c.execute(f"CREATE TRIGGER fault_{tag} AFTER {event} ON {pg.q(table)} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()")
