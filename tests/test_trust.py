@@ -248,3 +248,48 @@ def test_the_allow_list_is_the_same_for_reader_sink_and_cli(pg: Backend, names: 
     done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert pg.count(e) == 0 and pg.count(other) == 1
+
+
+@pytest.mark.slow
+def test_two_running_queries_one_endpoint_two_spellings_never_share_a_message(
+    spark: Any, pg: Backend, names: Any, tmp_path: Any
+) -> None:
+    """Two running queries with one endpoint on `Sales` and `"public"."Sales"`: the second waits
+    for the endpoint's lock, then fails with ConsumerBusyError; no message reaches both."""
+    import threading
+
+    q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
+    got: dict[str, list[str]] = {"plain": [], "quoted": []}
+    lock = threading.Lock()
+
+    def collect(name: str) -> Any:
+        def sink(df: Any, batch_id: int) -> None:
+            ids = [r.message_id for r in df.select("message_id").collect()]
+            with lock:
+                got[name].extend(ids)
+        return sink
+
+    def start(name: str, spelling: str) -> Any:
+        df = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", spelling)
+              .option("errorQueue", e).option("endpoint", "Shop.Sales").load())
+        return (df.writeStream.foreachBatch(collect(name)).option("checkpointLocation", str(tmp_path / name))
+                .trigger(processingTime="200 milliseconds").start())
+
+    first = start("plain", q)
+    try:
+        pg.send_many(q, [(nsb_headers(f"a{i}"), b"{}") for i in range(50)])
+        deadline = time.monotonic() + 60
+        while len(got["plain"]) < 50 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        second = start("quoted", f'"public"."{q}"')
+        pg.send_many(q, [(nsb_headers(f"b{i}"), b"{}") for i in range(50)])
+        with pytest.raises(Exception, match=r"(?s)ConsumerBusyError: endpoint 'Shop.Sales' is already receiving"):
+            second.awaitTermination(120)
+        assert not second.isActive
+        deadline = time.monotonic() + 60
+        while len(got["plain"]) < 100 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        first.stop()
+    assert sorted(got["plain"]) == sorted([f"a{i}" for i in range(50)] + [f"b{i}" for i in range(50)])
+    assert got["quoted"] == []
