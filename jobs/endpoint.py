@@ -188,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     spark = session("sqlqueue-endpoint")
     query = start(spark, args)
     print(f"endpoint {args.queue}: handling into {args.table} (checkpoint {args.checkpoint})", flush=True)
-    query.awaitTermination()
+    from _progress import follow
+
+    print(f"done: {follow(query)}", flush=True)
     return 0
 
 

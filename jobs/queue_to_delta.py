@@ -84,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
              .option("checkpointLocation", args.checkpoint).trigger(**_config.trigger(args.trigger))
              .queryName("queue_to_delta").start())
     print(f"draining {args.queue} into {args.table} (checkpoint {args.checkpoint})", flush=True)
-    query.awaitTermination()
-    rows = sum(p["numInputRows"] for p in query.recentProgress)
-    print(f"done: {rows} messages in the last {len(query.recentProgress)} progress reports", flush=True)
+    from _progress import follow
+
+    print(f"done: {follow(query)}", flush=True)
     return 0
 
 

@@ -158,9 +158,11 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         # Shown as the source's latestOffset in query progress: the planned end plus the queue's
-        # backlog and this run's expired/poison counts (the metric the Python API can report).
+        # backlog and this run's expired/poison counts (the metric the Python API can report),
+        # named by queue and endpoint: a query's progress says which queue it reads.
         r = self.receiver
-        return {**r.report(), "backlog": r.reported_backlog()}
+        return {**r.report(), "backlog": r.reported_backlog(), "queue": r.dialect.format_address(self.options.queue),
+                "endpoint": self.options.consumer}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return [_SlicePartition(p) for p in self.receiver.slices(ClaimOffset.from_dict(start), ClaimOffset.from_dict(end))]

@@ -149,6 +149,7 @@ def test_expired_and_poison_messages_in_a_stream(spark: Any, pg: Backend, queues
     assert pg.rows(e)[0][1:] == ("<corrupted headers", b"raw")
     latest = [_json(p["sources"][0]["latestOffset"]) for p in query.recentProgress if p["sources"][0]["latestOffset"]]
     assert latest and latest[-1]["expired"] == 1 and latest[-1]["poison"] == 1
+    assert latest[-1]["queue"] == f'"public"."{q}"' and latest[-1]["endpoint"] == q  # progress names its queue
 
 
 def test_nsb_producers_arrive_exactly_once_in_fifo_order(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
