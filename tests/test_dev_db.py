@@ -1,0 +1,84 @@
+"""sqlqueue dev-db: a local PostgreSQL that stays up until Ctrl-C, used by the other commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # starts PostgreSQL servers of its own
+
+SQLQUEUE = [sys.executable, "-m", "spark_qtransport.cli"]
+
+
+def _start(command: list[str]) -> tuple[subprocess.Popen[str], str, list[str]]:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("export SQLQUEUE_URL="):
+        line = proc.stdout.readline()
+        assert line, (lines, proc.communicate(timeout=30))
+        lines.append(line)
+    return proc, lines[-1].strip().split("=", 1)[1], lines
+
+
+def _cli(url: str, *args: str) -> str:
+    done = subprocess.run([*SQLQUEUE, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SQLQUEUE_URL": url})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _stop(proc: subprocess.Popen[str], sig: int) -> str:
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    return out
+
+
+def _listening(url: str) -> bool:
+    port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def test_dev_db_serves_until_interrupted() -> None:
+    proc, url, lines = _start([*SQLQUEUE, "dev-db"])
+    data = Path(lines[0].split(" data in ", 1)[1].split(" ", 1)[0])
+    try:
+        assert lines[1] == f"url: {url}\n" and url.startswith("postgresql://postgres@127.0.0.1:")
+        _cli(url, "create-queue", "Billing")
+        _cli(url, "send", "Billing", "--endpoint", "Shop.Web", "--type", "T", "--body", '{"n": 1}')
+        [row] = json.loads(_cli(url, "peek", "Billing", "--json"))
+        assert row["body"] == '{"n": 1}' and row["headers"]["NServiceBus.OriginatingEndpoint"] == "Shop.Web"
+    finally:
+        out = _stop(proc, signal.SIGINT)
+    assert out.endswith("PostgreSQL stopped.\n")
+    assert not _listening(url) and not data.exists()
+
+
+def test_dev_db_keeps_its_data_and_python_m_embedded_does_the_same(tmp_path: Path) -> None:
+    keep = tmp_path / "db"
+    proc, url, _ = _start([*SQLQUEUE, "dev-db", "--keep", str(keep)])
+    try:
+        _cli(url, "create-queue", "Sales")
+        _cli(url, "send", "Sales", "--endpoint", "Sales", "--type", "T", "--body", "kept")
+    finally:
+        _stop(proc, signal.SIGTERM)
+    assert not _listening(url) and (keep / "data" / "PG_VERSION").exists()
+    proc, url, lines = _start([sys.executable, "-m", "spark_qtransport.embedded", "--data-dir", str(keep)])
+    try:
+        assert "(reused)" in lines[0]
+        assert [r["body"] for r in json.loads(_cli(url, "peek", "Sales", "--json"))] == ["kept"]
+    finally:
+        _stop(proc, signal.SIGINT)
+    assert not _listening(url)
