@@ -98,16 +98,24 @@ def session(app: str, extra: dict[str, str] | None = None) -> Any:
     for key, value in with_cached_jars(conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    remember_jars(spark, conf)
-    spark.sparkContext.setLogLevel("ERROR")
+    if not type(spark).__module__.startswith("pyspark.sql.connect"):  # Spark Connect: no sparkContext
+        remember_jars(spark, conf)
+        spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
 
 
-def append_once(batch: Any, batch_id: int, *, table: str, job_id: str, partition: str = "date") -> None:
+def append_once(batch: Any, batch_id: int, *, table: str, job_id: str, partition: str = "date",
+                query_name: str | None = None) -> None:
     """Append a micro-batch to a Delta table once: ``txnAppId`` = job id + the streaming query's
     id (kept in the checkpoint, so a new checkpoint is never taken for a replay), ``txnVersion`` =
-    the batch id (a batch Spark replays after a crash is skipped by Delta)."""
-    query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
+    the batch id (a batch Spark replays after a crash is skipped by Delta).
+
+    The query id comes from `spark_qtransport.sink.streaming_ids`: the local property
+    ``sql.streaming.queryId`` of the query's thread on classic Spark; over Spark Connect the
+    session's active query (the one named `query_name` when the session runs several)."""
+    from spark_qtransport.sink import streaming_ids
+
+    query_id = streaming_ids(batch, query_name)[0] or "no-query"
     (batch.write.format("delta").mode("append").partitionBy(partition)
      .option("txnAppId", f"{job_id}:{query_id}").option("txnVersion", batch_id).save(table))

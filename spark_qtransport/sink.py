@@ -8,6 +8,20 @@ Thin: the work is in `spark_qtransport.queues.send`. Which Spark calls run where
 - driver, once every task of the batch succeeded: ``commit(messages, batchId)`` dispatches the
   batch in one transaction (a replayed batch id is skipped by the outbox); ``abort`` deletes
   what the tasks of a failed batch staged.
+
+Where the streaming ids come from (the outbox keys a batch by sink name + batch id and tells a
+replay from a reset checkpoint by the query id, which the checkpoint keeps across restarts):
+
+- ``writeStream.format("sqlqueue")``, classic and Spark Connect alike: Spark passes the batch id
+  to ``commit``; the tasks read the query id from their local property ``sql.streaming.queryId``
+  (set by the query's thread) and report it in their `StageReport`.
+- `QueueSink` in foreachBatch gets the batch id as an argument; the query id and run id come from
+  `streaming_ids`: on classic Spark the driver's local properties ``sql.streaming.queryId`` and
+  ``spark.jobGroup.id`` (the run id) of the query's thread; over Spark Connect (no
+  ``sparkContext``; the batch's jobs run in another server thread, so tasks see no streaming
+  properties) the session's active streaming query, ``df.sparkSession.streams.active``: the
+  foreachBatch function's session is the one that started the query. With several active queries
+  in that session, name yours: ``QueueSink(..., queryName=...)``.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ except ImportError:  # pragma: no cover - older Spark: rows
 
     ARROW_WRITES = False
 
-__all__ = ["QueueSink", "SqlQueueStreamWriter", "SqlQueueWriter", "StagedMessage"]
+__all__ = ["QueueSink", "SqlQueueStreamWriter", "SqlQueueWriter", "StagedMessage", "streaming_ids"]
 
 log = logging.getLogger("spark_qtransport.sink")
 
@@ -204,6 +218,34 @@ def _abort(options: WriterOptions, messages: list[Any]) -> None:
         dispatcher.close()
 
 
+def _is_connect(spark: Any) -> bool:
+    """A Spark Connect session (no ``sparkContext``), without importing Connect's client."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def streaming_ids(df: Any, query_name: str | None = None) -> tuple[str | None, str | None]:
+    """(query id, run id) of the streaming query whose foreachBatch function got `df`; (None,
+    None) outside a stream. Classic Spark: the local properties of the query's thread (the one
+    calling the function). Spark Connect: the session's active query (the one named `query_name`
+    if given); with several, which one runs this batch is unknowable, so `query_name` is needed."""
+    spark = df.sparkSession
+    if not _is_connect(spark):
+        sc = spark.sparkContext
+        return sc.getLocalProperty(QUERY_ID_PROPERTY), sc.getLocalProperty(RUN_ID_PROPERTY)
+    active = spark.streams.active
+    if query_name is not None:
+        active = [q for q in active if q.name == query_name]
+        if not active:
+            raise ConfigError(f"no active streaming query named {query_name!r} in this Spark Connect session")
+    if len(active) > 1:
+        raise ConfigError(
+            f"{len(active)} streaming queries are active in this Spark Connect session: name the query "
+            "(writeStream.queryName(...)) and pass the name (QueueSink(..., queryName=...)), so the batch is "
+            "recorded under its query's id"
+        )
+    return (str(active[0].id), str(active[0].runId)) if active else (None, None)
+
+
 class QueueSink:
     """A foreachBatch function that sends a micro-batch's rows, exactly once per batch id.
 
@@ -216,10 +258,14 @@ class QueueSink:
         stream.writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start()
 
     or, when the queues are the only output, ``foreachBatch(QueueSink(url=url, endpoint="Sales"))``.
-    Options are those of ``writeStream.format("sqlqueue")`` (keyword names as documented).
+    Options are those of ``writeStream.format("sqlqueue")`` (keyword names as documented), plus
+    ``queryName``: over Spark Connect, the name of the streaming query calling the sink, needed
+    only when its session runs several queries (see `streaming_ids`).
     """
 
-    def __init__(self, url: str | None = None, *, endpoint: str, **options: Any) -> None:
+    def __init__(self, url: str | None = None, *, endpoint: str, queryName: str | None = None,  # noqa: N803
+                 **options: Any) -> None:
+        self.query_name = queryName
         self.options = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items() if v is not None}
         if url is not None:
             self.options["url"] = url
@@ -250,10 +296,9 @@ class QueueSink:
     def __call__(self, df: Any, batch_id: int) -> None:
         from . import register
 
-        spark = df.sparkSession
-        register(spark)
-        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-        self._once_per_batch(spark.sparkContext.getLocalProperty(RUN_ID_PROPERTY), batch_id)
+        register(df.sparkSession)
+        query_id, run_id = streaming_ids(df, self.query_name)
+        self._once_per_batch(run_id, batch_id)
         writer = df.write.format("sqlqueue").mode("append").options(**self.options).option("_batchId", str(int(batch_id)))
         if query_id:
             writer = writer.option("_queryId", query_id)
