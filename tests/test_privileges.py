@@ -35,7 +35,8 @@ class Role:
     schema: str  # the test's own schema, owned by the superuser
 
     def address(self, table: str) -> str:
-        return f"{self.schema}.{table}"
+        # quoted: the CLI reads an unquoted dotted name as NServiceBus does, as one table name
+        return f'"{self.schema}"."{table}"'
 
 
 def cli(url: str, *args: str, ok: bool = True) -> Any:
