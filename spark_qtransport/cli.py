@@ -18,7 +18,7 @@ import click
 from . import __version__
 from .connections import ConnectionURL, parse_url
 from .dialects import Dialect, QueueAddress, dialect_named
-from .dialects.base import Statement, one_line
+from .dialects.base import one_line
 from .errors import ConfigError, QTransportError, QueueNotFoundError
 from .options import URL_ENV, WriterOptions, parse_duration
 
@@ -97,12 +97,10 @@ def _resolve(d: Dialect, text: str, *, option: str, session: _Session | None) ->
     if session is None:
         return whole if _ENDPOINT_NAME.fullmatch(plain) else text
     names = [plain, *(f"{plain}.{suffix}" for suffix in ("Staging", "Outbox", "Delayed", "Claims"))]
-    schema_exists, tables = session.one(Statement(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),"
-        " ARRAY(SELECT c.relname::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %(default)s AND c.relname = ANY(%(names)s) ORDER BY length(c.relname), c.relname)",
-        {"schema": address.schema, "default": d.default_schema, "names": names},
-    ))
+    facts = d.schema_and_tables(str(address.schema), names)
+    if facts is None:
+        return text
+    schema_exists, tables = session.one(facts)
     split, joined = d.format_address(address), d.format_address(QueueAddress(plain))
     if schema_exists and tables:
         found = d.format_address(QueueAddress(str(tables[0])))

@@ -178,6 +178,20 @@ class Backend:
         row = cur.fetchone()
         return tuple(row) if row is not None else None
 
+    def drain(self, queue: str) -> list[tuple[dict[str, str], bytes | None]]:
+        """Receive everything with NServiceBus's receive SQL: (headers, body) in queue order, each
+        headers text a flat JSON object of strings (checked)."""
+        from spark_qtransport.wire import decode_headers
+
+        out = []
+        with self.connect(autocommit=False) as conn:
+            while (row := self.receive_one(queue, conn)) is not None:
+                conn.commit()
+                headers = decode_headers(row[2])
+                assert headers is not None and all(isinstance(v, str) for v in headers.values()), row[2]
+                out.append((headers, None if row[3] is None else bytes(row[3])))
+        return out
+
     def rows(self, queue: str) -> list[tuple[str, str, bytes | None]]:
         """(id, headers, body) of every row, in queue order."""
         order = "seq" if self.name == "postgres" else "RowVersion"

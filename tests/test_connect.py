@@ -24,7 +24,7 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport import QueueSink, register
-from spark_qtransport.wire import H, decode_headers
+from spark_qtransport.wire import H
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "jobs"
@@ -116,18 +116,6 @@ def connect(connect_session: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return connect_session
 
 
-def drain(pg: Backend, queue: str) -> list[tuple[dict[str, str], bytes]]:
-    """Receive everything with NServiceBus's receive SQL."""
-    out = []
-    with pg.connect(autocommit=False) as conn:
-        while (row := pg.receive_one(queue, conn)) is not None:
-            conn.commit()
-            headers = decode_headers(row[2])
-            assert headers is not None
-            out.append((headers, bytes(row[3])))
-    return out
-
-
 def source(spark: Any, pg: Backend, queue: str, error: str) -> Any:
     return (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", queue)
             .option("errorQueue", error).option("maxMessagesPerTrigger", "20").load())
@@ -180,7 +168,7 @@ def test_foreach_batch_queue_sink_over_connect_is_exactly_once(connect: Any, pg:
                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
     across_a_restart_and_a_replay(pg, q.sales, checkpoint, run)
-    assert sorted(h[H.MESSAGE_ID] for h, _ in drain(pg, q.billing)) == EXPECTED
+    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(q.billing)) == EXPECTED
     assert pg.count(q.sales) == 0 and pg.count(f'"{q.sales}.Staging"') == 0
 
 
@@ -193,7 +181,7 @@ def test_stream_writer_over_connect_is_exactly_once(connect: Any, pg: Backend, q
                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
     across_a_restart_and_a_replay(pg, q.sales, checkpoint, run)
-    assert sorted(h[H.MESSAGE_ID] for h, _ in drain(pg, q.billing)) == EXPECTED
+    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(q.billing)) == EXPECTED
 
 
 def test_two_queue_sinks_with_one_name_are_refused_over_connect(connect: Any, pg: Backend, queues: Any, checkpoint: str) -> None:

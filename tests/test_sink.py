@@ -16,21 +16,9 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport import QueueSink, publish, reply
-from spark_qtransport.wire import H, decode_headers
+from spark_qtransport.wire import H
 
 pytestmark = pytest.mark.usefixtures("spark")
-
-
-def drain(pg: Backend, queue: str) -> list[tuple[dict[str, str], bytes]]:
-    """Receive everything with NServiceBus's receive SQL."""
-    out = []
-    with pg.connect(autocommit=False) as conn:
-        while (row := pg.receive_one(queue, conn)) is not None:
-            conn.commit()
-            headers = decode_headers(row[2])
-            assert headers is not None and all(isinstance(v, str) for v in headers.values()), row[2]
-            out.append((headers, bytes(row[3])))
-    return out
 
 
 def source(spark: Any, pg: Backend, queue: str, error: str, **options: str) -> Any:
@@ -96,7 +84,7 @@ def test_endpoint_replies_defers_and_publishes_exactly_once(spark: Any, pg: Back
     finish(query)
     sent_at = time.monotonic()
 
-    replies = drain(pg, e.web)
+    replies = pg.drain(e.web)
     assert sorted(h[H.CORRELATION_ID] for h, _ in replies) == sorted(requests)
     for h, body in replies:
         request = requests[h[H.CORRELATION_ID]]
@@ -107,7 +95,7 @@ def test_endpoint_replies_defers_and_publishes_exactly_once(spark: Any, pg: Back
         assert h[H.ORIGINATING_ENDPOINT] == e.sales
         assert h[H.REPLY_TO_ADDRESS] == pg.dialect.format_address(pg.address(e.sales))
         assert json.loads(body) == {"order": h[H.CORRELATION_ID]}
-    events = drain(pg, e.billing)
+    events = pg.drain(e.billing)
     assert sorted(json.loads(b)["order"] for _, b in events) == sorted(requests)
     assert {h[H.MESSAGE_INTENT] for h, _ in events} == {"Publish"}
     assert len({h[H.MESSAGE_ID] for h, _ in events}) == 200
@@ -124,7 +112,7 @@ def test_endpoint_replies_defers_and_publishes_exactly_once(spark: Any, pg: Back
         arrived = time.monotonic() - sent_at
     finally:
         mover.stop()
-    reminders = drain(pg, e.reminders)
+    reminders = pg.drain(e.reminders)
     assert sorted(h[H.MESSAGE_ID] for h, _ in reminders) == sorted(f"{r}-reminder" for r in requests)
     assert all(H.FORWARD_DESTINATION not in h for h, _ in reminders)
     assert arrived < 15, f"delayed messages took {arrived:.1f}s"
@@ -164,7 +152,7 @@ def test_foreach_batch_parquet_and_queues_stay_exactly_once_on_replay(
     assert calls == [last], "the batch whose commit was deleted ran again"
     ids = sorted(r.message_id for r in spark.read.parquet(str(out)).collect())
     assert ids == [f"m{i:03d}" for i in range(90)]
-    invoices = sorted(h[H.MESSAGE_ID] for h, _ in drain(pg, e.billing))
+    invoices = sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(e.billing))
     assert invoices == [f"m{i:03d}-invoice" for i in range(90)]
 
 
@@ -292,5 +280,5 @@ def test_stream_writer_replay_after_deleting_the_last_commit_sends_nothing_twice
         (Path(checkpoint) / "commits" / name).unlink()
     again = run()
     assert [p["batchId"] for p in again.recentProgress if p["numInputRows"]] == [last], "the last batch ran again"
-    ids = sorted(h[H.MESSAGE_ID] for h, _ in drain(pg, e.billing))
+    ids = sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(e.billing))
     assert ids == [f"m{i:03d}-invoice" for i in range(70)]

@@ -16,18 +16,12 @@ from backends import Backend, nsb_headers
 from spark_qtransport.errors import ConsumerBusyError
 from spark_qtransport.options import ReaderOptions
 from spark_qtransport.queues import receive
-from spark_qtransport.wire import H, decode_headers
+from spark_qtransport.wire import H
 
 
 def drain(pg: Backend, queue: str) -> list[dict[str, str]]:
-    with pg.connect(autocommit=False) as conn:
-        out = []
-        while (row := pg.receive_one(queue, conn)) is not None:
-            headers = decode_headers(row[2])
-            assert headers is not None
-            out.append(headers)
-        conn.commit()
-        return out
+    """The headers of every message, received with NServiceBus's receive SQL."""
+    return [headers for headers, _ in pg.drain(queue)]
 
 
 def finish(query: Any, timeout: float = 180) -> None:

@@ -169,6 +169,12 @@ class Dialect(ABC):
         """A database that holds only the server's own tables (SQL Server's master, msdb...)."""
         return False
 
+    def schema_and_tables(self, schema: str, tables: list[str]) -> Statement | None:
+        """One row: (does `schema` exist, which of `tables` exist in the default schema, shortest
+        name first), for reading a dotted name typed by a person; None where dots never split
+        names (SQL Server addresses use ``@``)."""
+        return None
+
     # -- savepoints: one INSERT that may fail without aborting its transaction -----------------
 
     def savepoint(self, name: str) -> Statement:

@@ -199,6 +199,15 @@ class PostgresDialect(Dialect):
             raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}") from None
         return QueueAddress(table, schema or None)
 
+    def schema_and_tables(self, schema: str, tables: list[str]) -> Statement | None:
+        return Statement(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),"
+            " ARRAY(SELECT c.relname::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname = %(default)s AND c.relname = ANY(%(names)s)"
+            " ORDER BY length(c.relname), c.relname)",
+            {"schema": schema, "default": self.default_schema, "names": list(tables)},
+        )
+
     def format_address(self, address: QueueAddress) -> str:
         schema = address.schema or self.default_schema
         return f"{self.quote(schema)}.{self.quote(address.table)}"
