@@ -22,10 +22,11 @@ missing static ``destination`` option fails at start instead, naming it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -151,36 +152,27 @@ def stage_partition(
     source = iter(builder.build(row, now) for batch in batches for row in batch)
     kept: list[tuple[Any, ...]] | None = []  # every row read so far, while small enough to keep
     kept_bytes, delay = 0, 0.2
+
+    def fresh() -> Iterator[tuple[Any, ...]]:
+        """The task's next input rows, kept for a retry while they fit in `STAGE_RETRY_BYTES`."""
+        nonlocal kept, kept_bytes
+        while (row := _next_input(source)) is not None:
+            if kept is not None:
+                kept.append(row)
+                kept_bytes += _staged_bytes(row)
+                if kept_bytes > STAGE_RETRY_BYTES:
+                    kept = None
+            yield row
+
     for attempt in range(1, db.RETRIES + 1):
         conn = None
         rows = 0
         try:
             conn = _connect(dialect, options)
-            pending: list[tuple[Any, ...]] = []
-            pending_bytes = 0
-            for r in kept or ():  # a retry: what the failed attempt read, under this attempt's id
-                pending.append((*r[:2], builder.attempt, *r[3:]))
-                pending_bytes += _staged_bytes(r)
-                if len(pending) >= STAGE_CHUNK or pending_bytes >= STAGE_BYTES:
-                    dialect.stage_rows(conn, options.staging, pending)
-                    rows += len(pending)
-                    pending, pending_bytes = [], 0
-            while (row := _next_input(source)) is not None:
-                size = _staged_bytes(row)
-                if kept is not None:
-                    kept.append(row)
-                    kept_bytes += size
-                    if kept_bytes > STAGE_RETRY_BYTES:
-                        kept = None
-                pending.append(row)
-                pending_bytes += size
-                if len(pending) >= STAGE_CHUNK or pending_bytes >= STAGE_BYTES:
-                    dialect.stage_rows(conn, options.staging, pending)
-                    rows += len(pending)
-                    pending, pending_bytes = [], 0
-            if pending:
-                dialect.stage_rows(conn, options.staging, pending)
-                rows += len(pending)
+            retried = [(*r[:2], builder.attempt, *r[3:]) for r in kept or ()]  # a retry: under this attempt's id
+            for chunk in _chunks(itertools.chain(retried, fresh())):
+                dialect.stage_rows(conn, options.staging, chunk)
+                rows += len(chunk)
             conn.commit()
         except _InputFailed as failed:  # our input (the upstream plan, a bad row) failed: not ours to retry
             _discard(conn)
@@ -206,6 +198,20 @@ def stage_partition(
 def _staged_bytes(row: tuple[Any, ...]) -> int:
     """Headers and body bytes of one staged row (`STAGED_COLUMNS` order)."""
     return len(row[6]) + len(row[7] or b"")
+
+
+def _chunks(rows: Iterable[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    """Staged rows in bulk writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes."""
+    chunk: list[tuple[Any, ...]] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += _staged_bytes(row)
+        if len(chunk) >= STAGE_CHUNK or size >= STAGE_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 class _InputFailed(Exception):
