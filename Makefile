@@ -44,6 +44,7 @@ demo: setup
 bench: setup
 	$(PY) bench/receive_bench.py
 	$(PY) bench/send_bench.py
+	$(PY) bench/large_bodies.py
 
 lint: setup
 	$(PY) -m ruff check spark_qtransport tests jobs bench
