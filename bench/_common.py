@@ -23,7 +23,7 @@ def arguments(doc: str | None) -> argparse.ArgumentParser:
 @contextlib.contextmanager
 def database(args: argparse.Namespace) -> Iterator[str]:
     """$SQLQUEUE_URL, else an embedded PostgreSQL with fsync on (durable commits); prints which."""
-    from spark_qtransport.embedded import EmbeddedPostgres
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     url = os.environ.get("SQLQUEUE_URL")
     pg = None if url else EmbeddedPostgres(fsync=True).start()

@@ -28,8 +28,8 @@ from _common import arguments, database, fill  # noqa: E402
 def reset(url: str, *queues: str) -> None:
     import psycopg
 
-    from spark_qtransport.connections import parse_url
-    from spark_qtransport.queues.install import create_queues
+    from spark_qtransport.transport.connections import parse_url
+    from spark_qtransport.transport.operations.install import create_queues
 
     with psycopg.connect(url, autocommit=True) as c:
         for q in queues:
@@ -63,8 +63,8 @@ def nsb_one_row(url: str, n: int, size: int) -> float:
 
 
 def raw_claim_read_ack(url: str, n: int, size: int, per_trigger: int) -> float:
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver, read_slice
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
 
     reset(url, "BenchRaw", "error")
     fill(url, "BenchRaw", n, size)

@@ -63,7 +63,7 @@ def parse(parser: argparse.ArgumentParser, section: str, defaults: dict[str, Any
     from spark_qtransport.errors import ConfigError
 
     try:
-        from spark_qtransport.connections import parse_url
+        from spark_qtransport.transport.connections import parse_url
 
         parse_url(str(args.url), option="--url")
         trigger(str(args.trigger))
@@ -74,7 +74,7 @@ def parse(parser: argparse.ArgumentParser, section: str, defaults: dict[str, Any
 
 def trigger(text: str) -> dict[str, Any]:
     """``available-now`` or a duration (``500ms``, ``10s``, ``5m``) -> keyword arguments of ``trigger()``."""
-    from spark_qtransport.options import parse_duration
+    from spark_qtransport.spark.options import parse_duration
 
     if text.strip().lower() == "available-now":
         return {"availableNow": True}

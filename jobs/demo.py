@@ -57,9 +57,9 @@ def order_headers(extra: dict[str, str] | None = None) -> dict[str, str | None]:
 def set_up(url: str) -> None:
     import psycopg
 
-    from spark_qtransport.connections import parse_url
     from spark_qtransport.dialects import dialect_named
-    from spark_qtransport.queues.install import create_queues
+    from spark_qtransport.transport.connections import parse_url
+    from spark_qtransport.transport.operations.install import create_queues
 
     create_queues(parse_url(url), "Sales", "error", SHOP_WEB, *SUBSCRIBERS)
     d = dialect_named("postgres")
@@ -122,7 +122,7 @@ def main() -> int:
 
     from _spark import session
 
-    from spark_qtransport.embedded import EmbeddedPostgres
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     work = Path(tempfile.mkdtemp(prefix="sqlqueue-demo-"))
     pg = None

@@ -25,7 +25,7 @@ from .errors import (
     QueueNotFoundError,
     SchemaError,
 )
-from .helpers import publish, reply
+from .spark.columns import publish, reply
 
 __all__ = [
     "register",
@@ -49,7 +49,7 @@ __version__ = "0.1.0"
 
 def register(spark: Any) -> None:
     """Register the ``sqlqueue`` data source with a SparkSession (needed once per session)."""
-    from .source import SqlQueueDataSource
+    from .spark.reader import SqlQueueDataSource
 
     spark.dataSource.register(SqlQueueDataSource)
 
@@ -57,7 +57,7 @@ def register(spark: Any) -> None:
 def __getattr__(name: str) -> Any:
     # QueueSink imports pyspark: load it on first use, so `import spark_qtransport` works without Spark.
     if name == "QueueSink":
-        from .sink import QueueSink
+        from .spark.writer import QueueSink
 
         return QueueSink
     raise AttributeError(f"module 'spark_qtransport' has no attribute {name!r}")

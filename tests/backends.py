@@ -12,11 +12,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
-from spark_qtransport.options import WriterOptions
-from spark_qtransport.queues.install import create_queues
-from spark_qtransport.queues.send import Dispatcher, StageReport, set_up_sender, stage_partition
+from spark_qtransport.spark.options import WriterOptions
+from spark_qtransport.transport.connections import parse_url
+from spark_qtransport.transport.operations.install import create_queues
+from spark_qtransport.transport.sending.dispatch import Dispatcher, StageReport, set_up_sender, stage_partition
 
 # NServiceBus.Transport.PostgreSql PostgreSqlConstants (SendText, ReceiveText, CreateQueueText),
 # with {0} the quoted table name. Used verbatim so our tables stay interchangeable with theirs.
@@ -203,8 +203,8 @@ class Backend:
 
 def receive_batch(backend: Backend, queue: str, error: str, *, limit: int = 1000, **options: str) -> list[tuple[Any, ...]]:
     """One micro-batch the way Spark runs it, without Spark: claim, read every slice, acknowledge."""
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver, read_slice
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
 
     r = Receiver(ReaderOptions.parse({"url": backend.url, "queue": queue, "errorQueue": error, "claimAhead": "false",
                                       **options}))

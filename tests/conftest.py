@@ -30,7 +30,7 @@ def pg_url() -> Iterator[str]:
     if url:
         yield url
         return
-    from spark_qtransport.embedded import EmbeddedPostgres
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     # fsync off: tests kill processes, not machines; durability against power loss is not tested.
     with EmbeddedPostgres(fsync=False) as pg:

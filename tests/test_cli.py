@@ -199,8 +199,8 @@ def test_create_outbox_creates_the_sender_tables(pg: Backend, names: Any, run: A
 
 def test_stats_without_queues_lists_every_queue_with_its_claims(pg: Backend, names: Any, run: Any) -> None:
     from backends import nsb_headers
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.receiver import Receiver
 
     q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
     run("create-queue", q, "--delayed")

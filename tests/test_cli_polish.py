@@ -128,8 +128,8 @@ def test_a_closed_pipe_is_quiet() -> None:
 
 
 def test_stats_columns_are_always_the_same(pg: Backend, names: Any, run: Any) -> None:
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.receiver import Receiver
 
     bare, full, error = pg.create_queue(names("Bare")), pg.create_queue(names("Full")), pg.create_queue(names("error"))
     run("create-queue", full, "--delayed")

@@ -75,7 +75,7 @@ def test_dev_db_keeps_its_data_and_python_m_embedded_does_the_same(tmp_path: Pat
     finally:
         _stop(proc, signal.SIGTERM)
     assert not _listening(url) and (keep / "data" / "PG_VERSION").exists()
-    proc, url, lines = _start([sys.executable, "-m", "spark_qtransport.embedded", "--data-dir", str(keep)])
+    proc, url, lines = _start([sys.executable, "-m", "spark_qtransport.cli.embedded", "--data-dir", str(keep)])
     try:
         assert "(reused)" in lines[0]
         assert [r["body"] for r in json.loads(_cli(url, "peek", "Sales", "--json"))] == ["kept"]

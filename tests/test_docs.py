@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spark_qtransport.options import OPTIONS, WRITER_OPTIONS
-from spark_qtransport.queues.messages import INPUT_COLUMNS
-from spark_qtransport.source import SCHEMA
+from spark_qtransport.spark.options import OPTIONS, WRITER_OPTIONS
+from spark_qtransport.spark.reader import SCHEMA
+from spark_qtransport.transport.sending.messages import INPUT_COLUMNS
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from backends import Backend
-from spark_qtransport.connections import parse_url
 from spark_qtransport.errors import DatabaseError, QueueNotFoundError
-from spark_qtransport.queues import _db as db
+from spark_qtransport.transport import session as db
+from spark_qtransport.transport.connections import parse_url
 
 
 def raised(fn: Callable[[], Any]) -> BaseException:
@@ -457,8 +457,8 @@ class TestRetrying:
 
 class TestStreamAndSinkSetUp:
     def test_receiver_with_a_wrong_password(self, pg: Backend, role: Role, names: Any) -> None:
-        from spark_qtransport.options import ReaderOptions
-        from spark_qtransport.queues.receive import Receiver
+        from spark_qtransport.spark.options import ReaderOptions
+        from spark_qtransport.transport.receiving.receiver import Receiver
 
         q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
         r = Receiver(ReaderOptions.parse({"url": role.url(WRONG), "queue": q, "errorQueue": e}))
@@ -470,8 +470,8 @@ class TestStreamAndSinkSetUp:
         no_secret(str(info.value))
 
     def test_sender_with_a_wrong_password(self, pg: Backend, role: Role, names: Any) -> None:
-        from spark_qtransport.options import WriterOptions
-        from spark_qtransport.queues.send import set_up_sender, stage_partition
+        from spark_qtransport.spark.options import WriterOptions
+        from spark_qtransport.transport.sending.dispatch import set_up_sender, stage_partition
 
         sales = pg.create_queue(names("Sales"))
         good = WriterOptions.parse({"url": pg.url, "endpoint": sales})

@@ -116,8 +116,8 @@ def _digests(pg: Backend, queue: str) -> dict[str, list[str]]:
 
 def test_reads_fetch_by_bytes(pg: Backend, names: Any) -> None:
     """Each fetch holds at most the budget's bytes (or a single row), and all rows come, in order."""
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver, read_chunks
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
 
     queue, error = pg.create_queue(names("Mixed")), pg.create_queue(names("error"))
     sizes = [3 * MB, 1 * MB, 1 * MB, 1 * MB] + [1000] * 40 + [2 * MB] * 3
@@ -137,8 +137,8 @@ def test_reads_fetch_by_bytes(pg: Backend, names: Any) -> None:
 
 
 def test_small_rows_still_come_5000_a_fetch(pg: Backend, names: Any) -> None:
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver, read_chunks
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
 
     queue, error = pg.create_queue(names("Small")), pg.create_queue(names("error"))
     pg.send_many(queue, [(nsb_headers(f"s{i}"), b"x" * 1024) for i in range(12_000)])
@@ -156,7 +156,7 @@ def test_small_rows_still_come_5000_a_fetch(pg: Backend, names: Any) -> None:
 def test_sink_turns_large_record_batches_into_rows_a_slice_at_a_time() -> None:
     import pyarrow as pa
 
-    from spark_qtransport.sink import _rows, _slices
+    from spark_qtransport.spark.writer import _rows, _slices
 
     bodies = [bytes([i]) * (MB if i % 3 else 5 * MB) for i in range(10)]  # 5, 1, 1, 5, 1, 1, ...
     batch = pa.RecordBatch.from_pydict({"body": bodies, "message_id": [f"m{i}" for i in range(10)]})

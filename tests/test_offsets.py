@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spark_qtransport.errors import OffsetError
-from spark_qtransport.queues.receive import ClaimOffset
+from spark_qtransport.transport.receiving.receiver import ClaimOffset
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "offsets.json").read_text())
 

@@ -6,10 +6,10 @@ import pickle
 
 import pytest
 
-from spark_qtransport.connections import mask, parse_url
 from spark_qtransport.errors import ConfigError, QTransportError, QueueNotFoundError
-from spark_qtransport.options import ReaderOptions, WriterOptions
-from spark_qtransport.source import SqlQueueStreamReader
+from spark_qtransport.spark.options import ReaderOptions, WriterOptions
+from spark_qtransport.spark.reader import SqlQueueStreamReader
+from spark_qtransport.transport.connections import mask, parse_url
 
 URL = "postgresql://app:s3cr3t-pw@127.0.0.1:5432/db"
 
@@ -107,7 +107,7 @@ class TestErrors:
 def test_a_queue_too_long_for_a_delayed_table_still_receives() -> None:
     """NServiceBus keeps queue names to 55 bytes so that `.Delayed` fits; a longer one (up to 56,
     where `.Claims` still fits) is received from, just without a delayed-message mover."""
-    from spark_qtransport.queues.receive import Receiver
+    from spark_qtransport.transport.receiving.receiver import Receiver
 
     receiver = Receiver(ReaderOptions.parse({"url": URL, "queue": "q" * 56}))
     assert receiver.claims.table == "q" * 56 + ".Claims"

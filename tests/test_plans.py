@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends import Backend, Sender
-from spark_qtransport.queues import _db as db
+from spark_qtransport.transport import session as db
 
 
 def plan(conn: Any, stmts: list[Any]) -> str:

@@ -169,8 +169,8 @@ def test_a_role_with_table_privileges_only_continues_the_owners_stream(
 
 
 def test_the_postgres_13_to_15_helper_is_created_only_when_missing(pg: Backend, app: Role) -> None:
-    from spark_qtransport.options import ReaderOptions
-    from spark_qtransport.queues.receive import Receiver
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.receiver import Receiver
 
     a, error = app.address("A"), app.address("error")
     pg.create_queue(a)
@@ -199,7 +199,7 @@ def test_vacuum_is_left_to_autovacuum_where_the_role_may_not_vacuum(
 ) -> None:
     from psycopg import sql
 
-    from spark_qtransport.queues import vacuum
+    from spark_qtransport.transport.receiving import vacuum
 
     a, error = pg.create_queue(app.address("Vac")), pg.create_queue(app.address("error"))
     pg.send_many(a, [(nsb_headers(f"v{i}"), b"x") for i in range(20)])

@@ -17,9 +17,9 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
-from spark_qtransport.options import ReaderOptions
-from spark_qtransport.queues import receive
-from spark_qtransport.queues.receive import ClaimOffset, Receiver, read_slice
+from spark_qtransport.spark.options import ReaderOptions
+from spark_qtransport.transport.receiving import receiver as receive
+from spark_qtransport.transport.receiving.receiver import ClaimOffset, Receiver, read_slice
 
 
 def make_receiver(backend: Backend, queue: str, error: str, **extra: str) -> Receiver:

@@ -24,8 +24,8 @@ from spark_qtransport.errors import (
     OutboxConflictError,
     QueueNotFoundError,
 )
-from spark_qtransport.queues.delayed import DelayedMover
-from spark_qtransport.queues.send import Dispatcher
+from spark_qtransport.transport.delayed import DelayedMover
+from spark_qtransport.transport.sending.dispatch import Dispatcher
 from spark_qtransport.wire import H, decode_headers, parse_time
 
 

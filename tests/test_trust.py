@@ -14,8 +14,8 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport.errors import ConsumerBusyError
-from spark_qtransport.options import ReaderOptions
-from spark_qtransport.queues import receive
+from spark_qtransport.spark.options import ReaderOptions
+from spark_qtransport.transport.receiving import receiver as receive
 from spark_qtransport.wire import H
 
 
@@ -214,7 +214,7 @@ def test_the_allow_list_is_the_same_for_reader_sink_and_cli(pg: Backend, names: 
     import sys
 
     from backends import Sender, receive_batch
-    from spark_qtransport.options import ReaderOptions
+    from spark_qtransport.spark.options import ReaderOptions
 
     q, e, ok = pg.create_queue(names("Sales")), pg.create_queue(names("error")), pg.create_queue(names("Billing"))
     other = pg.create_queue(names("Shipping"))

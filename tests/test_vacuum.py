@@ -9,7 +9,7 @@ import sqlglot
 
 from backends import Backend, nsb_headers, receive_batch
 from spark_qtransport.dialects.sqlserver import SqlServerDialect
-from spark_qtransport.queues.vacuum import vacuum_if_due
+from spark_qtransport.transport.receiving.vacuum import vacuum_if_due
 
 
 def stats(pg: Backend, table: str) -> tuple[int, int]:

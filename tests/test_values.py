@@ -13,7 +13,7 @@ import pytest
 from backends import Backend, nsb_headers
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.errors import ConfigError
-from spark_qtransport.queues.messages import DELAYED, SEND, MessageBuilder, SendPlan
+from spark_qtransport.transport.sending.messages import DELAYED, SEND, MessageBuilder, SendPlan
 
 TYPE = "Shop.Messages.PlaceOrder, Shop.Messages"
 YEAR = 365.25 * 86_400

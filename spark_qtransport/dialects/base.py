@@ -2,7 +2,7 @@
 
 A dialect never executes anything: each method returns a `Statement` (SQL text with quoted
 identifiers inlined and every value as a driver parameter) that the dialect-free code in
-`spark_qtransport.queues` runs on a DB-API connection. Only already-quoted identifiers are ever
+`spark_qtransport.transport` runs on a DB-API connection. Only already-quoted identifiers are ever
 formatted into SQL text.
 """
 
@@ -76,7 +76,7 @@ class ClaimResult:
 def one_line(text: str) -> str:
     """The first non-blank line of an error's text, whitespace collapsed, passwords masked: a
     driver's later lines may quote the statement or the row at fault."""
-    from ..connections import mask
+    from ..transport.connections import mask
 
     for line in text.splitlines():
         if line.strip():

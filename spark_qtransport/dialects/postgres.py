@@ -12,8 +12,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ..connections import mask
 from ..errors import ConfigError
+from ..transport.connections import mask
 from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement, check_name, check_privileges, one_line
 
 __all__ = ["PostgresDialect"]

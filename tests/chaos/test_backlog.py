@@ -41,8 +41,8 @@ def load(pg: Backend, queue: str, n: int) -> None:
 
 
 def test_a_large_backlog_drains_in_flat_memory(tmp_path: Path) -> None:
-    from spark_qtransport.embedded import EmbeddedPostgres
-    from spark_qtransport.queues.vacuum import VACUUM_EVERY
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
+    from spark_qtransport.transport.receiving.vacuum import VACUUM_EVERY
 
     n = int(os.environ.get("SQLQUEUE_CHAOS_BACKLOG", "50000"))
     per_batch = max(1000, min(20_000, n // 25))  # enough batches to see a trend

@@ -31,7 +31,7 @@ CHILD = ROOT / "tests" / "send_crash_child.py"
 
 
 def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    from spark_qtransport.embedded import EmbeddedPostgres
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     kills = int(os.environ.get("SQLQUEUE_CHAOS_KILLS", "2"))
     seed = int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122"))

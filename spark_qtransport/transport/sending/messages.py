@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..dialects import QueueAddress, dialect_named
-from ..errors import ConfigError
-from ..wire import INTENTS, H, encode_headers, outgoing_headers
+from ...dialects import QueueAddress, dialect_named
+from ...errors import ConfigError
+from ...wire import INTENTS, H, encode_headers, outgoing_headers
 
 __all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "SendPlan", "MessageBuilder", "check_columns", "topics_of"]
 

@@ -31,17 +31,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+from ...dialects import Dialect
+from ...errors import DispatchError, QueueNotFoundError
+from ...spark.options import WriterOptions
+from ...wire import decode_headers, format_time
+from .. import session as db
 from ..connections import EXECUTOR_CONNECTIONS
-from ..dialects import Dialect
-from ..errors import DispatchError, QueueNotFoundError
-from ..options import WriterOptions
-from ..wire import decode_headers, format_time
-from . import _db as db
-from .delayed import DelayedMover, MoveResult
+from ..delayed import DelayedMover, MoveResult
+from ..receiving.vacuum import vacuum_if_due
+from ..routing import Item, Refusal, Router, Target, insert_guarded, route_rows
 from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
 from .outbox import Outbox, fingerprint
-from .routing import Item, Refusal, Router, Target, insert_guarded, route_rows
-from .vacuum import vacuum_if_due
 
 __all__ = ["StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
 

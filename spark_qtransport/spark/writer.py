@@ -1,6 +1,6 @@
 """The Spark side of sending: ``writeStream.format("sqlqueue")`` and `QueueSink` for foreachBatch.
 
-Thin: the work is in `spark_qtransport.queues.send`. Which Spark calls run where:
+Thin: the work is in `spark_qtransport.transport.sending.dispatch`. Which Spark calls run where:
 
 - driver, when the query starts: ``streamWriter()`` checks the options and the input columns and
   creates the endpoint's staging and outbox tables;
@@ -34,11 +34,11 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..transport import session as db
+from ..transport.sending.dispatch import Dispatcher, StageReport, set_up_sender, stage_partition
+from ..transport.sending.messages import SendPlan, check_columns
 from .options import WriterOptions
-from .queues import _db as db
-from .queues.messages import SendPlan, check_columns
-from .queues.send import Dispatcher, StageReport, set_up_sender, stage_partition
 
 try:  # pyspark >= 4.1: writers that take Arrow record batches
     from pyspark.sql.datasource import DataSourceArrowWriter as _BatchWriter
@@ -294,7 +294,7 @@ class QueueSink:
         return f"QueueSink(endpoint={o.endpoint}, sink={o.sink!r}, url={o.url})"
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        from . import register
+        from .. import register
 
         register(df.sparkSession)
         query_id, run_id = streaming_ids(df, self.query_name)

@@ -5,12 +5,12 @@ directory and listens on a free TCP port on 127.0.0.1 only. PostgreSQL refuses t
 when this process is root the server runs as the unprivileged ``postgres`` system user (created if
 missing).
 
-From a shell, ``sqlqueue dev-db`` (or ``python -m spark_qtransport.embedded``) starts one and keeps
+From a shell, ``sqlqueue dev-db`` (or ``python -m spark_qtransport.cli.embedded``) starts one and keeps
 it up until Ctrl-C; ``--keep DIR`` keeps its data for the next start.
 
 Example::
 
-    >>> from spark_qtransport.embedded import EmbeddedPostgres
+    >>> from spark_qtransport.cli.embedded import EmbeddedPostgres
     >>> with EmbeddedPostgres() as pg:
     ...     print(pg.url)                                   # doctest: +SKIP
     postgresql://postgres@127.0.0.1:54871/postgres
@@ -29,15 +29,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import QTransportError
-
 __all__ = ["EmbeddedPostgres", "EmbeddedPostgresError", "serve"]
 
 SYSTEM_USER = "postgres"
 
 
-class EmbeddedPostgresError(QTransportError):
-    """The embedded PostgreSQL server could not be set up or started."""
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL server could not be set up or started (a development tool's error,
+    outside the connector's error hierarchy)."""
 
 
 def _bin_dir() -> Path:
@@ -271,7 +270,7 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m spark_qtransport.embedded",
+        prog="python -m spark_qtransport.cli.embedded",
         description="Run a local PostgreSQL for sqlqueue and the connector until Ctrl-C (as sqlqueue dev-db).")
     parser.add_argument("--keep", "--data-dir", dest="data_dir", metavar="DIR",
                         help="keep the data in DIR (used again on the next start)")

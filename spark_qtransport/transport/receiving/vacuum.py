@@ -20,8 +20,8 @@ import logging
 import threading
 from typing import Any
 
-from ..dialects import Dialect, QueueAddress
-from . import _db as db
+from ...dialects import Dialect, QueueAddress
+from .. import session as db
 
 log = logging.getLogger("spark_qtransport.vacuum")
 

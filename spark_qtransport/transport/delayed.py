@@ -18,7 +18,7 @@ from typing import Any
 
 from ..dialects import Dialect, QueueAddress
 from ..wire import H, decode_headers
-from . import _db as db
+from . import session as db
 from .routing import Item, Router, RoutingPolicy, route_rows
 
 __all__ = ["DelayedMover", "MoveResult", "MOVE_BATCH"]

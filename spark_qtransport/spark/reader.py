@@ -24,9 +24,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, output_row, read_chunks, read_slice
 from .options import ReaderOptions
-from .queues.receive import ClaimOffset, ClaimSlice, Receiver, output_row, read_chunks, read_slice
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -87,12 +87,12 @@ class SqlQueueDataSource(DataSource):
         return SqlQueueStreamReader(ReaderOptions.parse(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        from .sink import SqlQueueStreamWriter, prepare
+        from .writer import SqlQueueStreamWriter, prepare
 
         return SqlQueueStreamWriter(*prepare(self.options, schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
-        from .sink import SqlQueueWriter, prepare
+        from .writer import SqlQueueWriter, prepare
 
         return SqlQueueWriter(*prepare(self.options, schema))
 
@@ -187,7 +187,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Arrow record batches built column by column: Spark takes them as they are.
         import pyarrow as pa
 
-        from .arrow import rows_to_batch
+        from .schema import rows_to_batch
 
         # pyspark keeps the first batch a read yields referenced until the read ends: make it empty
         yield pa.RecordBatch.from_pylist([], schema=schema)

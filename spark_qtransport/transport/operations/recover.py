@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dialects import Dialect, QueueAddress
-from ..wire import H, decode_headers
-from . import _db as db
-from .routing import Item, Router, RoutingPolicy, route_rows
+from ...dialects import Dialect, QueueAddress
+from ...wire import H, decode_headers
+from .. import session as db
+from ..routing import Item, Router, RoutingPolicy, route_rows
 
 __all__ = ["RetryResult", "retry_failed", "is_failure_header"]
 

@@ -31,7 +31,7 @@ from typing import Any
 from ..dialects import Dialect, QueueAddress, Statement
 from ..errors import ConfigError, QTransportError, QueueNotFoundError
 from ..wire import encode_headers, failure_headers
-from . import _db as db
+from . import session as db
 
 __all__ = [
     "COMPANION_SUFFIXES",

@@ -29,15 +29,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+from ...dialects import ClaimResult, Dialect, QueueAddress, dialect_named
+from ...errors import ConfigError, ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
+from ...spark.options import ReaderOptions
+from ...wire import H, parse_time
+from .. import session as db
 from ..connections import EXECUTOR_CONNECTIONS, ConnectionURL
-from ..dialects import ClaimResult, Dialect, QueueAddress, dialect_named
-from ..errors import ConfigError, ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
-from ..options import ReaderOptions
-from ..wire import H, parse_time
-from . import _db as db
-from .delayed import DelayedMover
+from ..delayed import DelayedMover
+from ..routing import Router, queue_shape_problem
 from .forward import ForwardResult, forward_claimed
-from .routing import Router, queue_shape_problem
 from .vacuum import vacuum_if_due
 
 __all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
@@ -636,7 +636,7 @@ def _open_slice(dialect: Dialect, part: ClaimSlice) -> tuple[Any, Any]:
 
 
 def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
-    """Yield the rows of one slice as output tuples (see `spark_qtransport.source.SCHEMA`)."""
+    """Yield the rows of one slice as output tuples (see `spark_qtransport.spark.reader.SCHEMA`)."""
     for rows in read_chunks(part):
         for row in rows:
             yield output_row(part.queue, row)
@@ -649,7 +649,7 @@ def _utc(v: datetime | None) -> datetime | None:
 
 
 def output_row(queue: str, row: Any) -> tuple[Any, ...]:
-    """One raw claim row as an output tuple, in `spark_qtransport.source.SCHEMA` column order."""
+    """One raw claim row as an output tuple, in `spark_qtransport.spark.reader.SCHEMA` column order."""
     claim_seq, native_id, expires, headers_text, body, source_seq, claimed_at = row
     try:
         headers = json.loads(headers_text)

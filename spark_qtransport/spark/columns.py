@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .wire import H
+from ..wire import H
 
 __all__ = ["reply", "publish"]
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..dialects import Dialect, QueueAddress
-from ..errors import OutboxConflictError
-from . import _db as db
+from ...dialects import Dialect, QueueAddress
+from ...errors import OutboxConflictError
+from .. import session as db
 
 __all__ = ["BatchRecord", "Outbox", "fingerprint", "CLEANUP_BATCH"]
 

@@ -11,7 +11,7 @@ __all__ = ["rows_to_batch"]
 
 _UTC = pa.timestamp("us", tz="UTC")
 # Arrow type of each output column but `headers` (a map, built from its keys and values below),
-# in `spark_qtransport.source.SCHEMA` order.
+# in `spark_qtransport.spark.reader.SCHEMA` order.
 _TYPES = [pa.string(), pa.string(), None, pa.binary(), _UTC, pa.string(), pa.string(), pa.string(),
           pa.string(), pa.string(), _UTC, pa.string(), pa.int64(), pa.int64(), _UTC]
 _HEADERS = 2

@@ -22,10 +22,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..dialects import Dialect, QueueAddress
-from ..wire import H, decode_headers, encode_headers
-from . import _db as db
-from .routing import Item, Router, route_rows
+from ...dialects import Dialect, QueueAddress
+from ...wire import H, decode_headers, encode_headers
+from .. import session as db
+from ..routing import Item, Router, route_rows
 
 __all__ = ["ForwardResult", "forward_claimed"]
 

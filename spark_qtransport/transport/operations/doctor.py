@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..dialects import Dialect, QueueAddress
-from . import _db as db
+from ...dialects import Dialect, QueueAddress
+from .. import session as db
+from ..routing import QUEUE_COLUMNS
 from .privileges import DML
-from .routing import QUEUE_COLUMNS
 
 __all__ = ["Finding", "TableFacts", "assess", "check_queue"]
 

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 import click
 
-from . import __version__
-from .connections import ConnectionURL, parse_url
-from .dialects import Dialect, QueueAddress, dialect_named
-from .dialects.base import one_line
-from .errors import ConfigError, QTransportError, QueueNotFoundError
-from .options import URL_ENV, WriterOptions, parse_duration
+from .. import __version__
+from ..dialects import Dialect, QueueAddress, dialect_named
+from ..dialects.base import one_line
+from ..errors import ConfigError, QTransportError, QueueNotFoundError
+from ..spark.options import URL_ENV, WriterOptions, parse_duration
+from ..transport.connections import ConnectionURL, parse_url
 
 __all__ = ["main"]
 
@@ -45,7 +45,7 @@ def _allow_options(f: F) -> F:
 
 
 def _policy(schemas: str | None, queues: str | None) -> Any:
-    from .queues.routing import RoutingPolicy
+    from ..transport.routing import RoutingPolicy
 
     return RoutingPolicy.parse(schemas, queues, schemas_option="--allowed-schemas", queues_option="--allowed-queues")
 
@@ -267,7 +267,7 @@ def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
 
 def _run_ddl(s: _Session, stmts: list[Any]) -> None:
     """Run installer statements in one transaction (idempotent: safe to retry after a fault)."""
-    from .queues import _db as db
+    from ..transport import session as db
 
     def install(conn: Any) -> None:
         cur = conn.cursor()
@@ -333,7 +333,7 @@ def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: 
 def _print_grants(d: Dialect, role: str, endpoint: Any, *, kinds: tuple[str, ...], parts: tuple[str, ...],
                   destinations: list[Any], error_queue: Any) -> None:
     """The grants of `role` for each endpoint kind, limited to the tables of `parts`."""
-    from .queues import privileges
+    from ..transport.operations import privileges
 
     for kind in dict.fromkeys(kinds):
         if kind == "receiving":
@@ -395,7 +395,7 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
       sqlqueue send Billing --endpoint Shop.Web --type T --body '{}'   # endpoint table "public"."Shop.Web"
       sqlqueue send '"Shop"."Web"' --endpoint Sales --type T --body '{}'   # quoted: schema Shop, table Web
     """
-    from .queues.send import Dispatcher, set_up_sender, stage_partition
+    from ..transport.sending.dispatch import Dispatcher, set_up_sender, stage_partition
 
     _need_url(url)
     if queue is None and intent != "publish":
@@ -460,7 +460,7 @@ def move_delayed(endpoint: str, error_queue: str, allowed_schemas: str | None, a
     Example:
       sqlqueue move-delayed Sales
     """
-    from .queues.send import Dispatcher
+    from ..transport.sending.dispatch import Dispatcher
 
     _need_url(url)
     with _Session(url) as s:
@@ -524,7 +524,7 @@ class _Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from .queues import _db as db
+        from ..transport import session as db
 
         if self.conn is not None:
             db.rollback(self.conn)
@@ -532,7 +532,7 @@ class _Session:
 
     def run(self, fn: Any) -> Any:
         """`fn(conn)` in a transaction, committed; retried on a new connection after a transient fault."""
-        from .queues import _db as db
+        from ..transport import session as db
 
         def connection() -> Any:
             if self.conn is None:
@@ -546,7 +546,7 @@ class _Session:
         return db.retrying(self.d, fn, connection=connection, discard=discard, what=self.what)
 
     def all(self, stmt: Any) -> list[Any]:
-        from .queues import _db as db
+        from ..transport import session as db
 
         return self.run(lambda conn: [tuple(r) for r in conn.cursor().execute(*db.args(stmt)).fetchall()])
 
@@ -555,7 +555,7 @@ class _Session:
         return rows[0] if rows else (None,)
 
     def rowcount(self, stmt: Any) -> int:
-        from .queues import _db as db
+        from ..transport import session as db
 
         return self.run(lambda conn: db.rowcount(conn.cursor(), stmt))
 
@@ -592,7 +592,7 @@ def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
     Example:
       sqlqueue peek Sales -n 5 --json
     """
-    from .wire import H, decode_headers
+    from ..wire import H, decode_headers
 
     with _Session(url) as s:
         rows = s.all(s.d.peek_messages(s.queue(queue), limit=count))
@@ -678,7 +678,7 @@ def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
 def _queue_stats(s: _Session, text: str) -> dict[str, Any]:
     from datetime import datetime, timezone
 
-    from .wire import H, decode_headers, parse_time
+    from ..wire import H, decode_headers, parse_time
 
     address = s.queue(text)
     messages, expired, low, high = s.one(s.d.queue_stats(address))
@@ -793,7 +793,7 @@ def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
     Example:
       sqlqueue doctor Sales Billing error
     """
-    from .queues.doctor import check_queue
+    from ..transport.operations.doctor import check_queue
 
     with _Session(url) as s:
         addresses = [s.address(q, option="QUEUE") for q in queues]
@@ -820,7 +820,7 @@ def error_list(queue: str, count: int, url: str | None, as_json: bool) -> None:
     Example:
       sqlqueue error list -n 5
     """
-    from .wire import H, decode_headers
+    from ..wire import H, decode_headers
 
     with _Session(url) as s:
         rows = s.all(s.d.peek_messages(s.queue(queue, option="--queue"), limit=count))
@@ -856,7 +856,7 @@ def error_retry(native_ids: tuple[str, ...], retry_all: bool, queue: str, batch:
       sqlqueue error retry 0f8fad5b-d9cb-469f-a165-70867728950e
       sqlqueue error retry --all
     """
-    from .queues.recover import RetryResult, retry_failed
+    from ..transport.operations.recover import RetryResult, retry_failed
 
     if bool(native_ids) == retry_all:
         raise click.UsageError("give the native ids of the messages to retry, or --all")
@@ -877,7 +877,3 @@ def error_retry(native_ids: tuple[str, ...], retry_all: bool, queue: str, batch:
     _print(rows, as_json)
     if native_ids and total.kept:
         sys.exit(1)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

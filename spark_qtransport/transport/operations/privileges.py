@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dialects import Dialect, QueueAddress, Statement
+from ...dialects import Dialect, QueueAddress, Statement
 
 __all__ = ["DML", "WRITE", "READ", "Need", "receiving", "sending", "grant_statements"]
 

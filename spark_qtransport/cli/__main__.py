@@ -1,0 +1,5 @@
+"""`python -m spark_qtransport.cli`: the sqlqueue command line."""
+
+from . import main
+
+main()

@@ -1,1 +1,0 @@
-"""Dialect-free queue operations, one module per feature: receive (and later send, delayed, outbox)."""
