@@ -4,14 +4,21 @@ The hierarchy::
 
     QTransportError               root; picklable, so Spark can carry it from executors to the driver
      ├── ConfigError              a bad option, URL or queue address (names the option at fault)
+     ├── MessageError             a row given to the sink cannot be a message (names the column and message id)
      ├── QueueNotFoundError       a queue or one of our tables does not exist
      ├── SchemaError              a table exists but its columns do not fit the transport
      ├── ConsumerBusyError        another running query already uses this consumer identity
      ├── OffsetError              a checkpointed offset does not fit the tables it names
      ├── OutboxConflictError      a batch id was dispatched before by another query (checkpoint reset)
+     ├── OutboxRaceError          the outbox changed under a dispatch (a concurrent cleanup): transient, retried
      ├── DispatchError            a batch could not be dispatched as staged (nothing was sent)
      └── DatabaseError            a database call failed for good (after retrying transient faults);
                                   names the operation and the queue, the driver's error is its cause
+
+Each error carries, besides its one-line message, the fields that say where it arose (those that
+apply; the others are None): ``queue`` (the queue or table, as written), ``option`` (the option at
+fault), ``column`` (an input column), ``sqlstate`` (the driver's code) and ``operation`` (what was
+being done). Code that handles errors reads the fields; people read the message.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 __all__ = [
     "QTransportError",
     "ConfigError",
+    "MessageError",
+    "OutboxRaceError",
     "QueueNotFoundError",
     "SchemaError",
     "ConsumerBusyError",
@@ -32,13 +41,54 @@ __all__ = [
 class QTransportError(Exception):
     """Base class of every error raised by spark_qtransport."""
 
+    #: the fields an error may carry (keyword arguments of every subclass)
+    FIELDS = ("queue", "option", "column", "sqlstate", "operation")
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        queue: str | None = None,
+        option: str | None = None,
+        column: str | None = None,
+        sqlstate: str | None = None,
+        operation: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.option = option
+        self.column = column
+        self.sqlstate = sqlstate
+        self.operation = operation
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def fields(self) -> dict[str, str]:
+        """The fields that are set."""
+        return {k: v for k in self.FIELDS if (v := getattr(self, k, None)) is not None}
+
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        # Keep subclasses picklable whatever their __init__ signature: Spark pickles exceptions.
-        return (self.__class__, self.args)
+        # Picklable with its fields whatever the subclass: Spark pickles exceptions.
+        return (_rebuild, (self.__class__, self.args, self.fields()))
+
+
+def _rebuild(cls: type[QTransportError], args: tuple[object, ...], fields: dict[str, str]) -> QTransportError:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, *args)
+    for key in QTransportError.FIELDS:
+        setattr(exc, key, fields.get(key))
+    return exc
 
 
 class ConfigError(QTransportError, ValueError):
     """An option, URL or queue address is missing or invalid."""
+
+
+class MessageError(QTransportError, ValueError):
+    """A row given to the sink cannot be sent: a value out of range, a NUL byte, a bad intent.
+    Names the column and the message id; the batch fails and nothing of it is sent."""
 
 
 class QueueNotFoundError(QTransportError):
@@ -59,6 +109,11 @@ class OffsetError(QTransportError):
 
 class OutboxConflictError(QTransportError):
     """The outbox holds this batch id from another query: the checkpoint was reset or reused."""
+
+
+class OutboxRaceError(QTransportError):
+    """The outbox changed under a dispatch (its record vanished: a concurrent cleanup). Transient:
+    the dispatch is retried, and finds the batch's record or writes it."""
 
 
 class DispatchError(QTransportError):
