@@ -116,7 +116,7 @@ def main() -> int:
     with database(args) as url:
         from _spark import read_conf, session
 
-        from spark_qtransport.transport.connections import parse_url
+        from spark_qtransport.connections import parse_url
         from spark_qtransport.transport.operations.install import create_queues
 
         java = f"{read_conf().get('spark.driver.extraJavaOptions', '')} {args.java_options}".strip()

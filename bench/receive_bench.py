@@ -28,7 +28,7 @@ from _common import arguments, database, fill  # noqa: E402
 def reset(url: str, *queues: str) -> None:
     import psycopg
 
-    from spark_qtransport.transport.connections import parse_url
+    from spark_qtransport.connections import parse_url
     from spark_qtransport.transport.operations.install import create_queues
 
     with psycopg.connect(url, autocommit=True) as c:

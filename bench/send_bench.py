@@ -38,7 +38,7 @@ NSB_SEND = 'INSERT INTO "{0}" (id, expires, headers, body) VALUES (%s, NULL, %s,
 def reset(url: str, endpoint: str, *queues: str) -> None:
     import psycopg
 
-    from spark_qtransport.transport.connections import parse_url
+    from spark_qtransport.connections import parse_url
     from spark_qtransport.transport.operations.install import create_queues
 
     with psycopg.connect(url, autocommit=True) as c:

@@ -63,7 +63,7 @@ def parse(parser: argparse.ArgumentParser, section: str, defaults: dict[str, Any
     from spark_qtransport.errors import ConfigError
 
     try:
-        from spark_qtransport.transport.connections import parse_url
+        from spark_qtransport.connections import parse_url
 
         parse_url(str(args.url), option="--url")
         trigger(str(args.trigger))

@@ -57,8 +57,8 @@ def order_headers(extra: dict[str, str] | None = None) -> dict[str, str | None]:
 def set_up(url: str) -> None:
     import psycopg
 
+    from spark_qtransport.connections import parse_url
     from spark_qtransport.dialects import dialect_named
-    from spark_qtransport.transport.connections import parse_url
     from spark_qtransport.transport.operations.install import create_queues
 
     create_queues(parse_url(url), "Sales", "error", SHOP_WEB, *SUBSCRIBERS)

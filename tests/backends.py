@@ -12,9 +12,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
 from spark_qtransport.spark.options import WriterOptions
-from spark_qtransport.transport.connections import parse_url
 from spark_qtransport.transport.operations.install import create_queues
 from spark_qtransport.transport.sending.dispatch import Dispatcher, StageReport, set_up_sender, stage_partition
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from backends import Backend
+from spark_qtransport.connections import parse_url
 from spark_qtransport.errors import DatabaseError, QueueNotFoundError
 from spark_qtransport.transport import session as db
-from spark_qtransport.transport.connections import parse_url
 
 
 def raised(fn: Callable[[], Any]) -> BaseException:

@@ -6,10 +6,10 @@ import pickle
 
 import pytest
 
+from spark_qtransport.connections import mask, parse_url
 from spark_qtransport.errors import ConfigError, QTransportError, QueueNotFoundError
 from spark_qtransport.spark.options import ReaderOptions, WriterOptions
 from spark_qtransport.spark.reader import SqlQueueStreamReader
-from spark_qtransport.transport.connections import mask, parse_url
 
 URL = "postgresql://app:s3cr3t-pw@127.0.0.1:5432/db"
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from test_errors import PASSWORD, WRONG, Role, no_secret, password_role, sqlqueue
 
 from backends import Backend, nsb_headers
+from spark_qtransport.connections import mask, parse_url
 from spark_qtransport.errors import ConfigError
-from spark_qtransport.transport.connections import mask, parse_url
 
 
 @pytest.fixture(scope="module")

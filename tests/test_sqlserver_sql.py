@@ -1834,7 +1834,7 @@ class TestErrors:
 
 class TestConnect:
     def test_connect_read_committed_autocommit_off(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from spark_qtransport.transport.connections import parse_url
+        from spark_qtransport.connections import parse_url
 
         calls: list[Any] = []
 
@@ -1885,7 +1885,7 @@ class TestConnect:
         pyodbc = pytest.importorskip("pyodbc")
         if "FreeTDS" not in pyodbc.drivers():
             pytest.skip("FreeTDS ODBC driver not installed (make system-deps installs it)")
-        from spark_qtransport.transport.connections import parse_url
+        from spark_qtransport.connections import parse_url
 
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
@@ -1983,7 +1983,7 @@ def _headers(n: int) -> str:
 class TestSqlServerLive:
     @pytest.fixture
     def db(self) -> Any:
-        from spark_qtransport.transport.connections import parse_url
+        from spark_qtransport.connections import parse_url
 
         url = parse_url(LIVE_URL or "")
         conn = D.connect(url)

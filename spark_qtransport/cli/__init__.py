@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import click
 
 from .. import __version__
+from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect, QueueAddress, dialect_named
 from ..dialects.base import one_line
 from ..errors import ConfigError, QTransportError, QueueNotFoundError
 from ..spark.options import URL_ENV, WriterOptions, parse_duration
-from ..transport.connections import ConnectionURL, parse_url
 
 __all__ = ["main"]
 

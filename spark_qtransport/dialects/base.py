@@ -76,7 +76,7 @@ class ClaimResult:
 def one_line(text: str) -> str:
     """The first non-blank line of an error's text, whitespace collapsed, passwords masked: a
     driver's later lines may quote the statement or the row at fault."""
-    from ..transport.connections import mask
+    from ..connections import mask
 
     for line in text.splitlines():
         if line.strip():
@@ -553,6 +553,15 @@ class Dialect(ABC):
     @abstractmethod
     def is_transient(self, exc: BaseException) -> bool:
         """True for faults worth a retry on a new connection (connection lost, deadlock victim...)."""
+
+    @abstractmethod
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """True for the driver's own errors (the database or the connection failed); other
+        exceptions are bugs or bad input and are never retried or reported as database failures."""
+
+    @abstractmethod
+    def sqlstate(self, exc: BaseException) -> str | None:
+        """The driver error's SQLSTATE, if it has one."""
 
     @abstractmethod
     def is_undefined_table(self, exc: BaseException) -> bool:

@@ -12,8 +12,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from ..connections import mask
 from ..errors import ConfigError
-from ..transport.connections import mask
 from .base import STAGED_COLUMNS, Dialect, QueueAddress, Statement, check_name, check_privileges, one_line
 
 __all__ = ["PostgresDialect"]
@@ -718,6 +718,13 @@ SELECT (SELECT count(*) FROM gone),
             conn.close()
             raise
         return conn
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        return _is_psycopg_error(exc)
+
+    def sqlstate(self, exc: BaseException) -> str | None:
+        state = getattr(exc, "sqlstate", None)
+        return state.upper() if isinstance(state, str) and state else None
 
     def is_transient(self, exc: BaseException) -> bool:
         return _classify(exc) == "transient"

@@ -1471,6 +1471,16 @@ ORDER BY i.name"""
             numbers.add(number)
         return state.upper(), numbers
 
+    def is_driver_error(self, exc: BaseException) -> bool:
+        try:
+            import pyodbc
+        except ImportError:  # pragma: no cover - the sqlserver extra is not installed
+            return bool(self._diagnostics(exc)[0])
+        return isinstance(exc, pyodbc.Error) or bool(self._diagnostics(exc)[0])
+
+    def sqlstate(self, exc: BaseException) -> str | None:
+        return self._diagnostics(exc)[0] or None
+
     def is_transient(self, exc: BaseException) -> bool:
         # Judged by the diagnostics alone, whatever the driver's class: pyodbc raises a failed
         # login and a lost connection alike as OperationalError.

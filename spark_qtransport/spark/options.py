@@ -11,9 +11,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect, QueueAddress, dialect_for
 from ..errors import ConfigError
-from ..transport.connections import ConnectionURL, parse_url
 from ..transport.routing import RoutingPolicy
 
 __all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]

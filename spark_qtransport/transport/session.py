@@ -1,16 +1,29 @@
-"""Small DB-API helpers shared by the queue operations: run a dialect `Statement`, read its answer."""
+"""A connection and the one retry policy, and the small DB-API helpers every operation shares.
+
+- `Backoff`: the retry policy (how many attempts, how long between them). Every retry in the
+  package waits through it.
+- `with_retries(dialect, what, attempt)`: run `attempt(n)` until it succeeds; a transient fault
+  (`Dialect.is_transient`) waits and calls it again, a permanent one, or the last, raises our
+  error naming `what`. For work that keeps its own progress between attempts (a slice read from
+  where the last attempt stopped, staging keeping the rows it wrote).
+- `retrying(...)`: one transaction through `with_retries`, committed.
+- `Session`: one connection slot with `run(what, fn)`: a transaction, retried on a new connection
+  after a transient fault. Receivers, dispatchers and the CLI each hold sessions.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..dialects import Dialect, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 
-__all__ = ["args", "execute", "first", "one", "rows", "columns", "rowcount", "rollback", "close", "describe", "explain", "retrying"]
+__all__ = ["Backoff", "Session", "with_retries", "args", "execute", "first", "one", "rows", "columns", "rowcount",
+           "rollback", "close", "describe", "explain", "retrying"]
 
 log = logging.getLogger("spark_qtransport.db")
 
@@ -19,6 +32,48 @@ T = TypeVar("T")
 #: attempts of one transaction that meets transient faults (connection lost, deadlock victim,
 #: server restarting): waits of 0.2, 0.4, 0.8, 1.6 and 3.2 s between them ride out a restart
 RETRIES = 6
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The retry policy: `attempts` in all, waiting `first` seconds after the first failure and
+    twice as long after each next one, at most `longest`."""
+
+    attempts: int = RETRIES
+    first: float = 0.2
+    longest: float = 5.0
+
+    def wait(self, failed_attempt: int) -> float:
+        return min(self.first * 2 ** (failed_attempt - 1), self.longest)
+
+
+BACKOFF = Backoff()
+
+
+def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, backoff: Backoff = BACKOFF,
+                 after_failure: Callable[[BaseException], None] | None = None) -> T:
+    """`attempt(n)` for n = 1, 2, ... until it returns. Our own errors propagate as they are. A
+    driver error that is permanent (`Dialect.is_transient` false: a wrong password, a missing
+    table, no permission), or transient on the last attempt, is raised as `QueueNotFoundError` /
+    `DatabaseError` naming `what`, with the driver's error as its cause. Any other exception (a bug,
+    bad input) propagates as it is: only the driver's errors are "database failures". After a
+    transient fault `after_failure(exc)` runs (drop the connection), and the policy's wait."""
+    for n in range(1, backoff.attempts + 1):
+        try:
+            return attempt(n)
+        except QTransportError:
+            raise
+        except Exception as exc:
+            if not dialect.is_driver_error(exc):
+                raise
+            if not dialect.is_transient(exc) or n == backoff.attempts:
+                raise explain(dialect, what, exc) from exc
+            delay = backoff.wait(n)
+            log.warning("%s failed (%s); retrying in %.1fs", what, dialect.error_text(exc), delay)
+            if after_failure is not None:
+                after_failure(exc)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def args(stmt: Statement) -> tuple[Any, ...]:
@@ -81,9 +136,10 @@ def explain(dialect: Dialect, what: str, exc: Exception) -> QTransportError:
     the queue) and the driver's primary message, never the row contents or password a driver's
     full text may hold. Raise it `from exc`: the driver's error stays its cause."""
     text = dialect.error_text(exc)
+    fields = {"operation": what, "sqlstate": dialect.sqlstate(exc)}
     if dialect.is_undefined_table(exc):
-        return QueueNotFoundError(f"{what}: a table does not exist ({text})")
-    return DatabaseError(f"{what} failed: {type(exc).__name__}: {text}")
+        return QueueNotFoundError(f"{what}: a table does not exist ({text})", **fields)
+    return DatabaseError(f"{what} failed: {type(exc).__name__}: {text}", **fields)
 
 
 def retrying(
@@ -94,36 +150,72 @@ def retrying(
     discard: Callable[[Any], None],
     what: str,
 ) -> T:
-    """Run `fn(conn)` in a transaction and commit. After a transient fault (in `fn`, at commit or
-    while connecting) `discard` the connection, wait (0.2 s, doubling, at most 5 s) and run it
-    again on a new one, at most `RETRIES` times. Our own errors propagate as they are. A
-    permanent fault (`Dialect.is_transient` false: a wrong password, a missing database or
-    table, no permission) at once, or a transient one on the last attempt, rolls back and is
-    raised as `QueueNotFoundError` / `DatabaseError` naming `what`, on one line, with the
-    driver's error as its cause.
+    """Run `fn(conn)` in a transaction and commit, through `with_retries`: after a transient fault
+    (in `fn`, at commit or while connecting) roll back, `discard` the connection and run it again
+    on a new one. A failure always rolls back.
 
     `fn` must be safe to run again after a failure whose commit may or may not have happened
     (the dispatch finds its own outbox record; claims and acknowledgements are idempotent)."""
-    delay = 0.2
-    for attempt in range(1, RETRIES + 1):
-        conn = None
+    held: list[Any] = []
+
+    def attempt(_: int) -> T:
+        held.clear()
         try:
             conn = connection()
+            held.append(conn)
             result = fn(conn)
             conn.commit()
             return result
-        except QTransportError:
-            if conn is not None:
-                rollback(conn)
+        except BaseException:
+            if held:
+                rollback(held[0])
             raise
-        except Exception as exc:
-            if conn is not None:
-                rollback(conn)
-            if not dialect.is_transient(exc) or attempt == RETRIES:
-                raise explain(dialect, what, exc) from exc
-            log.warning("%s failed (%s); retrying in %.1fs", what, dialect.error_text(exc), delay)
-            if conn is not None:
-                discard(conn)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
+
+    def drop(_: BaseException) -> None:
+        if held:
+            discard(held[0])
+
+    return with_retries(dialect, what, attempt, after_failure=drop)
+
+
+class Session:
+    """One connection, opened when first needed, and transactions on it retried by the policy.
+    `on_connect(conn)` runs on each new connection (set-up, locks); if it fails the connection is
+    closed. After a transient fault the connection is dropped and the next attempt opens another."""
+
+    def __init__(self, dialect: Dialect, url: Any, *, what: str = "",
+                 on_connect: Callable[[Any], None] | None = None) -> None:
+        self.dialect, self.url, self.what = dialect, url, what
+        self._on_connect = on_connect
+        self._conn: Any = None
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def connection(self) -> Any:
+        if self._conn is None:
+            conn = self.dialect.connect(self.url)
+            if self._on_connect is not None:
+                try:
+                    self._on_connect(conn)
+                except BaseException:
+                    close(conn)
+                    raise
+            self._conn = conn
+        return self._conn
+
+    def drop(self, conn: Any = None) -> None:
+        """Close the connection (after a fault); the next use opens a new one."""
+        if self._conn is not None and (conn is None or conn is self._conn):
+            close(self._conn)
+            self._conn = None
+
+    def run(self, fn: Callable[[Any], T], what: str | None = None) -> T:
+        """`fn(conn)` in a transaction, committed; retried on a new connection after a transient fault."""
+        return retrying(self.dialect, fn, connection=self.connection, discard=self.drop, what=what or self.what)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            rollback(self._conn)
+            self.drop()

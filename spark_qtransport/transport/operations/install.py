@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ...connections import ConnectionURL
 from ...dialects import dialect_for
 from .. import session as db
-from ..connections import ConnectionURL
 
 __all__ = ["create_queues"]
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+from ...connections import EXECUTOR_CONNECTIONS, ConnectionURL
 from ...dialects import ClaimResult, Dialect, QueueAddress, dialect_named
 from ...errors import ConfigError, ConsumerBusyError, OffsetError, QTransportError, QueueNotFoundError, SchemaError
 from ...spark.options import ReaderOptions
 from ...wire import H, parse_time
 from .. import session as db
-from ..connections import EXECUTOR_CONNECTIONS, ConnectionURL
 from ..delayed import DelayedMover
 from ..routing import Router, queue_shape_problem
 from .forward import ForwardResult, forward_claimed

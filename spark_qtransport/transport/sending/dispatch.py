@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+from ...connections import EXECUTOR_CONNECTIONS
 from ...dialects import Dialect
 from ...errors import DispatchError, QueueNotFoundError
 from ...spark.options import WriterOptions
 from ...wire import decode_headers, format_time
 from .. import session as db
-from ..connections import EXECUTOR_CONNECTIONS
 from ..delayed import DelayedMover, MoveResult
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, Target, insert_guarded, route_rows

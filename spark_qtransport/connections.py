@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["ConnectionURL", "parse_url", "mask", "ConnectionCache", "EXECUTOR_CONNECTIONS"]
 
