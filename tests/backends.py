@@ -14,9 +14,9 @@ from typing import Any
 
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
-from spark_qtransport.spark.options import WriterOptions
 from spark_qtransport.transport.operations.install import create_queues
 from spark_qtransport.transport.sending.dispatch import Dispatcher, StageReport, set_up_sender, stage_partition
+from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
 
 # NServiceBus.Transport.PostgreSql PostgreSqlConstants (SendText, ReceiveText, CreateQueueText),
 # with {0} the quoted table name. Used verbatim so our tables stay interchangeable with theirs.
@@ -201,13 +201,11 @@ class Backend:
             return [(str(r[0]).lower(), r[1], None if r[2] is None else bytes(r[2])) for r in cur.fetchall()]
 
 
-def receive_batch(backend: Backend, queue: str, error: str, *, limit: int = 1000, **options: str) -> list[tuple[Any, ...]]:
+def receive_batch(backend: Backend, queue: str, error: str, *, limit: int = 1000, **settings: Any) -> list[tuple[Any, ...]]:
     """One micro-batch the way Spark runs it, without Spark: claim, read every slice, acknowledge."""
-    from spark_qtransport.spark.options import ReaderOptions
     from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
 
-    r = Receiver(ReaderOptions.parse({"url": backend.url, "queue": queue, "errorQueue": error, "claimAhead": "false",
-                                      **options}))
+    r = Receiver(ReceiveSettings.create(backend.url, queue, error_queue=error, claim_ahead=False, **settings))
     try:
         start = r.initial_offset()
         end = r.latest(start, limit)
@@ -225,9 +223,9 @@ QUERY = "3f1c9a57-0000-4000-8000-000000000001"
 class Sender:
     """One endpoint's sink, driven the way Spark drives it: tasks stage, the driver dispatches."""
 
-    def __init__(self, backend: Backend, endpoint: str, **options: Any) -> None:
+    def __init__(self, backend: Backend, endpoint: str, **settings: Any) -> None:
         self.backend = backend
-        self.options = WriterOptions.parse({"url": backend.url, "endpoint": endpoint, **options})
+        self.options = SendSettings.create(backend.url, endpoint, **settings)
         self.plan = set_up_sender(self.options)
 
     def stage(self, rows: list[dict[str, Any]], batch_id: int, *, query: str | None = QUERY) -> StageReport:

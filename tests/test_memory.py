@@ -116,13 +116,13 @@ def _digests(pg: Backend, queue: str) -> dict[str, list[str]]:
 
 def test_reads_fetch_by_bytes(pg: Backend, names: Any) -> None:
     """Each fetch holds at most the budget's bytes (or a single row), and all rows come, in order."""
-    from spark_qtransport.spark.options import ReaderOptions
     from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
+    from spark_qtransport.transport.settings import ReceiveSettings
 
     queue, error = pg.create_queue(names("Mixed")), pg.create_queue(names("error"))
     sizes = [3 * MB, 1 * MB, 1 * MB, 1 * MB] + [1000] * 40 + [2 * MB] * 3
     pg.send_many(queue, [(nsb_headers(f"m{i}"), os.urandom(n)) for i, n in enumerate(sizes)])
-    r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": queue, "errorQueue": error, "claimAhead": "false"}))
+    r = Receiver(ReceiveSettings.create(pg.url, queue, error_queue=error, claim_ahead=False))
     try:
         start = r.initial_offset()
         (part,) = r.slices(start, r.latest(start, 1000))
@@ -137,13 +137,12 @@ def test_reads_fetch_by_bytes(pg: Backend, names: Any) -> None:
 
 
 def test_small_rows_still_come_5000_a_fetch(pg: Backend, names: Any) -> None:
-    from spark_qtransport.spark.options import ReaderOptions
     from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
+    from spark_qtransport.transport.settings import ReceiveSettings
 
     queue, error = pg.create_queue(names("Small")), pg.create_queue(names("error"))
     pg.send_many(queue, [(nsb_headers(f"s{i}"), b"x" * 1024) for i in range(12_000)])
-    r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": queue, "errorQueue": error, "claimAhead": "false",
-                                      "maxMessagesPerTrigger": "20000"}))
+    r = Receiver(ReceiveSettings.create(pg.url, queue, error_queue=error, claim_ahead=False, max_messages=20_000))
     try:
         start = r.initial_offset()
         (part,) = r.slices(start, r.latest(start, 20_000))

@@ -143,7 +143,7 @@ def test_checkpoint_reset_with_a_reused_endpoint_is_detected(backend: Backend, q
     assert "DELETE FROM" in str(exc.value)
     assert [h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)] == ["a"]
     # another sink name is another key: both queries' batches are kept apart
-    other = Sender(backend, queues.sales, destination=queues.billing, sinkName="second")
+    other = Sender(backend, queues.sales, destination=queues.billing, sink="second")
     assert other.send([msg(message_id="c")], batch_id=0, query="query-two").sent == 1
 
 
@@ -156,11 +156,11 @@ def test_dispatching_messages_a_missing_destination_goes_to_the_error_queue(
     missing = names("Nowhere")
     rows = [msg(message_id="ok"), msg(message_id="lost", destination=missing)]
     # without an error queue the batch cannot be settled: it fails whole, naming the option
-    s = Sender(backend, queues.sales, destination=queues.billing, errorQueue=names("noerror"))
+    s = Sender(backend, queues.sales, destination=queues.billing, error_queue=names("noerror"))
     with pytest.raises(QueueNotFoundError, match="option 'errorQueue'"):
         s.dispatch(1, [s.stage(rows, batch_id=1)])
     assert backend.count(queues.billing) == 0
-    s = Sender(backend, queues.sales, destination=queues.billing, errorQueue=queues.error, createQueues="true")
+    s = Sender(backend, queues.sales, destination=queues.billing, error_queue=queues.error, create_queues=True)
     result = s.dispatch(1, [s.stage(rows, batch_id=1)])
     assert (result.sent, result.failed) == (1, 1)
     assert [h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)] == ["ok"]
@@ -179,7 +179,7 @@ def _args(stmt: Any) -> tuple[Any, ...]:
 
 
 def test_a_destination_that_is_not_an_address_goes_to_the_error_queue(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales, errorQueue=queues.error)
+    s = Sender(backend, queues.sales, error_queue=queues.error)
     with pytest.raises(ConfigError, match="no destination"):  # the job's own omission fails loudly
         s.stage([msg(message_id="m2")], batch_id=0)
     result = s.send([msg(message_id="m1", destination="  "), msg(message_id="m3", intent="reply")])
@@ -193,7 +193,7 @@ def test_a_destination_that_is_not_an_address_goes_to_the_error_queue(backend: B
 def test_injected_destination_is_quoted_not_executed(backend: Backend, queues: Any, names: Any) -> None:
     victim = backend.create_queue(names("Victim"))
     evil = f"x]; DROP TABLE [{victim}]; --" if backend.name == "sqlserver" else f'x"; DROP TABLE "{victim}"; --'
-    s = Sender(backend, queues.sales, errorQueue=queues.error)
+    s = Sender(backend, queues.sales, error_queue=queues.error)
     assert s.send([msg(destination=evil)]).failed == 1
     [(h, _)] = received(backend, queues.error)
     assert h[H.FAILED_Q] in (evil, backend.dialect.format_address(backend.address(evil)))
@@ -273,7 +273,7 @@ def subscribe(backend: Backend, table: str, queue: str, endpoint: str, topic: st
 
 def test_native_publish_reaches_each_subscriber_once(backend: Backend, queues: Any, names: Any) -> None:
     table = names("SubscriptionRouting")
-    s = Sender(backend, queues.sales, subscriptionTable=table, createQueues="true")
+    s = Sender(backend, queues.sales, subscriptions=table, create_queues=True)
     s.send([msg(intent="publish", message_id="nothing-subscribed", message_type="Sales.Events.Unknown")], batch_id=0)
     fmt = backend.dialect.format_address
     billing, shipping = fmt(backend.address(queues.billing)), queues.shipping  # canonical and plain forms
@@ -290,7 +290,7 @@ def test_native_publish_reaches_each_subscriber_once(backend: Backend, queues: A
 
 
 def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, queues: Any, names: Any) -> None:
-    s = Sender(backend, queues.sales, subscriptionTable=names("NoSubs"))
+    s = Sender(backend, queues.sales, subscriptions=names("NoSubs"))
     with pytest.raises(QueueNotFoundError, match="subscription table .* does not exist"):
         s.send([msg(intent="publish")])
     with pytest.raises(ConfigError, match="published and has a destination"):
@@ -301,7 +301,7 @@ def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, q
 
 
 def test_deferring_a_message(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True)
     result = s.send([msg("later", message_id="d1", delay=1.5), msg("past", message_id="d2",
                     deliver_at=datetime.now(timezone.utc) - timedelta(hours=1)), msg("now", message_id="n1")])
     assert result.delayed == 2 and result.sent == 1
@@ -319,7 +319,7 @@ def test_deferring_a_message(backend: Backend, queues: Any) -> None:
 
 
 def test_delayed_rows_carry_forward_destination_and_a_server_due_time(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True)
     s.send([msg(delay=3600)])
     delayed = backend.dialect.qualified(s.options.delayed)
     with backend.connect() as conn:
@@ -337,7 +337,7 @@ def test_delay_with_time_to_be_received_is_refused(backend: Backend, queues: Any
 
 def test_deferring_to_a_missing_queue_lands_in_the_error_queue(backend: Backend, queues: Any, names: Any) -> None:
     missing = names("Gone")
-    s = Sender(backend, queues.sales, destination=missing, createQueues="true", errorQueue=queues.error)
+    s = Sender(backend, queues.sales, destination=missing, create_queues=True, error_queue=queues.error)
     backend.drop(missing)  # createQueues made it; it is gone by the time the message is due
     s.send([msg("late", message_id="d1", delay=0.2)])
     time.sleep(0.3)
@@ -357,7 +357,7 @@ def test_delayed_delivery_disabled(backend: Backend, queues: Any) -> None:
 
 
 def test_two_movers_never_deliver_one_row_twice(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True)
     n = 3000
     s.send([msg(str(i), message_id=f"d{i:05d}", delay=0.5) for i in range(n)])
     time.sleep(0.6)
@@ -403,7 +403,7 @@ def test_nservicebus_created_delayed_table_with_unique_due_index(backend: Backen
 
 
 def test_outbox_cleanup_is_bounded(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales, destination=queues.billing, deduplicationRetention="1s")
+    s = Sender(backend, queues.sales, destination=queues.billing, retention_seconds=1)
     for b in range(3):
         s.send([msg()], batch_id=b)
     outbox = backend.dialect.format_address(s.options.outbox)
@@ -415,7 +415,7 @@ def test_outbox_cleanup_is_bounded(backend: Backend, queues: Any) -> None:
 
 def test_mover_notices_a_destination_dropped_after_it_was_seen(backend: Backend, queues: Any, names: Any) -> None:
     later = backend.create_queue(names("Later"))
-    s = Sender(backend, queues.sales, createQueues="true", errorQueue=queues.error)
+    s = Sender(backend, queues.sales, create_queues=True, error_queue=queues.error)
     mover = DelayedMover(backend.dialect, s.options.delayed, s.options.endpoint, s.options.error_queue)
     s.send([msg("first", destination=later, delay=0.2)], batch_id=0)
     time.sleep(0.3)
@@ -468,7 +468,7 @@ def test_a_destination_that_refuses_the_rows_sends_them_to_the_error_queue(pg: B
     shipping, error = pg.create_queue(names("Shipping")), pg.create_queue(names("error"))
     with pg.connect() as c:
         c.execute(f"ALTER TABLE {pg.q(billing)} ADD CONSTRAINT small_bodies CHECK (length(body) < 10)")
-    s = Sender(pg, sales, destination=billing, errorQueue=error)
+    s = Sender(pg, sales, destination=billing, error_queue=error)
     result = s.send([msg("{}", message_id="ok"), msg('{"much": "too long"}', message_id="big"),
                      msg("{}", message_id="elsewhere", destination=shipping)], batch_id=0)
     assert (result.sent, result.failed) == (1, 2)
@@ -502,7 +502,7 @@ def test_recoverable_column_removed_and_added_back(backend: Backend, queues: Any
     DBA may drop it, or add it back. Sends and delayed moves adapt to its presence each time."""
     if backend.name != "sqlserver":
         pytest.skip("the Recoverable column exists only in SQL Server queue tables")
-    s = Sender(backend, queues.sales, destination=queues.billing, createQueues="true")
+    s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True)
     billing = backend.q(queues.billing)
     s.send([msg(message_id="with-column")], batch_id=0)
     with backend.connect() as c:

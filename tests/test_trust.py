@@ -16,6 +16,7 @@ from backends import Backend, nsb_headers
 from spark_qtransport.errors import ConsumerBusyError
 from spark_qtransport.spark.options import ReaderOptions
 from spark_qtransport.transport.receiving import receiver as receive
+from spark_qtransport.transport.routing import RoutingPolicy
 from spark_qtransport.wire import H
 
 
@@ -219,7 +220,7 @@ def test_the_allow_list_is_the_same_for_reader_sink_and_cli(pg: Backend, names: 
     q, e, ok = pg.create_queue(names("Sales")), pg.create_queue(names("error")), pg.create_queue(names("Billing"))
     other = pg.create_queue(names("Shipping"))
     # the sink: only Billing* queues may be named by data
-    s = Sender(pg, q, errorQueue=e, allowedQueues="Billing*")
+    s = Sender(pg, q, error_queue=e, routing=RoutingPolicy(queues=("Billing*",)))
     result = s.send([{"body": b"1", "message_type": "T", "destination": ok},
                      {"body": b"2", "message_type": "T", "destination": other, "message_id": "refused"}])
     assert (result.sent, result.failed) == (1, 1)
@@ -229,7 +230,7 @@ def test_the_allow_list_is_the_same_for_reader_sink_and_cli(pg: Backend, names: 
     pg.send(q, nsb_headers("fwd", **{H.FORWARD_DESTINATION: ok}), b"f")
     options = ReaderOptions.parse({"url": pg.url, "queue": q, "errorQueue": e, "allowedSchemas": "billing"})
     assert options.routing.schemas == ("billing",)
-    rows = receive_batch(pg, q, e, allowedSchemas="billing")
+    rows = receive_batch(pg, q, e, routing=RoutingPolicy(schemas=("billing",)))
     assert rows == [] and pg.count(ok) == 1
     [failed] = drain(pg, e)
     assert failed[H.FAILED_Q] == ok and "allowed schemas" in failed["NServiceBus.ExceptionInfo.Message"]

@@ -128,7 +128,7 @@ def test_a_destination_with_a_nul_goes_to_the_error_queue_not_to_a_database_erro
     from backends import Sender
 
     sales, error = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
-    result = Sender(pg, sales, errorQueue=error).send([{"body": b"x", "message_type": "T", "destination": "a\x00b"}])
+    result = Sender(pg, sales, error_queue=error).send([{"body": b"x", "message_type": "T", "destination": "a\x00b"}])
     assert (result.sent, result.failed) == (0, 1)
     [(_, headers, _)] = pg.rows(error)
     assert '"NServiceBus.FailedQ":"a\\\\x00b"' in headers

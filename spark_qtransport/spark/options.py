@@ -1,7 +1,8 @@
-"""Options of the ``sqlqueue`` source: declared once, read case-insensitively, validated at load().
+"""Options of the ``sqlqueue`` source and sink: declared once, read case-insensitively, validated at
+load(), parsed into the transport's settings (`ReceiveSettings`, `SendSettings`).
 
-Every error names the option at fault. Values are parsed once here; queue addresses are parsed by
-the dialect the URL selects.
+Every error names the option at fault. Queue addresses are parsed by the dialect the URL selects.
+Only this module knows option names; the transport takes settings.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ..connections import ConnectionURL, parse_url
-from ..dialects import Dialect, QueueAddress, dialect_for
+from ..dialects import dialect_for
 from ..errors import ConfigError
+from ..transport import settings as defaults
 from ..transport.routing import RoutingPolicy
+from ..transport.settings import ReceiveSettings, SendSettings
 
 __all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]
 
@@ -46,24 +48,21 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "password": ("from url", "database password; overrides the URL's (Spark redacts options named password)"),
     "queue": ("required", "queue address to receive from, NServiceBus syntax"),
     "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue"),
-    "errorQueue": ("error", "queue address that receives poison messages"),
-    "maxMessagesPerTrigger": ("10000", "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size)"),
-    "numPartitions": ("one per 25,000 claimed, at most 16", "Spark partitions a micro-batch is read with"),
+    "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "queue address that receives poison messages"),
+    "maxMessagesPerTrigger": (str(defaults.DEFAULT_MAX_MESSAGES), "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size)"),
+    "numPartitions": (f"one per {defaults.PARTITION_TARGET_ROWS:,} claimed, at most {defaults.MAX_AUTO_PARTITIONS}", "Spark partitions a micro-batch is read with"),
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
-    "ackBatchSize": ("10000", "claims deleted per statement when a batch is acknowledged"),
+    "ackBatchSize": (str(defaults.DEFAULT_ACK_BATCH), "claims deleted per statement when a batch is acknowledged"),
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
     **{k: (v[0], v[1].replace("ADDRESSES", "ForwardDestination headers")) for k, v in ALLOW_OPTIONS.items()},
 }
 _KNOWN = {k.lower() for k in OPTIONS}
 
-DEFAULT_MAX_MESSAGES = 10_000
 #: the largest values the integer options take: far above any useful setting, far below 2^63 - 1
 MAX_MAX_MESSAGES = 10_000_000
 MAX_NUM_PARTITIONS = 10_000
 MAX_ACK_BATCH = 1_000_000
 MAX_RETENTION_SECONDS = 3650 * 86400  # ten years (SQL Server's DATEADD takes an int of seconds)
-PARTITION_TARGET_ROWS = 25_000
-MAX_AUTO_PARTITIONS = 16
 
 
 def _int(
@@ -108,25 +107,11 @@ def resolve_url(opts: Mapping[str, str]) -> ConnectionURL:
     return url.with_credentials(opts.get(OPT_USER), opts.get(OPT_PASSWORD))
 
 
-@dataclass(frozen=True)
 class ReaderOptions:
-    url: ConnectionURL
-    queue: QueueAddress
-    error_queue: QueueAddress
-    consumer: str
-    max_messages: int
-    num_partitions: int | None
-    create_queues: bool
-    ack_batch: int
-    claim_ahead: bool = True
-    routing: RoutingPolicy = RoutingPolicy()
+    """The reader's options (`OPTIONS`), parsed into `ReceiveSettings`."""
 
-    @property
-    def dialect(self) -> Dialect:
-        return dialect_for(self.url)
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> ReaderOptions:
+    @staticmethod
+    def parse(options: Mapping[str, str]) -> ReceiveSettings:
         opts = {str(k).lower(): v for k, v in options.items()}
         unknown = sorted(k for k in opts if k not in _KNOWN)
         if unknown:
@@ -139,35 +124,26 @@ class ReaderOptions:
         if opts.get(OPT_QUEUE) is None:
             raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales')")
         queue = dialect.parse_address(opts[OPT_QUEUE], option="queue")
-        error_queue = dialect.parse_address(opts.get(OPT_ERROR_QUEUE) or "error", option="errorQueue")
-        if dialect.qualified(error_queue) == dialect.qualified(queue):
-            raise ConfigError("option 'errorQueue' must name another queue than option 'queue'")
+        error_queue = dialect.parse_address(opts.get(OPT_ERROR_QUEUE) or defaults.DEFAULT_ERROR_QUEUE,
+                                            option="errorQueue")
         endpoint = opts.get(OPT_ENDPOINT)
         if endpoint is not None and not str(endpoint).strip():
             raise ConfigError("option 'endpoint' is empty")
         consumer = str(endpoint).strip() if endpoint else queue.table
-        try:
-            dialect.claims_table(queue)  # fails early when the claim table name would be too long
-        except ConfigError as exc:
-            raise ConfigError(f"option 'queue': {exc}") from None
-        return cls(
+        return ReceiveSettings(
             url=url,
             queue=queue,
             error_queue=error_queue,
             consumer=consumer,
-            max_messages=_int(opts, OPT_MAX_MESSAGES, "maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES,
-                              maximum=MAX_MAX_MESSAGES) or DEFAULT_MAX_MESSAGES,
+            max_messages=_int(opts, OPT_MAX_MESSAGES, "maxMessagesPerTrigger", defaults.DEFAULT_MAX_MESSAGES,
+                              maximum=MAX_MAX_MESSAGES) or defaults.DEFAULT_MAX_MESSAGES,
             num_partitions=_int(opts, OPT_NUM_PARTITIONS, "numPartitions", None, maximum=MAX_NUM_PARTITIONS),
             create_queues=_bool(opts, OPT_CREATE_QUEUES, "createQueues", False),
-            ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", 10_000, maximum=MAX_ACK_BATCH) or 10_000,
+            ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", defaults.DEFAULT_ACK_BATCH,
+                           maximum=MAX_ACK_BATCH) or defaults.DEFAULT_ACK_BATCH,
             claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
             routing=routing_policy(opts),
         )
-
-    def partitions_for(self, rows: int) -> int:
-        if self.num_partitions:
-            return self.num_partitions
-        return max(1, min(MAX_AUTO_PARTITIONS, -(-rows // PARTITION_TARGET_ROWS)))
 
 
 # -- the sink: writeStream.format("sqlqueue") and QueueSink --------------------------------------
@@ -179,12 +155,12 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
     "password": ("from url", "as for reading"),
     "endpoint": ("required", "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and `.Delayed`"),
     "destination": ("none", "queue address for rows whose `destination` column is null or absent"),
-    "sinkName": ("default", "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),
-    "errorQueue": ("error", "where messages go that cannot be delivered: a destination from data that is missing, not a queue or not allowed; due delayed messages likewise"),
+    "sinkName": (defaults.DEFAULT_SINK, "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),
+    "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "where messages go that cannot be delivered: a destination from data that is missing, not a queue or not allowed; due delayed messages likewise"),
     "createQueues": ("false", "create the `destination` and `errorQueue` queues, `<endpoint>.Delayed` and `SubscriptionRouting` if missing; never a queue named by message data"),
-    "subscriptionTable": ("SubscriptionRouting", "table that routes published events to subscriber queues"),
+    "subscriptionTable": (defaults.DEFAULT_SUBSCRIPTIONS, "table that routes published events to subscriber queues"),
     "deduplicationRetention": ("7d", "how long outbox records are kept (`30s`, `12h`, `7d`); replays older than this are sent again"),
-    "contentType": ("application/json", "`NServiceBus.ContentType` of messages without one"),
+    "contentType": (defaults.DEFAULT_CONTENT_TYPE, "`NServiceBus.ContentType` of messages without one"),
     **{k: (v[0], v[1].replace("ADDRESSES", "`destination` values (so replies' ReplyToAddress) and subscription rows")) for k, v in ALLOW_OPTIONS.items()},
 }
 _WRITER_KNOWN = {k.lower() for k in WRITER_OPTIONS}
@@ -203,39 +179,11 @@ def parse_duration(raw: str, *, option: str) -> float:
     return float(m.group(1)) * _UNIT_SECONDS[(m.group(2) or "").lower() or None]
 
 
-@dataclass(frozen=True)
 class WriterOptions:
-    url: ConnectionURL
-    endpoint: QueueAddress
-    destination: QueueAddress | None
-    sink: str
-    error_queue: QueueAddress
-    create_queues: bool
-    subscriptions: QueueAddress
-    retention_seconds: int
-    content_type: str
-    batch_id: int | None = None  # given by QueueSink (foreachBatch); streams get it from Spark
-    query_id: str | None = None
-    routing: RoutingPolicy = RoutingPolicy()
+    """The sink's options (`WRITER_OPTIONS`), parsed into `SendSettings`."""
 
-    @property
-    def dialect(self) -> Dialect:
-        return dialect_for(self.url)
-
-    @property
-    def staging(self) -> QueueAddress:
-        return self.dialect.companion(self.endpoint, "Staging")
-
-    @property
-    def outbox(self) -> QueueAddress:
-        return self.dialect.companion(self.endpoint, "Outbox")
-
-    @property
-    def delayed(self) -> QueueAddress:
-        return self.dialect.companion(self.endpoint, "Delayed")
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> WriterOptions:
+    @staticmethod
+    def parse(options: Mapping[str, str]) -> SendSettings:
         opts = {str(k).lower(): v for k, v in options.items()}
         unknown = sorted(k for k in opts if k not in _WRITER_KNOWN and k not in _WRITER_INTERNAL)
         if unknown:
@@ -250,13 +198,8 @@ class WriterOptions:
                 "option 'endpoint' is required to send: the sending endpoint's name, e.g. .option('endpoint', 'Sales')"
             )
         endpoint = dialect.parse_address(opts["endpoint"], option="endpoint")
-        for suffix in ("Staging", "Outbox", "Delayed"):  # fail early when a name would be too long
-            try:
-                dialect.companion(endpoint, suffix)  # (index names are derived to fit: `index_name`)
-            except ConfigError as exc:
-                raise ConfigError(f"option 'endpoint': {exc}") from None
         destination = opts.get("destination")
-        sink = str(opts.get("sinkname") or "default").strip()
+        sink = str(opts.get("sinkname") or defaults.DEFAULT_SINK).strip()
         if not sink or len(sink) > 200:
             raise ConfigError("option 'sinkName' must be 1 to 200 characters")
         retention = parse_duration(opts.get("deduplicationretention") or "7d", option="deduplicationRetention")
@@ -265,16 +208,17 @@ class WriterOptions:
         if retention > MAX_RETENTION_SECONDS:
             raise ConfigError(f"option 'deduplicationRetention' must be at most {MAX_RETENTION_SECONDS // 86400}d")
         batch_id = opts.get("_batchid")
-        return cls(
+        return SendSettings(
             url=url,
             endpoint=endpoint,
             destination=dialect.parse_address(destination, option="destination") if destination else None,
             sink=sink,
-            error_queue=dialect.parse_address(opts.get("errorqueue") or "error", option="errorQueue"),
+            error_queue=dialect.parse_address(opts.get("errorqueue") or defaults.DEFAULT_ERROR_QUEUE, option="errorQueue"),
             create_queues=_bool(opts, "createqueues", "createQueues", False),
-            subscriptions=dialect.parse_address(opts.get("subscriptiontable") or "SubscriptionRouting", option="subscriptionTable"),
+            subscriptions=dialect.parse_address(opts.get("subscriptiontable") or defaults.DEFAULT_SUBSCRIPTIONS,
+                                                option="subscriptionTable"),
             retention_seconds=int(retention),
-            content_type=str(opts.get("contenttype") or "application/json"),
+            content_type=str(opts.get("contenttype") or defaults.DEFAULT_CONTENT_TYPE),
             batch_id=int(batch_id) if batch_id not in (None, "") else None,
             query_id=opts.get("_queryid") or None,
             routing=routing_policy(opts),

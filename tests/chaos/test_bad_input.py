@@ -63,7 +63,7 @@ def test_hostile_addresses_in_headers_are_quoted_or_refused(pg: Backend, queues:
     assert failed["NServiceBus.FailedQ"] == hostile and body == b"f" and fwd not in failed
     assert json.loads(text)["NServiceBus.MessageId"] == "forwarded"
     # a reply to a hostile ReplyToAddress: refused, to the error queue; the batch is sent
-    result = Sender(pg, queues.sales, errorQueue=queues.error).send(
+    result = Sender(pg, queues.sales, error_queue=queues.error).send(
         [{"body": b"r", "message_type": "T", "intent": "reply", "destination": hostile}])
     assert (result.sent, result.failed) == (0, 1)
     assert pg.count(victim) == 0 and pg.count(queues.out) == 0 and pg.count(queues.error) == 2

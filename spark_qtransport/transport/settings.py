@@ -1,0 +1,127 @@
+"""What a receiver and a sender are configured with: plain, validated values, no Spark.
+
+Spark's option strings are parsed into these by `spark_qtransport.spark.options`; the CLI and the
+tests build them with `ReceiveSettings.create` / `SendSettings.create`. Each holds its dialect,
+made once from its URL. Defaults are written here once; the option documentation shows them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..connections import ConnectionURL, parse_url
+from ..dialects import Dialect, QueueAddress, dialect_for
+from ..errors import ConfigError
+from .routing import RoutingPolicy
+
+__all__ = ["ReceiveSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_ACK_BATCH", "DEFAULT_RETENTION_SECONDS"]
+
+DEFAULT_MAX_MESSAGES = 10_000
+DEFAULT_ACK_BATCH = 10_000
+DEFAULT_RETENTION_SECONDS = 7 * 86400
+DEFAULT_ERROR_QUEUE = "error"
+DEFAULT_SUBSCRIPTIONS = "SubscriptionRouting"
+DEFAULT_CONTENT_TYPE = "application/json"
+DEFAULT_SINK = "default"
+#: a micro-batch is read with one Spark partition per this many claimed rows, at most MAX_AUTO_PARTITIONS
+PARTITION_TARGET_ROWS = 25_000
+MAX_AUTO_PARTITIONS = 16
+
+
+def _url(url: ConnectionURL | str) -> ConnectionURL:
+    return url if isinstance(url, ConnectionURL) else parse_url(url)
+
+
+@dataclass(frozen=True)
+class ReceiveSettings:
+    """A receiver: which queue, as which consumer, how much per batch."""
+
+    url: ConnectionURL
+    queue: QueueAddress
+    error_queue: QueueAddress
+    consumer: str
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    num_partitions: int | None = None
+    create_queues: bool = False
+    ack_batch: int = DEFAULT_ACK_BATCH
+    claim_ahead: bool = True
+    routing: RoutingPolicy = RoutingPolicy()
+    dialect: Dialect = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dialect", dialect_for(self.url))
+        if self.dialect.qualified(self.error_queue) == self.dialect.qualified(self.queue):
+            raise ConfigError("option 'errorQueue' must name another queue than option 'queue'", option="errorQueue")
+        try:
+            self.dialect.claims_table(self.queue)  # fails early when the claim table name would be too long
+        except ConfigError as exc:
+            raise ConfigError(f"option 'queue': {exc}", option="queue") from None
+
+    @classmethod
+    def create(cls, url: ConnectionURL | str, queue: str, *, error_queue: str = DEFAULT_ERROR_QUEUE,
+               consumer: str | None = None, **values: object) -> ReceiveSettings:
+        """Settings from addresses as text (NServiceBus syntax), for code that is not Spark's."""
+        url = _url(url)
+        d = dialect_for(url)
+        address = d.parse_address(queue, option="queue")
+        return cls(url=url, queue=address, error_queue=d.parse_address(error_queue, option="errorQueue"),
+                   consumer=consumer or address.table, **values)  # type: ignore[arg-type]
+
+    def partitions_for(self, rows: int) -> int:
+        if self.num_partitions:
+            return self.num_partitions
+        return max(1, min(MAX_AUTO_PARTITIONS, -(-rows // PARTITION_TARGET_ROWS)))
+
+
+@dataclass(frozen=True)
+class SendSettings:
+    """A sender: the sending endpoint (owner of `<endpoint>.Staging`, `.Outbox`, `.Delayed`), where
+    rows without a destination go, and how long outbox records are kept."""
+
+    url: ConnectionURL
+    endpoint: QueueAddress
+    error_queue: QueueAddress
+    subscriptions: QueueAddress
+    destination: QueueAddress | None = None
+    sink: str = DEFAULT_SINK
+    create_queues: bool = False
+    retention_seconds: int = DEFAULT_RETENTION_SECONDS
+    content_type: str = DEFAULT_CONTENT_TYPE
+    batch_id: int | None = None  # given by QueueSink (foreachBatch); streams get it from Spark
+    query_id: str | None = None
+    routing: RoutingPolicy = RoutingPolicy()
+    dialect: Dialect = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        d = dialect_for(self.url)
+        object.__setattr__(self, "dialect", d)
+        for suffix in ("Staging", "Outbox", "Delayed"):  # fail early when a name would be too long
+            try:
+                d.companion(self.endpoint, suffix)  # (index names are derived to fit: `index_name`)
+            except ConfigError as exc:
+                raise ConfigError(f"option 'endpoint': {exc}", option="endpoint") from None
+
+    @classmethod
+    def create(cls, url: ConnectionURL | str, endpoint: str, *, destination: str | None = None,
+               error_queue: str = DEFAULT_ERROR_QUEUE, subscriptions: str = DEFAULT_SUBSCRIPTIONS,
+               **values: object) -> SendSettings:
+        """Settings from addresses as text (NServiceBus syntax), for code that is not Spark's."""
+        url = _url(url)
+        d = dialect_for(url)
+        return cls(url=url, endpoint=d.parse_address(endpoint, option="endpoint"),
+                   error_queue=d.parse_address(error_queue, option="errorQueue"),
+                   subscriptions=d.parse_address(subscriptions, option="subscriptionTable"),
+                   destination=d.parse_address(destination, option="destination") if destination else None,
+                   **values)  # type: ignore[arg-type]
+
+    @property
+    def staging(self) -> QueueAddress:
+        return self.dialect.companion(self.endpoint, "Staging")
+
+    @property
+    def outbox(self) -> QueueAddress:
+        return self.dialect.companion(self.endpoint, "Outbox")
+
+    @property
+    def delayed(self) -> QueueAddress:
+        return self.dialect.companion(self.endpoint, "Delayed")
