@@ -1,0 +1,102 @@
+"""The package's rooms import each other in one direction only (ARCHITECTURE.md):
+
+    cli -> spark -> transport -> dialects -> foundation (errors, wire, connections)
+
+- transport/ never imports spark/ or pyspark: the CLI and other programs use it without Spark;
+- dialects/ never import transport/, spark/ or cli/: they hold SQL and know nothing of the operations;
+- the foundation modules import only each other;
+- nothing imports cli/ but cli/ itself (and the package's lazy `python -m` entry).
+
+Read from the source (every import statement, at module level or inside a function), not by importing.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "spark_qtransport"
+ROOT = "spark_qtransport"
+FOUNDATION = {"errors", "wire", "connections"}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module `path` imports (relative imports resolved)."""
+    module = _module(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)  # `from . import session`
+    return found
+
+
+def _room(name: str) -> str | None:
+    """The room of a module of ours: spark, transport, dialects, cli, foundation or top (the package)."""
+    if name == ROOT:
+        return "top"
+    if not name.startswith(ROOT + "."):
+        return None
+    first = name.split(".")[1]
+    if first in FOUNDATION:
+        return "foundation"
+    return first if first in {"spark", "transport", "dialects", "cli"} else None
+
+
+ALLOWED = {
+    "foundation": {"foundation"},
+    "dialects": {"dialects", "foundation"},
+    "transport": {"transport", "dialects", "foundation"},
+    "spark": {"spark", "transport", "dialects", "foundation", "top"},
+    "cli": {"cli", "spark", "transport", "dialects", "foundation", "top"},
+    "top": {"spark", "foundation"},
+}
+FORBIDDEN_THIRD_PARTY = {"transport": ("pyspark",), "dialects": ("pyspark",), "foundation": ("pyspark",)}
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_each_module_imports_only_the_rooms_below_it(path: Path) -> None:
+    room = _room(_module(path))
+    assert room is not None, f"{path} is in no room: add it to one (ARCHITECTURE.md)"
+    wrong = []
+    for name in sorted(_imports(path)):
+        target = _room(name)
+        if target is not None and target not in ALLOWED[room] and _module_exists(name):
+            wrong.append(name)
+        if any(name == p or name.startswith(p + ".") for p in FORBIDDEN_THIRD_PARTY.get(room, ())):
+            wrong.append(name)
+    assert not wrong, f"{_module(path)} ({room}) imports {wrong}"
+
+
+def _module_exists(name: str) -> bool:
+    """A module or package of ours (`from .x import Name` adds `x.Name`, which is not a module)."""
+    rel = Path(*name.split(".")[1:])
+    return (PACKAGE / rel).with_suffix(".py").exists() or (PACKAGE / rel / "__init__.py").exists()
+
+
+def test_the_rooms_are_what_the_check_reads() -> None:
+    """The check itself sees imports: it finds transport's use of the dialects and spark's of transport."""
+    receiving = {n for p in (PACKAGE / "transport").rglob("*.py") for n in _imports(p)}
+    assert any(n.startswith("spark_qtransport.dialects") for n in receiving)
+    reader = _imports(PACKAGE / "spark" / "reader.py")
+    assert any(n.startswith("spark_qtransport.transport") for n in reader)
+    assert _room("spark_qtransport.cli.embedded") == "cli"
