@@ -46,8 +46,10 @@ bench: setup
 	$(PY) bench/send_bench.py
 	$(PY) bench/large_bodies.py
 
+# ruff over everything, mypy over the package (its settings: pyproject.toml)
 lint: setup
 	$(PY) -m ruff check spark_qtransport tests jobs bench
+	$(PY) -m mypy
 
 # dist/spark_qtransport-<version>-py3-none-any.whl: for pip install on clusters or spark-submit --py-files
 wheel: setup
