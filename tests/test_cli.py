@@ -174,6 +174,22 @@ def test_error_list_and_retry_send_failed_messages_back(pg: Backend, names: Any,
     assert run("error", "retry", "--queue", error, ok=False).exit_code == 2
 
 
+def test_a_malformed_native_id_is_wrong_usage(pg: Backend, names: Any, run: Any) -> None:
+    """A native id is a uuid: anything else is a usage error naming the argument, before anything
+    connects, not a database failure; the messages in the error queue stay where they are."""
+    from backends import nsb_headers
+
+    error = pg.create_queue(names("error"))
+    pg.send(error, nsb_headers("m1", **{"NServiceBus.FailedQ": "Sales"}), b"x")
+    for bad in ("not-a-uuid", "0f8fad5b-d9cb-469f-a165", "'; DROP TABLE x; --"):
+        result = run("error", "retry", "00000000-0000-0000-0000-000000000000", bad, "--queue", error, ok=False)
+        assert result.exit_code == 2, result.output
+        [line] = [x for x in result.output.splitlines() if x.startswith("Error:")]
+        assert "NATIVE_IDS" in line and f"{bad!r} is not a native id" in line, line
+        assert "Traceback" not in result.output and "failed" not in result.output
+    assert pg.count(error) == 1
+
+
 def test_doctor_on_our_tables_and_on_nservicebus_created_ones(pg: Backend, names: Any, run: Any) -> None:
     ours, nsb, bad = pg.create_queue(names("Sales")), pg.create_queue(names("Nsb"), nsb=True), names("Bad")
     with pg.connect() as c:

@@ -1,0 +1,127 @@
+"""The ``sqlqueue`` group: its options shared by commands (URL, allow-lists) and how errors end a command.
+
+Our errors and the driver's become one line on stderr and exit code 1; wrong usage (a malformed
+URL, id or option) is click's usage error, exit code 2; a closed pipe is quiet (exit 141).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from .. import __version__
+from ..connections import ConnectionURL, parse_url
+from ..dialects.base import one_line
+from ..errors import ConfigError, QTransportError
+from ..spark.options import URL_ENV
+from ..transport.routing import RoutingPolicy
+
+__all__ = ["Group", "main", "url_option", "allow_options", "routing_policy", "need_url", "usage_url", "command_what"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def url_option(f: F) -> F:
+    return click.option("--url", envvar=URL_ENV, metavar="URL",
+                        help=f"database URL (postgresql://..., sqlserver://..., odbc:...); default ${URL_ENV}")(f)
+
+
+def allow_options(f: F) -> F:
+    """The allow-list for queue addresses that come from message data (as the Spark options
+    allowedSchemas / allowedQueues): addresses outside it are refused like missing queues."""
+    f = click.option("--allowed-queues", envvar="SQLQUEUE_ALLOWED_QUEUES", metavar="PATTERNS",
+                     help="comma-separated name patterns addresses from messages may name (default: any)")(f)
+    return click.option("--allowed-schemas", envvar="SQLQUEUE_ALLOWED_SCHEMAS", metavar="SCHEMAS",
+                        help="comma-separated schemas addresses from messages may name (default: any but "
+                        "system schemas)")(f)
+
+
+def routing_policy(schemas: str | None, queues: str | None) -> RoutingPolicy:
+    return RoutingPolicy.parse(schemas, queues, schemas_option="--allowed-schemas", queues_option="--allowed-queues")
+
+
+def need_url(url: str | None) -> ConnectionURL:
+    """The --url of a command that connects: missing or malformed is wrong usage (exit 2)."""
+    if not url:
+        raise click.UsageError(f"--url is required (or set {URL_ENV}), e.g. postgresql://postgres@127.0.0.1:5432/postgres")
+    return usage_url(url)
+
+
+def usage_url(url: str) -> ConnectionURL:
+    """A malformed URL is wrong usage (exit 2); one that parses but does not connect is not."""
+    try:
+        return parse_url(url, option="--url")
+    except ConfigError as exc:
+        raise click.UsageError(one_line(exc.message)) from None
+
+
+def command_what() -> str:
+    """What the running command is called in errors: ``sqlqueue error retry``."""
+    ctx = click.get_current_context(silent=True)
+    return f"sqlqueue {ctx.command_path.split(' ', 1)[-1]}" if ctx is not None else "sqlqueue"
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (``sqlqueue ddl | head -1``): no traceback, no flush error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test runner's buffer)
+        pass
+    sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command a pipe stopped
+
+
+class Group(click.Group):
+    """Turns our errors and database errors into one line and exit code 1."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            try:
+                return super().main(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # here, where a closed pipe can still be quieted
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+        except QTransportError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except Exception as exc:  # noqa: BLE001 - a driver error: its first line, passwords masked
+            # (later lines may quote a row; a dialect's error_text knows more, none is at hand)
+            text = one_line(str(exc)) or type(exc).__name__
+            click.echo(f"error: {type(exc).__name__}: {text}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="sqlqueue", message="%(prog)s %(version)s")
+def main() -> None:
+    """Operate NServiceBus SQL Server / PostgreSQL transport queues used by spark-qtransport.
+
+    \b
+    Examples:
+      export SQLQUEUE_URL=postgresql://postgres@127.0.0.1:5432/postgres
+      sqlqueue create-queue Sales Billing error --delayed
+      sqlqueue ddl --dialect sqlserver --queue Sales > sales.sql
+      sqlqueue send Billing --endpoint Sales --type Billing.Messages.Charge --body '{"amount": 12}'
+      sqlqueue move-delayed Sales
+      sqlqueue dev-db                      # a local PostgreSQL to try it on
+
+    \b
+    Names with dots are NServiceBus endpoint names on PostgreSQL too:
+      sqlqueue send Billing --endpoint Shop.Web ...    # the table "public"."Shop.Web"
+      sqlqueue peek '"Shop"."Web"'                     # quoted: table Web in schema Shop
+    (a dotted name means schema.table only where that schema exists; if its table
+    "public"."Shop.Web" exists as well, quote the name.)
+    """

@@ -1,0 +1,139 @@
+"""A command's database: one `Session` (one connection, the package's retry policy) and how a
+queue or endpoint name given on the command line becomes an address.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple, TypeVar
+
+import click
+
+from ..dialects import Dialect, QueueAddress, Statement, dialect_named
+from ..errors import QueueNotFoundError
+from ..transport import session as db
+from ..transport.session import Session
+from .app import command_what, need_url
+
+__all__ = ["CommandDb", "Peeked", "open_db", "resolve"]
+
+T = TypeVar("T")
+
+#: an NServiceBus endpoint name with dots (Shop.Web, Sales.Analytics): letters, digits, _ and -
+_ENDPOINT_NAME = re.compile(r"[\w-]+(?:\.[\w-]+)+")
+
+#: the tables a dotted name may already stand for, besides the queue itself
+_COMPANIONS = ("Staging", "Outbox", "Delayed", "Claims")
+
+
+class Peeked(NamedTuple):
+    """A message as `Dialect.peek_messages` reads it, oldest first."""
+
+    native_id: Any
+    expires: Any
+    headers: str | None
+    body: bytes | None
+    seq: int
+
+
+class CommandDb:
+    """The statements a command runs, each a transaction of the session (retried after a
+    transient fault), and the addresses it reads from the command line."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.d: Dialect = session.dialect
+
+    def run(self, fn: Callable[[Any], T]) -> T:
+        return self.session.run(fn)
+
+    def all(self, stmt: Statement) -> list[tuple[Any, ...]]:
+        return self.run(lambda conn: [tuple(r) for r in db.rows(conn.cursor(), stmt)])
+
+    def one(self, stmt: Statement) -> tuple[Any, ...]:
+        rows = self.all(stmt)
+        return rows[0] if rows else (None,)
+
+    def rowcount(self, stmt: Statement) -> int:
+        return self.run(lambda conn: db.rowcount(conn.cursor(), stmt))
+
+    def execute_all(self, stmts: list[Statement]) -> None:
+        """Statements in one transaction (installers: idempotent, safe to run again after a fault)."""
+
+        def install(conn: Any) -> None:
+            cur = conn.cursor()
+            for stmt in stmts:
+                db.execute(cur, stmt)
+
+        self.run(install)
+
+    def peek(self, address: QueueAddress, limit: int) -> list[Peeked]:
+        """The oldest `limit` messages of a queue, left where they are."""
+        return [Peeked(*row) for row in self.all(self.d.peek_messages(address, limit=limit))]
+
+    def exists(self, address: QueueAddress) -> bool:
+        return bool(self.all(self.d.queue_columns(address)))
+
+    def address(self, text: str, option: str = "QUEUE") -> QueueAddress:
+        """A queue or endpoint name from the command line, dotted endpoint names included (`resolve`)."""
+        return self.d.parse_address(resolve(self.d, text, option=option, facts=self.one), option=option)
+
+    def queue(self, text: str, option: str = "QUEUE") -> QueueAddress:
+        """An existing queue's address."""
+        address = self.address(text, option=option)
+        if not self.exists(address):
+            name = self.d.format_address(address)
+            raise QueueNotFoundError(f"queue {name} does not exist", queue=name, option=option)
+        return address
+
+
+@contextmanager
+def open_db(url: str | None) -> Iterator[CommandDb]:
+    """The command's database (its --url must be given); the connection is closed at the end."""
+    parsed = need_url(url)
+    session = Session(dialect_named(parsed.dialect), parsed, what=command_what())
+    try:
+        yield CommandDb(session)
+    finally:
+        session.close()
+
+
+def resolve(d: Dialect, text: str, *, option: str,
+            facts: Callable[[Statement], tuple[Any, ...]] | None) -> str:
+    """How every command reads a queue or endpoint name given on the command line: the text to use.
+
+    PostgreSQL addresses split at the first unquoted dot (``billing.Invoices`` is schema
+    ``billing``, table ``Invoices``), but NServiceBus endpoint names have dots. A dotted name
+    without quotes, ``Shop.Web``, is read as:
+
+    - the table ``"public"."Shop.Web"`` when there is no schema ``Shop`` (whether or not that
+      table, or its ``.Staging``/``.Outbox``/``.Delayed``/``.Claims`` tables, exist yet);
+    - ``"Shop"."Web"`` when the schema ``Shop`` exists and none of those tables does;
+    - an error naming both quoted forms when both the schema and such a table exist.
+
+    Quoted names (``'"Shop"."Web"'``, ``'"Shop.Web"'``), names without dots and SQL Server
+    addresses (``table@schema``, where a dot is part of the table name) are taken as written.
+    Without `facts` (a query's one row; ``ddl`` needs no connection) nothing is known to exist.
+    """
+    address = d.parse_address(text, option=option)
+    plain = text.strip()
+    if d.name != "postgres" or address.schema is None or '"' in plain:
+        return text
+    whole = d.quote(plain)
+    d.parse_address(whole, option=option)  # a name too long as one table fails here
+    dotted_endpoint = bool(_ENDPOINT_NAME.fullmatch(plain))
+    if facts is None:
+        return whole if dotted_endpoint else text
+    stmt = d.schema_and_tables(str(address.schema), [plain, *(f"{plain}.{suffix}" for suffix in _COMPANIONS)])
+    if stmt is None:
+        return text
+    schema_exists, tables = facts(stmt)
+    if schema_exists and tables:
+        split, joined = d.format_address(address), d.format_address(QueueAddress(plain))
+        found = d.format_address(QueueAddress(str(tables[0])))
+        raise click.UsageError(
+            f"{option} {plain} is ambiguous: schema {d.quote(str(address.schema))} exists and so does table {found}; "
+            f"quote it: '{split}' or '{joined}'")
+    return whole if not schema_exists and dotted_endpoint else text

@@ -1,0 +1,167 @@
+"""Installers: create queue, sender and subscription tables, or print their DDL and grants for a DBA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..dialects import Dialect, QueueAddress, Statement, dialect_named
+from ..transport.operations import privileges
+from .app import main, url_option, usage_url
+from .db import open_db, resolve
+from .output import json_option, show
+
+__all__ = ["DDL_PARTS", "create_queue", "create_outbox", "create_subscriptions", "ddl"]
+
+DDL_PARTS = ("queue", "claims", "sender", "delayed", "subscriptions")
+
+#: the subscription table's default address
+SUBSCRIPTIONS = "SubscriptionRouting"
+
+
+def _ready(d: Dialect, tables: list[QueueAddress]) -> list[dict[str, Any]]:
+    return [{"table": d.qualified(t), "status": "ready"} for t in tables]
+
+
+@main.command("create-queue")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True,
+              help="width of the queue's sequence (NServiceBus creates 32)")
+@click.option("--delayed", is_flag=True, help="also create each queue's <name>.Delayed table")
+@url_option
+@json_option
+def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, url: str | None, as_json: bool) -> None:
+    """Create queue tables (idempotent; safe to run beside NServiceBus installers).
+
+    \b
+    Example:
+      sqlqueue create-queue Sales Shop.Web '"billing"."Invoices"' --delayed
+    """
+    rows = []
+    with open_db(url) as s:
+        d = s.d
+        for name in names:
+            address = s.address(name, option="NAME")
+            stmts = [*d.create_queue(address, seq_bits=int(seq_bits))]
+            tables = [address]
+            if delayed:
+                stmts += d.create_delayed(d.companion(address, "Delayed"))
+                tables.append(d.companion(address, "Delayed"))
+            s.execute_all(stmts)
+            rows += _ready(d, tables)
+    show(rows, as_json)
+
+
+@main.command("create-outbox")
+@click.argument("endpoint")
+@url_option
+@json_option
+def create_outbox(endpoint: str, url: str | None, as_json: bool) -> None:
+    """Create a sending endpoint's staging and outbox tables (the sink creates them too).
+
+    \b
+    Example:
+      sqlqueue create-outbox Shop.Web
+    """
+    with open_db(url) as s:
+        d = s.d
+        address = s.address(endpoint, option="ENDPOINT")
+        staging, outbox = d.companion(address, "Staging"), d.companion(address, "Outbox")
+        s.execute_all([*d.create_staging(staging), *d.create_outbox(outbox)])
+    show(_ready(d, [staging, outbox]), as_json)
+
+
+@main.command("create-subscriptions")
+@click.option("--table", default=SUBSCRIPTIONS, show_default=True, help="subscription table address")
+@url_option
+@json_option
+def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
+    """Create the publish/subscribe routing table, as NServiceBus lays it out.
+
+    \b
+    Example:
+      sqlqueue create-subscriptions
+    """
+    with open_db(url) as s:
+        address = s.address(table, option="--table")
+        s.execute_all(s.d.create_subscriptions(address))
+    show(_ready(s.d, [address]), as_json)
+
+
+@main.command("ddl")
+@click.option("--dialect", "dialect_name", type=click.Choice(["postgres", "sqlserver"]),
+              help="SQL dialect; default: the one --url/$SQLQUEUE_URL names, else postgres")
+@click.option("--queue", "queue", default="Sales", show_default=True, help="queue or endpoint address")
+@click.option("--part", "parts", multiple=True, type=click.Choice(DDL_PARTS),
+              help="what to print (repeatable); default: all")
+@click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True)
+@click.option("--grant-to", "role", metavar="ROLE",
+              help="print the GRANT statements ROLE needs (instead of the DDL); the tables must exist")
+@click.option("--for", "kinds", multiple=True, type=click.Choice(["receiving", "sending"]),
+              help="with --grant-to: the endpoint kind (repeatable); default: both")
+@click.option("--destination", "destinations", multiple=True, metavar="QUEUE",
+              help="with --grant-to: a queue the sending endpoint sends to (repeatable)")
+@click.option("--error-queue", default="error", show_default=True, help="with --grant-to: the error queue")
+@url_option
+def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, role: str | None,
+        kinds: tuple[str, ...], destinations: tuple[str, ...], error_queue: str, url: str | None) -> None:
+    """Print the exact DDL the connector runs, for review by a DBA, or with --grant-to the grants
+    a role needs to run once the tables exist (no DDL runs then). Needs no connection, so a dotted
+    name such as Shop.Web is one table ("public"."Shop.Web"); quote a schema: '"billing"."Invoices"'.
+
+    \b
+    Examples:
+      sqlqueue ddl --dialect sqlserver --queue 'Sales@[billing]' --part queue --part delayed
+      sqlqueue ddl --grant-to app_role --queue Sales --destination Billing
+      sqlqueue ddl --queue Shop.Web --part sender
+    """
+    d = dialect_named(dialect_name or (usage_url(url).dialect if url else "postgres"))
+
+    def offline(text: str, option: str) -> QueueAddress:
+        return d.parse_address(resolve(d, text, option=option, facts=None), option=option)
+
+    address = offline(queue, "--queue")
+    if role is not None:
+        _print_grants(d, role, address, kinds=kinds or ("receiving", "sending"), parts=parts or DDL_PARTS,
+                      destinations=[offline(q, "--destination") for q in destinations],
+                      error_queue=offline(error_queue, "--error-queue"))
+        return
+    if kinds or destinations:
+        raise click.UsageError("--for and --destination go with --grant-to")
+    makers = _ddl_makers(d, address, seq_bits=int(seq_bits))
+    for part in parts or DDL_PARTS:
+        click.echo(f"-- {part}: {d.name}")
+        click.echo(d.script(makers[part]()))
+
+
+def _ddl_makers(d: Dialect, address: QueueAddress, *, seq_bits: int) -> dict[str, Callable[[], list[Statement]]]:
+    """The statements of each part of `sqlqueue ddl`, made when printed."""
+    return {
+        "queue": lambda: d.create_queue(address, seq_bits=seq_bits),
+        "claims": lambda: d.create_claims(d.claims_table(address)),
+        "sender": lambda: [*d.create_staging(d.companion(address, "Staging")),
+                           *d.create_outbox(d.companion(address, "Outbox"))],
+        "delayed": lambda: d.create_delayed(d.companion(address, "Delayed")),
+        "subscriptions": lambda: d.create_subscriptions(d.parse_address(SUBSCRIPTIONS)),
+    }
+
+
+def _print_grants(d: Dialect, role: str, endpoint: QueueAddress, *, kinds: tuple[str, ...], parts: tuple[str, ...],
+                  destinations: list[QueueAddress], error_queue: QueueAddress) -> None:
+    """The grants of `role` for each endpoint kind, limited to the tables of `parts`."""
+    for kind in dict.fromkeys(kinds):
+        if kind == "receiving":
+            needs = privileges.receiving(d, endpoint, error_queue=error_queue)
+        else:
+            needs = privileges.sending(d, endpoint, destinations=destinations, error_queue=error_queue,
+                                       subscriptions=d.parse_address(SUBSCRIPTIONS))
+        needs = [n for n in needs if n.part in parts]
+        if not needs:
+            continue
+        # one line each: a name with a line break must not end the comment
+        click.echo(" ".join(f"-- grants for role {role}: {kind} endpoint {d.format_address(endpoint)} ({d.name})".split()))
+        for n in needs:
+            click.echo("--   " + " ".join(f"{d.qualified(n.table)}: {', '.join(n.privileges)} ({n.why})".split()))
+        click.echo(d.script(privileges.grant_statements(d, role, needs)))

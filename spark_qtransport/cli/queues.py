@@ -1,0 +1,201 @@
+"""Looking at queues and keeping them: peek, stats (once or --watch), purge-expired, doctor."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from ..dialects import QueueAddress
+from ..transport.operations.doctor import check_queue
+from ..wire import H, decode_headers, parse_time
+from .app import main, url_option
+from .db import CommandDb, open_db
+from .output import json_option, show, show_json_line
+
+__all__ = ["STATS_COLUMNS", "peek", "stats", "purge_expired", "doctor"]
+
+#: the columns of `sqlqueue stats`, always all of them in this order (- where a queue has no such table)
+STATS_COLUMNS = ("queue", "messages", "backlog_span", "expired", "oldest_age_s", "delayed_due", "delayed_pending",
+                 "claimed", "outbox")
+
+
+def _preview(body: bytes | None, size: int = 60) -> str:
+    if body is None:
+        return "(null)"
+    text = bytes(body)[:size].decode("utf-8", errors="replace")
+    return text + ("..." if len(body) > size else "")
+
+
+@main.command("peek")
+@click.argument("queue")
+@click.option("-n", "--count", default=10, show_default=True, type=click.IntRange(1, 10_000), help="messages to show")
+@url_option
+@json_option
+def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
+    """Show the oldest messages of a queue without taking them (decoded headers, body preview).
+
+    \b
+    Example:
+      sqlqueue peek Sales -n 5 --json
+    """
+    with open_db(url) as s:
+        messages = s.peek(s.queue(queue), limit=count)
+    out = []
+    for m in messages:
+        headers = decode_headers(m.headers)
+        record: dict[str, Any] = {
+            "seq": m.seq,
+            "native_id": str(m.native_id).lower(),
+            "message_id": (headers or {}).get(H.MESSAGE_ID),
+            "type": (headers or {}).get(H.ENCLOSED_MESSAGE_TYPES),
+            "expires": m.expires,
+            "body": _preview(m.body),
+        }
+        if as_json:
+            record["headers"] = headers if headers is not None else {"(not a flat JSON object)": m.headers}
+            record["body_bytes"] = None if m.body is None else len(m.body)
+        out.append(record)
+    show(out, as_json)
+
+
+@main.command("stats")
+@click.argument("queues", nargs=-1)
+@click.option("--watch", type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="refresh every SECONDS until interrupted, with the time and each queue's rate")
+@url_option
+@json_option
+def stats(queues: tuple[str, ...], watch: float | None, url: str | None, as_json: bool) -> None:
+    """Counts per queue: messages (counted), backlog span, expired, oldest age, delayed due/pending,
+    claimed-but-unacknowledged per endpoint, outbox records. Without QUEUE: every queue table of
+    the database. The columns are always these, in this order; - where a queue has no .Delayed,
+    .Claims or .Outbox table. With --watch, rate_per_s is the change of messages per second since
+    the previous refresh (negative: the queue drains).
+
+    \b
+    Examples:
+      sqlqueue stats
+      sqlqueue stats Sales Billing Shop.Web
+      sqlqueue stats Sales --watch 2
+    """
+    with open_db(url) as s:
+        if not watch:
+            rows = _all_stats(s, queues)
+            show(rows if as_json else [_stats_text(r) for r in rows], as_json)
+            return
+        try:
+            _watch(s, queues, watch, as_json)
+        except KeyboardInterrupt:
+            return
+
+
+def _all_stats(s: CommandDb, queues: tuple[str, ...]) -> list[dict[str, Any]]:
+    """A stats row per queue given, or per queue table of the database when none is."""
+    names = queues or [s.d.format_address(QueueAddress(str(table), str(schema)))
+                       for schema, table in s.all(s.d.list_queues())]
+    return [_queue_stats(s, q) for q in names]
+
+
+def _watch(s: CommandDb, queues: tuple[str, ...], every: float, as_json: bool) -> None:
+    """Stats every `every` seconds, with the time and each queue's rate, until interrupted."""
+    before: dict[str, tuple[float, int]] = {}  # queue -> (when, messages) at the previous refresh
+    while True:
+        rows = _all_stats(s, queues)
+        now, at = time.monotonic(), datetime.now(timezone.utc)
+        for r in rows:
+            last = before.get(r["queue"])
+            r["rate_per_s"] = round((r["messages"] - last[1]) / (now - last[0]), 1) if last else None
+            before[r["queue"]] = (now, r["messages"])
+        stamp = at.isoformat(timespec="seconds").replace("+00:00", "Z")
+        if as_json:
+            show_json_line({"time": stamp, "queues": rows})
+        else:
+            click.clear()
+            click.echo(f"{stamp}  every {every:g}s (Ctrl-C stops)")
+            show([_stats_text(r) for r in rows], as_json)
+        time.sleep(every)
+
+
+def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
+    """A stats row for the table: claims as `Sales.Analytics=120, Other=3` (- when none)."""
+    claimed = row.get("claimed")
+    text = ", ".join(f"{c}={n}" for c, n in claimed.items()) if claimed else None
+    rate = row.get("rate_per_s")
+    return {**row, "claimed": text, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
+
+
+def _queue_stats(s: CommandDb, text: str) -> dict[str, Any]:
+    """One queue's stats row: every column of STATS_COLUMNS, None where it has no such table."""
+    address = s.queue(text)
+    messages, expired, low, high = s.one(s.d.queue_stats(address))
+    record: dict[str, Any] = dict.fromkeys(STATS_COLUMNS)
+    record.update({
+        "queue": s.d.format_address(address),
+        "messages": int(messages or 0),
+        "backlog_span": int(high - low + 1) if low is not None else 0,
+        "expired": int(expired or 0),
+    })
+    oldest = s.peek(address, limit=1)
+    if oldest:
+        sent = parse_time((decode_headers(oldest[0].headers) or {}).get(H.TIME_SENT))
+        if sent is not None:
+            record["oldest_age_s"] = round((datetime.now(timezone.utc) - sent).total_seconds(), 1)
+    delayed = s.d.companion(address, "Delayed")
+    if s.exists(delayed):
+        due, pending, _ = s.one(s.d.delayed_stats(delayed))
+        record["delayed_due"], record["delayed_pending"] = int(due or 0), int(pending or 0)
+    claims = s.d.claims_table(address)
+    if s.exists(claims):
+        record["claimed"] = {str(consumer): int(n) for consumer, n, _ in s.all(s.d.claim_stats(claims))}
+    outbox = s.d.companion(address, "Outbox")
+    if s.exists(outbox):
+        (outbox_rows,) = s.one(s.d.count_rows(outbox))
+        record["outbox"] = int(outbox_rows)
+    return record
+
+
+@main.command("purge-expired")
+@click.argument("queue")
+@click.option("--batch", default=10_000, show_default=True, type=click.IntRange(1, 100_000), help="rows per DELETE")
+@url_option
+@json_option
+def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> None:
+    """Delete expired messages (past their time to be received) in batches; others are untouched.
+
+    \b
+    Example:
+      sqlqueue purge-expired Sales
+    """
+    total = 0
+    with open_db(url) as s:
+        address = s.queue(queue)
+        while True:
+            n = s.rowcount(s.d.purge_expired(address, limit=batch))
+            total += n
+            if n < batch:
+                break
+        name = s.d.format_address(address)
+    show([{"queue": name, "purged": total}], as_json)
+
+
+@main.command("doctor")
+@click.argument("queues", nargs=-1, required=True)
+@url_option
+@json_option
+def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
+    """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
+    RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them. Exit 1 on errors.
+
+    \b
+    Example:
+      sqlqueue doctor Sales Billing error
+    """
+    with open_db(url) as s:
+        addresses = [s.address(q, option="QUEUE") for q in queues]
+        findings = s.run(lambda conn: [f for a in addresses for f in check_queue(conn.cursor(), s.d, a)])
+    show([{"level": f.level, "table": f.table, "finding": f.message} for f in findings], as_json)
+    if any(f.level == "error" for f in findings):
+        sys.exit(1)
