@@ -82,7 +82,8 @@ class Claimer:
                             limit=request.limit, after=after, upto=request.upto):
             db.execute(cur, stmt)
         row = cur.fetchone()
-        claim = ClaimResult(*(None if v is None else int(v) for v in row))
+        values: list[Any] = [None if v is None else int(v) for v in row]
+        claim = ClaimResult(*values)
         forwarded = ForwardResult()
         if claim.forward and claim.min_claim is not None and claim.max_claim is not None:
             forwarded = forward_claimed(

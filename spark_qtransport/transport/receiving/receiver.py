@@ -62,7 +62,7 @@ class Receiver:
         self.stats = ReceiveStats()
         self.set_up = EndpointSetUp(self.endpoint, clock=clock)
         self.main = Session(self.dialect, options.url, what=self.endpoint.what("connecting"), on_connect=self.set_up)
-        self.ahead = Session(self.dialect, options.url, what=self.endpoint.what("claim ahead"))
+        self.ahead = Session(self.dialect, options.url, what=self.endpoint.what("connecting"))
         self.background = Background()
         self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background)
         self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock)
@@ -70,7 +70,7 @@ class Receiver:
         self.delayed = DueDelayed(self.endpoint, self.main, clock=clock)
         self._released = False  # claims up to the first planned start (a previous run's last batch)
         self._backlog = 0
-        self._backlog_refresh: Future[int] | None = None
+        self._backlog_refresh: Future[int | None] | None = None
 
     @property
     def dialect(self) -> Dialect:
@@ -162,17 +162,18 @@ class Receiver:
         if not self.background.started:
             return self.backlog()
         done = self._backlog_refresh
-        if done is not None and done.done() and done.exception() is None:
-            self._backlog = done.result()
+        estimate = done.result() if done is not None and done.done() else None
+        if estimate is not None:
+            self._backlog = estimate
         self._backlog_refresh = self.background.submit(self._refresh_backlog)
         return self._backlog
 
-    def _refresh_backlog(self) -> int:
+    def _refresh_backlog(self) -> int | None:
         try:
             return self._estimate(self.ahead)
         except Exception as exc:  # noqa: BLE001 - a progress metric must not fail the query
             log.info("backlog estimate for %s failed: %s", self.options.queue, db.describe(self.dialect, exc))
-            return self._backlog
+            return None
 
     # -- partitions and acknowledgement -------------------------------------------------------
 

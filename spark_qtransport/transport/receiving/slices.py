@@ -112,7 +112,7 @@ def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
         raise OffsetError(
             f"claim table {dialect.qualified(part.claims)} was dropped and created again after this "
             f"batch was planned (offset names table {part.table}, now {table_id}); its claims are gone. "
-            "Start the query with a new checkpoint location to go on."
+            "Start the query with a new checkpoint location to go on.", queue=part.queue,
         )
     cur = dialect.streaming_cursor(conn)
     cur.execute(*db.args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
