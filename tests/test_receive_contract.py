@@ -18,7 +18,7 @@ import pytest
 from backends import Backend, nsb_headers
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
 from spark_qtransport.spark.options import ReaderOptions
-from spark_qtransport.transport.receiving import receiver as receive
+from spark_qtransport.transport.receiving import setup
 from spark_qtransport.transport.receiving.receiver import ClaimOffset, Receiver, read_slice
 
 
@@ -317,7 +317,7 @@ def test_one_running_query_per_endpoint(backend: Backend, queues, monkeypatch) -
     r1 = make_receiver(backend, q, e, endpoint="Billing")
     r1.initial_offset()
     r2 = make_receiver(backend, q, e, endpoint="Billing")
-    monkeypatch.setattr(receive, "LOCK_WAIT", 1.0)
+    monkeypatch.setattr(setup, "LOCK_WAIT", 1.0)
     try:
         with pytest.raises(ConsumerBusyError, match="Billing"):
             r2.initial_offset()
@@ -422,7 +422,7 @@ def test_claim_ahead_holds_the_next_batch_and_loses_nothing(backend: Backend, qu
     r = make_receiver(backend, q, e)
     start = r.initial_offset()
     end = r.latest(start, 10)  # claims 10, then claims the next 10 ahead
-    r._await_ahead()
+    r.planner.settle_ahead()
     assert backend.count(q) == 5
     assert backend.count(r.dialect.format_address(r.claims)) == 20
     first = [x[0] for x in read_batch(r, start, end)]
@@ -488,7 +488,7 @@ def test_a_dropped_connection_is_retried(pg: Backend, queues) -> None:  # type: 
         start = r.initial_offset()
         end = r.latest(start, 3)
         with pg.connect() as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (r._conns["main"].info.backend_pid,))
+            admin.execute("SELECT pg_terminate_backend(%s)", (r.main.connection().info.backend_pid,))
         r.ack(end)  # first call after the drop: reconnects, re-takes the endpoint lock, goes on
         rest, _ = drain(r, end)
     assert [x[0] for x in rest] == ["m3", "m4", "m5"]
@@ -506,7 +506,7 @@ def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = 'spark-qtransport' AND pid <> %s AND pid <> pg_backend_pid()",
-                (r._conns["main"].info.backend_pid,),
+                (r.main.connection().info.backend_pid,),
             )
         r.ack(end)
         nxt = r.latest(end, 2)

@@ -1,0 +1,248 @@
+"""Planning batches: Spark offsets (`ClaimOffset`), what this query has claimed and whether more
+waits, how much to claim next, and the slices a batch is read in (`ClaimSlice`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ...connections import ConnectionURL
+from ...dialects import QueueAddress
+from ...errors import OffsetError
+from .. import session as db
+from ..session import Session
+from .claimer import Claimer, ClaimOutcome, ClaimRequest
+from .setup import Endpoint
+
+__all__ = ["ClaimOffset", "ClaimSlice", "LOW_WATER_TTL", "Planner", "ReceiveStats", "STARTER_CLAIM"]
+
+log = logging.getLogger("spark_qtransport.receive")
+
+#: after this many seconds the low-water mark is forgotten and a claim scans from the queue head
+#: again, picking up rows that committed late (a producer's sequence value is taken at INSERT,
+#: its row becomes visible at COMMIT) or that a competing consumer released by rolling back.
+LOW_WATER_TTL = 5.0
+#: smallest claim made while Spark waits (see Planner._foreground_size)
+STARTER_CLAIM = 1000
+
+
+@dataclass(frozen=True)
+class ClaimOffset:
+    """A Spark offset: the highest claim sequence of the batch and the claim table's identity.
+
+    ``claimTable`` changes when the claim table is dropped and created again, which makes older
+    offsets meaningless; `Receiver` notices and starts from the new table's beginning.
+    """
+
+    claim: int
+    table: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"claim": self.claim, "claimTable": self.table}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ClaimOffset:
+        try:
+            return cls(int(d["claim"]), str(d["claimTable"]))
+        except (KeyError, TypeError, ValueError):
+            raise OffsetError(
+                f'offset {json.dumps(d)} is not a sqlqueue offset; expected e.g. {{"claim": 42, "claimTable": "16384"}}'
+            ) from None
+
+
+@dataclass(frozen=True)
+class ClaimSlice:
+    """What one Spark task needs to read its part of a batch (pickled to executors)."""
+
+    url: ConnectionURL
+    dialect: str
+    queue: str  # canonical address text, for the output column
+    claims: QueueAddress
+    consumer: str
+    table: str
+    after: int
+    upto: int
+
+    def __repr__(self) -> str:  # shown in Spark's UI and logs: no URL here
+        return f"ClaimSlice({self.claims.table!r}, {self.consumer!r}, ({self.after}, {self.upto}])"
+
+
+@dataclass
+class ReceiveStats:
+    """Running totals of this query's driver, for logs and the reported latest offset."""
+
+    claims: int = 0
+    claimed: int = 0
+    expired: int = 0
+    poison: int = 0
+    forwarded: int = 0  # to the queue their ForwardDestination header names
+    forward_failed: int = 0  # that destination missing: to the error queue
+    empty_peeks: int = 0
+    acked: int = 0
+
+
+@dataclass
+class _LowWater:
+    """The highest queue sequence a full claim saw: the next claim scans from there, not from the
+    queue head, until `LOW_WATER_TTL` seconds after it was first set."""
+
+    seq: int | None = None
+    since: float = 0.0
+
+
+class Planner:
+    """Owns the claim state: where the last planned batch ended, whether more is waiting, the
+    low-water mark, the AvailableNow target and the claim made ahead. Only the driver's thread
+    changes it; a claim made ahead is applied when the next batch is planned."""
+
+    def __init__(self, endpoint: Endpoint, claimer: Claimer, main: Session, stats: ReceiveStats,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.endpoint, self.stats = endpoint, stats
+        self._claimer, self._main, self._clock = claimer, main, clock
+        self.last_end: int | None = None
+        self.target: int | None = None  # Trigger.AvailableNow: highest queue sequence to take
+        self._more = False  # the last claim was full: more is probably waiting
+        self._low_water = _LowWater()
+        self._ahead: Future[ClaimOutcome] | None = None
+
+    def start_after(self, start: ClaimOffset | None, table_id: str) -> int | None:
+        """The claim sequence a batch planned from `start` begins after (None: not known yet)."""
+        if start is None:  # Spark 4.0/4.1: latestOffset() has no start
+            return self.last_end
+        if start.table != table_id:
+            log.warning(
+                "claim table %s was recreated (offset names table %s, now %s): reading it from its start",
+                self.endpoint.dialect.qualified(self.endpoint.claims), start.table, table_id,
+            )
+            return 0
+        return start.claim
+
+    def plan(self, after: int | None, limit: int | None) -> int:
+        """The end of the next batch: claims held already, else claim at most `limit` (None: all).
+
+        With claim-ahead on, while a backlog remains the next batch is claimed in the background
+        as soon as this one is planned, so the claim overlaps Spark's processing of this batch.
+        Its claims are ordinary held claims: found by the next call (or, after a crash, by the
+        next query) exactly like claims whose planner died before Spark logged the offset.
+        """
+        d, o = self.endpoint.dialect, self.endpoint.options
+        stmt = d.max_claim(self.endpoint.claims, o.consumer)
+        held_max, _ = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
+        if held_max is not None and (after is None or held_max > after):
+            end = self._cap_held(after, int(held_max), limit)
+        elif after is None:
+            end = 0
+        elif limit is None:
+            end = after
+            while True:
+                claimed, full = self._claim_now(o.max_messages)
+                end = claimed or end
+                if not full:
+                    break
+        else:
+            claimed, _ = self._claim_now(self._foreground_size(limit))
+            end = claimed or after
+        self.last_end = end
+        if limit is not None and self._more and o.claim_ahead and after is not None:
+            self._ahead = self._claimer.claim_ahead(self._request(limit))
+        return end
+
+    def settle_ahead(self) -> None:
+        """Wait for the claim made ahead, if any, and apply it. A failed one is simply made again,
+        in the foreground."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        try:
+            self._apply(ahead.result())
+        except Exception as exc:  # noqa: BLE001 - the claim is simply made again, in the foreground
+            self._more = False
+            log.warning("claiming ahead on %s failed (%s); claiming in the foreground", self.endpoint.options.queue,
+                        db.describe(self.endpoint.dialect, exc))
+
+    def _claim_now(self, limit: int) -> tuple[int | None, bool]:
+        """Claim while Spark waits. Returns (highest claim sequence or None, the claim was full)."""
+        outcome = self._apply(self._claimer.claim(self._request(limit)))
+        return (outcome.result.max_claim if outcome.result else None), outcome.full
+
+    def _request(self, limit: int) -> ClaimRequest:
+        now = self._clock()
+        if self._low_water.seq is not None and now - self._low_water.since > LOW_WATER_TTL:
+            self._low_water = _LowWater()
+        return ClaimRequest(limit, self._low_water.seq or 0, self.target, now)
+
+    def _apply(self, outcome: ClaimOutcome) -> ClaimOutcome:
+        """Take in what a claim did: the counters, whether more waits, the low-water mark."""
+        result = outcome.result
+        self._more = outcome.full
+        if result is None:
+            self.stats.empty_peeks += 1
+            self._low_water = _LowWater()
+            return outcome
+        self._record(outcome)
+        if outcome.full and result.max_source is not None:
+            since = self._low_water.since if outcome.scanned_from else outcome.request.planned_at
+            self._low_water = _LowWater(result.max_source, since)
+        else:
+            self._low_water = _LowWater()
+        return outcome
+
+    def _record(self, outcome: ClaimOutcome) -> None:
+        assert outcome.result is not None
+        r, f, s, d = outcome.result, outcome.forwarded, self.stats, self.endpoint.dialect
+        s.claims += 1
+        s.claimed += r.claimed - f.forwarded - f.failed
+        s.expired += r.expired
+        s.poison += r.poison
+        s.forwarded += f.forwarded
+        s.forward_failed += f.failed
+        queue = self.endpoint.queue_text
+        if r.expired or r.poison:
+            log.warning(
+                "queue %s: claimed %d, dropped %d expired, moved %d poison to %s (totals: %d expired, %d poison)",
+                queue, r.claimed, r.expired, r.poison,
+                d.format_address(self.endpoint.options.error_queue), s.expired, s.poison,
+            )
+        else:
+            log.info("queue %s: claimed %d", queue, r.claimed)
+
+    def _foreground_size(self, limit: int) -> int:
+        """How much to claim while Spark waits. With claim-ahead, a large batch starts with a
+        smaller claim, so the first rows flow sooner; full batches follow, claimed in the
+        background while Spark works."""
+        if not self.endpoint.options.claim_ahead:
+            return limit
+        return min(limit, max(STARTER_CLAIM, limit // 10))
+
+    def _cap_held(self, after: int | None, held_max: int, limit: int | None) -> int:
+        """Held claims beyond `after` form the batch, but no more than `limit` of them (a deleted
+        checkpoint can find more: the last batch's and the one claimed ahead)."""
+        if after is None or limit is None or held_max - after <= limit:
+            return held_max
+        stmt = self.endpoint.dialect.nth_claim(self.endpoint.claims, self.endpoint.options.consumer, after=after, n=limit)
+        (nth,) = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
+        if nth is not None and int(nth) < held_max:
+            self._more = True  # the rest of the held claims make the next batch
+            return int(nth)
+        return held_max
+
+    def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
+        """The batch (start, end] cut into the slices Spark tasks read."""
+        after = start.claim if start.table == end.table else 0
+        if end.claim <= after:
+            return []
+        o = self.endpoint.options
+        span = end.claim - after
+        n = min(o.partitions_for(span), span)
+        bounds = [after + (span * i) // n for i in range(n + 1)]
+        return [
+            ClaimSlice(o.url, self.endpoint.dialect.name, self.endpoint.queue_text, self.endpoint.claims,
+                       o.consumer, end.table, lo, hi)
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+            if hi > lo
+        ]

@@ -1,0 +1,145 @@
+"""What a receiver's main connection does once it opens: check the server and the queues, create
+the claim table, take the endpoint's consumer lock. Also `Endpoint`, the queue as every piece of
+the receiver sees it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...dialects import Dialect, QueueAddress
+from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
+from .. import session as db
+from ..routing import queue_shape_problem
+
+if TYPE_CHECKING:  # the options are parsed on the Spark side; receiving only reads them
+    from ...spark.options import ReaderOptions
+
+__all__ = ["Endpoint", "LOCK_WAIT", "EndpointSetUp"]
+
+log = logging.getLogger("spark_qtransport.receive")
+
+#: how long a starting query waits for its endpoint's lock before ConsumerBusyError
+LOCK_WAIT = 30.0
+
+
+@dataclass
+class Endpoint:
+    """The queue one streaming query receives from, shared by the receiver's pieces. The one place
+    the receiver holds its dialect: the pieces read it from here, never keep a copy."""
+
+    options: ReaderOptions
+    dialect: Dialect
+    claims: QueueAddress  # the queue's claim table
+
+    @property
+    def queue_text(self) -> str:
+        return self.dialect.format_address(self.options.queue)
+
+    def what(self, operation: str) -> str:
+        """An operation's name for errors and logs: it names the queue."""
+        return f"{operation} on queue {self.queue_text}"
+
+
+class EndpointSetUp:
+    """`on_connect` of the receiver's main session: runs on each new main connection and keeps the
+    claim table's identity (`table_id`), warning when it changes while the query runs."""
+
+    def __init__(self, endpoint: Endpoint, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.endpoint = endpoint
+        self.table_id: str | None = None
+        self._clock = clock
+
+    def __call__(self, conn: Any) -> None:
+        """Check the queues, create our claim table, take the consumer lock (once per connection)."""
+        cur = conn.cursor()
+        self._check_server(cur)
+        for option, address in (("queue", self.endpoint.options.queue),
+                                ("errorQueue", self.endpoint.options.error_queue)):
+            self._check_queue(conn, cur, option, address)
+        self._create_claims(conn, cur)
+        self._lock_consumer(conn, cur)
+        d, claims = self.endpoint.dialect, self.endpoint.claims
+        (table_id,) = db.one(cur, d.table_id(claims))
+        conn.commit()
+        if self.table_id is not None and str(table_id) != self.table_id:
+            log.warning("claim table %s was recreated while this query ran", d.qualified(claims))
+        self.table_id = str(table_id)
+
+    def _check_server(self, cur: Any) -> None:
+        d = self.endpoint.dialect
+        check = d.server_check()
+        if check is not None:
+            (version,) = db.one(cur, check)
+            problem = d.adapt_to_server(int(version), self.endpoint.claims)
+            if problem:
+                raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
+
+    def _check_queue(self, conn: Any, cur: Any, option: str, address: QueueAddress) -> None:
+        d = self.endpoint.dialect
+        cols = db.columns(cur, d.queue_columns(address))
+        if not cols and self.endpoint.options.create_queues:
+            for stmt in d.create_queue(address):
+                db.execute(cur, stmt)
+            conn.commit()
+            cols = db.columns(cur, d.queue_columns(address))
+        text = d.format_address(address)
+        if not cols:
+            raise QueueNotFoundError(
+                f"option '{option}': queue {text} does not exist; create it "
+                "(the DDL in sql/, or .option('createQueues', 'true'))", option=option, queue=text,
+            )
+        shape = queue_shape_problem(cols)  # the routing path's own check, for our own queues too
+        if shape is not None:
+            raise SchemaError(f"option '{option}': table {text} {shape}", option=option, queue=text)
+
+    def _create_claims(self, conn: Any, cur: Any) -> None:
+        """DDL only for what is missing: once a DBA has created the tables (and, on PostgreSQL
+        13-15, the helper function), table privileges are enough to run."""
+        d, claims = self.endpoint.dialect, self.endpoint.claims
+        ddl = [] if db.columns(cur, d.queue_columns(claims)) else d.create_claims(claims)
+        helpers = d.helpers_exist(claims)
+        if helpers is not None and not db.one(cur, helpers)[0]:
+            ddl += d.create_helpers(claims)
+        for stmt in ddl:
+            db.execute(cur, stmt)
+        conn.commit()
+
+    def _lock_consumer(self, conn: Any, cur: Any) -> None:
+        """Take the session lock that makes this query the endpoint's only receiver on the queue.
+
+        A driver that was just killed may leave a process that still holds it for a moment (its
+        connection closes when that process notices), so wait a while before calling it busy.
+        """
+        d, o = self.endpoint.dialect, self.endpoint.options
+        deadline = self._clock() + LOCK_WAIT
+        warned = False
+        while True:
+            (locked,) = db.one(cur, d.try_lock_consumer(self.endpoint.claims, o.consumer))
+            conn.commit()
+            if locked:
+                return
+            if self._clock() >= deadline:
+                raise ConsumerBusyError(
+                    f"endpoint {o.consumer!r} is already receiving from queue {d.format_address(o.queue)} "
+                    f"in another running query (waited {LOCK_WAIT:.0f}s); give each query its own "
+                    ".option('endpoint', ...)", option="endpoint", queue=d.format_address(o.queue),
+                )
+            if not warned:
+                log.warning("endpoint %r on %s is held by another session; waiting up to %.0fs",
+                            o.consumer, d.format_address(o.queue), LOCK_WAIT)
+                warned = True
+            time.sleep(0.5)
+
+    def unlock(self, conn: Any) -> None:
+        """Release the consumer lock before the connection closes (closing releases it anyway)."""
+        d = self.endpoint.dialect
+        try:
+            db.rollback(conn)
+            db.execute(conn.cursor(), d.unlock_consumer(self.endpoint.claims, self.endpoint.options.consumer))
+            conn.commit()
+        except Exception:  # noqa: BLE001 - closing the connection releases the lock anyway
+            pass

@@ -1,0 +1,160 @@
+"""Executor side of receiving: read one slice of a planned batch, turn its rows into output rows.
+
+Reading changes nothing, so Spark can replay a batch after a crash; claims are acknowledged by the
+driver only once Spark has committed the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+from ...dialects import Dialect, dialect_named
+from ...errors import OffsetError, QTransportError
+from ...wire import H, parse_time
+from .. import session as db
+from ..executor import cached_connection, give_back
+from .planner import ClaimSlice
+
+__all__ = ["FETCH_BYTES", "output_row", "read_chunks", "read_slice"]
+
+log = logging.getLogger("spark_qtransport.receive")
+
+#: most rows one fetch asks for (small rows: one round trip per 5,000)
+_FETCH = 5000
+#: headers and body bytes one fetch aims at; the next fetch is sized from the largest row seen
+FETCH_BYTES = 16 * 2**20
+
+
+class _SliceCursor:
+    """One slice's read position and the query that reads it. After a fault the query is opened
+    again after the last claim sequence handed out, so a retried fetch goes on where it stopped."""
+
+    def __init__(self, dialect: Dialect, part: ClaimSlice, *, chunk: int, budget: int) -> None:
+        self.dialect, self.part = dialect, part
+        self.chunk, self.budget = chunk, budget
+        self.after = part.after
+        self.size, self.largest = 1, 1  # rows to fetch next; bytes of the largest row seen
+        self.conn: Any = None
+        self.cur: Any = None
+        self.done = False
+
+    def fetch(self, _attempt: int) -> list[tuple[Any, ...]]:
+        """The next rows, or [] once the slice is read (its transaction then ends)."""
+        if self.cur is None:
+            rest = replace(self.part, after=self.after)
+            self.conn, self.cur = cached_connection(self.dialect, rest.url, lambda conn: _open(self.dialect, rest, conn),
+                                                    what=f"reading {rest!r}", log=log)
+        rows = self.cur.fetchmany(self.size)
+        if not rows:
+            self.cur.close()
+            self.conn.commit()
+            self.done = True
+            return []
+        self.after = int(rows[-1][0])
+        self.largest = max(self.largest, *(len(r[3] or "") + len(r[4] or b"") for r in rows))
+        self.size = max(1, min(self.chunk, self.size * 4, self.budget // self.largest))
+        return rows  # type: ignore[no-any-return]
+
+    def drop(self, exc: BaseException | None = None) -> None:
+        """Close the connection (after a fault, or a read the caller abandoned)."""
+        if exc is not None:
+            log.info("reading %r again after claim %d", self.part, self.after)
+        if self.conn is not None:
+            db.close(self.conn)
+        self.conn = self.cur = None
+
+    def release(self) -> None:
+        """Keep the connection for the next task if the slice was read to its end, else close it."""
+        if self.done and self.conn is not None:
+            give_back(self.part.url, self.conn)
+            self.conn = self.cur = None
+        self.drop()
+
+
+def read_chunks(
+    part: ClaimSlice, *, chunk: int = _FETCH, budget: int = FETCH_BYTES
+) -> Iterator[list[tuple[Any, ...]]]:
+    """Yield the raw claim rows of one slice in order, a fetch at a time, on a reused connection.
+
+    Fetches are bounded by bytes as well as rows: the first asks for one row, each next one for
+    at most `budget` bytes' worth of the largest row seen so far (never more than `chunk` rows,
+    and at most four times the previous fetch, so a run of large rows after small ones is met
+    by a small fetch). 20 MB bodies come one at a time; 1 KB bodies still 5,000 at a time.
+
+    Rows are (claim_seq, native_id text, expires, headers text, body, source_seq, claimed_at).
+    A transient fault mid-slice (the session terminated, the server restarting) does not fail the
+    task: each fetch goes through `session.with_retries`, and a retried one resumes after the last
+    claim sequence yielded, on a new connection. Claims are not acknowledged before Spark commits
+    this batch, so the rest of the slice is still there.
+    """
+    dialect = dialect_named(part.dialect)
+    slice_cursor = _SliceCursor(dialect, part, chunk=chunk, budget=budget)
+    try:
+        while True:
+            rows = db.with_retries(dialect, f"reading {part!r}", slice_cursor.fetch, after_failure=slice_cursor.drop)
+            if not rows:
+                return
+            yield rows
+            rows = []  # the caller is done with them: not held during the next fetch
+    finally:
+        slice_cursor.release()
+
+
+def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
+    """Check the claim table is the one the batch was planned on, and start the slice's query."""
+    (table_id,) = db.one(conn.cursor(), dialect.table_id(part.claims))
+    if str(table_id) != part.table:
+        raise OffsetError(
+            f"claim table {dialect.qualified(part.claims)} was dropped and created again after this "
+            f"batch was planned (offset names table {part.table}, now {table_id}); its claims are gone. "
+            "Start the query with a new checkpoint location to go on.", queue=part.queue,
+        )
+    cur = dialect.streaming_cursor(conn)
+    cur.execute(*db.args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
+    return cur
+
+
+def read_slice(part: ClaimSlice) -> Iterator[tuple[Any, ...]]:
+    """Yield the rows of one slice as output tuples (see `spark_qtransport.spark.reader.SCHEMA`)."""
+    for rows in read_chunks(part):
+        for row in rows:
+            yield output_row(part.queue, row)
+
+
+def _utc(v: datetime | None) -> datetime | None:
+    if v is None:
+        return None
+    return v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v
+
+
+def output_row(queue: str, row: Any) -> tuple[Any, ...]:
+    """One raw claim row as an output tuple, in `spark_qtransport.spark.reader.SCHEMA` column order."""
+    claim_seq, native_id, expires, headers_text, body, source_seq, claimed_at = row
+    try:
+        headers = json.loads(headers_text)
+    except ValueError as exc:  # the claim transaction checked them; this is a bug, say which row
+        raise QTransportError(f"claimed message {native_id} (claim {claim_seq}) has unreadable headers: {exc}") from exc
+    native_id = str(native_id).lower()
+    get = headers.get
+    return (
+        get(H.MESSAGE_ID) or native_id,
+        native_id,
+        headers,
+        bytes(body) if body is not None else None,
+        _utc(expires),
+        get(H.ENCLOSED_MESSAGE_TYPES),
+        get(H.CORRELATION_ID),
+        get(H.CONVERSATION_ID),
+        get(H.REPLY_TO_ADDRESS),
+        get(H.MESSAGE_INTENT),
+        parse_time(get(H.TIME_SENT)),
+        queue,
+        int(claim_seq),
+        int(source_seq),
+        _utc(claimed_at),
+    )
