@@ -93,9 +93,9 @@ class TestMask:
 
 def test_cli_driver_errors_are_one_masked_line() -> None:
     """The CLI's last resort for an error that is not ours: its first line, URL masked."""
-    from spark_qtransport.cli import _Group
+    from spark_qtransport.cli import Group
 
-    @click.group(cls=_Group)
+    @click.group(cls=Group)
     def group() -> None:
         pass
 

@@ -11,28 +11,25 @@ import click
 
 from ..dialects import QueueAddress
 from ..errors import QueueNotFoundError
-from ..spark.options import WriterOptions, parse_duration
+from ..spark.options import parse_duration
 from ..transport.sending.dispatch import Dispatcher, DispatchResult, set_up_sender, stage_partition
-from .app import allow_options, main, need_url, url_option
+from ..transport.settings import SendSettings
+from .app import allow_options, main, need_url, routing_policy, url_option
 from .db import CommandDb, open_db, resolve
 from .install import SUBSCRIPTIONS
 from .output import json_option, show
 
-__all__ = ["send", "move_delayed", "subscribe", "unsubscribe", "writer_options"]
+__all__ = ["send", "move_delayed", "subscribe", "unsubscribe", "send_settings"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def writer_options(url: str | None, *, endpoint: str, error_queue: str, destination: str | None = None,
-                   create_queues: bool = False, allowed_schemas: str | None = None,
-                   allowed_queues: str | None = None) -> WriterOptions:
-    """The sink's settings for a command that sends as `endpoint`, as the Spark options would give them."""
-    return WriterOptions.parse({
-        "url": url or "", "endpoint": endpoint, "createQueues": str(create_queues).lower(), "errorQueue": error_queue,
-        **({"allowedSchemas": allowed_schemas} if allowed_schemas else {}),
-        **({"allowedQueues": allowed_queues} if allowed_queues else {}),
-        **({"destination": destination} if destination is not None else {}),
-    })
+def send_settings(url: str | None, *, endpoint: str, error_queue: str, destination: str | None = None,
+                  create_queues: bool = False, allowed_schemas: str | None = None,
+                  allowed_queues: str | None = None) -> SendSettings:
+    """The sender's settings for a command that sends as `endpoint`."""
+    return SendSettings.create(need_url(url), endpoint, destination=destination, error_queue=error_queue,
+                               create_queues=create_queues, routing=routing_policy(allowed_schemas, allowed_queues))
 
 
 def _header(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -101,7 +98,7 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
     names = _resolved(url, {"--endpoint": endpoint, "--error-queue": error_queue,
                             **({"QUEUE": queue} if queue is not None else {})})
     destination = None if intent == "publish" else names.get("QUEUE")
-    options = writer_options(url, endpoint=names["--endpoint"], error_queue=names["--error-queue"],
+    options = send_settings(url, endpoint=names["--endpoint"], error_queue=names["--error-queue"],
                              destination=destination, create_queues=create_queues,
                              allowed_schemas=allowed_schemas, allowed_queues=allowed_queues)
     row: dict[str, Any] = {"body": data, "message_id": message_id, "message_type": message_type, "headers": headers,
@@ -113,7 +110,7 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
     show(_sent_rows(options, _send_row(options, row)), as_json)
 
 
-def _send_row(options: WriterOptions, row: dict[str, Any]) -> DispatchResult:
+def _send_row(options: SendSettings, row: dict[str, Any]) -> DispatchResult:
     """Stage one message and dispatch it, as the sink does a batch of one row (its own batch id)."""
     dispatcher = Dispatcher(options)
     try:
@@ -126,7 +123,7 @@ def _send_row(options: WriterOptions, row: dict[str, Any]) -> DispatchResult:
         dispatcher.close()
 
 
-def _sent_rows(options: WriterOptions, result: DispatchResult) -> list[dict[str, Any]]:
+def _sent_rows(options: SendSettings, result: DispatchResult) -> list[dict[str, Any]]:
     d = options.dialect
     rows: list[dict[str, Any]] = [{"queue": q, "sent": n} for q, n in result.destinations.items()]
     if result.delayed:
@@ -152,7 +149,7 @@ def move_delayed(endpoint: str, error_queue: str, allowed_schemas: str | None, a
     """
     need_url(url)
     names = _resolved(url, {"ENDPOINT": endpoint, "--error-queue": error_queue})
-    options = writer_options(url, endpoint=names["ENDPOINT"], error_queue=names["--error-queue"],
+    options = send_settings(url, endpoint=names["ENDPOINT"], error_queue=names["--error-queue"],
                              allowed_schemas=allowed_schemas, allowed_queues=allowed_queues)
     dispatcher = Dispatcher(options)
     try:

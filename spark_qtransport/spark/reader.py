@@ -26,6 +26,7 @@ from pyspark.sql.types import (
 
 from ..errors import ConfigError
 from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, output_row, read_chunks, read_slice
+from ..transport.settings import ReceiveSettings
 from .options import ReaderOptions
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
@@ -116,7 +117,7 @@ class _SlicePartition(InputPartition):
 class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Claims on the driver, reads slices on executors, acknowledges on commit."""
 
-    def __init__(self, options: ReaderOptions) -> None:
+    def __init__(self, options: ReceiveSettings) -> None:
         self.options = options
         self._receiver: Receiver | None = None
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from ..errors import ConfigError
 from ..transport import session as db
 from ..transport.sending.dispatch import Dispatcher, StageReport, set_up_sender, stage_partition
 from ..transport.sending.messages import SendPlan, check_columns
+from ..transport.settings import SendSettings
 from .options import WriterOptions
 
 try:  # pyspark >= 4.1: writers that take Arrow record batches
@@ -74,7 +75,7 @@ class StagedMessage(WriterCommitMessage):
     report: StageReport
 
 
-def prepare(options: dict[str, str], schema: Any) -> tuple[WriterOptions, SendPlan]:
+def prepare(options: Mapping[str, str], schema: Any) -> tuple[SendSettings, SendPlan]:
     """Validate options and input columns; set up the endpoint's tables (once per process)."""
     parsed = WriterOptions.parse(options)
     check_columns([(f.name, f.dataType.simpleString()) for f in schema.fields])
@@ -136,21 +137,22 @@ def _slices(batch: Any, budget: int) -> Iterator[Any]:
     yield batch.slice(start, n - start)
 
 
-def _task_ids(options: WriterOptions) -> tuple[int, str | None]:
+def _task_ids(options: SendSettings) -> tuple[int, str | None]:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     batch = options.batch_id
     query = options.query_id
     if ctx is not None:
-        if batch is None and ctx.getLocalProperty(BATCH_ID_PROPERTY) is not None:
-            batch = int(ctx.getLocalProperty(BATCH_ID_PROPERTY))
+        local_batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+        if batch is None and local_batch is not None:
+            batch = int(local_batch)
         query = query or ctx.getLocalProperty(QUERY_ID_PROPERTY)
     return (ONE_OFF if batch is None else batch), query
 
 
 class _Staging:
-    options: WriterOptions
+    options: SendSettings
     plan: SendPlan
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
@@ -169,7 +171,7 @@ def _reports(messages: list[Any]) -> list[StageReport | None]:
 class SqlQueueStreamWriter(_Staging, _StreamWriter):
     """``writeStream.format("sqlqueue")``: exactly once per micro-batch through the outbox."""
 
-    def __init__(self, options: WriterOptions, plan: SendPlan) -> None:
+    def __init__(self, options: SendSettings, plan: SendPlan) -> None:
         self.options = options
         self.plan = plan
 
@@ -187,7 +189,7 @@ class SqlQueueStreamWriter(_Staging, _StreamWriter):
 class SqlQueueWriter(_Staging, _BatchWriter):
     """``df.write.format("sqlqueue")``: one atomic dispatch per write (used by `QueueSink`)."""
 
-    def __init__(self, options: WriterOptions, plan: SendPlan) -> None:
+    def __init__(self, options: SendSettings, plan: SendPlan) -> None:
         self.options = options
         self.plan = plan
 
@@ -208,7 +210,7 @@ class SqlQueueWriter(_Staging, _BatchWriter):
         _abort(self.options, messages)
 
 
-def _abort(options: WriterOptions, messages: list[Any]) -> None:
+def _abort(options: SendSettings, messages: list[Any]) -> None:
     dispatcher = Dispatcher(options)
     try:
         dispatcher.abort(_reports(messages))

@@ -42,8 +42,8 @@ from .planner import ClaimOffset, ClaimSlice, Planner, ReceiveStats
 from .setup import Endpoint, EndpointSetUp
 from .slices import output_row, read_chunks, read_slice
 
-if TYPE_CHECKING:  # the options are parsed on the Spark side; receiving only reads them
-    from ...spark.options import ReaderOptions
+if TYPE_CHECKING:
+    from ..settings import ReceiveSettings
 
 __all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
 
@@ -56,7 +56,7 @@ class Receiver:
     Two sessions: `main` (set up by `EndpointSetUp`, holds the consumer lock) for what Spark waits
     on, `ahead` for the background thread's claims, acknowledgements and backlog estimates."""
 
-    def __init__(self, options: ReaderOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, options: ReceiveSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.options = options
         self.endpoint = Endpoint(options, options.dialect, options.dialect.claims_table(options.queue))
         self.stats = ReceiveStats()

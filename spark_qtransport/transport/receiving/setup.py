@@ -15,8 +15,8 @@ from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
 from .. import session as db
 from ..routing import queue_shape_problem
 
-if TYPE_CHECKING:  # the options are parsed on the Spark side; receiving only reads them
-    from ...spark.options import ReaderOptions
+if TYPE_CHECKING:
+    from ..settings import ReceiveSettings
 
 __all__ = ["Endpoint", "LOCK_WAIT", "EndpointSetUp"]
 
@@ -31,7 +31,7 @@ class Endpoint:
     """The queue one streaming query receives from, shared by the receiver's pieces. The one place
     the receiver holds its dialect: the pieces read it from here, never keep a copy."""
 
-    options: ReaderOptions
+    options: ReceiveSettings
     dialect: Dialect
     claims: QueueAddress  # the queue's claim table
 

@@ -34,12 +34,12 @@ from typing import Any, TypeVar
 from ...connections import EXECUTOR_CONNECTIONS
 from ...dialects import Dialect
 from ...errors import DispatchError, QueueNotFoundError
-from ...spark.options import WriterOptions
 from ...wire import decode_headers, format_time
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, Target, insert_guarded, route_rows
+from ..settings import SendSettings
 from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
 from .outbox import Outbox, fingerprint
 
@@ -84,7 +84,7 @@ class DispatchResult:
 # -- set-up (driver) ------------------------------------------------------------------------------
 
 
-def set_up_sender(options: WriterOptions) -> SendPlan:
+def set_up_sender(options: SendSettings) -> SendPlan:
     """Create the endpoint's staging and outbox tables (ours, always) and, with createQueues,
     its delayed table, error queue and default destination, each only if missing (once they exist, table
     privileges are enough); find its input queue for ReplyToAddress. Returns the executors' plan."""
@@ -131,7 +131,7 @@ def set_up_sender(options: WriterOptions) -> SendPlan:
 
 
 def stage_partition(
-    options: WriterOptions,
+    options: SendSettings,
     plan: SendPlan,
     batches: Iterable[Iterable[Mapping[str, Any]]],
     *,
@@ -233,7 +233,7 @@ def _discard(conn: Any) -> None:
         db.close(conn)
 
 
-def _connect(dialect: Dialect, options: WriterOptions) -> Any:
+def _connect(dialect: Dialect, options: SendSettings) -> Any:
     """A cached connection, checked with a trivial statement; a dropped one is replaced once."""
     for attempt in (1, 2):
         conn = EXECUTOR_CONNECTIONS.get(options.url, dialect.connect)
@@ -254,7 +254,7 @@ def _connect(dialect: Dialect, options: WriterOptions) -> Any:
 class Dispatcher:
     """The driver side of the sink: dispatches staged batches, moves due delayed messages."""
 
-    def __init__(self, options: WriterOptions) -> None:
+    def __init__(self, options: SendSettings) -> None:
         self.options = options
         self.dialect: Dialect = options.dialect
         self.outbox = Outbox(self.dialect, options.outbox, options.staging, options.endpoint.table, options.sink)
