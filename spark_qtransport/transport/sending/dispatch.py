@@ -38,8 +38,9 @@ from ...wire import decode_headers, format_time
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
 from ..receiving.vacuum import vacuum_if_due
-from ..routing import Item, Refusal, Router, Target, insert_guarded, route_rows
-from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
+from ..routing import Item, Refusal, Router, insert_guarded, route_rows
+from .fanout import Destination, add_subscribers
+from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan
 from .outbox import Outbox, fingerprint
 from .staging import InputFailed, TaskRows, chunks, executor_connection
 
@@ -179,15 +180,6 @@ def stage_partition(
 # -- dispatch (driver) -----------------------------------------------------------------------------
 
 
-@dataclass
-class _Destination:
-    """One queue a batch sends to: where (or why not), and which staged rows go there."""
-
-    to: Target | Refusal
-    route: str | None  # the SEND route staged for it, if any
-    publish_routes: list[str] = field(default_factory=list)  # EnclosedMessageTypes values routed to it
-
-
 @dataclass(frozen=True)
 class _Batch:
     """The batch being dispatched, as its successful tasks reported it."""
@@ -298,14 +290,15 @@ class Dispatcher:
         whose destination is refused to the error queue."""
         d, o = self.dialect, self.options
         router = Router(d, o.routing)
-        destinations: dict[str, _Destination] = {}  # by canonical address
+        destinations: dict[str, Destination] = {}  # by canonical address
         for kind, route in batch.routes:
             if kind == SEND:
-                destinations[route] = _Destination(router.resolve(cur, route, option="destination"), route)
+                destinations[route] = Destination(router.resolve(cur, route, option="destination"), route)
         published = [route for (kind, route) in batch.routes if kind == PUBLISH]
         if published:
-            self._route_publishes(cur, router, published, destinations)
-        refused: list[_Destination] = []
+            add_subscribers(cur, d, router, o.subscriptions, create=o.create_queues, published=published,
+                            destinations=destinations)
+        refused: list[Destination] = []
         for dest in destinations.values():
             to = dest.to
             if isinstance(to, Refusal):
@@ -315,7 +308,7 @@ class Dispatcher:
                               publish_routes=dest.publish_routes, recoverable=to.recoverable)
             n, problem = insert_guarded(cur, d, stmt)
             if problem is not None:  # the table refused the rows (privileges, a trigger...)
-                refused.append(_Destination(Refusal(to.text, f"writing to {to.name} failed: {problem}"),
+                refused.append(Destination(Refusal(to.text, f"writing to {to.name} failed: {problem}"),
                                             dest.route, dest.publish_routes))
                 continue
             result.destinations[to.text] = result.destinations.get(to.text, 0) + n
@@ -341,7 +334,7 @@ class Dispatcher:
         if batch_id >= 0:
             db.execute(cur, self.dialect.delete_batch_leftovers(self.options.staging, sink=self.options.sink, batch_id=batch_id))
 
-    def _to_error_queue(self, cur: Any, router: Router, attempts: list[str], refused: list[_Destination]) -> int:
+    def _to_error_queue(self, cur: Any, router: Router, attempts: list[str], refused: list[Destination]) -> int:
         """Copy the staged messages of refused destinations to the endpoint's error queue, with
         NServiceBus's failure headers naming the destination and the reason."""
         d, o = self.dialect, self.options
@@ -359,32 +352,6 @@ class Dispatcher:
         )
         return routed.failed
 
-    def _route_publishes(self, cur: Any, router: Router, published: list[str],
-                         destinations: dict[str, _Destination]) -> None:
-        """Add each subscriber queue with the EnclosedMessageTypes values routed to it."""
-        d, o = self.dialect, self.options
-        if not db.columns(cur, d.queue_columns(o.subscriptions)):
-            if not o.create_queues:
-                raise QueueNotFoundError(
-                    f"this batch publishes events, but the subscription table {d.qualified(o.subscriptions)} "
-                    "does not exist; create it (option 'createQueues', or the DDL in sql/)"
-                )
-            for stmt in d.create_subscriptions(o.subscriptions):
-                db.execute(cur, stmt)
-        by_topic: dict[str, list[str]] = {}
-        for types in published:
-            for topic in topics_of(types):
-                by_topic.setdefault(topic, []).append(types)
-        if not by_topic:
-            return
-        for queue_text, topic in db.rows(cur, d.subscribers(o.subscriptions, sorted(by_topic))):
-            to = router.resolve(cur, queue_text, option=f"subscriber of {topic} in {d.qualified(o.subscriptions)}")
-            dest = destinations.setdefault(to.text if isinstance(to, Target) else f"\0{queue_text}",
-                                           _Destination(to, None))
-            for types in by_topic[topic]:
-                if types not in dest.publish_routes:
-                    dest.publish_routes.append(types)
-
     def _check_delayed(self, cur: Any) -> None:
         d, o = self.dialect, self.options
         if db.columns(cur, d.queue_columns(o.delayed)):
@@ -396,7 +363,8 @@ class Dispatcher:
         raise QueueNotFoundError(
             f"this batch has delayed messages but delayed delivery is not set up for endpoint {o.endpoint}: "
             f"table {d.qualified(o.delayed)} does not exist. Create it (the DDL in sql/, or "
-            ".option('createQueues', 'true')); nothing of this batch was sent"
+            ".option('createQueues', 'true')); nothing of this batch was sent",
+            queue=d.format_address(o.delayed),
         )
 
     def move_due(self) -> MoveResult | None:
