@@ -21,6 +21,7 @@ from backends import Backend, Sender
 from spark_qtransport.errors import (
     ConfigError,
     DispatchError,
+    MessageError,
     OutboxConflictError,
     QueueNotFoundError,
 )
@@ -147,6 +148,34 @@ def test_checkpoint_reset_with_a_reused_endpoint_is_detected(backend: Backend, q
     assert other.send([msg(message_id="c")], batch_id=0, query="query-two").sent == 1
 
 
+def test_an_outbox_record_cleaned_up_during_a_dispatch_is_retried(
+    backend: Backend, queues: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's record is there when the dispatch tries to write it, and gone (a concurrent
+    cleanup, here another connection) when it reads it back: the dispatch runs again and sends."""
+    if backend.name != "postgres":
+        pytest.skip("deletes the record from a second connection while the dispatch holds its transaction")
+    s = Sender(backend, queues.sales, destination=queues.billing)
+    assert s.send([msg(message_id="a")], batch_id=4).sent == 1
+    dialect = type(s.options.dialect)
+    outbox_get = dialect.outbox_get
+    raced: list[int] = []
+
+    def cleaned_up_meanwhile(self: Any, outbox: Any, *, sink: str, batch_id: int) -> Any:
+        if not raced:
+            with backend.connect() as other:
+                raced.append(other.execute(f"DELETE FROM {self.qualified(outbox)} WHERE sink = %s AND batch_id = %s",
+                                           (sink, batch_id)).rowcount)
+        return outbox_get(self, outbox, sink=sink, batch_id=batch_id)
+
+    monkeypatch.setattr(dialect, "outbox_get", cleaned_up_meanwhile)
+    result = s.send([msg(message_id="b")], batch_id=4)
+    assert raced == [1]
+    assert (result.skipped, result.sent) == (False, 1), "the retry found no record: the batch is sent again"
+    assert sorted(h[H.MESSAGE_ID] for h, _ in received(backend, queues.billing)) == ["a", "b"]
+    assert s.staged() == 0
+
+
 def test_dispatching_messages_a_missing_destination_goes_to_the_error_queue(
     backend: Backend, queues: Any, names: Any
 ) -> None:
@@ -180,7 +209,7 @@ def _args(stmt: Any) -> tuple[Any, ...]:
 
 def test_a_destination_that_is_not_an_address_goes_to_the_error_queue(backend: Backend, queues: Any) -> None:
     s = Sender(backend, queues.sales, error_queue=queues.error)
-    with pytest.raises(ConfigError, match="no destination"):  # the job's own omission fails loudly
+    with pytest.raises(MessageError, match="no destination"):  # the job's own omission fails loudly
         s.stage([msg(message_id="m2")], batch_id=0)
     result = s.send([msg(message_id="m1", destination="  "), msg(message_id="m3", intent="reply")])
     assert (result.sent, result.failed) == (0, 2)
@@ -257,7 +286,7 @@ def test_replies_correlate_to_their_requests(backend: Backend, queues: Any) -> N
 
 def test_reserved_headers_are_refused(backend: Backend, queues: Any) -> None:
     s = Sender(backend, queues.sales, destination=queues.billing)
-    with pytest.raises(ConfigError, match="ForwardDestination.*reserved"):
+    with pytest.raises(MessageError, match="ForwardDestination.*reserved"):
         s.stage([msg(headers={H.FORWARD_DESTINATION: "x"})], batch_id=0)
 
 
@@ -293,7 +322,7 @@ def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, q
     s = Sender(backend, queues.sales, subscriptions=names("NoSubs"))
     with pytest.raises(QueueNotFoundError, match="subscription table .* does not exist"):
         s.send([msg(intent="publish")])
-    with pytest.raises(ConfigError, match="published and has a destination"):
+    with pytest.raises(MessageError, match="published and has a destination"):
         s.stage([msg(intent="publish", destination=queues.billing)], batch_id=0)
 
 
@@ -331,7 +360,7 @@ def test_delayed_rows_carry_forward_destination_and_a_server_due_time(backend: B
 
 def test_delay_with_time_to_be_received_is_refused(backend: Backend, queues: Any) -> None:
     s = Sender(backend, queues.sales, destination=queues.billing)
-    with pytest.raises(ConfigError, match="delayed and has a time to be received"):
+    with pytest.raises(MessageError, match="delayed and has a time to be received"):
         s.stage([msg(delay=10, time_to_be_received=60)], batch_id=0)
 
 

@@ -12,8 +12,9 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport.dialects import dialect_named
-from spark_qtransport.errors import ConfigError
-from spark_qtransport.transport.sending.messages import DELAYED, SEND, MessageBuilder, SendPlan
+from spark_qtransport.dialects.base import STAGED_COLUMNS
+from spark_qtransport.errors import MessageError
+from spark_qtransport.transport.sending.messages import DELAYED, SEND, MessageBuilder, SendPlan, StagedRow
 
 TYPE = "Shop.Messages.PlaceOrder, Shop.Messages"
 YEAR = 365.25 * 86_400
@@ -25,13 +26,14 @@ def builder(dialect: str = "postgres") -> MessageBuilder:
     return MessageBuilder(plan, batch_id=1, attempt="a")
 
 
-def build(**row: Any) -> tuple[Any, ...]:
+def build(**row: Any) -> StagedRow:
     return builder().build({"body": b"{}", "message_id": "order-7", "message_type": TYPE, **row}, datetime.now(timezone.utc))
 
 
 def refused(column: str, shown: str, **row: Any) -> str:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(MessageError) as info:
         build(**row)
+    assert info.value.column == column.split("[")[0]
     text = str(info.value)
     assert repr(column) in text and "order-7" in text and shown in text, text
     return text
@@ -52,30 +54,30 @@ def test_durations_past_100_years_are_refused(column: str) -> None:
 
 def test_durations_up_to_100_years_are_taken() -> None:
     row = build(delay=99 * YEAR)
-    assert row[3] == DELAYED and row[9] == round(99 * YEAR * 1000)
-    assert build(time_to_be_received=timedelta(days=99 * 365))[8] == 99 * 365 * 86_400_000
+    assert row.kind == DELAYED and row.delay_ms == round(99 * YEAR * 1000)
+    assert build(time_to_be_received=timedelta(days=99 * 365)).ttbr_ms == 99 * 365 * 86_400_000
 
 
 def test_sql_server_adds_at_most_an_int_of_seconds() -> None:
     b = builder("sqlserver")
     base = {"body": b"{}", "message_id": "order-7", "message_type": TYPE}
-    assert b.build({**base, "delay": 2**31 - 1}, "now")[9] == (2**31 - 1) * 1000
-    with pytest.raises(ConfigError, match=r"'delay' of message 'order-7': 2147483648 is too long"):
+    assert b.build({**base, "delay": 2**31 - 1}, "now").delay_ms == (2**31 - 1) * 1000
+    with pytest.raises(MessageError, match=r"'delay' of message 'order-7': 2147483648 is too long"):
         b.build({**base, "delay": 2**31}, "now")
 
 
 def test_a_negative_delay_is_due_now() -> None:
     for delay in (-5, -1e300, -(10**20)):
         row = build(delay=delay)
-        assert row[3] == SEND and row[9] == 0
+        assert row.kind == SEND and row.delay_ms == 0
 
 
 def test_deliver_at_more_than_100_years_from_now_is_refused() -> None:
     now = datetime.now(timezone.utc)
     assert "100 years" in refused("deliver_at", "9999-12-31", deliver_at=datetime(9999, 12, 31))
     refused("deliver_at", "0001-01-01", deliver_at=datetime(1, 1, 1, tzinfo=timezone.utc))
-    assert build(deliver_at=now + timedelta(days=99 * 365))[3] == DELAYED
-    assert build(deliver_at=now - timedelta(days=30))[10] is not None  # in the past: due now, as before
+    assert build(deliver_at=now + timedelta(days=99 * 365)).kind == DELAYED
+    assert build(deliver_at=now - timedelta(days=30)).due is not None  # in the past: due now, as before
 
 
 @pytest.mark.parametrize("column", ["correlation_id", "message_type", "reply_to"])
@@ -84,7 +86,7 @@ def test_nul_in_text_columns_is_refused(column: str) -> None:
 
 
 def test_nul_in_the_message_id_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"column 'message_id' of message 'order\\x007'"):
+    with pytest.raises(MessageError, match=r"column 'message_id' of message 'order\\x007'"):
         build(message_id="order\x007")
 
 
@@ -97,7 +99,14 @@ def test_nul_in_header_keys_and_values_is_refused() -> None:
 
 def test_ordinary_values_pass() -> None:
     row = build(correlation_id="c-1", reply_to="Shop.Web", headers={"Shop.Tenant": "acme"}, time_to_be_received=30.5)
-    assert row[3] == SEND and row[8] == 30_500
+    assert row.kind == SEND and row.ttbr_ms == 30_500
+
+
+def test_staged_rows_have_the_staging_columns_in_order() -> None:
+    """The dialects write staged rows by `STAGED_COLUMNS`: the two cannot drift apart."""
+    assert StagedRow._fields == STAGED_COLUMNS
+    row = build()
+    assert row.size == len(row.headers) + 2 and row.message_id == "order-7"
 
 
 @pytest.mark.usefixtures("spark")

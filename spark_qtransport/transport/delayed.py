@@ -61,7 +61,7 @@ class DelayedMover:
                 conn.rollback()
                 result.busy = True
                 break
-            rows = cur.execute(*db.args(self.dialect.due_delayed(self.delayed, limit=self.batch))).fetchall()
+            rows = db.rows(cur, self.dialect.due_delayed(self.delayed, limit=self.batch))
             self._move_rows(cur, rows, result)
             conn.commit()
             if len(rows) < self.batch:

@@ -98,7 +98,7 @@ def one(cur: Any, stmt: Statement) -> tuple[Any, ...]:
 
 def rows(cur: Any, stmt: Statement) -> list[Any]:
     cur.execute(*args(stmt))
-    return cur.fetchall()  # type: ignore[no-any-return]
+    return list(cur.fetchall())
 
 
 def columns(cur: Any, stmt: Statement) -> dict[str, str]:

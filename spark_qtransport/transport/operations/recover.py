@@ -40,7 +40,7 @@ def retry_failed(
     """Move failed messages (the given native ids, else the oldest `limit`) back; one transaction."""
     result = RetryResult()
     cur = conn.cursor()
-    rows = cur.execute(*db.args(dialect.lock_messages(error_queue, native_ids=native_ids, limit=limit))).fetchall()
+    rows = db.rows(cur, dialect.lock_messages(error_queue, native_ids=native_ids, limit=limit))
     items: list[Item] = []
     ids: dict[str, str] = {}  # key -> native id
     for key, native_id, text in rows:
@@ -64,7 +64,7 @@ def retry_failed(
     result.kept += [(ids[key], reason) for key, reason in routed.kept]
     conn.commit()
     if native_ids is not None:
-        found = {str(r[1]).lower() for r in rows}
+        found = set(ids.values())
         result.kept += [(i.lower(), "not in the error queue (or held by another session)") for i in native_ids
                         if i.lower() not in found]
     return result

@@ -58,7 +58,7 @@ class _SliceCursor:
         self.after = int(rows[-1][0])
         self.largest = max(self.largest, *(len(r[3] or "") + len(r[4] or b"") for r in rows))
         self.size = max(1, min(self.chunk, self.size * 4, self.budget // self.largest))
-        return rows  # type: ignore[no-any-return]
+        return rows
 
     def drop(self, exc: BaseException | None = None) -> None:
         """Close the connection (after a fault, or a read the caller abandoned)."""

@@ -22,40 +22,42 @@ missing static ``destination`` option fails at start instead, naming it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ...connections import EXECUTOR_CONNECTIONS
 from ...dialects import Dialect
-from ...errors import DispatchError, QueueNotFoundError
+from ...errors import DispatchError, OutboxRaceError, QueueNotFoundError
 from ...wire import decode_headers, format_time
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
+from ..executor import cached_connection
 from ..receiving.vacuum import vacuum_if_due
-from ..routing import Item, Refusal, Router, Target, insert_guarded, route_rows
+from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..settings import SendSettings
-from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, topics_of
+from .fanout import Destination, add_subscribers
+from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan
 from .outbox import Outbox, fingerprint
+from .staging import InputFailed, TaskRows, chunks
 
-__all__ = ["StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
+__all__ = ["RouteCount", "StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
 
 log = logging.getLogger("spark_qtransport.send")
 
 T = TypeVar("T")
 
-#: rows per bulk write on executors
-STAGE_CHUNK = 5000
-#: headers and body bytes per bulk write: a chunk is written once it holds this many
-STAGE_BYTES = 16 * 2**20
-#: rows of one task kept in memory to stage again after a transient fault (headers + bodies)
-STAGE_RETRY_BYTES = 64 * 2**20
 
+class RouteCount(NamedTuple):
+    """How many messages of one kind a task staged for one route."""
+
+    kind: str  # SEND, PUBLISH or DELAYED
+    route: str
+    messages: int
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class StageReport:
 
     attempt: str
     rows: int
-    routes: tuple[tuple[str, str, int], ...]  # (kind, route, count)
+    routes: tuple[RouteCount, ...]
     batch_id: int
     query_id: str | None
 
@@ -94,11 +96,6 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         tables += [(options.delayed, d.create_delayed), (options.error_queue, d.create_queue)]
         if options.destination is not None:
             tables.append((options.destination, d.create_queue))
-    conns: list[Any] = []
-
-    def connect() -> Any:
-        conns.append(d.connect(options.url))
-        return conns[-1]
 
     def set_up(conn: Any) -> bool:
         cur = conn.cursor()
@@ -111,12 +108,11 @@ def set_up_sender(options: SendSettings) -> SendPlan:
             Router(d, options.routing).configured(cur, options.destination, option="destination")
         return bool(db.columns(cur, d.queue_columns(options.endpoint)))
 
+    session = db.Session(d, options.url, what=f"setting up the sender tables of endpoint {d.format_address(options.endpoint)}")
     try:
-        has_input = db.retrying(d, set_up, connection=connect, discard=db.close,
-                                what=f"setting up the sender tables of endpoint {d.format_address(options.endpoint)}")
+        has_input = session.run(set_up)
     finally:
-        for conn in conns:
-            db.close(conn)
+        session.close()
     return SendPlan(
         dialect=d.name,
         endpoint=options.endpoint.table,
@@ -128,6 +124,12 @@ def set_up_sender(options: SendSettings) -> SendPlan:
 
 
 # -- stage (executors) ---------------------------------------------------------------------------
+
+
+def _check(conn: Any) -> None:
+    """A trivial statement: a connection the server dropped since the last task fails here."""
+    conn.cursor().execute("SELECT 1").fetchall()
+    conn.rollback()
 
 
 def stage_partition(
@@ -149,106 +151,61 @@ def stage_partition(
     dialect = options.dialect
     builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
     now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
-    source = iter(builder.build(row, now) for batch in batches for row in batch)
-    kept: list[tuple[Any, ...]] | None = []  # every row read so far, while small enough to keep
-    kept_bytes, delay = 0, 0.2
+    rows = TaskRows(builder.build(row, now) for batch in batches for row in batch)
+    what = f"staging batch {batch_id} of endpoint {plan.endpoint!r} into {dialect.qualified(options.staging)}"
 
-    def fresh() -> Iterator[tuple[Any, ...]]:
-        """The task's next input rows, kept for a retry while they fit in `STAGE_RETRY_BYTES`."""
-        nonlocal kept, kept_bytes
-        while (row := _next_input(source)) is not None:
-            if kept is not None:
-                kept.append(row)
-                kept_bytes += _staged_bytes(row)
-                if kept_bytes > STAGE_RETRY_BYTES:
-                    kept = None
-            yield row
-
-    for attempt in range(1, db.RETRIES + 1):
+    def attempt(_: int) -> int:
         conn = None
-        rows = 0
         try:
-            conn = _connect(dialect, options)
-            retried = [(*r[:2], builder.attempt, *r[3:]) for r in kept or ()]  # a retry: under this attempt's id
-            for chunk in _chunks(itertools.chain(retried, fresh())):
+            conn, _checked = cached_connection(dialect, options.url, _check, what=what, log=log)
+            staged = 0
+            for chunk in chunks(rows.all(builder.attempt)):
                 dialect.stage_rows(conn, options.staging, chunk)
-                rows += len(chunk)
+                staged += len(chunk)
             conn.commit()
-        except _InputFailed as failed:  # our input (the upstream plan, a bad row) failed: not ours to retry
-            _discard(conn)
-            raise failed.__cause__ from None  # type: ignore[misc]
-        except Exception as exc:
-            _discard(conn)
-            what = f"staging batch {batch_id} of endpoint {plan.endpoint!r} into {dialect.qualified(options.staging)}"
-            if dialect.is_undefined_table(exc):
-                raise QueueNotFoundError(f"{what}: the staging table does not exist") from exc
-            if not dialect.is_transient(exc) or attempt == db.RETRIES or kept is None:
-                raise db.explain(dialect, what, exc) from exc
-            log.warning("%s failed (%s); staging again in %.1fs", what, dialect.error_text(exc), delay)
-            builder.attempt = uuid.uuid4().hex
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-            continue
+        except BaseException:
+            if conn is not None:
+                db.rollback(conn)
+                db.close(conn)
+            raise
         EXECUTOR_CONNECTIONS.put(options.url, conn)
-        routes = tuple((k, r, n) for (k, r), n in sorted(builder.counts.items()))
-        return StageReport(builder.attempt, rows, routes, batch_id, query_id)
-    raise AssertionError("unreachable")
+        return staged
 
+    def again(exc: BaseException) -> None:
+        if not rows.replayable:  # too large to keep: Spark's task retry stages it again
+            raise db.explain(dialect, what, exc) from exc  # type: ignore[arg-type]
+        builder.attempt = uuid.uuid4().hex
 
-def _staged_bytes(row: tuple[Any, ...]) -> int:
-    """Headers and body bytes of one staged row (`STAGED_COLUMNS` order)."""
-    return len(row[6]) + len(row[7] or b"")
-
-
-def _chunks(rows: Iterable[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
-    """Staged rows in bulk writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes."""
-    chunk: list[tuple[Any, ...]] = []
-    size = 0
-    for row in rows:
-        chunk.append(row)
-        size += _staged_bytes(row)
-        if len(chunk) >= STAGE_CHUNK or size >= STAGE_BYTES:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-class _InputFailed(Exception):
-    """Raised from the task's input rows; the original error is the cause."""
-
-
-def _next_input(rows: Any) -> tuple[Any, ...] | None:
     try:
-        return next(rows)  # type: ignore[no-any-return]
-    except StopIteration:
-        return None
-    except Exception as exc:
-        raise _InputFailed from exc
-
-
-def _discard(conn: Any) -> None:
-    if conn is not None:
-        db.rollback(conn)
-        db.close(conn)
-
-
-def _connect(dialect: Dialect, options: SendSettings) -> Any:
-    """A cached connection, checked with a trivial statement; a dropped one is replaced once."""
-    for attempt in (1, 2):
-        conn = EXECUTOR_CONNECTIONS.get(options.url, dialect.connect)
-        try:
-            conn.cursor().execute("SELECT 1").fetchall()
-            conn.rollback()
-            return conn
-        except Exception as exc:
-            db.close(conn)
-            if attempt == 2 or not dialect.is_transient(exc):
-                raise
-    raise AssertionError("unreachable")
+        staged = db.with_retries(dialect, what, attempt, after_failure=again)
+    except InputFailed as failed:  # our input failed: not ours to retry, and no database fault
+        raise failed.__cause__ from None  # type: ignore[misc]
+    routes = tuple(RouteCount(kind, route, n) for (kind, route), n in sorted(builder.counts.items()))
+    return StageReport(builder.attempt, staged, routes, batch_id, query_id)
 
 
 # -- dispatch (driver) -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The batch being dispatched, as its successful tasks reported it."""
+
+    batch_id: int
+    attempts: list[str]
+    expected: int  # rows staged
+    routes: dict[tuple[str, str], int]  # (kind, route) -> rows
+
+    @classmethod
+    def of(cls, batch_id: int, reports: list[StageReport]) -> _Batch:
+        routes: dict[tuple[str, str], int] = {}
+        for report in reports:
+            for r in report.routes:
+                routes[(r.kind, r.route)] = routes.get((r.kind, r.route), 0) + r.messages
+        return cls(batch_id, [r.attempt for r in reports], sum(r.rows for r in reports), routes)
+
+    def count(self, kind: str) -> int:
+        return sum(n for (k, _), n in self.routes.items() if k == kind)
 
 
 class Dispatcher:
@@ -260,30 +217,18 @@ class Dispatcher:
         self.outbox = Outbox(self.dialect, options.outbox, options.staging, options.endpoint.table, options.sink)
         self.mover = DelayedMover(self.dialect, options.delayed, options.endpoint, options.error_queue,
                                   policy=options.routing)
-        self._conn: Any = None
+        self.session = db.Session(self.dialect, options.url)
 
-    def _connection(self) -> Any:
-        if self._conn is None:
-            self._conn = self.dialect.connect(self.options.url)
-        return self._conn
-
-    def _run(self, what: str, fn: Callable[[Any], T]) -> T:
-        """`fn(conn)` in a transaction, retried on a new connection after a transient fault.
-        Safe for dispatch: a retry of a batch that did commit finds its outbox record."""
-
-        def discard(conn: Any) -> None:
-            db.close(conn)
-            self._conn = None
-
-        return db.retrying(self.dialect, fn, connection=self._connection, discard=discard,
-                           what=f"{what} for endpoint {self.options.endpoint}")
+    def _what(self, what: str) -> str:
+        return f"{what} for endpoint {self.options.endpoint}"
 
     def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query_id: str | None = None) -> DispatchResult:
         """Dispatch one batch from its successful tasks' reports (idempotent per batch id)."""
         done = [r for r in reports if r is not None]
         query_id = query_id or next((r.query_id for r in done if r.query_id), None)
         fp = fingerprint(query_id, uuid.uuid4().hex)
-        result = self._run("dispatch", lambda conn: self._dispatch(conn, batch_id, done, fp))
+        batch = _Batch.of(batch_id, done)
+        result = self._outlasting_races(lambda conn: self._dispatch(conn, batch, fp), self._what("dispatch"))
         if result.skipped:
             log.info("batch %d of endpoint %s was dispatched before; nothing sent again", batch_id, self.options.endpoint)
         else:
@@ -291,77 +236,104 @@ class Dispatcher:
                      batch_id, self.options.endpoint, result.sent, result.delayed, result.published)
         try:
             result.moved = self.move_due()
-            self.outbox.cleanup(self._connection(), self.options.retention_seconds)
-            vacuum_if_due(self.dialect, self._connection(), self.options.staging)
+            self.outbox.cleanup(self.session.connection(), self.options.retention_seconds)
+            vacuum_if_due(self.dialect, self.session.connection(), self.options.staging)
         except Exception as exc:  # noqa: BLE001 - the batch is sent; these run again next time
-            db.rollback(self._connection())
+            if self.session.connected:
+                db.rollback(self.session.connection())
             log.warning("after dispatching batch %d of %s: %s", batch_id, self.options.endpoint,
                         db.describe(self.dialect, exc))
         return result
 
-    def _dispatch(self, conn: Any, batch_id: int, reports: list[StageReport], fp: str) -> DispatchResult:
+    def _outlasting_races(self, fn: Callable[[Any], T], what: str) -> T:
+        """`session.run(fn)`, and again after an `OutboxRaceError` (a concurrent cleanup deleted
+        the batch's record between two statements), waiting as the retry policy waits between
+        transient faults. The session's retries see only driver errors: this one is ours."""
+        backoff = db.Backoff()
+        for n in range(1, backoff.attempts + 1):
+            try:
+                return self.session.run(fn, what)
+            except OutboxRaceError as exc:
+                if n == backoff.attempts:
+                    raise
+                log.warning("%s: %s (again in %.1fs)", what, exc, backoff.wait(n))
+                time.sleep(backoff.wait(n))
+        raise AssertionError("unreachable")
+
+    def _dispatch(self, conn: Any, batch: _Batch, fp: str) -> DispatchResult:
+        """The dispatch transaction (see the module's docstring); committed by the caller."""
         d, o = self.dialect, self.options
         cur = conn.cursor()
-        result = DispatchResult(batch_id)
-        attempts = [r.attempt for r in reports]
-        expected = sum(r.rows for r in reports)
-        if expected == 0:
-            self._delete_leftovers(cur, batch_id)
+        result = DispatchResult(batch.batch_id)
+        if batch.expected == 0:
+            self._delete_leftovers(cur, batch.batch_id)
             return result
         for stmt in d.dispatch_plans():
             db.execute(cur, stmt)
-        if self.outbox.begin(cur, batch_id, fp) is not None:
+        if self.outbox.begin(cur, batch.batch_id, fp) is not None:
             result.skipped = True
-            db.execute(cur, d.delete_staged(o.staging, attempts=attempts))
-            self._delete_leftovers(cur, batch_id)
+            db.execute(cur, d.delete_staged(o.staging, attempts=batch.attempts))
+            self._delete_leftovers(cur, batch.batch_id)
             return result
-        routes: dict[tuple[str, str], int] = {}
-        for r in reports:
-            for kind, route, n in r.routes:
-                routes[(kind, route)] = routes.get((kind, route), 0) + n
+        self._send(cur, batch, result)
+        result.published = batch.count(PUBLISH)
+        self._store_delayed(cur, batch, result)
+        found = db.rowcount(cur, d.delete_staged(o.staging, attempts=batch.attempts))
+        if found != batch.expected:
+            # UNLOGGED staging emptied by a server restart, or rows deleted by hand: do not send
+            # part of a batch. Spark stages the batch again when the query restarts.
+            raise DispatchError(
+                f"batch {batch.batch_id} of endpoint {o.endpoint}: the tasks staged {batch.expected} messages but "
+                f"{found} are in {d.qualified(o.staging)} (database restarted?). Nothing was sent; "
+                "restart the query to stage the batch again",
+                queue=d.format_address(o.staging), operation="dispatch",
+            )
+        self._delete_leftovers(cur, batch.batch_id)
+        self.outbox.finish(cur, batch.batch_id, sent=result.sent, delayed=result.delayed, published=result.published)
+        return result
+
+    def _send(self, cur: Any, batch: _Batch, result: DispatchResult) -> None:
+        """Move the messages due now to their queues (subscribers' for published ones); those
+        whose destination is refused to the error queue."""
+        d, o = self.dialect, self.options
         router = Router(d, o.routing)
-        # every destination: canonical address -> (target or why not, send route, published routes)
-        targets: dict[str, tuple[Target | Refusal, str | None, list[str]]] = {}
-        for kind, route in routes:
+        destinations: dict[str, Destination] = {}  # by canonical address
+        for kind, route in batch.routes:
             if kind == SEND:
-                targets[route] = (router.resolve(cur, route, option="destination"), route, [])
-        published = [route for (kind, route) in routes if kind == PUBLISH]
+                destinations[route] = Destination(router.resolve(cur, route, option="destination"), route)
+        published = [route for (kind, route) in batch.routes if kind == PUBLISH]
         if published:
-            self._route_publishes(cur, router, published, targets)
-        refused: list[tuple[Refusal, str | None, list[str]]] = []
-        for to, route, pub_routes in targets.values():
+            add_subscribers(cur, d, router, o.subscriptions, create=o.create_queues, published=published,
+                            destinations=destinations)
+        refused: list[Destination] = []
+        for dest in destinations.values():
+            to = dest.to
             if isinstance(to, Refusal):
-                refused.append((to, route, pub_routes))
+                refused.append(dest)
                 continue
-            stmt = d.dispatch(o.staging, to.address, attempts=attempts, route=route, publish_routes=pub_routes,
-                              recoverable=to.recoverable)
+            stmt = d.dispatch(o.staging, to.address, attempts=batch.attempts, route=dest.route,
+                              publish_routes=dest.publish_routes, recoverable=to.recoverable)
             n, problem = insert_guarded(cur, d, stmt)
             if problem is not None:  # the table refused the rows (privileges, a trigger...)
-                refused.append((Refusal(to.text, f"writing to {to.name} failed: {problem}"), route, pub_routes))
+                refused.append(Destination(Refusal(to.text, f"writing to {to.name} failed: {problem}"),
+                                            dest.route, dest.publish_routes))
                 continue
             result.destinations[to.text] = result.destinations.get(to.text, 0) + n
             result.sent += n
         if refused:
-            result.failed = self._to_error_queue(cur, router, attempts, refused)
-        result.published = sum(n for (kind, _), n in routes.items() if kind == PUBLISH)
-        delayed = sum(n for (kind, _), n in routes.items() if kind == DELAYED)
-        if delayed:
-            self._check_delayed(cur)
-            result.delayed = db.rowcount(cur, d.dispatch_delayed(o.staging, o.delayed, attempts=attempts))
-            if result.delayed != delayed:
-                raise DispatchError(f"batch {batch_id}: {delayed} delayed messages staged, {result.delayed} stored")
-        found = db.rowcount(cur, d.delete_staged(o.staging, attempts=attempts))
-        if found != expected:
-            # UNLOGGED staging emptied by a server restart, or rows deleted by hand: do not send
-            # part of a batch. Spark stages the batch again when the query restarts.
-            raise DispatchError(
-                f"batch {batch_id} of endpoint {o.endpoint}: the tasks staged {expected} messages but "
-                f"{found} are in {d.qualified(o.staging)} (database restarted?). Nothing was sent; "
-                "restart the query to stage the batch again"
-            )
-        self._delete_leftovers(cur, batch_id)
-        self.outbox.finish(cur, batch_id, sent=result.sent, delayed=result.delayed, published=result.published)
-        return result
+            result.failed = self._to_error_queue(cur, router, batch.attempts, refused)
+
+    def _store_delayed(self, cur: Any, batch: _Batch, result: DispatchResult) -> None:
+        """Move the batch's delayed messages into the endpoint's delayed table."""
+        d, o = self.dialect, self.options
+        delayed = batch.count(DELAYED)
+        if not delayed:
+            return
+        self._check_delayed(cur)
+        result.delayed = db.rowcount(cur, d.dispatch_delayed(o.staging, o.delayed, attempts=batch.attempts))
+        if result.delayed != delayed:
+            raise DispatchError(f"batch {batch.batch_id}: {delayed} delayed messages staged, {result.delayed} stored",
+                                queue=d.format_address(o.delayed), operation="dispatch")
 
     def _delete_leftovers(self, cur: Any, batch_id: int) -> None:
         """Delete what failed attempts of a streaming batch staged (one-off writes have no batch
@@ -369,15 +341,14 @@ class Dispatcher:
         if batch_id >= 0:
             db.execute(cur, self.dialect.delete_batch_leftovers(self.options.staging, sink=self.options.sink, batch_id=batch_id))
 
-    def _to_error_queue(self, cur: Any, router: Router, attempts: list[str],
-                        refused: list[tuple[Refusal, str | None, list[str]]]) -> int:
+    def _to_error_queue(self, cur: Any, router: Router, attempts: list[str], refused: list[Destination]) -> int:
         """Copy the staged messages of refused destinations to the endpoint's error queue, with
         NServiceBus's failure headers naming the destination and the reason."""
         d, o = self.dialect, self.options
         items = []
-        for refusal, route, pub_routes in refused:
-            stmt = d.staged_messages(o.staging, attempts=attempts, route=route, publish_routes=pub_routes)
-            items += [Item(key, decode_headers(text), refusal, raw=text) for key, text in db.rows(cur, stmt)]
+        for dest in refused:
+            stmt = d.staged_messages(o.staging, attempts=attempts, route=dest.route, publish_routes=dest.publish_routes)
+            items += [Item(key, decode_headers(text), dest.to, raw=text) for key, text in db.rows(cur, stmt)]
         routed = route_rows(
             cur, router, items,
             insert=lambda t, keys, headers: d.move_staged(o.staging, t.address, keys=keys, headers=headers,
@@ -387,31 +358,6 @@ class Dispatcher:
             source="spark_qtransport.send", endpoint=o.endpoint.table,
         )
         return routed.failed
-
-    def _route_publishes(self, cur: Any, router: Router, published: list[str],
-                         targets: dict[str, tuple[Target | Refusal, str | None, list[str]]]) -> None:
-        """Add each subscriber queue with the EnclosedMessageTypes values routed to it."""
-        d, o = self.dialect, self.options
-        if not db.columns(cur, d.queue_columns(o.subscriptions)):
-            if not o.create_queues:
-                raise QueueNotFoundError(
-                    f"this batch publishes events, but the subscription table {d.qualified(o.subscriptions)} "
-                    "does not exist; create it (option 'createQueues', or the DDL in sql/)"
-                )
-            for stmt in d.create_subscriptions(o.subscriptions):
-                db.execute(cur, stmt)
-        by_topic: dict[str, list[str]] = {}
-        for types in published:
-            for topic in topics_of(types):
-                by_topic.setdefault(topic, []).append(types)
-        if not by_topic:
-            return
-        for queue_text, topic in db.rows(cur, d.subscribers(o.subscriptions, sorted(by_topic))):
-            to = router.resolve(cur, queue_text, option=f"subscriber of {topic} in {d.qualified(o.subscriptions)}")
-            entry = targets.setdefault(to.text if isinstance(to, Target) else f"\0{queue_text}", (to, None, []))
-            for types in by_topic[topic]:
-                if types not in entry[2]:
-                    entry[2].append(types)
 
     def _check_delayed(self, cur: Any) -> None:
         d, o = self.dialect, self.options
@@ -424,7 +370,8 @@ class Dispatcher:
         raise QueueNotFoundError(
             f"this batch has delayed messages but delayed delivery is not set up for endpoint {o.endpoint}: "
             f"table {d.qualified(o.delayed)} does not exist. Create it (the DDL in sql/, or "
-            ".option('createQueues', 'true')); nothing of this batch was sent"
+            ".option('createQueues', 'true')); nothing of this batch was sent",
+            queue=d.format_address(o.delayed),
         )
 
     def move_due(self) -> MoveResult | None:
@@ -434,15 +381,15 @@ class Dispatcher:
                 return None
             return self.mover.move(conn)
 
-        return self._run("moving due delayed messages", move)
+        return self.session.run(move, self._what("moving due delayed messages"))
 
     def abort(self, reports: list[StageReport | None]) -> None:
         """Best effort: delete what the attempts of a failed batch staged."""
         attempts = [r.attempt for r in reports if r is not None]
         if attempts:
-            self._run("abort", lambda c: db.rowcount(c.cursor(), self.dialect.delete_staged(self.options.staging, attempts=attempts)))
+            self.session.run(lambda c: db.rowcount(c.cursor(), self.dialect.delete_staged(self.options.staging,
+                                                                                          attempts=attempts)),
+                             self._what("abort"))
 
     def close(self) -> None:
-        if self._conn is not None:
-            db.close(self._conn)
-            self._conn = None
+        self.session.close()

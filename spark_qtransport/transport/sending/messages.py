@@ -1,8 +1,9 @@
 """Outgoing messages: input rows -> staged rows with NServiceBus headers. Runs on executors; no SQL.
 
 One `MessageBuilder` per Spark task turns the sink's input columns (see `INPUT_COLUMNS`) into
-tuples in `STAGED_COLUMNS` order. Every check happens here, before anything is written, and every
-error names the column and the message at fault.
+`StagedRow`s, whose fields are the staging table's columns in the order they are written. Every
+check happens here, before anything is written, and every error (`MessageError`) names the
+column and the message at fault.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...dialects import QueueAddress, dialect_named
-from ...errors import ConfigError
-from ...wire import INTENTS, H, encode_headers, outgoing_headers
+from ...errors import ConfigError, MessageError
+from ...wire import INTENTS, RESERVED, H, encode_headers, outgoing_headers
 
-__all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "SendPlan", "MessageBuilder", "check_columns", "topics_of"]
+__all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "StagedRow", "SendPlan", "MessageBuilder", "check_columns",
+           "topics_of"]
 
 #: kinds of staged rows
 SEND, PUBLISH, DELAYED = "s", "p", "d"
@@ -40,6 +42,28 @@ INPUT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 TTBR_HEADER = "NServiceBus.TimeToBeReceived"
+
+
+class StagedRow(NamedTuple):
+    """One message as staged: the staging table's columns, in the order executors bulk-write them
+    (the dialects' `STAGED_COLUMNS` names the same fields)."""
+
+    sink: str
+    batch_id: int
+    attempt: str  # the task attempt that staged it; only reported attempts are dispatched
+    kind: str  # SEND, PUBLISH or DELAYED
+    route: str  # canonical destination address; for PUBLISH the EnclosedMessageTypes value
+    message_id: str
+    headers: str  # JSON text
+    body: bytes | None
+    ttbr_ms: int | None  # time to be received
+    delay_ms: int | None  # delay from the dispatch (None with `due`)
+    due: datetime | None  # deliver_at
+
+    @property
+    def size(self) -> int:
+        """Headers and body bytes: what a row costs in memory and on the wire."""
+        return len(self.headers) + len(self.body or b"")
 
 
 def check_columns(fields: Sequence[tuple[str, str]]) -> None:
@@ -102,22 +126,27 @@ def _seconds(value: Any, column: str, message_id: str, limit: float = MAX_SECOND
     try:
         seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"column {column!r} of message {message_id!r}: {value!r} is not a number of seconds") from None
+        raise MessageError(f"column {column!r} of message {message_id!r}: {value!r} is not a number of seconds",
+                           column=column) from None
     if not math.isfinite(seconds):
-        raise ConfigError(f"column {column!r} of message {message_id!r}: {value!r} is not a finite number of seconds")
+        raise MessageError(f"column {column!r} of message {message_id!r}: {value!r} is not a finite number of seconds",
+                           column=column)
     if seconds > limit:
-        raise ConfigError(
+        raise MessageError(
             f"column {column!r} of message {message_id!r}: {value!r} is too long ({seconds:.0f} s; "
-            f"at most {limit:.0f} s, about {limit / (365.25 * 86_400):.0f} years)"
+            f"at most {limit:.0f} s, about {limit / (365.25 * 86_400):.0f} years)",
+            column=column,
         )
     return seconds
 
 
-def _no_nul(value: Any, column: str, message_id: str) -> None:
-    """PostgreSQL text cannot hold a NUL character: refuse it here, naming the message."""
+def _no_nul(value: Any, column: str, message_id: str, *, field: str | None = None) -> None:
+    """PostgreSQL text cannot hold a NUL character: refuse it here, naming the message. `field`:
+    the part of the column named in the message (a header), when not the whole column."""
     if isinstance(value, str) and "\x00" in value:
         shown = repr(value) if len(value) <= 200 else repr(value[:200]) + "..."
-        raise ConfigError(f"column {column!r} of message {message_id!r}: {shown} contains a NUL character (\\x00)")
+        raise MessageError(f"column {field or column!r} of message {message_id!r}: {shown} contains a NUL character (\\x00)",
+                           column=column)
 
 
 @dataclass(frozen=True)
@@ -154,9 +183,10 @@ class MessageBuilder:
         if route is None:
             if destination is None:
                 if self.plan.default_destination is None:
-                    raise ConfigError(
+                    raise MessageError(
                         f"message {message_id} has no destination: fill the 'destination' column "
-                        "or set option 'destination'"
+                        "or set option 'destination'",
+                        column="destination", option="destination",
                     )
                 address = self.plan.default_destination
             else:
@@ -169,7 +199,7 @@ class MessageBuilder:
             self._routes[destination] = route
         return route
 
-    def build(self, row: Mapping[str, Any], now: datetime | str) -> tuple[Any, ...]:
+    def build(self, row: Mapping[str, Any], now: datetime | str) -> StagedRow:
         """One input row (column name -> Python value) -> one staged row. `now`: the send time
         (or its text in NServiceBus's format, formatted once per task)."""
         get = row.get
@@ -179,78 +209,118 @@ class MessageBuilder:
             _no_nul(get(column), column, message_id)
         intent = (get("intent") or "send").strip().lower()
         if intent not in INTENTS:
-            raise ConfigError(f"column 'intent' of message {message_id}: {get('intent')!r} is not one of send, publish, reply")
+            raise MessageError(f"column 'intent' of message {message_id}: {get('intent')!r} is not one of send, "
+                               "publish, reply", column="intent")
         body = get("body")
         if isinstance(body, str):
             body = body.encode("utf-8")
-        given = get("headers")
-        if given is not None and not isinstance(given, Mapping):
-            given = dict(given)  # Arrow maps arrive as (key, value) pairs
-        given = {k: v for k, v in (given or {}).items() if v is not None}
-        for key, value in given.items():
-            _no_nul(key, "headers", message_id)
-            _no_nul(value, f"headers[{key!r}]", message_id)
-        ttbr = _seconds(get("time_to_be_received"), "time_to_be_received", message_id, self._max_seconds)
-        delay = _seconds(get("delay"), "delay", message_id, self._max_seconds)
+        given = _given_headers(get("headers"), message_id)
+        timing = self._timing(row, message_id)
+        if timing.ttbr is not None:
+            given.setdefault(TTBR_HEADER, _timespan(timing.ttbr))
+        headers = self._headers(row, message_id, intent, given, now)
+        kind, route = self._kind_and_route(get("destination"), message_id, intent, timing.deferred, headers)
+        key = (kind, route)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return StagedRow(
+            sink=self.plan.sink, batch_id=self.batch_id, attempt=self.attempt, kind=kind, route=route,
+            message_id=message_id, headers=encode_headers(headers), body=body,
+            ttbr_ms=None if timing.ttbr is None else round(timing.ttbr * 1000),
+            delay_ms=None if timing.delay is None or timing.deliver_at is not None else max(round(timing.delay * 1000), 0),
+            due=timing.deliver_at,
+        )
+
+    def _timing(self, row: Mapping[str, Any], message_id: str) -> _Timing:
+        """The row's time to be received, delay and deliver_at, checked."""
+        ttbr = _seconds(row.get("time_to_be_received"), "time_to_be_received", message_id, self._max_seconds)
+        delay = _seconds(row.get("delay"), "delay", message_id, self._max_seconds)
         if delay is not None and delay < 0:
             delay = 0.0  # a negative delay: due now
-        deliver_at = get("deliver_at")
+        deliver_at = row.get("deliver_at")
         if deliver_at is not None:
             if not isinstance(deliver_at, datetime):
-                raise ConfigError(f"column 'deliver_at' of message {message_id!r}: {deliver_at!r} is not a timestamp")
+                raise MessageError(f"column 'deliver_at' of message {message_id!r}: {deliver_at!r} is not a timestamp",
+                                   column="deliver_at")
             if deliver_at.tzinfo is None:
                 deliver_at = deliver_at.replace(tzinfo=timezone.utc)
             if abs((deliver_at - self._now).total_seconds()) > MAX_SECONDS:
-                raise ConfigError(
-                    f"column 'deliver_at' of message {message_id!r}: {deliver_at.isoformat()} is more than 100 years from now"
+                raise MessageError(
+                    f"column 'deliver_at' of message {message_id!r}: {deliver_at.isoformat()} is more than 100 years "
+                    "from now",
+                    column="deliver_at",
                 )
-        deferred = deliver_at is not None or (delay is not None and delay > 0)
+        timing = _Timing(ttbr, delay, deliver_at)
         if ttbr is not None:
             if ttbr <= 0:
-                raise ConfigError(f"column 'time_to_be_received' of message {message_id} must be positive, not {ttbr}")
-            if deferred:
-                raise ConfigError(
+                raise MessageError(f"column 'time_to_be_received' of message {message_id} must be positive, not {ttbr}",
+                                   column="time_to_be_received")
+            if timing.deferred:
+                raise MessageError(
                     f"message {message_id} is delayed and has a time to be received: NServiceBus refuses "
-                    "delayed messages that can expire; drop one of them"
+                    "delayed messages that can expire; drop one of them",
+                    column="time_to_be_received",
                 )
-            given.setdefault(TTBR_HEADER, _timespan(ttbr))
+        return timing
+
+    def _headers(self, row: Mapping[str, Any], message_id: str, intent: str, given: dict[str, Any],
+                 now: datetime | str) -> dict[str, str | None]:
+        """The message's NServiceBus headers: the given ones and the defaults an endpoint fills in."""
         try:
-            headers = outgoing_headers(
+            return outgoing_headers(
                 message_id=message_id,
                 endpoint=self.plan.endpoint,
                 machine=self.machine,
                 intent=intent,
-                message_type=get("message_type"),
+                message_type=row.get("message_type"),
                 content_type=self.plan.content_type,
-                correlation_id=get("correlation_id"),
-                reply_to_address=get("reply_to") or self.plan.reply_to,
+                correlation_id=row.get("correlation_id"),
+                reply_to_address=row.get("reply_to") or self.plan.reply_to,
                 headers=given,
                 now=now,
             )
-        except ValueError as exc:
-            raise ConfigError(f"message {message_id}: {exc}") from None
-        destination = get("destination")
+        except ValueError as exc:  # a reserved header given, or no message type in column or header
+            column = "headers" if any(name in given for name in RESERVED) else "message_type"
+            raise MessageError(f"message {message_id}: {exc}", column=column) from None
+
+    def _kind_and_route(self, destination: str | None, message_id: str, intent: str, deferred: bool,
+                        headers: dict[str, str | None]) -> tuple[str, str]:
+        """Where the message goes: (SEND, DELAYED or PUBLISH, canonical address or published types)."""
         if intent == "publish":
             if destination is not None:
-                raise ConfigError(
+                raise MessageError(
                     f"message {message_id} is published and has a destination ({destination!r}): "
-                    "published events go to their subscribers; send it instead, or clear the destination"
+                    "published events go to their subscribers; send it instead, or clear the destination",
+                    column="destination",
                 )
             if deferred:
-                raise ConfigError(f"message {message_id}: delaying a published event is not supported; send it delayed")
-            kind, route = PUBLISH, headers[H.ENCLOSED_MESSAGE_TYPES] or ""
-        else:
-            # a reply to a message without a ReplyToAddress has no destination: route "" is
-            # refused at dispatch, and the reply goes to the error queue
-            route = "" if intent == "reply" and destination is None else self.route(destination, message_id)
-            kind = DELAYED if deferred else SEND
-            if deferred:
-                headers[H.FORWARD_DESTINATION] = route
-        key = (kind, route)
-        self.counts[key] = self.counts.get(key, 0) + 1
-        return (
-            self.plan.sink, self.batch_id, self.attempt, kind, route, message_id, encode_headers(headers), body,
-            None if ttbr is None else round(ttbr * 1000),
-            None if delay is None or deliver_at is not None else max(round(delay * 1000), 0),
-            deliver_at,
-        )
+                raise MessageError(f"message {message_id}: delaying a published event is not supported; send it delayed",
+                                   column="intent")
+            return PUBLISH, headers[H.ENCLOSED_MESSAGE_TYPES] or ""
+        # a reply to a message without a ReplyToAddress has no destination: route "" is refused at
+        # dispatch, and the reply goes to the error queue
+        route = "" if intent == "reply" and destination is None else self.route(destination, message_id)
+        if deferred:
+            headers[H.FORWARD_DESTINATION] = route
+            return DELAYED, route
+        return SEND, route
+
+
+class _Timing(NamedTuple):
+    ttbr: float | None  # seconds
+    delay: float | None  # seconds, not negative
+    deliver_at: datetime | None  # aware
+
+    @property
+    def deferred(self) -> bool:
+        return self.deliver_at is not None or (self.delay is not None and self.delay > 0)
+
+
+def _given_headers(given: Any, message_id: str) -> dict[str, Any]:
+    """The headers column as a dict without null values, refusing NUL characters."""
+    if given is not None and not isinstance(given, Mapping):
+        given = dict(given)  # Arrow maps arrive as (key, value) pairs
+    headers = {k: v for k, v in (given or {}).items() if v is not None}
+    for key, value in headers.items():
+        _no_nul(key, "headers", message_id)
+        _no_nul(value, "headers", message_id, field=f"headers[{key!r}]")
+    return headers

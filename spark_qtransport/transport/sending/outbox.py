@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from ...dialects import Dialect, QueueAddress
-from ...errors import OutboxConflictError
+from ...errors import OutboxConflictError, OutboxRaceError
 from .. import session as db
 
 __all__ = ["BatchRecord", "Outbox", "fingerprint", "CLEANUP_BATCH"]
@@ -55,8 +55,10 @@ class Outbox:
             return None
         row = db.first(cur, self.dialect.outbox_get(self.table, sink=self.sink, batch_id=batch_id))
         if row is None:  # recorded and cleaned up between the two statements: ours to send again
-            raise OutboxConflictError(f"outbox record of batch {batch_id} vanished while dispatching; retry")
-        record = BatchRecord(str(row[0]), row[1], row[2], row[3], row[4])
+            raise OutboxRaceError(f"outbox record of batch {batch_id} vanished while dispatching; retry",
+                                  queue=self.dialect.format_address(self.table), operation="dispatch")
+        fp_found, dispatched_at, sent, delayed, published = row
+        record = BatchRecord(str(fp_found), dispatched_at, sent, delayed, published)
         if record.fingerprint != fp:
             t = self.dialect.qualified(self.table)
             sink = self.sink.replace("'", "''")
@@ -65,7 +67,8 @@ class Outbox:
                 f"at {record.dispatched_at} by another run ({record.fingerprint}; this is {fp}): the checkpoint "
                 "was deleted or reset, or another query sends as the same endpoint. Nothing was sent. "
                 "Give this query its own .option('sinkName', ...) or endpoint; or, if the old checkpoint "
-                f"is gone for good, delete its records: DELETE FROM {t} WHERE sink = '{sink}'"
+                f"is gone for good, delete its records: DELETE FROM {t} WHERE sink = '{sink}'",
+                queue=self.dialect.format_address(self.table), operation="dispatch",
             )
         return record
 

@@ -1,0 +1,53 @@
+"""Where a batch's messages go: its destinations, and the subscribers of the events it publishes
+(NServiceBus's native publish: the ``SubscriptionRouting`` table maps topics to queues)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...dialects import Dialect, QueueAddress
+from ...errors import QueueNotFoundError
+from .. import session as db
+from ..routing import Refusal, Router, Target
+from .messages import topics_of
+
+__all__ = ["Destination", "add_subscribers"]
+
+
+@dataclass
+class Destination:
+    """One queue a batch sends to: where (or why not), and which staged rows go there."""
+
+    to: Target | Refusal
+    route: str | None  # the SEND route staged for it, if any
+    publish_routes: list[str] = field(default_factory=list)  # EnclosedMessageTypes values routed to it
+
+
+def add_subscribers(cur: Any, dialect: Dialect, router: Router, subscriptions: QueueAddress, *, create: bool,
+                    published: list[str], destinations: dict[str, Destination]) -> None:
+    """Add each subscriber queue of the `published` EnclosedMessageTypes values to `destinations`
+    (by canonical address), with the values routed to it. `create`: create a missing
+    subscription table (option createQueues) instead of failing."""
+    d = dialect
+    if not db.columns(cur, d.queue_columns(subscriptions)):
+        if not create:
+            raise QueueNotFoundError(
+                f"this batch publishes events, but the subscription table {d.qualified(subscriptions)} "
+                "does not exist; create it (option 'createQueues', or the DDL in sql/)",
+                queue=d.format_address(subscriptions), option="subscriptionTable",
+            )
+        for stmt in d.create_subscriptions(subscriptions):
+            db.execute(cur, stmt)
+    by_topic: dict[str, list[str]] = {}
+    for types in published:
+        for topic in topics_of(types):
+            by_topic.setdefault(topic, []).append(types)
+    if not by_topic:
+        return
+    for queue_text, topic in db.rows(cur, d.subscribers(subscriptions, sorted(by_topic))):
+        to = router.resolve(cur, queue_text, option=f"subscriber of {topic} in {d.qualified(subscriptions)}")
+        dest = destinations.setdefault(to.text if isinstance(to, Target) else f"\0{queue_text}", Destination(to, None))
+        for types in by_topic[topic]:
+            if types not in dest.publish_routes:
+                dest.publish_routes.append(types)
