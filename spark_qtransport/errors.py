@@ -23,6 +23,8 @@ being done). Code that handles errors reads the fields; people read the message.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "QTransportError",
     "ConfigError",
@@ -43,6 +45,8 @@ class QTransportError(Exception):
 
     #: the fields an error may carry (keyword arguments of every subclass)
     FIELDS = ("queue", "option", "column", "sqlstate", "operation")
+    #: worth running the transaction again (the retry policy, `transport.session`, retries it)
+    transient: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -114,6 +118,8 @@ class OutboxConflictError(QTransportError):
 class OutboxRaceError(QTransportError):
     """The outbox changed under a dispatch (its record vanished: a concurrent cleanup). Transient:
     the dispatch is retried, and finds the batch's record or writes it."""
+
+    transient = True
 
 
 class DispatchError(QTransportError):

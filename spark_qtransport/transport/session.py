@@ -52,7 +52,8 @@ BACKOFF = Backoff()
 
 def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, backoff: Backoff = BACKOFF,
                  after_failure: Callable[[BaseException], None] | None = None) -> T:
-    """`attempt(n)` for n = 1, 2, ... until it returns. Our own errors propagate as they are. A
+    """`attempt(n)` for n = 1, 2, ... until it returns. Our own errors propagate as they are,
+    but for those that say they are transient (`QTransportError.transient`), retried. A
     driver error that is permanent (`Dialect.is_transient` false: a wrong password, a missing
     table, no permission), or transient on the last attempt, is raised as `QueueNotFoundError` /
     `DatabaseError` naming `what`, with the driver's error as its cause. Any other exception (a bug,
@@ -61,18 +62,21 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
     for n in range(1, backoff.attempts + 1):
         try:
             return attempt(n)
-        except QTransportError:
-            raise
+        except QTransportError as exc:
+            if not exc.transient or n == backoff.attempts:
+                raise
+            failure: BaseException = exc
+            log.warning("%s: %s; retrying in %.1fs", what, exc, backoff.wait(n))
         except Exception as exc:
             if not dialect.is_driver_error(exc):
                 raise
             if not dialect.is_transient(exc) or n == backoff.attempts:
                 raise explain(dialect, what, exc) from exc
-            delay = backoff.wait(n)
-            log.warning("%s failed (%s); retrying in %.1fs", what, dialect.error_text(exc), delay)
-            if after_failure is not None:
-                after_failure(exc)
-            time.sleep(delay)
+            failure = exc
+            log.warning("%s failed (%s); retrying in %.1fs", what, dialect.error_text(exc), backoff.wait(n))
+        if after_failure is not None:
+            after_failure(failure)
+        time.sleep(backoff.wait(n))
     raise AssertionError("unreachable")
 
 

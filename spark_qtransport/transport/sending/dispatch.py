@@ -23,16 +23,15 @@ missing static ``destination`` option fails at start instead, naming it.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, TypeVar
 
 from ...connections import EXECUTOR_CONNECTIONS
 from ...dialects import Dialect
-from ...errors import DispatchError, OutboxRaceError, QueueNotFoundError
+from ...errors import DispatchError, QueueNotFoundError
 from ...wire import decode_headers, format_time
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
@@ -228,7 +227,9 @@ class Dispatcher:
         query_id = query_id or next((r.query_id for r in done if r.query_id), None)
         fp = fingerprint(query_id, uuid.uuid4().hex)
         batch = _Batch.of(batch_id, done)
-        result = self._outlasting_races(lambda conn: self._dispatch(conn, batch, fp), self._what("dispatch"))
+        # the session retries a transient fault, and an OutboxRaceError (a concurrent cleanup deleted
+        # the batch's record between two statements)
+        result = self.session.run(lambda conn: self._dispatch(conn, batch, fp), self._what("dispatch"))
         if result.skipped:
             log.info("batch %d of endpoint %s was dispatched before; nothing sent again", batch_id, self.options.endpoint)
         else:
@@ -244,21 +245,6 @@ class Dispatcher:
             log.warning("after dispatching batch %d of %s: %s", batch_id, self.options.endpoint,
                         db.describe(self.dialect, exc))
         return result
-
-    def _outlasting_races(self, fn: Callable[[Any], T], what: str) -> T:
-        """`session.run(fn)`, and again after an `OutboxRaceError` (a concurrent cleanup deleted
-        the batch's record between two statements), waiting as the retry policy waits between
-        transient faults. The session's retries see only driver errors: this one is ours."""
-        backoff = db.Backoff()
-        for n in range(1, backoff.attempts + 1):
-            try:
-                return self.session.run(fn, what)
-            except OutboxRaceError as exc:
-                if n == backoff.attempts:
-                    raise
-                log.warning("%s: %s (again in %.1fs)", what, exc, backoff.wait(n))
-                time.sleep(backoff.wait(n))
-        raise AssertionError("unreachable")
 
     def _dispatch(self, conn: Any, batch: _Batch, fp: str) -> DispatchResult:
         """The dispatch transaction (see the module's docstring); committed by the caller."""
