@@ -14,20 +14,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import (
-    BinaryType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
 from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, output_row, read_chunks, read_slice
 from ..transport.settings import ReceiveSettings
 from .options import ReaderOptions
+from .schema import SCHEMA
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -49,27 +42,6 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
 __all__ = ["SqlQueueDataSource", "SqlQueueStreamReader", "SCHEMA"]
 
 log = logging.getLogger("spark_qtransport.source")
-
-SCHEMA = StructType(
-    [
-        StructField("message_id", StringType(), False),
-        StructField("native_id", StringType(), False),
-        StructField("headers", MapType(StringType(), StringType(), True), False),
-        StructField("body", BinaryType(), True),
-        StructField("expires", TimestampType(), True),
-        StructField("message_type", StringType(), True),
-        StructField("correlation_id", StringType(), True),
-        StructField("conversation_id", StringType(), True),
-        StructField("reply_to", StringType(), True),
-        StructField("intent", StringType(), True),
-        StructField("time_sent", TimestampType(), True),
-        StructField("queue", StringType(), False),
-        StructField("claim_seq", LongType(), False),
-        StructField("source_seq", LongType(), False),
-        StructField("claimed_at", TimestampType(), False),
-    ]
-)
-
 
 class SqlQueueDataSource(DataSource):
     """``format("sqlqueue")``: NServiceBus SQL Server / PostgreSQL transport queues."""

@@ -1,4 +1,8 @@
-"""Output rows -> Arrow record batches, column by column (much faster than Spark's per-row conversion)."""
+"""The stream's columns, once: their Spark types (`SCHEMA`), their Arrow types, and output rows ->
+Arrow record batches, column by column (much faster than Spark's per-row conversion).
+
+The columns are `ReceivedMessage`'s fields, in order; `COLUMNS` gives each its types.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,52 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
-__all__ = ["rows_to_batch"]
+from ..transport.receiving.slices import ReceivedMessage
+
+__all__ = ["SCHEMA", "COLUMNS", "rows_to_batch"]
 
 _UTC = pa.timestamp("us", tz="UTC")
-# Arrow type of each output column but `headers` (a map, built from its keys and values below),
-# in `spark_qtransport.spark.reader.SCHEMA` order.
-_TYPES = [pa.string(), pa.string(), None, pa.binary(), _UTC, pa.string(), pa.string(), pa.string(),
-          pa.string(), pa.string(), _UTC, pa.string(), pa.int64(), pa.int64(), _UTC]
-_HEADERS = 2
-_BODY = 3
+_TEXT = (StringType(), pa.string())
+_TIME = (TimestampType(), _UTC)
+_LONG = (LongType(), pa.int64())
+
+#: column -> (Spark type, nullable, Arrow type); `headers` is a map built from its keys and values
+COLUMNS: dict[str, tuple[DataType, bool, Any]] = {
+    "message_id": (_TEXT[0], False, _TEXT[1]),
+    "native_id": (_TEXT[0], False, _TEXT[1]),
+    "headers": (MapType(StringType(), StringType(), True), False, None),
+    "body": (BinaryType(), True, pa.binary()),
+    "expires": (_TIME[0], True, _TIME[1]),
+    "message_type": (_TEXT[0], True, _TEXT[1]),
+    "correlation_id": (_TEXT[0], True, _TEXT[1]),
+    "conversation_id": (_TEXT[0], True, _TEXT[1]),
+    "reply_to": (_TEXT[0], True, _TEXT[1]),
+    "intent": (_TEXT[0], True, _TEXT[1]),
+    "time_sent": (_TIME[0], True, _TIME[1]),
+    "queue": (_TEXT[0], False, _TEXT[1]),
+    "claim_seq": (_LONG[0], False, _LONG[1]),
+    "source_seq": (_LONG[0], False, _LONG[1]),
+    "claimed_at": (_TIME[0], False, _TIME[1]),
+}
+if tuple(COLUMNS) != ReceivedMessage._fields:  # pragma: no cover - a change to one without the other
+    raise AssertionError(f"COLUMNS {tuple(COLUMNS)} differ from ReceivedMessage {ReceivedMessage._fields}")
+
+SCHEMA = StructType([StructField(name, typ, nullable) for name, (typ, nullable, _) in COLUMNS.items()])
+
+_TYPES = [arrow for _, _, arrow in COLUMNS.values()]
+_HEADERS = ReceivedMessage._fields.index("headers")
+_BODY = ReceivedMessage._fields.index("body")
 
 
 def _one_body(body: bytes) -> pa.Array:
@@ -26,7 +66,7 @@ def _one_body(body: bytes) -> pa.Array:
 
 
 def rows_to_batch(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
-    """One record batch of the source's output schema from output tuples (`queues.receive.output_row`)."""
+    """One record batch of the source's output schema from received messages (`ReceivedMessage`)."""
     columns = list(zip(*rows, strict=True))
     keys: list[str] = []
     values: list[str | None] = []
