@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ConfigError
 from .base import ClaimResult, Dialect, QueueAddress, Statement
 
 __all__ = ["ClaimResult", "Dialect", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
@@ -18,7 +19,7 @@ def dialect_named(name: str) -> Dialect:
         from .sqlserver import SqlServerDialect
 
         return SqlServerDialect()
-    raise ValueError(f"unknown dialect {name!r}")
+    raise ConfigError(f"unknown dialect {name!r}", option="url")
 
 
 def dialect_for(url: Any) -> Dialect:
