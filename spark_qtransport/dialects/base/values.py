@@ -72,7 +72,7 @@ class ClaimResult:
 def one_line(text: str) -> str:
     """The first non-blank line of an error's text, whitespace collapsed, passwords masked: a
     driver's later lines may quote the statement or the row at fault."""
-    from ..connections import mask
+    from ...connections import mask
 
     for line in text.splitlines():
         if line.strip():
