@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Self
 
+from ...errors import ConfigError
 from .addressing import AddressingSql
 from .values import QueueAddress, Statement
 
 
 class InstallSql(AddressingSql):
     """The tables (and server-side helpers) the connector creates."""
+
+    #: the type of a queue table's sequence column, by its width in bits
+    seq_types: Mapping[int, str]
+
+    def seq_type(self, seq_bits: int) -> str:
+        """The sequence column type of a new queue table `seq_bits` wide (32 as NServiceBus makes them)."""
+        seq_type = self.seq_types.get(seq_bits)
+        if seq_type is None:
+            raise ConfigError(f"seq_bits must be 32 or 64, not {seq_bits!r}", option="--seq-bits")
+        return seq_type
 
     @abstractmethod
     def create_queue(self, queue: QueueAddress, *, seq_bits: int = 64) -> list[Statement]:

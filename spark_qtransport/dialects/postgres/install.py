@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from types import MappingProxyType
 from typing import Self
 
-from ...errors import ConfigError
 from ..base import InstallSql, QueueAddress, Statement
 from .addressing import literal
 from .receive import HELPER_FUNCTION, POISON_PATH
@@ -19,6 +19,8 @@ FAST_VERSION = 160000  # pg_input_is_valid
 
 class PostgresInstall(InstallSql):
     """The PostgreSQL installers of the dialect."""
+
+    seq_types = MappingProxyType({32: "serial", 64: "bigserial"})
 
     force_helper: bool
     helper_schema: str | None
@@ -32,9 +34,7 @@ class PostgresInstall(InstallSql):
         )
 
     def create_queue(self, queue: QueueAddress, *, seq_bits: int = 64) -> list[Statement]:
-        seq_type = {32: "serial", 64: "bigserial"}.get(seq_bits)
-        if seq_type is None:
-            raise ConfigError(f"seq_bits must be 32 or 64, not {seq_bits!r}")
+        seq_type = self.seq_type(seq_bits)
         t = self.qualified(queue)
         stmts = [
             self._ddl_lock(queue),

@@ -3,15 +3,18 @@ outbox tables, each created the NServiceBus installer way."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
-from ...errors import ConfigError, QTransportError
+from ...errors import QTransportError
 from ..base import InstallSql, QueueAddress, Statement
 from .statements import EXACT, MAX_CONSUMER_CHARS, MAX_FINGERPRINT_CHARS, MAX_SINK_CHARS, QNAME, literal, placeholders
 
 
 class SqlServerInstall(InstallSql):
     """The SQL Server installers of the dialect."""
+
+    seq_types = MappingProxyType({32: "int", 64: "bigint"})
 
     def _create_batch(self, table: QueueAddress, ddl: str) -> Statement:
         """Idempotent creation, the NServiceBus installer way: existence check, then the
@@ -80,9 +83,7 @@ class SqlServerInstall(InstallSql):
         return Statement(sql, tuple(params))
 
     def create_queue(self, queue: QueueAddress, *, seq_bits: int = 64) -> list[Statement]:
-        seq_type = {32: "int", 64: "bigint"}.get(seq_bits)
-        if seq_type is None:
-            raise ConfigError(f"seq_bits must be 32 or 64, not {seq_bits!r}")
+        seq_type = self.seq_type(seq_bits)
         t = self.qualified(queue)
         # Column for column NServiceBus's CreateQueueText: a heap (a clustered RowVersion index
         # makes every insert and delete fight over the last page), FIFO through Index_RowVersion,

@@ -36,6 +36,103 @@ _POISON = (
 _FORWARD_LIKE = "N'%NServiceBus.SqlServer.ForwardDestination%'"
 
 
+#: The poison rows' INSERT naming Recoverable runs as dynamic SQL: a batch that names a column an
+#: existing table lacks does not compile, even in a branch that never runs. The dynamic text is
+#: made of constants and the quoted error table name (a parameter); it reads the temp table of
+#: the claim batch, which nested batches see (a table variable they would not).
+_INSERT_POISON_RECOVERABLE = (
+    "N'INSERT INTO ' + @error + N' (Id, Recoverable, Expires, Headers, Body)"
+    " SELECT Id, 1, NULL, Headers, Body FROM #sqlqueue_moved"
+    " WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion'"
+)
+
+#: The claim batch (see `SqlServerReceive.claim`); ``{q}``, ``{c}``, ``{e}`` the quoted queue,
+#: claim and error tables, ``{error_sys}`` the error queue's catalog views, ``{declare_upto}`` and
+#: ``{cond_upto}`` the optional upper bound.
+_CLAIM = """
+SET NOCOUNT ON;
+-- Any error undoes the whole claim: a row leaves the queue only together with its copy in the
+-- claim table or the error queue.
+SET XACT_ABORT ON;
+DECLARE @limit bigint = ?;
+DECLARE @after bigint = ?;
+{declare_upto}DECLARE @consumer nvarchar({max_consumer}) = ?;
+DECLARE @error {qname} = ?;
+DECLARE @chunk bigint, @n bigint;
+DECLARE @deleted int, @expired int, @poison int, @claimed int, @maxClaim bigint, @maxSource bigint;
+DECLARE @minClaim bigint, @forward int;
+DECLARE @claimedSeq TABLE (ClaimSeq bigint NOT NULL);
+IF OBJECT_ID(N'tempdb..#sqlqueue_moved') IS NOT NULL DROP TABLE #sqlqueue_moved;
+CREATE TABLE #sqlqueue_moved (
+    Id uniqueidentifier NOT NULL,
+    Expires datetime NULL,
+    Headers nvarchar(max) NOT NULL,
+    Body varbinary(max) NULL,
+    RowVersion bigint NOT NULL,
+    Expired bit NULL,
+    Poison bit NULL
+);
+-- Take the oldest rows, CLAIM_CHUNK per statement so no statement escalates to a table lock.
+-- UPDLOCK + READPAST: rows locked by competing consumers and NServiceBus endpoints are skipped,
+-- never waited for, never taken twice. ROWLOCK: lock only the rows taken. This is the receive
+-- of NServiceBus (TOP 1), batched. The rows are deleted from the queue and kept in the temp table.
+WHILE @limit > 0
+BEGIN
+    SET @chunk = CASE WHEN @limit < {chunk} THEN @limit ELSE {chunk} END;
+    WITH picked AS (
+        SELECT TOP (@chunk) Id, Expires, Headers, Body, RowVersion
+        FROM {q} WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE RowVersion > @after{cond_upto}
+        ORDER BY RowVersion
+    )
+    DELETE FROM picked
+    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion
+    INTO #sqlqueue_moved (Id, Expires, Headers, Body, RowVersion);
+    SET @n = @@ROWCOUNT;
+    SET @limit = @limit - @n;
+    IF @n < @chunk BREAK;
+    -- Go on after the last row taken: the skipped ones below it belong to others.
+    SELECT @after = MAX(RowVersion) FROM #sqlqueue_moved;
+END
+-- Expired rows are dropped (counted, never delivered). Poison rows: headers that are not a flat
+-- JSON object of strings or nulls.
+UPDATE #sqlqueue_moved SET
+    Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END,
+    Poison = {poison};
+SELECT @poison = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0;
+IF @poison > 0
+BEGIN
+    -- Poison rows go raw to the error queue: same Id, Headers and Body, no expiry, Recoverable = 1
+    -- where the table has that legacy column (NServiceBus tables have it, with no default).
+    IF EXISTS (SELECT 1 FROM {error_sys}columns WHERE object_id = OBJECT_ID(@error) AND name = N'Recoverable')
+    BEGIN
+        DECLARE @insertError nvarchar(max) = {insert_recoverable};
+        EXEC sys.sp_executesql @insertError;
+    END
+    ELSE
+    BEGIN
+        INSERT INTO {e} (Id, Expires, Headers, Body)
+        SELECT Id, NULL, Headers, Body FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion;
+    END
+END
+-- The rest is claimed. INSERT ... SELECT ... ORDER BY assigns the IDENTITY values in ORDER BY
+-- order (documented by SQL Server), so claim order is queue order.
+INSERT INTO {c} (Consumer, Id, Expires, Headers, Body, SourceSeq)
+OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)
+SELECT @consumer, Id, Expires, Headers, Body, RowVersion
+FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;
+SET @claimed = @@ROWCOUNT;
+SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;
+-- Rows that may carry the ForwardDestination header: the caller forwards them in this transaction.
+SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND Headers LIKE {forward_like};
+SELECT @deleted = COUNT(*), @expired = COUNT(CASE WHEN Expired = 1 THEN 1 END), @maxSource = MAX(RowVersion)
+FROM #sqlqueue_moved;
+DROP TABLE #sqlqueue_moved;
+SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS claimed,
+       @maxClaim AS max_claim, @maxSource AS max_source, @minClaim AS min_claim, @forward AS forward;
+"""
+
+
 class SqlServerReceive(ReceiveSql):
     """The SQL Server receive of the dialect."""
 
@@ -165,97 +262,11 @@ class SqlServerReceive(ReceiveSql):
             params.append(int(upto))
             declare_upto, cond_upto = "DECLARE @upto bigint = ?;\n", " AND RowVersion <= @upto"
         params += [self._check_consumer(consumer), e]
-        # The INSERT naming Recoverable runs as dynamic SQL: a batch that names a column an
-        # existing table lacks does not compile, even in a branch that never runs. The dynamic
-        # text is made of constants and the quoted error table name; it reads the temp table of
-        # this batch, which nested batches see (a table variable they would not).
-        insert_recoverable = (
-            "N'INSERT INTO ' + @error + N' (Id, Recoverable, Expires, Headers, Body)"
-            " SELECT Id, 1, NULL, Headers, Body FROM #sqlqueue_moved"
-            " WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion'"
+        sql = _CLAIM.format(
+            q=q, c=c, e=e, error_sys=self._sys(error), declare_upto=declare_upto, cond_upto=cond_upto,
+            max_consumer=MAX_CONSUMER_CHARS, qname=QNAME, chunk=CLAIM_CHUNK, poison=_POISON, forward_like=_FORWARD_LIKE,
+            insert_recoverable=_INSERT_POISON_RECOVERABLE,
         )
-        sql = f"""
-SET NOCOUNT ON;
--- Any error undoes the whole claim: a row leaves the queue only together with its copy in the
--- claim table or the error queue.
-SET XACT_ABORT ON;
-DECLARE @limit bigint = ?;
-DECLARE @after bigint = ?;
-{declare_upto}DECLARE @consumer nvarchar({MAX_CONSUMER_CHARS}) = ?;
-DECLARE @error {QNAME} = ?;
-DECLARE @chunk bigint, @n bigint;
-DECLARE @deleted int, @expired int, @poison int, @claimed int, @maxClaim bigint, @maxSource bigint;
-DECLARE @minClaim bigint, @forward int;
-DECLARE @claimedSeq TABLE (ClaimSeq bigint NOT NULL);
-IF OBJECT_ID(N'tempdb..#sqlqueue_moved') IS NOT NULL DROP TABLE #sqlqueue_moved;
-CREATE TABLE #sqlqueue_moved (
-    Id uniqueidentifier NOT NULL,
-    Expires datetime NULL,
-    Headers nvarchar(max) NOT NULL,
-    Body varbinary(max) NULL,
-    RowVersion bigint NOT NULL,
-    Expired bit NULL,
-    Poison bit NULL
-);
--- Take the oldest rows, CLAIM_CHUNK per statement so no statement escalates to a table lock.
--- UPDLOCK + READPAST: rows locked by competing consumers and NServiceBus endpoints are skipped,
--- never waited for, never taken twice. ROWLOCK: lock only the rows taken. This is the receive
--- of NServiceBus (TOP 1), batched. The rows are deleted from the queue and kept in the temp table.
-WHILE @limit > 0
-BEGIN
-    SET @chunk = CASE WHEN @limit < {CLAIM_CHUNK} THEN @limit ELSE {CLAIM_CHUNK} END;
-    WITH picked AS (
-        SELECT TOP (@chunk) Id, Expires, Headers, Body, RowVersion
-        FROM {q} WITH (UPDLOCK, READPAST, ROWLOCK)
-        WHERE RowVersion > @after{cond_upto}
-        ORDER BY RowVersion
-    )
-    DELETE FROM picked
-    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion
-    INTO #sqlqueue_moved (Id, Expires, Headers, Body, RowVersion);
-    SET @n = @@ROWCOUNT;
-    SET @limit = @limit - @n;
-    IF @n < @chunk BREAK;
-    -- Go on after the last row taken: the skipped ones below it belong to others.
-    SELECT @after = MAX(RowVersion) FROM #sqlqueue_moved;
-END
--- Expired rows are dropped (counted, never delivered). Poison rows: headers that are not a flat
--- JSON object of strings or nulls.
-UPDATE #sqlqueue_moved SET
-    Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END,
-    Poison = {_POISON};
-SELECT @poison = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0;
-IF @poison > 0
-BEGIN
-    -- Poison rows go raw to the error queue: same Id, Headers and Body, no expiry, Recoverable = 1
-    -- where the table has that legacy column (NServiceBus tables have it, with no default).
-    IF EXISTS (SELECT 1 FROM {self._sys(error)}columns WHERE object_id = OBJECT_ID(@error) AND name = N'Recoverable')
-    BEGIN
-        DECLARE @insertError nvarchar(max) = {insert_recoverable};
-        EXEC sys.sp_executesql @insertError;
-    END
-    ELSE
-    BEGIN
-        INSERT INTO {e} (Id, Expires, Headers, Body)
-        SELECT Id, NULL, Headers, Body FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion;
-    END
-END
--- The rest is claimed. INSERT ... SELECT ... ORDER BY assigns the IDENTITY values in ORDER BY
--- order (documented by SQL Server), so claim order is queue order.
-INSERT INTO {c} (Consumer, Id, Expires, Headers, Body, SourceSeq)
-OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)
-SELECT @consumer, Id, Expires, Headers, Body, RowVersion
-FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;
-SET @claimed = @@ROWCOUNT;
-SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;
--- Rows that may carry the ForwardDestination header: the caller forwards them in this transaction.
-SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND Headers LIKE {_FORWARD_LIKE};
-SELECT @deleted = COUNT(*), @expired = COUNT(CASE WHEN Expired = 1 THEN 1 END), @maxSource = MAX(RowVersion)
-FROM #sqlqueue_moved;
-DROP TABLE #sqlqueue_moved;
-SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS claimed,
-       @maxClaim AS max_claim, @maxSource AS max_source, @minClaim AS min_claim, @forward AS forward;
-"""
         return [Statement(sql.strip(), tuple(params))]
 
     def backlog(self, queue: QueueAddress) -> Statement:
