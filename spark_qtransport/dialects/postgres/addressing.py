@@ -1,4 +1,4 @@
-"""PostgreSQL names: ``table``, ``schema.table``, ``"schema"."table"``; literals for scripts people read."""
+"""PostgreSQL names: ``table``, ``schema.table``, ``"schema"."table"``."""
 
 from __future__ import annotations
 
@@ -6,18 +6,6 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..base import AddressingSql, QueueAddress, Statement
-
-#: the current time as the wall-clock UTC ``timestamp`` NServiceBus writes into Expires
-UTC_NOW = "(now() AT TIME ZONE 'UTC')"
-
-
-def literal(value: Any) -> str:
-    # For scripts people read and run; the connector itself always binds parameters.
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return "'" + str(value).replace("'", "''") + "'"
 
 
 class PostgresAddressing(AddressingSql):

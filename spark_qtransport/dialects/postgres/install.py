@@ -9,8 +9,8 @@ from types import MappingProxyType
 from typing import Self
 
 from ..base import InstallSql, QueueAddress, Statement
-from .addressing import literal
 from .receive import HELPER_FUNCTION, POISON_PATH
+from .statements import literal
 
 MIN_VERSION = 130000  # gen_random_uuid (jsonb_path_exists: 12)
 

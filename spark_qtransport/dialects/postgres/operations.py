@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from ..base import OperationsSql, QueueAddress, Statement, check_privileges
-from .addressing import UTC_NOW, literal
-from .receive import ROWS_OF
+from .statements import ROWS_OF, UTC_NOW, literal
 
 
 class PostgresOperations(OperationsSql):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import QueueAddress, ReceiveSql, Statement
-from .addressing import UTC_NOW
+from .statements import ROWS_OF, UTC_NOW
 
 #: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
 FORWARD_LIKE = "%NServiceBus.SqlServer.ForwardDestination%"
@@ -28,14 +28,6 @@ def _is_poison(col: str) -> str:
 #: instead (one subtransaction per message, so slower). Created beside the claim table.
 HELPER_FUNCTION = "sqlqueue_poison_headers"
 
-#: Bounded deletes pick their rows once, by physical address, then delete exactly those
-#: (`DELETE ... WHERE ctid = ANY(ARRAY(SELECT ctid ... LIMIT n))`): the array is computed once,
-#: before the scan, whatever the statistics say. The common `WHERE key IN (SELECT key ... LIMIT n)`
-#: is planned as a semi join, and on a table whose statistics say "one row" (last vacuumed empty)
-#: as a nested loop that runs the LIMIT query again for every row: 290 s to acknowledge 10,000
-#: claims. The delete is then a TID scan. Rows here are only inserted and deleted, never updated,
-#: and a tuple our snapshot sees cannot be vacuumed away, so each ctid still names the row picked.
-ROWS_OF = "ctid = ANY(ARRAY"
 
 
 class PostgresReceive(ReceiveSql):

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
-from .addressing import UTC_NOW
-from .receive import ROWS_OF
+from .statements import ROWS_OF, UTC_NOW
 
 
 class PostgresSend(SendSql):
