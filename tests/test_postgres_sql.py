@@ -80,8 +80,10 @@ class TestAddresses:
 
     @pytest.mark.parametrize("text", ["", "  ", "a\x00b", "x" * 64])
     def test_invalid(self, text: str) -> None:
-        with pytest.raises(ConfigError, match="option 'queue'"):
+        with pytest.raises(ConfigError, match="option 'queue'") as err:
             D.parse_address(text)
+        assert err.value.option == "queue"
+        assert err.value.queue == (text.strip() or None)
 
     def test_claim_table_name_too_long(self) -> None:
         with pytest.raises(ConfigError, match="its table .*Claims"):

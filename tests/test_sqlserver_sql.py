@@ -429,8 +429,9 @@ class TestAddresses:
         ],
     )
     def test_invalid(self, text: str, message: str) -> None:
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(ConfigError, match=message) as err:
             D.parse_address(text, option="errorQueue")
+        assert err.value.option == "errorQueue"
 
     def test_none_is_empty(self) -> None:
         with pytest.raises(ConfigError, match="option 'queue' is empty"):

@@ -34,7 +34,7 @@ class PostgresAddressing(AddressingSql):
     def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
         """``table``, ``schema.table``, ``"schema"."table"``: split at the first unquoted dot."""
         if text is None or not str(text).strip():
-            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales'")
+            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales'", option=option)
         text = str(text).strip()
         quotes = 0
         schema: str | None = None
@@ -52,7 +52,8 @@ class PostgresAddressing(AddressingSql):
             if schema is not None:
                 self.check_name("schema", schema)
         except ConfigError as exc:
-            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}") from None
+            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}", option=option,
+                              queue=text) from None
         return QueueAddress(table, schema or None)
 
     def schema_and_tables(self, schema: str, tables: list[str]) -> Statement | None:

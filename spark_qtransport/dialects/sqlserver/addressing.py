@@ -71,7 +71,8 @@ class SqlServerAddressing(AddressingSql):
         name has brackets, as in NServiceBus. Text after the catalog part is ignored, as there.
         """
         if text is None or not str(text).strip():
-            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales' or 'Sales@[dbo]'")
+            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales' or 'Sales@[dbo]'",
+                              option=option)
         text = str(text)
         table, sep, rest = text.partition("@")
         schema = catalog = None
@@ -90,13 +91,15 @@ class SqlServerAddressing(AddressingSql):
             if catalog is not None:
                 self.check_name("catalog", catalog)
         except ConfigError as exc:
-            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}") from None
+            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}", option=option,
+                              queue=text) from None
         return QueueAddress(table, schema, catalog)
 
     def format_address(self, address: QueueAddress) -> str:
         """``table@[schema]`` or ``table@[schema]@[catalog]``: NServiceBus's canonical form."""
         if "@" in address.table:
-            raise ConfigError(f"table name {address.table!r} contains '@' and cannot be written as an address")
+            raise ConfigError(f"table name {address.table!r} contains '@' and cannot be written as an address",
+                              queue=address.table)
         text = f"{self.check_name('table', address.table)}@{self.quote(address.schema or self.default_schema)}"
         if address.catalog:
             text += f"@{self.quote(address.catalog)}"

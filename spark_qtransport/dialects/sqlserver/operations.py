@@ -50,7 +50,8 @@ class SqlServerOperations(OperationsSql):
     def _check_subscription(option: str, value: str) -> str:
         """A value of the SubscriptionRouting table: nvarchar(200) NOT NULL, as NServiceBus makes it."""
         if not isinstance(value, str) or not value or len(value) > 200:
-            raise ConfigError(f"option '{option}': {value!r} must be 1 to 200 characters (SubscriptionRouting)")
+            raise ConfigError(f"option '{option}': {value!r} must be 1 to 200 characters (SubscriptionRouting)",
+                              option=option)
         return value
 
     def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:

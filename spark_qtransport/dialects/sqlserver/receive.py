@@ -140,7 +140,8 @@ class SqlServerReceive(ReceiveSql):
         if not consumer or "\x00" in consumer or len(consumer) > MAX_CONSUMER_CHARS:
             raise ConfigError(
                 f"option 'endpoint': consumer name {consumer!r} must be 1 to {MAX_CONSUMER_CHARS} characters "
-                "without NUL (the Consumer column of the claim table)"
+                "without NUL (the Consumer column of the claim table)",
+                option="endpoint",
             )
         return consumer
 
