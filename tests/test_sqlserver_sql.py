@@ -437,6 +437,13 @@ class TestAddresses:
         with pytest.raises(ConfigError, match="option 'queue' is empty"):
             D.parse_address(None)  # type: ignore[arg-type]
 
+    def test_frozen(self) -> None:
+        import dataclasses
+
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            D.default_schema = "x"  # type: ignore[misc]
+        assert D.adapt_to_server(160000, QueueAddress("Sales.Claims")) == (D, None)
+
     def test_128_characters_not_bytes(self) -> None:
         assert D.parse_address("x" * 128).table == "x" * 128
         assert D.parse_address("ä" * 128).table == "ä" * 128  # 256 bytes in UTF-8: still a valid name

@@ -34,9 +34,35 @@ class AddressingSql(ABC):
                               option=option)
         return name
 
-    @abstractmethod
+    #: a valid address, named in the error about an empty one
+    address_example: str
+    #: whether white space around an address is dropped (NServiceBus's SQL Server parser keeps it)
+    trims_addresses = True
+
     def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
-        """Parse a queue address in this transport's syntax; errors name `option`."""
+        """Parse a queue address in this transport's syntax (`split_address`) and check its
+        names (`check_address`); errors name `option`."""
+        if text is None or not str(text).strip():
+            raise ConfigError(f"option '{option}' is empty: give a queue name such as {self.address_example}",
+                              option=option)
+        text = str(text).strip() if self.trims_addresses else str(text)
+        address = self.split_address(text)
+        try:
+            self.check_address(address)
+        except ConfigError as exc:
+            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}", option=option,
+                              queue=text) from None
+        return address
+
+    @abstractmethod
+    def split_address(self, text: str) -> QueueAddress:
+        """The parts of an address, unquoted and not yet checked."""
+
+    def check_address(self, address: QueueAddress) -> None:
+        """Check each name of an address (see `check_name`)."""
+        for kind, part in (("table", address.table), ("schema", address.schema), ("catalog", address.catalog)):
+            if part is not None:
+                self.check_name(kind, part)
 
     @abstractmethod
     def format_address(self, address: QueueAddress) -> str:

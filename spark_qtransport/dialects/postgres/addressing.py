@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ConfigError
 from ..base import AddressingSql, QueueAddress, Statement
 
 
@@ -15,6 +14,7 @@ class PostgresAddressing(AddressingSql):
     default_schema = "public"
     max_table_bytes = 63
     system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
+    address_example = "'Sales'"
 
     def is_system_schema(self, schema: str) -> bool:
         # pg_temp_N, pg_toast_temp_N and any future pg_ schema are the server's (names starting
@@ -31,30 +31,15 @@ class PostgresAddressing(AddressingSql):
             return part[1:-1].replace('""', '"')
         return part
 
-    def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
+    def split_address(self, text: str) -> QueueAddress:
         """``table``, ``schema.table``, ``"schema"."table"``: split at the first unquoted dot."""
-        if text is None or not str(text).strip():
-            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales'", option=option)
-        text = str(text).strip()
         quotes = 0
-        schema: str | None = None
-        table = text
         for i, ch in enumerate(text):
             if ch == '"':
                 quotes += 1
             elif ch == "." and quotes % 2 == 0:
-                schema, table = self._unquote(text[:i]), self._unquote(text[i + 1 :])
-                break
-        else:
-            table = self._unquote(text)
-        try:
-            self.check_name("table", table)
-            if schema is not None:
-                self.check_name("schema", schema)
-        except ConfigError as exc:
-            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}", option=option,
-                              queue=text) from None
-        return QueueAddress(table, schema or None)
+                return QueueAddress(self._unquote(text[i + 1 :]), self._unquote(text[:i]))
+        return QueueAddress(self._unquote(text))
 
     def schema_and_tables(self, schema: str, tables: list[str]) -> Statement | None:
         return Statement(

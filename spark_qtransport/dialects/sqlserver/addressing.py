@@ -39,6 +39,8 @@ class SqlServerAddressing(AddressingSql):
     default_schema = "dbo"
     max_table_bytes = MAX_NAME_CHARS
     length_unit = "characters"
+    address_example = "'Sales' or 'Sales@[dbo]'"
+    trims_addresses = False
 
     # The schemas of the catalog views. System objects elsewhere (change data capture tables,
     # replication tables) are marked is_ms_shipped, which `queue_columns` filters out.
@@ -64,16 +66,12 @@ class SqlServerAddressing(AddressingSql):
         self.check_name("identifier", name)
         return "[" + name.replace("]", "]]") + "]"
 
-    def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
+    def split_address(self, text: str) -> QueueAddress:
         """``table``, ``table@schema``, ``table@[schema]@[catalog]``, as NServiceBus parses them.
 
         The table is everything before the first ``@``, taken literally: ``[X]`` is a table whose
         name has brackets, as in NServiceBus. Text after the catalog part is ignored, as there.
         """
-        if text is None or not str(text).strip():
-            raise ConfigError(f"option '{option}' is empty: give a queue name such as 'Sales' or 'Sales@[dbo]'",
-                              option=option)
-        text = str(text)
         table, sep, rest = text.partition("@")
         schema = catalog = None
         if sep:
@@ -82,18 +80,14 @@ class SqlServerAddressing(AddressingSql):
             if rest:
                 part, _ = _next_part(rest)
                 catalog = _unquote(part)
-        try:
-            self.check_name("table", table)
-            if table.startswith("#"):
-                raise ConfigError(f"table name {table!r} starts with '#', which SQL Server reserves for temporary tables")
-            if schema is not None:
-                self.check_name("schema", schema)
-            if catalog is not None:
-                self.check_name("catalog", catalog)
-        except ConfigError as exc:
-            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}", option=option,
-                              queue=text) from None
         return QueueAddress(table, schema, catalog)
+
+    def check_address(self, address: QueueAddress) -> None:
+        if self.check_name("table", address.table).startswith("#"):
+            raise ConfigError(
+                f"table name {address.table!r} starts with '#', which SQL Server reserves for temporary tables"
+            )
+        super().check_address(address)
 
     def format_address(self, address: QueueAddress) -> str:
         """``table@[schema]`` or ``table@[schema]@[catalog]``: NServiceBus's canonical form."""
