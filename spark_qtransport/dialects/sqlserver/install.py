@@ -10,6 +10,54 @@ from ...errors import QTransportError
 from ..base import InstallSql, QueueAddress, Statement
 from .statements import EXACT, MAX_CONSUMER_CHARS, MAX_FINGERPRINT_CHARS, MAX_SINK_CHARS, QNAME, literal, placeholders
 
+#: creating the schema of a table, inside `_CREATE_BATCH`: CREATE SCHEMA must be alone in its
+#: batch and run in the catalog it belongs to (``{sys}``, its catalog views)
+_CREATE_SCHEMA = """\
+        IF NOT EXISTS (SELECT * FROM {sys}schemas WHERE name = @schema)
+        BEGIN
+            BEGIN TRY
+                EXEC {sys}sp_executesql @createSchema;
+            END TRY
+            BEGIN CATCH
+                -- 2714: another installer created the schema meanwhile
+                IF ERROR_NUMBER() <> 2714 THROW;
+            END CATCH
+        END
+"""
+
+#: the idempotent creation of a table (see `SqlServerInstall._create_batch`)
+_CREATE_BATCH = """\
+SET NOCOUNT ON;
+DECLARE @table {qname} = ?;
+DECLARE @lock nvarchar(255) = {lock};
+DECLARE @rc int;
+{declare_schema}-- Fast path: the table exists, no lock is taken.
+IF NOT EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+BEGIN
+    BEGIN TRANSACTION;
+    BEGIN TRY
+        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
+{create_schema}        -- Check again under the lock: another installer may have been first.
+        IF NOT EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+        BEGIN
+{ddl}
+        END
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- 2714 table and 1913 index already exist: created by someone not taking the lock
+        -- (sys.objects may lag under load, says NServiceBus). The table is there: done.
+        IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1
+            COMMIT TRANSACTION;
+        ELSE
+        BEGIN
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END
+    END CATCH
+END"""
+
 
 class SqlServerInstall(InstallSql):
     """The SQL Server installers of the dialect."""
@@ -25,60 +73,16 @@ class SqlServerInstall(InstallSql):
         an NServiceBus endpoint starting at the same moment never both create the table.
         """
         sys_ = self._sys(table)
-        qualified = self.qualified(table)
-        params: list[Any] = [qualified]
-        lock = "@table + N'_lock'" if table.catalog else "QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock'"
+        params: list[Any] = [self.qualified(table)]
         declare_schema = create_schema = ""
         if table.schema:
             params += [table.schema, self.quote(table.schema)]
             declare_schema = "DECLARE @schema sysname = ?;\nDECLARE @createSchema nvarchar(max) = N'CREATE SCHEMA ' + ?;\n"
-            # CREATE SCHEMA must be alone in its batch and run in the catalog it belongs to.
-            create_schema = (
-                f"        IF NOT EXISTS (SELECT * FROM {sys_}schemas WHERE name = @schema)\n"
-                "        BEGIN\n"
-                "            BEGIN TRY\n"
-                f"                EXEC {sys_}sp_executesql @createSchema;\n"
-                "            END TRY\n"
-                "            BEGIN CATCH\n"
-                "                -- 2714: another installer created the schema meanwhile\n"
-                "                IF ERROR_NUMBER() <> 2714 THROW;\n"
-                "            END CATCH\n"
-                "        END\n"
-            )
-        body = "\n".join("            " + line if line else "" for line in ddl.strip().splitlines())
-        sql = (
-            "SET NOCOUNT ON;\n"
-            f"DECLARE @table {QNAME} = ?;\n"
-            f"DECLARE @lock nvarchar(255) = {lock};\n"
-            "DECLARE @rc int;\n"
-            f"{declare_schema}"
-            "-- Fast path: the table exists, no lock is taken.\n"
-            f"IF NOT EXISTS (SELECT * FROM {sys_}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')\n"
-            "BEGIN\n"
-            "    BEGIN TRANSACTION;\n"
-            "    BEGIN TRY\n"
-            "        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';\n"
-            "        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;\n"
-            f"{create_schema}"
-            "        -- Check again under the lock: another installer may have been first.\n"
-            f"        IF NOT EXISTS (SELECT * FROM {sys_}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')\n"
-            "        BEGIN\n"
-            f"{body}\n"
-            "        END\n"
-            "        COMMIT TRANSACTION;\n"
-            "    END TRY\n"
-            "    BEGIN CATCH\n"
-            "        -- 2714 table and 1913 index already exist: created by someone not taking the lock\n"
-            "        -- (sys.objects may lag under load, says NServiceBus). The table is there: done.\n"
-            "        IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1\n"
-            "            COMMIT TRANSACTION;\n"
-            "        ELSE\n"
-            "        BEGIN\n"
-            "            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;\n"
-            "            THROW;\n"
-            "        END\n"
-            "    END CATCH\n"
-            "END"
+            create_schema = _CREATE_SCHEMA.format(sys=sys_)
+        sql = _CREATE_BATCH.format(
+            qname=QNAME, sys=sys_, declare_schema=declare_schema, create_schema=create_schema,
+            lock="@table + N'_lock'" if table.catalog else "QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock'",
+            ddl="\n".join("            " + line if line else "" for line in ddl.strip().splitlines()),
         )
         return Statement(sql, tuple(params))
 
