@@ -29,7 +29,6 @@ def _is_poison(col: str) -> str:
 HELPER_FUNCTION = "sqlqueue_poison_headers"
 
 
-
 class PostgresReceive(ReceiveSql):
     """The PostgreSQL receive of the dialect."""
 

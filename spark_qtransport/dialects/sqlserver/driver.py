@@ -65,6 +65,9 @@ _NATIVE_NUMBER = re.compile(r"\((-?\d+)\)(?=\s*(?:\(SQL|;|$))")
 class SqlServerDriver(DriverSupport):
     """The SQL Server connections, savepoints and errors of the dialect."""
 
+    # streaming_cursor: pyodbc's default cursor is a forward-only firehose whose fetchmany()
+    # reads rows off the wire as asked, so the base implementation streams already.
+
     def connect(self, url: Any) -> Any:
         import pyodbc
 

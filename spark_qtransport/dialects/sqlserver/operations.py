@@ -146,6 +146,10 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
             (self._check_subscription("--endpoint", endpoint), self._check_subscription("--topic", topic)),
         )
 
+    # Moving messages between queues (sqlqueue error retry): lock rows, insert copies, delete the
+    # rows, one transaction. Id is not unique in an NServiceBus queue table (nothing enforces it):
+    # a row's key is its RowVersion as text, which IDENTITY makes unique and Index_RowVersion seeks.
+
     def lock_messages(self, queue: QueueAddress, *, native_ids: list[str] | None, limit: int) -> Statement:
         # A receive's locks, as NServiceBus takes them: UPDLOCK + READPAST + ROWLOCK, so rows a
         # receiver (or ServiceControl, on an error queue) holds are skipped, never waited for, and
