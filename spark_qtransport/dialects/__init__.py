@@ -1,4 +1,5 @@
-"""Database dialects: all SQL text and identifier quoting lives here, one module per database."""
+"""Database dialects: all SQL text and identifier quoting lives here, one package per database and
+one module per feature in each (`base` says what every dialect provides)."""
 
 from __future__ import annotations
 

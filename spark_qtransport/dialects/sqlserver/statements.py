@@ -167,6 +167,8 @@ def insert_messages(table: str, sys_: str, *, new_id: str, rest: str, params: Pa
     quoted table names (parameters, joined in on the server), the values passed on as parameters
     of sp_executesql. Only the INSERT counts rows (NOCOUNT until then): the statement's rowcount
     is the rows inserted."""
+    # The texts are short and the names at most 776 characters each: the concatenation stays
+    # under the 4,000 characters an expression without nvarchar(max) operands keeps.
     into = Params(named=True, items=[Param("table", QNAME, table, table=True), *params.items])
 
     def text(recoverable: bool) -> str:
