@@ -167,15 +167,15 @@ def insert_messages(table: str, sys_: str, *, new_id: str, rest: str, params: Pa
     quoted table names (parameters, joined in on the server), the values passed on as parameters
     of sp_executesql. Only the INSERT counts rows (NOCOUNT until then): the statement's rowcount
     is the rows inserted."""
-    # The texts are short and the names at most 776 characters each: the concatenation stays
-    # under the 4,000 characters an expression without nvarchar(max) operands keeps.
     into = Params(named=True, items=[Param("table", QNAME, table, table=True), *params.items])
 
     def text(recoverable: bool) -> str:
         columns = _QUEUE_COLUMNS.format(recoverable=", Recoverable" if recoverable else "")
         lead = f"{new_id}, NULL, NULL" + (", 1" if recoverable else "")
         sql = literal(f"INSERT INTO {_TABLE}table{_TABLE} ({columns})\nSELECT {lead}, {rest.strip()}")
-        return re.sub(f"{_TABLE}(\\w+){_TABLE}", r"' + @\1 + N'", sql)
+        sql = re.sub(f"{_TABLE}(\\w+){_TABLE}", r"' + @\1 + N'", sql)
+        # nvarchar(max) from the first piece on: a long list of routes cannot be cut at 4,000 characters
+        return sql.replace("N'INSERT INTO '", "CAST(N'INSERT INTO ' AS nvarchar(max))", 1)
 
     passed = [p for p in params.items if not p.table]
     sql = (
