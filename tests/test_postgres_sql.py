@@ -45,8 +45,8 @@ SCRIPTS = {
 
 
 def _legacy() -> PostgresDialect:
-    d = PostgresDialect()
-    d.adapt_to_server(150000, QueueAddress("Sales.Claims"))
+    d, problem = PostgresDialect().adapt_to_server(150000, QueueAddress("Sales.Claims"))
+    assert problem is None
     return d
 
 
@@ -80,12 +80,51 @@ class TestAddresses:
 
     @pytest.mark.parametrize("text", ["", "  ", "a\x00b", "x" * 64])
     def test_invalid(self, text: str) -> None:
-        with pytest.raises(ConfigError, match="option 'queue'"):
+        with pytest.raises(ConfigError, match="option 'queue'") as err:
             D.parse_address(text)
+        assert err.value.option == "queue"
+        assert err.value.queue == (text.strip() or None)
 
     def test_claim_table_name_too_long(self) -> None:
         with pytest.raises(ConfigError, match="its table .*Claims"):
             D.claims_table(QueueAddress("x" * 60))
+
+
+class TestServerAdaptation:
+    """The dialect is immutable: what depends on the server found is a configured copy."""
+
+    CLAIMS = QueueAddress("Sales.Claims", "billing")
+
+    def test_frozen(self) -> None:
+        d = PostgresDialect()
+        with pytest.raises(AttributeError):
+            d.helper_schema = "public"  # type: ignore[misc]
+        with pytest.raises(AttributeError):
+            d.force_helper = True  # type: ignore[misc]
+
+    def test_new_server_checks_headers_builtin(self) -> None:
+        base = PostgresDialect()
+        d, problem = base.adapt_to_server(170004, self.CLAIMS)
+        assert problem is None and d.helper_schema is None and d == base
+        assert d.create_helpers(self.CLAIMS) == [] and d.helpers_exist(self.CLAIMS) is None
+        assert "pg_input_is_valid" in d.claim(QueueAddress("Sales"), self.CLAIMS, QueueAddress("error"), consumer="c",
+                                              limit=1, after=0, upto=None)[-1].sql
+
+    @pytest.mark.parametrize(("version", "force"), [(150000, False), (130000, False), (170000, True)])
+    def test_helper_where_needed_or_forced(self, version: int, force: bool) -> None:
+        base = PostgresDialect(force_helper=force)
+        d, problem = base.adapt_to_server(version, self.CLAIMS)
+        assert problem is None and d.helper_schema == "billing" and d.force_helper is force
+        assert base.helper_schema is None  # the original is unchanged
+        claim = d.claim(QueueAddress("Sales"), self.CLAIMS, QueueAddress("error"), consumer="c", limit=1, after=0,
+                        upto=None)[-1].sql
+        assert '"billing".sqlqueue_poison_headers(headers)' in claim and "pg_input_is_valid" not in claim
+        assert d.create_helpers(self.CLAIMS) and d.helpers_exist(self.CLAIMS) is not None
+
+    def test_too_old(self) -> None:
+        base = PostgresDialect()
+        d, problem = base.adapt_to_server(120000, self.CLAIMS)
+        assert d is base and problem is not None and "PostgreSQL 12 is too old" in problem
 
 
 class TestStatements:

@@ -1,9 +1,11 @@
-"""Database dialects: all SQL text and identifier quoting lives here, one module per database."""
+"""Database dialects: all SQL text and identifier quoting lives here, one package per database and
+one module per feature in each (`base` says what every dialect provides)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ConfigError
 from .base import ClaimResult, Dialect, QueueAddress, Statement
 
 __all__ = ["ClaimResult", "Dialect", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
@@ -18,7 +20,7 @@ def dialect_named(name: str) -> Dialect:
         from .sqlserver import SqlServerDialect
 
         return SqlServerDialect()
-    raise ValueError(f"unknown dialect {name!r}")
+    raise ConfigError(f"unknown dialect {name!r}", option="url")
 
 
 def dialect_for(url: Any) -> Dialect:

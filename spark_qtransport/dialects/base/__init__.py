@@ -1,0 +1,30 @@
+"""What every database dialect provides: address parsing, identifier quoting and SQL statements.
+
+A dialect never executes anything (but `stage_rows`): each method returns a `Statement` (SQL text
+with quoted identifiers inlined and every value as a driver parameter) that the dialect-free code
+in `spark_qtransport.transport` runs on a DB-API connection. Only already-quoted identifiers are
+ever formatted into SQL text. One abstract class per feature, `Dialect` is all of them.
+
+Dialects are immutable: what depends on the server found (`adapt_to_server`) is a configured copy.
+"""
+
+from __future__ import annotations
+
+from .addressing import AddressingSql
+from .delayed import DelayedSql
+from .driver import DriverSupport
+from .install import InstallSql
+from .operations import OperationsSql
+from .receive import ReceiveSql
+from .send import SendSql
+from .values import STAGED_COLUMNS, TABLE_PRIVILEGES, ClaimResult, QueueAddress, Statement, check_privileges, one_line
+
+__all__ = [
+    "QueueAddress", "Statement", "Dialect", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "one_line", "AddressingSql", "InstallSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
+    "DriverSupport",
+]
+
+
+class Dialect(InstallSql, ReceiveSql, SendSql, DelayedSql, OperationsSql, DriverSupport):
+    """The SQL of one database. Subclasses: `PostgresDialect`, `SqlServerDialect` (frozen dataclasses)."""

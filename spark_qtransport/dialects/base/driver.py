@@ -1,0 +1,52 @@
+"""The driver: connecting, transactions (savepoints) and the one classification of its errors."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from .values import Statement, one_line
+
+
+class DriverSupport(ABC):
+    """What runs statements: connections, savepoints, errors."""
+
+    def streaming_cursor(self, conn: Any) -> Any:
+        """A cursor whose fetchmany() streams rows instead of holding the whole result in memory."""
+        return conn.cursor()
+
+    @abstractmethod
+    def connect(self, url: Any) -> Any:
+        """Open a DB-API connection (autocommit off, READ COMMITTED) for a `ConnectionURL`."""
+
+    def savepoint(self, name: str) -> Statement:
+        return Statement(f"SAVEPOINT {name}")
+
+    def rollback_to_savepoint(self, name: str) -> Statement:
+        return Statement(f"ROLLBACK TO SAVEPOINT {name}")
+
+    def release_savepoint(self, name: str) -> Statement | None:
+        return Statement(f"RELEASE SAVEPOINT {name}")
+
+    @abstractmethod
+    def is_transient(self, exc: BaseException) -> bool:
+        """True for faults worth a retry on a new connection (connection lost, deadlock victim...)."""
+
+    @abstractmethod
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """True for the driver's own errors (the database or the connection failed); other
+        exceptions are bugs or bad input and are never retried or reported as database failures."""
+
+    @abstractmethod
+    def sqlstate(self, exc: BaseException) -> str | None:
+        """The driver error's SQLSTATE, if it has one."""
+
+    @abstractmethod
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        """True when the error says a table does not exist."""
+
+    def error_text(self, exc: BaseException) -> str:
+        """The driver's primary message on one line, for our errors and logs: never the lines a
+        database adds that may copy row contents (PostgreSQL's DETAIL, CONTEXT, HINT), never a
+        password."""
+        return one_line(str(exc)) or type(exc).__name__

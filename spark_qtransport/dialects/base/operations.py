@@ -1,0 +1,90 @@
+"""Operations: what the ``sqlqueue`` command reads and changes, and the privileges it grants and checks."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Collection, Mapping, Sequence
+
+from .addressing import AddressingSql
+from .values import QueueAddress, Statement
+
+
+class OperationsSql(AddressingSql):
+    """Statistics, peeking, purging, subscriptions, moving messages, indexes and privileges."""
+
+    @abstractmethod
+    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
+        """At most `limit` rows (native id text, expires, headers, body, sequence), oldest first.
+        Changes nothing, takes no lock, never waits for other sessions' rows."""
+
+    @abstractmethod
+    def list_queues(self) -> Statement:
+        """Rows (schema, table) of every table of the database shaped like a queue table (id,
+        headers, body, expires and a sequence column), ordered."""
+
+    @abstractmethod
+    def queue_stats(self, queue: QueueAddress) -> Statement:
+        """One row: (messages, expired, lowest sequence, highest sequence): counted, not estimated
+        (SQL Server skips rows other sessions hold at that moment)."""
+
+    @abstractmethod
+    def delayed_stats(self, delayed: QueueAddress) -> Statement:
+        """One row: (due now, not yet due, next due time or NULL) of a delayed table."""
+
+    @abstractmethod
+    def claim_stats(self, claims: QueueAddress) -> Statement:
+        """Rows (consumer, claimed-but-unacknowledged count, oldest claimed_at) of a claim table."""
+
+    @abstractmethod
+    def count_rows(self, table: QueueAddress) -> Statement:
+        """One row, one column: the table's row count."""
+
+    @abstractmethod
+    def purge_expired(self, queue: QueueAddress, *, limit: int) -> Statement:
+        """Delete at most `limit` expired messages (skipping rows others hold); rowcount = deleted."""
+
+    @abstractmethod
+    def subscribe(self, table: QueueAddress, *, queue_address: str, endpoint: str, topic: str) -> Statement:
+        """Upsert one subscription (endpoint, topic) -> queue address, as NServiceBus's SubscribeText."""
+
+    @abstractmethod
+    def unsubscribe(self, table: QueueAddress, *, endpoint: str, topic: str) -> Statement:
+        """Delete one subscription; rowcount = deleted."""
+
+    @abstractmethod
+    def lock_messages(self, queue: QueueAddress, *, native_ids: list[str] | None, limit: int) -> Statement:
+        """Lock and return rows (key text, native id text, headers) of a queue: those with the
+        given native ids, else the oldest `limit`; skips rows others hold. The key is what
+        `move_messages`/`delete_messages` take."""
+
+    @abstractmethod
+    def move_messages(
+        self, queue: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+    ) -> Statement:
+        """INSERT the rows `keys` of `queue` (in that order) into `destination` with new native
+        ids, Expires NULL and the given headers; bodies copied server-side."""
+
+    @abstractmethod
+    def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
+        """Delete the rows `keys` of `queue`."""
+
+    @abstractmethod
+    def indexes(self, table: QueueAddress) -> Statement:
+        """Rows (index name, comma-separated key columns lower-cased in key order, is clustered,
+        is unique, filter predicate text or NULL) of a table's indexes, for schema checks."""
+
+    @abstractmethod
+    def grants(
+        self, role: str, tables: Mapping[QueueAddress, Sequence[str]], *, queues: Collection[QueueAddress] = ()
+    ) -> list[Statement]:
+        """GRANT statements that give `role` the privileges (`TABLE_PRIVILEGES` names) on each
+        table, and what using them needs besides (PostgreSQL: USAGE on each schema, and on the
+        sequence of each table in `queues` granted INSERT: a ``serial`` seq column takes its next
+        value with the inserting role's privileges). Tables must exist when they run."""
+
+    @abstractmethod
+    def privileges(self, table: QueueAddress, privileges: Sequence[str]) -> Statement:
+        """Rows (what, granted) of the current role: each of `privileges` on `table` (none when
+        there is no such table), and what using the table needs besides, named as in GRANT
+        (PostgreSQL: ``USAGE ON SCHEMA ...``; with INSERT, ``USAGE ON SEQUENCE ...`` of each
+        serial column). Needs no privilege on the table itself."""

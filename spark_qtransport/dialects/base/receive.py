@@ -1,0 +1,112 @@
+"""Receive: the consumer lock, claims, the slices executors read, acknowledgements."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from .addressing import AddressingSql
+from .values import QueueAddress, Statement
+
+
+class ReceiveSql(AddressingSql):
+    """The SQL of the streaming source (see DESIGN.md, Receive)."""
+
+    @abstractmethod
+    def table_id(self, table: QueueAddress) -> Statement:
+        """One row, one column: an id that changes when the table is dropped and created again
+        (NULL when it does not exist)."""
+
+    @abstractmethod
+    def queue_columns(self, table: QueueAddress) -> Statement:
+        """Rows of (lower-cased column name, type name) of an ordinary table; none if there is no
+        such table (a view, a foreign table or a system object has none either)."""
+
+    @abstractmethod
+    def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        """One row, one boolean: a session-level lock on (claim table, consumer) was taken."""
+
+    @abstractmethod
+    def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        """Release the lock taken by `try_lock_consumer`."""
+
+    @abstractmethod
+    def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
+        """One row, one column: the lowest unlocked queue sequence > after (and <= upto), or NULL.
+
+        Skips rows locked by other consumers and never blocks on them; takes no lock when the
+        queue is empty, so an idle queue costs no write."""
+
+    @abstractmethod
+    def claim(
+        self,
+        queue: QueueAddress,
+        claims: QueueAddress,
+        error: QueueAddress,
+        *,
+        consumer: str,
+        limit: int,
+        after: int,
+        upto: int | None,
+    ) -> list[Statement]:
+        """Move at most `limit` of the oldest unlocked queue rows (sequence > after, <= upto) into
+        the claim table, dropping expired ones and moving poison ones raw to the error queue.
+        The LAST statement returns one row shaped like `ClaimResult`'s fields, in order."""
+
+    @abstractmethod
+    def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
+        """Rows (claim_seq, headers) of the consumer's claims in [lo, hi] whose headers text
+        contains the ForwardDestination header name (decoded and checked by the caller)."""
+
+    @abstractmethod
+    def forward_claims(
+        self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
+        headers: list[str],
+    ) -> Statement:
+        """Insert the consumer's claims `keys` (claim sequences) into `destination` with the given
+        headers, in that order: same native id (a new one where it would clash with the
+        destination's key), no expiry, body copied server-side. NServiceBus forwards so."""
+
+    @abstractmethod
+    def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
+        """Replace the headers of the consumer's claims `keys`."""
+
+    @abstractmethod
+    def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:
+        """Delete the consumer's claims `keys` (forwarded elsewhere in the same transaction)."""
+
+    @abstractmethod
+    def backlog(self, queue: QueueAddress) -> Statement:
+        """One row, one column: an estimate of the messages waiting (span of unlocked sequences)."""
+
+    @abstractmethod
+    def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
+        """One row: (max claim sequence or NULL, min claim sequence or NULL) for the consumer."""
+
+    @abstractmethod
+    def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:
+        """One row (or none): the n-th (1-based) claim sequence of the consumer after `after`."""
+
+    @abstractmethod
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        """Rows (claim_seq, native_id text, expires, headers, body, source_seq, claimed_at) ordered
+        by claim_seq, for claim_seq in (after, upto]."""
+
+    @abstractmethod
+    def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        """Delete at most `batch` claims of the consumer with claim_seq <= upto (rowcount = deleted)."""
+
+    def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
+        """One row, two columns: (due, allowed). Due: `table` holds at least `min_rows` deleted
+        rows and was not vacuumed in the last `every_seconds`. Allowed: the current role may vacuum
+        it (owns it; PostgreSQL 17+: or holds MAINTAIN); a role with table privileges only leaves
+        it to autovacuum. No row when there is no such table. None when the database reclaims the
+        space of deleted rows by itself (SQL Server's ghost cleanup)."""
+        return None
+
+    def vacuum(self, table: QueueAddress) -> Statement | None:
+        """Run outside any transaction: make the space of deleted rows reusable (see `vacuum_due`)."""
+        return None
+
+    @abstractmethod
+    def max_source_seq(self, queue: QueueAddress) -> Statement:
+        """One row, one column: the highest sequence in the queue (NULL when empty)."""

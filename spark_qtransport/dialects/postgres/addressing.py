@@ -1,0 +1,58 @@
+"""PostgreSQL names: ``table``, ``schema.table``, ``"schema"."table"``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import AddressingSql, QueueAddress, Statement
+
+
+class PostgresAddressing(AddressingSql):
+    """The PostgreSQL names of the dialect."""
+
+    name = "postgres"
+    default_schema = "public"
+    max_table_bytes = 63
+    system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
+    address_example = "'Sales'"
+
+    def is_system_schema(self, schema: str) -> bool:
+        # pg_temp_N, pg_toast_temp_N and any future pg_ schema are the server's (names starting
+        # with pg_ are reserved: CREATE SCHEMA refuses them)
+        return super().is_system_schema(schema) or schema.lower().startswith("pg_")
+
+    def quote(self, name: str) -> str:
+        self.check_name("table", name)
+        return '"' + name.replace('"', '""') + '"'
+
+    @staticmethod
+    def _unquote(part: str) -> str:
+        if len(part) >= 2 and part.startswith('"') and part.endswith('"'):
+            return part[1:-1].replace('""', '"')
+        return part
+
+    def split_address(self, text: str) -> QueueAddress:
+        """``table``, ``schema.table``, ``"schema"."table"``: split at the first unquoted dot."""
+        quotes = 0
+        for i, ch in enumerate(text):
+            if ch == '"':
+                quotes += 1
+            elif ch == "." and quotes % 2 == 0:
+                return QueueAddress(self._unquote(text[i + 1 :]), self._unquote(text[:i]))
+        return QueueAddress(self._unquote(text))
+
+    def schema_and_tables(self, schema: str, tables: list[str]) -> Statement | None:
+        return Statement(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s),"
+            " ARRAY(SELECT c.relname::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname = %(default)s AND c.relname = ANY(%(names)s)"
+            " ORDER BY length(c.relname), c.relname)",
+            {"schema": schema, "default": self.default_schema, "names": list(tables)},
+        )
+
+    def format_address(self, address: QueueAddress) -> str:
+        schema = address.schema or self.default_schema
+        return f"{self.quote(schema)}.{self.quote(address.table)}"
+
+    def _regclass(self, table: QueueAddress) -> tuple[str, dict[str, Any]]:
+        return "to_regclass(%(rel)s)", {"rel": self.qualified(table)}

@@ -1,0 +1,149 @@
+"""psycopg 3: connecting, and the one classification of its errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...connections import mask
+from ..base import DriverSupport, one_line
+
+# A server error carries its SQLSTATE: transient are those below and class 08 (connection
+# exception); everything else (28P01/28000 authentication, 3D000 no database, 42501 permission,
+# 42P01/42703 undefined table/column, 23514 check violation, 42602/3F000/42704 bad names...)
+# is permanent and fails at once. Errors raised while connecting, and by libpq or psycopg
+# themselves, have no SQLSTATE (psycopg 3 leaves it None): they are judged by libpq's message,
+# permanent fragments first, and are permanent unless a fragment says the connection was lost,
+# refused or timed out, or the server is starting, stopping or full.
+_TRANSIENT_STATES = frozenset({
+    "40001",  # serialization failure
+    "40P01",  # deadlock detected
+    "55P03",  # lock not available (lock_timeout)
+    "53300",  # too many connections
+    "57P01",  # terminating connection due to administrator command
+    "57P02",  # crash shutdown
+    "57P03",  # cannot connect now (starting up, shutting down)
+    "57P05",  # terminating connection due to idle-session timeout
+})
+
+
+_PERMANENT_MESSAGES = (
+    "password authentication failed",  # 28P01
+    "authentication failed",  # 28000 (ident, peer, ldap...)
+    "no password supplied",
+    "no pg_hba.conf entry",  # 28000
+    "is not permitted to log in",  # 28000
+    "does not exist",  # 3D000 database, 28000 role
+    "permission denied",  # 42501
+    "could not translate host name",  # unknown host (libpq)
+    "name or service not known",  # unknown host (getaddrinfo, glibc)
+    "nodename nor servname",  # unknown host (getaddrinfo, BSD / macOS)
+    "no address associated with hostname",
+    "failed to resolve host",  # psycopg's own resolver, whatever the reason
+    "invalid connection option",
+    "invalid dsn",
+    "certificate",  # TLS verification failed
+)
+
+
+_TRANSIENT_MESSAGES = (
+    "connection refused",
+    "server closed the connection unexpectedly",
+    "terminating connection",
+    "timeout expired",  # libpq connect_timeout, psycopg's "connection timeout expired"
+    "connection timed out",
+    "connection reset",
+    "broken pipe",
+    "could not receive data from server",
+    "could not send data to server",
+    "ssl syscall error",
+    "ssl connection has been closed unexpectedly",
+    "no connection to the server",
+    "the connection is closed",
+    "the connection is lost",
+    "connection is bad",
+    "consuming input failed",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "sorry, too many clients already",  # 53300
+    "too many connections",  # 53300 (per role, per database)
+    "remaining connection slots are reserved",  # 53300
+    "network is unreachable",
+    "no route to host",
+    "temporary failure in name resolution",  # the resolver, not the name, failed
+)
+
+
+def _is_psycopg_error(exc: BaseException) -> bool:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the postgres extra is not installed
+        return False
+    return isinstance(exc, psycopg.Error)
+
+
+def _classify(exc: BaseException) -> str:
+    """``"transient"`` (worth a retry on a new connection) or ``"permanent"`` (fail at once)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        sqlstate = sqlstate.upper()
+        return "transient" if sqlstate in _TRANSIENT_STATES or sqlstate.startswith("08") else "permanent"
+    if not _is_psycopg_error(exc):
+        return "permanent"
+    text = str(exc).lower()
+    if any(m in text for m in _PERMANENT_MESSAGES):
+        return "permanent"
+    if any(m in text for m in _TRANSIENT_MESSAGES):
+        return "transient"
+    return "permanent"
+
+
+class PostgresDriver(DriverSupport):
+    """The PostgreSQL connections and errors of the dialect."""
+
+    def streaming_cursor(self, conn: Any) -> Any:
+        # A server-side cursor: a slice of large bodies never sits whole in an executor's memory.
+        # Binary results: bytea bodies arrive as bytes, not as hex text twice their size.
+        return conn.cursor(name="sqlqueue_read", binary=True)
+
+    def connect(self, url: Any) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(**url.psycopg_kwargs(), autocommit=False)
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        try:
+            # Every function, operator and type the connector names resolves to the catalog: a
+            # role with CREATE on a schema in the search path could otherwise plant a better
+            # match (public.hashtextextended(text, integer) beats the catalog's with its implicit
+            # cast). Every table we touch is schema-qualified. pg_temp last: never searched first.
+            conn.execute("SET search_path = pg_catalog, pg_temp")
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        return _is_psycopg_error(exc)
+
+    def sqlstate(self, exc: BaseException) -> str | None:
+        state = getattr(exc, "sqlstate", None)
+        return state.upper() if isinstance(state, str) and state else None
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return _classify(exc) == "transient"
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) == "42P01"
+
+    def error_text(self, exc: BaseException) -> str:
+        # The primary message only: DETAIL ("Key (b)=(...) already exists", "Failing row
+        # contains (...)"), CONTEXT and HINT may copy row contents, the LINE lines the statement.
+        diag = getattr(exc, "diag", None)
+        primary = getattr(diag, "message_primary", None) if diag is not None else None
+        if primary:
+            return one_line(primary)
+        if _is_psycopg_error(exc):  # raised by libpq or psycopg itself: no row in it; keep every line
+            return mask(" ".join(str(exc).split())) or type(exc).__name__
+        return super().error_text(exc)

@@ -1,0 +1,164 @@
+"""PostgreSQL operations: statistics, peeking, purging, subscriptions, moving messages, privileges."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from ..base import OperationsSql, QueueAddress, Statement, check_privileges
+from .statements import ROWS_OF, UTC_NOW, literal
+
+
+class PostgresOperations(OperationsSql):
+    """The PostgreSQL operations of the dialect."""
+
+    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
+        # A plain SELECT: MVCC never waits for other sessions and takes no row lock.
+        return Statement(
+            f"SELECT id::text, expires, headers, body, seq FROM {self.qualified(queue)} ORDER BY seq LIMIT %(limit)s",
+            {"limit": int(limit)},
+        )
+
+    def list_queues(self) -> Statement:
+        return Statement(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%%'"
+            " AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            " AND lower(a.attname) IN ('id', 'headers', 'body', 'expires', 'seq')) = 5"
+            " ORDER BY 1, 2"
+        )
+
+    def queue_stats(self, queue: QueueAddress) -> Statement:
+        return Statement(
+            f"SELECT count(*), count(*) FILTER (WHERE expires <= {UTC_NOW}), min(seq), max(seq)"
+            f" FROM {self.qualified(queue)}"
+        )
+
+    def delayed_stats(self, delayed: QueueAddress) -> Statement:
+        return Statement(
+            "SELECT count(*) FILTER (WHERE due <= now()), count(*) FILTER (WHERE due > now()),"
+            f" min(due) FILTER (WHERE due > now()) FROM {self.qualified(delayed)}"
+        )
+
+    def claim_stats(self, claims: QueueAddress) -> Statement:
+        return Statement(
+            f"SELECT consumer, count(*), min(claimed_at) FROM {self.qualified(claims)} GROUP BY consumer ORDER BY consumer"
+        )
+
+    def count_rows(self, table: QueueAddress) -> Statement:
+        return Statement(f"SELECT count(*) FROM {self.qualified(table)}")
+
+    def purge_expired(self, queue: QueueAddress, *, limit: int) -> Statement:
+        q = self.qualified(queue)
+        return Statement(
+            f"DELETE FROM {q} WHERE {ROWS_OF}(SELECT ctid FROM {q} WHERE expires <= {UTC_NOW}"
+            " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED))",
+            {"limit": int(limit)},
+        )
+
+    def subscribe(self, table: QueueAddress, *, queue_address: str, endpoint: str, topic: str) -> Statement:
+        return Statement(
+            f"INSERT INTO {self.qualified(table)} (QueueAddress, Topic, Endpoint) VALUES (%(queue)s, %(topic)s, %(endpoint)s)"
+            " ON CONFLICT (Endpoint, Topic) DO UPDATE SET QueueAddress = EXCLUDED.QueueAddress",
+            {"queue": queue_address, "topic": topic, "endpoint": endpoint},
+        )
+
+    def unsubscribe(self, table: QueueAddress, *, endpoint: str, topic: str) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(table)} WHERE Endpoint = %(endpoint)s AND Topic = %(topic)s",
+            {"endpoint": endpoint, "topic": topic},
+        )
+
+    def lock_messages(self, queue: QueueAddress, *, native_ids: list[str] | None, limit: int) -> Statement:
+        q = self.qualified(queue)
+        if native_ids is None:
+            return Statement(
+                f"SELECT id::text, id::text, headers FROM {q} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+                {"limit": int(limit)},
+            )
+        return Statement(
+            f"SELECT id::text, id::text, headers FROM {q} WHERE id = ANY(%(ids)s::uuid[])"
+            " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+            {"ids": list(native_ids), "limit": int(limit)},
+        )
+
+    def move_messages(
+        self, queue: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+    ) -> Statement:
+        # Queue and delayed tables both key their rows by id uuid.
+        sql = (
+            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
+            " SELECT gen_random_uuid(), NULL, v.headers, m.body"
+            " FROM unnest(%(keys)s::uuid[], %(headers)s::text[]) WITH ORDINALITY AS v(id, headers, n)"
+            f" JOIN {self.qualified(queue)} AS m ON m.id = v.id ORDER BY v.n"
+        )
+        return Statement(sql, {"keys": list(keys), "headers": list(headers)})
+
+    def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(queue)} WHERE id = ANY(%(keys)s::uuid[])", {"keys": list(keys)}
+        )
+
+    def indexes(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        return Statement(
+            "SELECT i.relname, string_agg(lower(a.attname), ',' ORDER BY k.n), ix.indisclustered, ix.indisunique,"
+            " pg_get_expr(ix.indpred, ix.indrelid)"
+            " FROM pg_index ix JOIN pg_class i ON i.oid = ix.indexrelid"
+            " CROSS JOIN LATERAL unnest(ix.indkey) WITH ORDINALITY AS k(attnum, n)"
+            " JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = k.attnum"
+            f" WHERE ix.indrelid = {expr}"
+            " GROUP BY i.relname, ix.indisclustered, ix.indisunique, ix.indpred, ix.indrelid ORDER BY i.relname",
+            params,
+        )
+
+    def grants(
+        self, role: str, tables: Mapping[QueueAddress, Sequence[str]], *, queues: Collection[QueueAddress] = ()
+    ) -> list[Statement]:
+        grantee = '"' + self.check_name("role", role, option="--grant-to").replace('"', '""') + '"'
+        schemas = dict.fromkeys(t.schema or self.default_schema for t in tables)
+        out = [Statement(f"GRANT USAGE ON SCHEMA {self.quote(s)} TO {grantee}") for s in schemas]
+        for table, privileges in tables.items():
+            granted = check_privileges(privileges)
+            out.append(Statement(f"GRANT {', '.join(granted)} ON TABLE {self.qualified(table)} TO {grantee}"))
+            if table in queues and "INSERT" in granted:
+                # The sequence's name is PostgreSQL's choice (truncated, numbered on a clash), so
+                # it is looked up where the grant runs. A DO block takes no parameters: literals.
+                out.append(Statement(
+                    "DO $grant$\n"
+                    f"DECLARE seq text := pg_catalog.pg_get_serial_sequence({literal(self.qualified(table))}, 'seq');\n"
+                    "BEGIN\n"
+                    "    IF seq IS NOT NULL THEN\n"
+                    f"        EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE %s TO %I', seq, {literal(role)});\n"
+                    "    END IF;\n"
+                    "END\n"
+                    "$grant$"
+                ))
+        return out
+
+    def privileges(self, table: QueueAddress, privileges: Sequence[str]) -> Statement:
+        wanted = check_privileges(privileges)
+        # Found by name in the catalogs, not with to_regclass (which fails without USAGE on the
+        # schema); has_*_privilege by oid checks the object's own privileges only.
+        rel = "pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        this = "n.nspname = %(schema)s AND c.relname = %(table)s AND c.relkind IN ('r', 'p')"
+        sql = (
+            "SELECT 'USAGE ON SCHEMA ' || pg_catalog.quote_ident(n.nspname), pg_catalog.has_schema_privilege(n.oid, 'USAGE')"
+            " FROM pg_catalog.pg_namespace n WHERE n.nspname = %(schema)s"
+            " UNION ALL SELECT p.p, pg_catalog.has_table_privilege(c.oid, p.p)"
+            f" FROM pg_catalog.unnest(%(privileges)s::text[]) AS p(p), {rel} WHERE {this}"
+        )
+        if "INSERT" in wanted:
+            # serial columns (dependency 'a'); an identity column's sequence (dependency 'i') is
+            # advanced by INSERT without any privilege on it
+            sql += (
+                " UNION ALL SELECT 'USAGE ON SEQUENCE ' || pg_catalog.quote_ident(sn.nspname) || '.'"
+                " || pg_catalog.quote_ident(s.relname), pg_catalog.has_sequence_privilege(s.oid, 'USAGE, UPDATE')"
+                f" FROM {rel}"
+                " JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+                " AND d.refobjid = c.oid AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'a'"
+                " JOIN pg_catalog.pg_class s ON s.oid = d.objid AND s.relkind = 'S'"
+                " JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace"
+                f" WHERE {this}"
+            )
+        return Statement(sql, {"schema": table.schema or self.default_schema, "table": table.table,
+                               "privileges": list(wanted)})

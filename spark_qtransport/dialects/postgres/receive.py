@@ -1,0 +1,251 @@
+"""PostgreSQL receive: the consumer lock, the claim transaction, slices, acknowledgements, vacuum."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import QueueAddress, ReceiveSql, Statement
+from .statements import ROWS_OF, UTC_NOW
+
+#: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
+FORWARD_LIKE = "%NServiceBus.SqlServer.ForwardDestination%"
+
+POISON_PATH = "'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")'"
+
+
+def _is_poison(col: str) -> str:
+    # Poison unless the text is a flat JSON object whose values are strings or null. The text is
+    # parsed once (OFFSET 0 keeps the planner from copying the cast into each test); the cast only
+    # runs on valid JSON and the silent jsonpath never raises, so no evaluation order matters.
+    return (
+        "(SELECT j IS NULL OR jsonb_typeof(j) <> 'object'"
+        f" OR jsonb_path_exists(j, {POISON_PATH}, '{{}}', true)"
+        f" FROM (SELECT CASE WHEN pg_input_is_valid({col}, 'jsonb') THEN {col}::jsonb END AS j OFFSET 0) AS parsed)"
+    )
+
+
+#: PostgreSQL 13 to 15 have no pg_input_is_valid: a PL/pgSQL helper catches the cast's error
+#: instead (one subtransaction per message, so slower). Created beside the claim table.
+HELPER_FUNCTION = "sqlqueue_poison_headers"
+
+
+class PostgresReceive(ReceiveSql):
+    """The PostgreSQL receive of the dialect."""
+
+    #: set by adapt_to_server on PostgreSQL < 16: check headers with the PL/pgSQL helper there
+    helper_schema: str | None
+
+    def _poison(self, col: str) -> str:
+        if self.helper_schema is None:
+            return _is_poison(col)
+        return f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}({col})"
+
+    def table_id(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        return Statement(f"SELECT {expr}::oid::text", params)
+
+    def queue_columns(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        # ordinary and partitioned tables only: a view (rules, INSTEAD OF triggers) or a foreign
+        # table is never written to as a queue
+        return Statement(
+            "SELECT lower(a.attname), format_type(a.atttypid, a.atttypmod)"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid AND c.relkind IN ('r', 'p')"
+            f" WHERE a.attrelid = {expr} AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            params,
+        )
+
+    def _lock_key(self, claims: QueueAddress, consumer: str) -> tuple[str, dict[str, Any]]:
+        # Keyed by the claim table's oid, not by its spelling: `Sales`, `public.Sales` and
+        # `"public"."Sales"` are one table, so one lock. The oid is digits, so the text
+        # "sqlqueue consumer <oid> <consumer>" cannot be read two ways.
+        expr, params = self._regclass(claims)
+        key = f"pg_catalog.hashtextextended('sqlqueue consumer ' || {expr}::oid::text || ' ' || %(consumer)s, 0)"
+        return key, {**params, "consumer": consumer}
+
+    def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        key, params = self._lock_key(claims, consumer)
+        return Statement(f"SELECT pg_catalog.pg_try_advisory_lock({key})", params)
+
+    def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        key, params = self._lock_key(claims, consumer)
+        return Statement(f"SELECT pg_catalog.pg_advisory_unlock({key})", params)
+
+    @staticmethod
+    def _range(after: int, upto: int | None) -> tuple[str, dict[str, Any]]:
+        if upto is None:
+            return "seq > %(after)s", {"after": after}
+        return "seq > %(after)s AND seq <= %(upto)s", {"after": after, "upto": upto}
+
+    def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
+        cond, params = self._range(after, upto)
+        # FOR UPDATE SKIP LOCKED: a row another consumer holds is not work for us (a plain min()
+        # would count it and start a storm of empty DELETEs). On an empty queue nothing is locked.
+        return Statement(
+            f"SELECT seq FROM {self.qualified(queue)} WHERE {cond} ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED",
+            params,
+        )
+
+    def claim(
+        self,
+        queue: QueueAddress,
+        claims: QueueAddress,
+        error: QueueAddress,
+        *,
+        consumer: str,
+        limit: int,
+        after: int,
+        upto: int | None,
+    ) -> list[Statement]:
+        q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
+        cond, params = self._range(after, upto)
+        params = {**params, "limit": int(limit), "consumer": consumer, "forward_like": FORWARD_LIKE}
+        # One statement, one transaction, same snapshot for every part. `picked` locks the oldest
+        # unlocked rows and classifies them from their small columns; it is MATERIALIZED so it
+        # runs once (a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for).
+        # The INSERTs read id/headers/body straight from the queue rows that `gone` deletes in
+        # the same statement (all parts see the rows as they were when it began), joined in
+        # seq order, so bodies are never copied into CTE storage nor sorted.
+        sql = f"""
+WITH picked AS MATERIALIZED (
+    SELECT seq,
+           (expires IS NOT NULL AND expires <= {UTC_NOW}) AS expired,
+           {self._poison("headers")} AS poison,
+           (headers LIKE %(forward_like)s) AS forward
+    FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
+), to_error AS (
+    INSERT INTO {e} (id, expires, headers, body)
+    -- same id, as NServiceBus does; a new one only if the error queue holds that id already
+    -- (its primary key would otherwise fail every claim and stall the stream)
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM {e} AS x WHERE x.id = m.id) THEN gen_random_uuid() ELSE m.id END,
+           NULL, m.headers, m.body
+    FROM (SELECT seq FROM picked WHERE poison AND NOT expired ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING 1
+), claimed AS (
+    INSERT INTO {c} (consumer, id, expires, headers, body, source_seq)
+    SELECT %(consumer)s, m.id, m.expires, m.headers, m.body, m.seq
+    FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING claim_seq
+)
+SELECT (SELECT count(*) FROM gone),
+       (SELECT count(*) FROM picked WHERE expired),
+       (SELECT count(*) FROM to_error),
+       (SELECT count(*) FROM claimed),
+       (SELECT max(claim_seq) FROM claimed),
+       (SELECT max(seq) FROM picked),
+       (SELECT min(claim_seq) FROM claimed),
+       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired)"""
+        # The queue's statistics lag its backlog (a queue last analyzed empty and now holding a
+        # million rows is estimated at a few thousand): left alone, the planner may then read and
+        # classify every row above `after` and sort them, seconds per claim. Without bitmap and
+        # sequential scans it walks the seq index in order and stops at the limit. LOCAL: this
+        # transaction only.
+        return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
+                Statement(sql.strip(), params)]
+
+    def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
+        return Statement(
+            f"SELECT claim_seq, headers FROM {self.qualified(claims)} WHERE consumer = %(consumer)s"
+            f" AND claim_seq >= %(lo)s AND claim_seq <= %(hi)s AND headers LIKE %(forward_like)s ORDER BY claim_seq",
+            {"consumer": consumer, "lo": int(lo), "hi": int(hi), "forward_like": FORWARD_LIKE},
+        )
+
+    def forward_claims(
+        self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
+        headers: list[str],
+    ) -> Statement:
+        d = self.qualified(destination)
+        # Same native id, as NServiceBus forwards; a new one only where the destination holds that
+        # id already (its primary key would otherwise fail every claim and stall the stream).
+        sql = (
+            f"INSERT INTO {d} (id, expires, headers, body)"
+            f" SELECT CASE WHEN EXISTS (SELECT 1 FROM {d} AS x WHERE x.id = c.id) THEN gen_random_uuid() ELSE c.id END,"
+            " NULL, v.headers, c.body"
+            " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
+            f" JOIN {self.qualified(claims)} AS c ON c.consumer = %(consumer)s AND c.claim_seq = v.seq ORDER BY v.n"
+        )
+        return Statement(sql, {"consumer": consumer, "keys": [int(k) for k in keys], "headers": list(headers)})
+
+    def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
+        return Statement(
+            f"UPDATE {self.qualified(claims)} AS c SET headers = v.headers"
+            " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) AS v(seq, headers)"
+            " WHERE c.consumer = %(consumer)s AND c.claim_seq = v.seq",
+            {"consumer": consumer, "keys": [int(k) for k in keys], "headers": list(headers)},
+        )
+
+    def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(claims)} WHERE consumer = %(consumer)s AND claim_seq = ANY(%(keys)s::bigint[])",
+            {"consumer": consumer, "keys": [int(k) for k in keys]},
+        )
+
+    def backlog(self, queue: QueueAddress) -> Statement:
+        q = self.qualified(queue)
+        # The span of unlocked sequences: rows other consumers hold are not counted.
+        return Statement(
+            f"SELECT COALESCE((SELECT seq FROM {q} ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            f" - (SELECT seq FROM {q} ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) + 1, 0)"
+        )
+
+    def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
+        c = self.qualified(claims)
+        return Statement(
+            f"SELECT (SELECT claim_seq FROM {c} WHERE consumer = %(consumer)s ORDER BY claim_seq DESC LIMIT 1),"
+            f" (SELECT claim_seq FROM {c} WHERE consumer = %(consumer)s ORDER BY claim_seq LIMIT 1)",
+            {"consumer": consumer},
+        )
+
+    def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:
+        return Statement(
+            f"SELECT claim_seq FROM {self.qualified(claims)} WHERE consumer = %(consumer)s AND claim_seq > %(after)s"
+            " ORDER BY claim_seq OFFSET %(skip)s LIMIT 1",
+            {"consumer": consumer, "after": int(after), "skip": max(int(n) - 1, 0)},
+        )
+
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        return Statement(
+            "SELECT claim_seq, id::text, expires, headers, body, source_seq, claimed_at"
+            f" FROM {self.qualified(claims)}"
+            " WHERE consumer = %(consumer)s AND claim_seq > %(after)s AND claim_seq <= %(upto)s"
+            " ORDER BY claim_seq",
+            {"consumer": consumer, "after": after, "upto": upto},
+        )
+
+    def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        c = self.qualified(claims)
+        return Statement(
+            f"DELETE FROM {c} WHERE {ROWS_OF}("
+            f"SELECT ctid FROM {c} WHERE consumer = %(consumer)s AND claim_seq <= %(upto)s"
+            " ORDER BY claim_seq LIMIT %(batch)s))",
+            {"consumer": consumer, "upto": upto, "batch": int(batch)},
+        )
+
+    def max_source_seq(self, queue: QueueAddress) -> Statement:
+        return Statement(f"SELECT max(seq) FROM {self.qualified(queue)}")
+
+    def vacuum_due(self, table: QueueAddress, *, every_seconds: float, min_rows: int) -> Statement | None:
+        # Claim and staging tables see every message inserted and deleted once; autovacuum
+        # wakes once a minute by default, so between its runs they would grow by a minute of traffic.
+        # VACUUM needs ownership (pg_has_role USAGE: the owner, a member inheriting it, or a
+        # superuser) or, from PostgreSQL 17, the MAINTAIN privilege (granted, or through
+        # pg_maintain); it skips other tables with a warning. The CASE keeps 'MAINTAIN' from being
+        # parsed on older servers, which do not know it.
+        return Statement(
+            "SELECT s.n_dead_tup >= %(rows)s AND coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')"
+            " < pg_catalog.now() - %(every)s * interval '1 second',"
+            " pg_catalog.pg_has_role(c.relowner, 'USAGE')"
+            " OR CASE WHEN pg_catalog.current_setting('server_version_num')::int >= 170000"
+            " THEN pg_catalog.has_table_privilege(c.oid, 'MAINTAIN') ELSE false END"
+            " FROM pg_catalog.pg_stat_user_tables s JOIN pg_catalog.pg_class c ON c.oid = s.relid"
+            " WHERE s.relid = pg_catalog.to_regclass(%(table)s)",
+            {"rows": int(min_rows), "every": float(every_seconds), "table": self.qualified(table)},
+        )
+
+    def vacuum(self, table: QueueAddress) -> Statement | None:
+        # SKIP_LOCKED: another driver vacuuming the same table already does the work
+        return Statement(f"VACUUM (SKIP_LOCKED) {self.qualified(table)}")

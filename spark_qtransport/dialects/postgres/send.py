@@ -1,0 +1,150 @@
+"""PostgreSQL send: COPY into staging, the outbox, and the dispatch INSERTs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
+from .statements import ROWS_OF, UTC_NOW
+
+
+class PostgresSend(SendSql):
+    """The PostgreSQL send of the dialect."""
+
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+        cols = ", ".join(STAGED_COLUMNS)
+        with conn.cursor() as cur:
+            with cur.copy(f"COPY {self.qualified(staging)} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(
+                    ["text", "int8", "text", "text", "text", "text", "text", "bytea", "int8", "int8", "timestamptz"]
+                )
+                for row in rows:
+                    copy.write_row(row)
+
+    def dispatch_plans(self) -> list[Statement]:
+        # LOCAL: this transaction only. Joins of staged rows become hash or merge joins, linear
+        # in the batch (a nested loop is still used where nothing else can run).
+        return [Statement("SET LOCAL enable_nestloop = off")]
+
+    def outbox_insert(self, outbox: QueueAddress, *, sink: str, batch_id: int, fingerprint: str) -> Statement:
+        return Statement(
+            f"INSERT INTO {self.qualified(outbox)} (sink, batch_id, fingerprint)"
+            " VALUES (%(sink)s, %(batch)s, %(fp)s) ON CONFLICT (sink, batch_id) DO NOTHING",
+            {"sink": sink, "batch": int(batch_id), "fp": fingerprint},
+        )
+
+    def outbox_get(self, outbox: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        return Statement(
+            f"SELECT fingerprint, dispatched_at, sent, delayed, published FROM {self.qualified(outbox)}"
+            " WHERE sink = %(sink)s AND batch_id = %(batch)s",
+            {"sink": sink, "batch": int(batch_id)},
+        )
+
+    def outbox_finish(
+        self, outbox: QueueAddress, *, sink: str, batch_id: int, sent: int, delayed: int, published: int
+    ) -> Statement:
+        return Statement(
+            f"UPDATE {self.qualified(outbox)} SET sent = %(sent)s, delayed = %(delayed)s, published = %(published)s"
+            " WHERE sink = %(sink)s AND batch_id = %(batch)s",
+            {"sink": sink, "batch": int(batch_id), "sent": sent, "delayed": delayed, "published": published},
+        )
+
+    def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
+        return Statement(
+            f"SELECT DISTINCT queueaddress, topic FROM {self.qualified(table)} WHERE topic = ANY(%(topics)s)",
+            {"topics": list(topics)},
+        )
+
+    def dispatch(
+        self,
+        staging: QueueAddress,
+        destination: QueueAddress,
+        *,
+        attempts: list[str],
+        route: str | None,
+        publish_routes: list[str],
+    ) -> Statement:
+        s, d = self.qualified(staging), self.qualified(destination)
+        # `first` picks one staged row per message id (NServiceBus's dispatcher deduplicates on
+        # (message id, destination) too) from the small columns; the outer join then reads each
+        # picked row by primary key in staging order, so bodies are never sorted.
+        sql = f"""
+INSERT INTO {d} (id, expires, headers, body)
+SELECT gen_random_uuid(),
+       CASE WHEN m.ttbr_ms IS NULL THEN NULL ELSE {UTC_NOW} + m.ttbr_ms * interval '1 millisecond' END,
+       m.headers, m.body
+FROM (SELECT min(seq) AS seq FROM {s}
+      WHERE {self._staged_selection()}
+      GROUP BY message_id ORDER BY 1) AS first
+JOIN {s} AS m ON m.seq = first.seq
+ORDER BY first.seq"""
+        return Statement(
+            sql.strip(), {"attempts": list(attempts), "route": route, "published": list(publish_routes)}
+        )
+
+    @staticmethod
+    def _staged_selection() -> str:
+        return ("attempt = ANY(%(attempts)s)"
+                " AND ((kind = 's' AND route = %(route)s) OR (kind = 'p' AND route = ANY(%(published)s)))")
+
+    def staged_messages(
+        self, staging: QueueAddress, *, attempts: list[str], route: str | None, publish_routes: list[str]
+    ) -> Statement:
+        s = self.qualified(staging)
+        return Statement(
+            f"SELECT m.seq, m.headers FROM (SELECT min(seq) AS seq FROM {s} WHERE {self._staged_selection()}"
+            f" GROUP BY message_id) AS first JOIN {s} AS m ON m.seq = first.seq ORDER BY m.seq",
+            {"attempts": list(attempts), "route": route, "published": list(publish_routes)},
+        )
+
+    def move_staged(
+        self, staging: QueueAddress, destination: QueueAddress, *, keys: list[Any], headers: list[str],
+    ) -> Statement:
+        return Statement(
+            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
+            " SELECT gen_random_uuid(), NULL, v.headers, m.body"
+            " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
+            f" JOIN {self.qualified(staging)} AS m ON m.seq = v.seq ORDER BY v.n",
+            {"keys": [int(k) for k in keys], "headers": list(headers)},
+        )
+
+    def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
+        s, d = self.qualified(staging), self.qualified(delayed)
+        # `n` microseconds apart within a batch: tables NServiceBus created have a UNIQUE index on
+        # Due, and every row of one transaction sees the same now().
+        sql = f"""
+INSERT INTO {d} (headers, body, due)
+SELECT m.headers, m.body,
+       COALESCE(m.due, now() + m.delay_ms * interval '1 millisecond') + k.n * interval '1 microsecond'
+FROM (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS n FROM {s}
+      WHERE kind = 'd' AND attempt = ANY(%(attempts)s)) AS k
+JOIN {s} AS m ON m.seq = k.seq
+ORDER BY k.seq"""
+        return Statement(sql.strip(), {"attempts": list(attempts)})
+
+    def delete_staged(self, staging: QueueAddress, *, attempts: list[str]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(staging)} WHERE attempt = ANY(%(attempts)s)", {"attempts": list(attempts)}
+        )
+
+    def delete_batch_leftovers(self, staging: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(staging)} WHERE sink = %(sink)s AND batch_id = %(batch)s",
+            {"sink": sink, "batch": int(batch_id)},
+        )
+
+    def outbox_cleanup(self, outbox: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        t = self.qualified(outbox)
+        return Statement(
+            f"DELETE FROM {t} WHERE {ROWS_OF}(SELECT ctid FROM {t}"
+            " WHERE dispatched_at < now() - %(age)s * interval '1 second' LIMIT %(limit)s))",
+            {"age": int(older_than_seconds), "limit": int(limit)},
+        )
+
+    def staging_cleanup(self, staging: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        t = self.qualified(staging)
+        return Statement(
+            f"DELETE FROM {t} WHERE {ROWS_OF}(SELECT ctid FROM {t}"
+            " WHERE staged_at < now() - %(age)s * interval '1 second' LIMIT %(limit)s))",
+            {"age": int(older_than_seconds), "limit": int(limit)},
+        )

@@ -1,0 +1,108 @@
+"""SQL Server delayed delivery: NServiceBus's delayed table, moved by one mover at a time.
+
+A delayed row's key is its RowVersion and its Due as text: the table is NServiceBus's heap whose
+only index is Index_Due, so moving and deleting rows seek a few milliseconds of Due (the text has
+milliseconds; datetime rounds to 3.33 ms) and match RowVersion exactly, instead of scanning the
+whole table for RowVersion once per batch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from ...errors import QTransportError
+from ..base import DelayedSql, QueueAddress, Statement
+from .statements import Params, insert_messages, json_list, key_rows, resource
+
+
+class DelayedKey(NamedTuple):
+    """A key of `due_delayed`: ``<RowVersion> <Due as ISO 8601 text>``."""
+
+    row: int
+    due: str
+
+
+def _delayed_key(key: str) -> DelayedKey:
+    row, sep, due = str(key).partition(" ")
+    if not sep or not due or not re.fullmatch(r"-?[0-9]{1,19}", row):
+        raise QTransportError(f"not a delayed row key: {key!r}", operation="move delayed messages")
+    return DelayedKey(int(row), due)
+
+
+#: a delayed row (columns prefixed `d`) is the one a key (prefixed `k`) names; see `due_delayed`
+_KEY_MATCH = (
+    "{d}Due >= DATEADD(ms, -4, CONVERT(datetime, {k}KeyDue, 126))"
+    " AND {d}Due <= DATEADD(ms, 4, CONVERT(datetime, {k}KeyDue, 126))"
+    " AND {d}RowVersion = {k}KeyRow"
+)
+
+
+class SqlServerDelayed(DelayedSql):
+    """The SQL Server delayed delivery of the dialect."""
+
+    def any_due(self, delayed: QueueAddress) -> Statement:
+        # READPAST: rows being moved or stored by others are not waited for; READCOMMITTEDLOCK
+        # keeps READPAST valid on a READ_COMMITTED_SNAPSHOT database. Shared locks only.
+        return Statement(
+            f"SELECT TOP (1) 1 FROM {self.qualified(delayed)} WITH (READPAST, READCOMMITTEDLOCK)"
+            " WHERE Due <= GETUTCDATE()"
+        )
+
+    def lock_mover(self, delayed: QueueAddress) -> Statement:
+        d = self.qualified(delayed)
+        # A Transaction-owned applock needs an open transaction. pyodbc without autocommit runs
+        # in implicit transaction mode, where EXEC opens none but a SELECT from a table does:
+        # one opens it if this is the first statement. LockTimeout 0: a busy mover is reported
+        # at once (return code -1). The lock is taken in the delayed table own database.
+        return Statement(
+            "SET NOCOUNT ON;\n"
+            "DECLARE @rc int;\n"
+            "IF @@TRANCOUNT = 0\n"
+            f"    SELECT TOP (1) @rc = 0 FROM {d} WITH (READPAST, READCOMMITTEDLOCK);\n"
+            "IF @@TRANCOUNT = 0\n"
+            "    THROW 51000, N'sqlqueue: the delayed mover lock needs a transaction, not autocommit', 1;\n"
+            f"EXEC @rc = {self._sys(delayed)}sp_getapplock @Resource = ?, @LockMode = N'Exclusive',"
+            " @LockOwner = N'Transaction', @LockTimeout = 0;\n"
+            "SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)",
+            (resource("mover", d),),
+        )
+
+    def due_delayed(self, delayed: QueueAddress, *, limit: int) -> Statement:
+        # NServiceBus's MoveDueDelayedMessageText picks rows the same way: UPDLOCK + READPAST +
+        # ROWLOCK, so an NServiceBus mover on the same table skips ours and we skip its rows.
+        # ORDER BY Due alone follows Index_Due: no sort that would lock rows beyond the TOP.
+        return Statement(
+            "SELECT TOP (?) CAST(RowVersion AS varchar(20)) + ' ' + CONVERT(varchar(23), Due, 126), Headers"
+            f" FROM {self.qualified(delayed)} WITH (UPDLOCK, READPAST, ROWLOCK)"
+            " WHERE Due <= GETUTCDATE() ORDER BY Due",
+            (int(limit),),
+        )
+
+    def move_delayed(
+        self, delayed: QueueAddress, destination: QueueAddress, *, keys: list[str], headers: list[str],
+    ) -> Statement:
+        found = [_delayed_key(k) for k in keys]
+        params = Params(named=True)
+        rows = key_rows([k.row for k in found], headers, [k.due for k in found])
+        marker = params.add("rows", "nvarchar(max)", json_list(rows))
+        # One JSON array of [RowVersion, Due, Headers]; its [key] is the position, so the new
+        # RowVersion values follow the order of `keys`. The rows are this transaction own
+        # (locked by due_delayed): READPAST skips only rows other transactions hold.
+        rest = f"""NULL, k.Headers, d.Body
+FROM OPENJSON({marker}) AS o
+CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]', Headers nvarchar(max) '$[2]') AS k
+JOIN {params.table("delayed", self.qualified(delayed))} AS d WITH (READPAST, READCOMMITTEDLOCK)
+  ON {_KEY_MATCH.format(d="d.", k="k.")}
+ORDER BY CAST(o.[key] AS int)"""
+        return insert_messages(self.qualified(destination), self._sys(destination), new_id="NEWID()", rest=rest,
+                               params=params)
+
+    def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
+        rows = [list(_delayed_key(k)) for k in keys]  # [RowVersion, Due]
+        return Statement(
+            f"DELETE FROM {self.qualified(delayed)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE EXISTS (SELECT 1 FROM OPENJSON(?) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]') AS k"
+            f" WHERE {_KEY_MATCH.format(d='', k='k.')})",
+            (json_list(rows),),
+        )

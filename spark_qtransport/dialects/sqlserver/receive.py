@@ -1,0 +1,359 @@
+"""SQL Server receive: the consumer lock, the claim batch, slices, acknowledgements, forwarding."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ...errors import ConfigError, QTransportError
+from ..base import QueueAddress, ReceiveSql, Statement
+from .statements import MAX_CONSUMER_CHARS, MAX_RESOURCE, QNAME, Params, insert_messages, json_list, key_rows
+
+#: longest ``<database id>.<object id>`` of a consumer lock resource: two ints as text
+_MAX_IDS_CHARS = 11 + 1 + 11
+
+#: rows deleted from a queue per DELETE statement of a claim. SQL Server escalates to a table lock
+#: once ONE statement holds about 5,000 locks on one table or index (a heap row costs a RID lock,
+#: a key lock per index and page intent locks): a table lock on a queue would block every
+#: NServiceBus sender and receiver until the claim commits. Below the threshold, never.
+CLAIM_CHUNK = 2000
+
+# A flat JSON object whose values are strings or null (OPENJSON type 0 = null, 1 = string).
+# ISJSON accepts objects and arrays: the first non-blank character tells them apart (JSON allows
+# tab, CR and LF before it as well as spaces; LTRIM alone removes only spaces). OPENJSON raises on
+# invalid text and the optimizer may evaluate a subquery before the CASE that guards it, so
+# OPENJSON's own argument is guarded too: it only ever sees valid JSON or NULL (no rows).
+_POISON = (
+    "CASE WHEN ISJSON(Headers) = 1 AND LEFT(LTRIM(REPLACE(REPLACE(REPLACE(LEFT(Headers, 64),"
+    " NCHAR(9), N' '), NCHAR(10), N' '), NCHAR(13), N' ')), 1) = N'{'"
+    " THEN CASE WHEN EXISTS (SELECT 1 FROM OPENJSON(CASE WHEN ISJSON(Headers) = 1 THEN Headers END)"
+    " WHERE type NOT IN (0, 1)) THEN 1 ELSE 0 END"
+    " ELSE 1 END"
+)
+
+
+#: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
+_FORWARD_LIKE = "N'%NServiceBus.SqlServer.ForwardDestination%'"
+
+
+#: The poison rows' INSERT naming Recoverable runs as dynamic SQL: a batch that names a column an
+#: existing table lacks does not compile, even in a branch that never runs. The dynamic text is
+#: made of constants and the quoted error table name (a parameter); it reads the temp table of
+#: the claim batch, which nested batches see (a table variable they would not).
+_INSERT_POISON_RECOVERABLE = (
+    "N'INSERT INTO ' + @error + N' (Id, Recoverable, Expires, Headers, Body)"
+    " SELECT Id, 1, NULL, Headers, Body FROM #sqlqueue_moved"
+    " WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion'"
+)
+
+#: The claim batch (see `SqlServerReceive.claim`); ``{q}``, ``{c}``, ``{e}`` the quoted queue,
+#: claim and error tables, ``{error_sys}`` the error queue's catalog views, ``{declare_upto}`` and
+#: ``{cond_upto}`` the optional upper bound.
+_CLAIM = """
+SET NOCOUNT ON;
+-- Any error undoes the whole claim: a row leaves the queue only together with its copy in the
+-- claim table or the error queue.
+SET XACT_ABORT ON;
+DECLARE @limit bigint = ?;
+DECLARE @after bigint = ?;
+{declare_upto}DECLARE @consumer nvarchar({max_consumer}) = ?;
+DECLARE @error {qname} = ?;
+DECLARE @chunk bigint, @n bigint;
+DECLARE @deleted int, @expired int, @poison int, @claimed int, @maxClaim bigint, @maxSource bigint;
+DECLARE @minClaim bigint, @forward int;
+DECLARE @claimedSeq TABLE (ClaimSeq bigint NOT NULL);
+IF OBJECT_ID(N'tempdb..#sqlqueue_moved') IS NOT NULL DROP TABLE #sqlqueue_moved;
+CREATE TABLE #sqlqueue_moved (
+    Id uniqueidentifier NOT NULL,
+    Expires datetime NULL,
+    Headers nvarchar(max) NOT NULL,
+    Body varbinary(max) NULL,
+    RowVersion bigint NOT NULL,
+    Expired bit NULL,
+    Poison bit NULL
+);
+-- Take the oldest rows, CLAIM_CHUNK per statement so no statement escalates to a table lock.
+-- UPDLOCK + READPAST: rows locked by competing consumers and NServiceBus endpoints are skipped,
+-- never waited for, never taken twice. ROWLOCK: lock only the rows taken. This is the receive
+-- of NServiceBus (TOP 1), batched. The rows are deleted from the queue and kept in the temp table.
+WHILE @limit > 0
+BEGIN
+    SET @chunk = CASE WHEN @limit < {chunk} THEN @limit ELSE {chunk} END;
+    WITH picked AS (
+        SELECT TOP (@chunk) Id, Expires, Headers, Body, RowVersion
+        FROM {q} WITH (UPDLOCK, READPAST, ROWLOCK)
+        WHERE RowVersion > @after{cond_upto}
+        ORDER BY RowVersion
+    )
+    DELETE FROM picked
+    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion
+    INTO #sqlqueue_moved (Id, Expires, Headers, Body, RowVersion);
+    SET @n = @@ROWCOUNT;
+    SET @limit = @limit - @n;
+    IF @n < @chunk BREAK;
+    -- Go on after the last row taken: the skipped ones below it belong to others.
+    SELECT @after = MAX(RowVersion) FROM #sqlqueue_moved;
+END
+-- Expired rows are dropped (counted, never delivered). Poison rows: headers that are not a flat
+-- JSON object of strings or nulls.
+UPDATE #sqlqueue_moved SET
+    Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END,
+    Poison = {poison};
+SELECT @poison = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0;
+IF @poison > 0
+BEGIN
+    -- Poison rows go raw to the error queue: same Id, Headers and Body, no expiry, Recoverable = 1
+    -- where the table has that legacy column (NServiceBus tables have it, with no default).
+    IF EXISTS (SELECT 1 FROM {error_sys}columns WHERE object_id = OBJECT_ID(@error) AND name = N'Recoverable')
+    BEGIN
+        DECLARE @insertError nvarchar(max) = {insert_recoverable};
+        EXEC sys.sp_executesql @insertError;
+    END
+    ELSE
+    BEGIN
+        INSERT INTO {e} (Id, Expires, Headers, Body)
+        SELECT Id, NULL, Headers, Body FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion;
+    END
+END
+-- The rest is claimed. INSERT ... SELECT ... ORDER BY assigns the IDENTITY values in ORDER BY
+-- order (documented by SQL Server), so claim order is queue order.
+INSERT INTO {c} (Consumer, Id, Expires, Headers, Body, SourceSeq)
+OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)
+SELECT @consumer, Id, Expires, Headers, Body, RowVersion
+FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;
+SET @claimed = @@ROWCOUNT;
+SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;
+-- Rows that may carry the ForwardDestination header: the caller forwards them in this transaction.
+SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND Headers LIKE {forward_like};
+SELECT @deleted = COUNT(*), @expired = COUNT(CASE WHEN Expired = 1 THEN 1 END), @maxSource = MAX(RowVersion)
+FROM #sqlqueue_moved;
+DROP TABLE #sqlqueue_moved;
+SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS claimed,
+       @maxClaim AS max_claim, @maxSource AS max_source, @minClaim AS min_claim, @forward AS forward;
+"""
+
+
+class SqlServerReceive(ReceiveSql):
+    """The SQL Server receive of the dialect."""
+
+    def _check_consumer(self, consumer: str) -> str:
+        if not consumer or "\x00" in consumer or len(consumer) > MAX_CONSUMER_CHARS:
+            raise ConfigError(
+                f"option 'endpoint': consumer name {consumer!r} must be 1 to {MAX_CONSUMER_CHARS} characters "
+                "without NUL (the Consumer column of the claim table)",
+                option="endpoint",
+            )
+        return consumer
+
+    def _lock_resource(self, claims: QueueAddress, consumer: str) -> tuple[str, tuple[Any, ...]]:
+        """The application lock of (claim table, consumer): SQL declaring ``@resource`` and its
+        parameters.
+
+        Keyed by the claim table's identity, computed on the server, not by its spelling:
+        ``Sales``, ``SALES@[dbo]`` and ``Sales@[dbo]@[<current database>]`` are one table, so one
+        lock, ``sqlqueue consumer <database id>.<object id> <consumer>``. The ids are digits, so
+        the text cannot be read two ways; NULL (no such table) makes the resource NULL. Resources
+        are nvarchar(255): a consumer name too long for the rest gets a digest, so two long names
+        never share a lock by truncation.
+        """
+        self._check_consumer(consumer)
+        prefix = len("sqlqueue consumer ") + _MAX_IDS_CHARS + 1
+        part = consumer
+        if prefix + len(consumer.encode("utf-16-le")) // 2 > MAX_RESOURCE:
+            part = hashlib.sha256(consumer.encode()).hexdigest()
+        db_id, params = ("DB_ID(?)", (claims.catalog,)) if claims.catalog else ("DB_ID()", ())
+        sql = (
+            f"DECLARE @table {QNAME} = ?;\n"
+            "DECLARE @consumer nvarchar(255) = ?;\n"
+            f"DECLARE @resource nvarchar(255) = N'sqlqueue consumer ' + CAST({db_id} AS nvarchar(11)) + N'.'"
+            " + CAST(OBJECT_ID(@table) AS nvarchar(11)) + N' ' + @consumer;\n"
+        )
+        return sql, (self.qualified(claims), part, *params)
+
+    def table_id(self, table: QueueAddress) -> Statement:
+        # OBJECT_ID changes when the table is dropped and created again; NULL when there is none.
+        return Statement("SELECT CAST(OBJECT_ID(?) AS nvarchar(20))", (self.qualified(table),))
+
+    def queue_columns(self, table: QueueAddress) -> Statement:
+        sys_ = self._sys(table)
+        # user_type_id, not system_type_id: nvarchar and sysname share a system type id.
+        # Ordinary user tables only: sys.tables holds no view and no synonym (OBJECT_ID of a
+        # synonym is the synonym's own id), is_ms_shipped marks system objects in any schema and
+        # is_external PolyBase external tables, the counterparts of PostgreSQL foreign tables.
+        return Statement(
+            "SELECT LOWER(c.name),"
+            " CASE WHEN t.name IN (N'varchar', N'char', N'varbinary', N'binary')"
+            " THEN t.name + N'(' + CASE WHEN c.max_length = -1 THEN N'max' ELSE CAST(c.max_length AS nvarchar(10)) END + N')'"
+            " WHEN t.name IN (N'nvarchar', N'nchar')"
+            " THEN t.name + N'(' + CASE WHEN c.max_length = -1 THEN N'max' ELSE CAST(c.max_length / 2 AS nvarchar(10)) END + N')'"
+            " ELSE t.name END"
+            f" FROM {sys_}columns AS c JOIN {sys_}types AS t ON t.user_type_id = c.user_type_id"
+            f" JOIN {sys_}tables AS o ON o.object_id = c.object_id AND o.is_ms_shipped = 0 AND o.is_external = 0"
+            " WHERE c.object_id = OBJECT_ID(?) ORDER BY c.column_id",
+            (self.qualified(table),),
+        )
+
+    def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        # Session-owned: held across transactions until released or the connection closes.
+        # LockTimeout 0: a busy consumer is reported at once (return code -1), never waited for.
+        # An application lock belongs to a database: this one is taken in the claim table own
+        # database, as the delayed mover lock is (see lock_mover), so two sessions whose current
+        # databases differ still meet on the same lock when they name the same claim table.
+        declare, params = self._lock_resource(claims, consumer)
+        return Statement(
+            "SET NOCOUNT ON;\n"
+            f"{declare}"
+            "DECLARE @rc int;\n"
+            "IF @resource IS NULL\n"
+            "    THROW 51000, N'sqlqueue: the claim table does not exist, so no consumer lock can be taken on it', 1;\n"
+            f"EXEC @rc = {self._sys(claims)}sp_getapplock @Resource = @resource, @LockMode = N'Exclusive',"
+            " @LockOwner = N'Session', @LockTimeout = 0;\n"
+            "SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)",
+            params,
+        )
+
+    def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
+        # Releasing a lock not held is an error (1223): only release what this session holds.
+        # APPLOCK_MODE looks in the current database only: the check and the release run in the
+        # claim table own database, where try_lock_consumer took the lock. A claim table dropped
+        # meanwhile has no resource: nothing to release here, closing the connection does it.
+        declare, params = self._lock_resource(claims, consumer)
+        return Statement(
+            "SET NOCOUNT ON;\n"
+            f"{declare}"
+            "IF @resource IS NOT NULL\n"
+            f"    EXEC {self._sys(claims)}sp_executesql"
+            " N'IF APPLOCK_MODE(N''public'', @resource, N''Session'') <> N''NoLock''"
+            " EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = N''Session'';',"
+            " N'@resource nvarchar(255)', @resource = @resource;",
+            params,
+        )
+
+    def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
+        # UPDLOCK + READPAST: rows another consumer (or NServiceBus endpoint) holds are skipped,
+        # never waited for and never counted as work for us (counting them would start a storm
+        # of empty claims). ROWLOCK keeps the lock on the one row found; an empty range locks
+        # nothing, so an idle queue costs a read, not a write.
+        cond = "RowVersion > ?" + (" AND RowVersion <= ?" if upto is not None else "")
+        params = (int(after),) + ((int(upto),) if upto is not None else ())
+        return Statement(
+            f"SELECT TOP (1) RowVersion FROM {self.qualified(queue)} WITH (UPDLOCK, READPAST, ROWLOCK)"
+            f" WHERE {cond} ORDER BY RowVersion",
+            params,
+        )
+
+    def claim(
+        self,
+        queue: QueueAddress,
+        claims: QueueAddress,
+        error: QueueAddress,
+        *,
+        consumer: str,
+        limit: int,
+        after: int,
+        upto: int | None,
+    ) -> list[Statement]:
+        q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
+        limit = int(limit)
+        if limit < 1:
+            raise QTransportError(f"claim limit must be at least 1, not {limit}", operation="claim")
+        params: list[Any] = [limit, int(after)]
+        declare_upto, cond_upto = "", ""
+        if upto is not None:
+            params.append(int(upto))
+            declare_upto, cond_upto = "DECLARE @upto bigint = ?;\n", " AND RowVersion <= @upto"
+        params += [self._check_consumer(consumer), e]
+        sql = _CLAIM.format(
+            q=q, c=c, e=e, error_sys=self._sys(error), declare_upto=declare_upto, cond_upto=cond_upto,
+            max_consumer=MAX_CONSUMER_CHARS, qname=QNAME, chunk=CLAIM_CHUNK, poison=_POISON, forward_like=_FORWARD_LIKE,
+            insert_recoverable=_INSERT_POISON_RECOVERABLE,
+        )
+        return [Statement(sql.strip(), tuple(params))]
+
+    def backlog(self, queue: QueueAddress) -> Statement:
+        # NServiceBus's peek: the span of unlocked sequences. READPAST skips rows being received
+        # or inserted; READCOMMITTEDLOCK keeps locking reads on a READ_COMMITTED_SNAPSHOT database.
+        return Statement(
+            "SELECT isnull(cast(max(RowVersion) - min(RowVersion) + 1 AS bigint), 0)"
+            f" FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK)"
+        )
+
+    def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
+        c = self.qualified(claims)
+        # Two TOP (1) seeks at the ends of the consumer's range, not an aggregate over all of it.
+        return Statement(
+            f"SELECT (SELECT TOP (1) ClaimSeq FROM {c} WHERE Consumer = ? ORDER BY ClaimSeq DESC),"
+            f" (SELECT TOP (1) ClaimSeq FROM {c} WHERE Consumer = ? ORDER BY ClaimSeq)",
+            (self._check_consumer(consumer), consumer),
+        )
+
+    def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:
+        return Statement(
+            f"SELECT ClaimSeq FROM {self.qualified(claims)} WHERE Consumer = ? AND ClaimSeq > ?"
+            " ORDER BY ClaimSeq OFFSET ? ROWS FETCH NEXT 1 ROWS ONLY",
+            (self._check_consumer(consumer), int(after), max(int(n) - 1, 0)),
+        )
+
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        return Statement(
+            "SELECT ClaimSeq, CAST(Id AS varchar(36)), Expires, Headers, Body, SourceSeq, ClaimedAt"
+            f" FROM {self.qualified(claims)}"
+            " WHERE Consumer = ? AND ClaimSeq > ? AND ClaimSeq <= ?"
+            " ORDER BY ClaimSeq",
+            (self._check_consumer(consumer), int(after), int(upto)),
+        )
+
+    def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        # The claims of a consumer up to `upto` are all acknowledged: which of them a TOP deletes
+        # first does not matter. The claim table never escalates to a table lock (create_claims).
+        return Statement(
+            f"DELETE TOP (?) FROM {self.qualified(claims)} WHERE Consumer = ? AND ClaimSeq <= ?",
+            (int(batch), self._check_consumer(consumer), int(upto)),
+        )
+
+    def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
+        return Statement(
+            f"SELECT ClaimSeq, Headers FROM {self.qualified(claims)}"
+            f" WHERE Consumer = ? AND ClaimSeq >= ? AND ClaimSeq <= ? AND Headers LIKE {_FORWARD_LIKE} ORDER BY ClaimSeq",
+            (self._check_consumer(consumer), int(lo), int(hi)),
+        )
+
+    def forward_claims(
+        self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
+        headers: list[str],
+    ) -> Statement:
+        # Same Id, no expiry, as NServiceBus forwards (Id is no key in a queue table). One JSON
+        # array of [ClaimSeq, Headers]; its [key] keeps the order of `keys`.
+        params = Params(named=True)
+        rows = params.add("rows", "nvarchar(max)", json_list(key_rows([int(k) for k in keys], headers)))
+        who = params.add("consumer", f"nvarchar({MAX_CONSUMER_CHARS})", self._check_consumer(consumer))
+        rest = f"""NULL, k.Headers, c.Body
+FROM OPENJSON({rows}) AS o
+CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k
+JOIN {params.table("claims", self.qualified(claims))} AS c ON c.Consumer = {who} AND c.ClaimSeq = k.KeyRow
+ORDER BY CAST(o.[key] AS int)"""
+        return insert_messages(self.qualified(destination), self._sys(destination), new_id="c.Id", rest=rest,
+                               params=params)
+
+    def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
+        rows = key_rows([int(k) for k in keys], headers)
+        return Statement(
+            f"UPDATE c SET Headers = k.Headers FROM {self.qualified(claims)} AS c"
+            " JOIN OPENJSON(?) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k ON c.ClaimSeq = k.KeyRow"
+            " WHERE c.Consumer = ?",
+            (json_list(rows), self._check_consumer(consumer)),
+        )
+
+    def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(claims)} WHERE Consumer = ?"
+            " AND ClaimSeq IN (SELECT k.KeyRow FROM OPENJSON(?) WITH (KeyRow bigint '$') AS k)",
+            (self._check_consumer(consumer), json_list([int(k) for k in keys])),
+        )
+
+    def max_source_seq(self, queue: QueueAddress) -> Statement:
+        # READPAST: rows being inserted (not in the queue yet) or received by others (leaving it)
+        # are not waited for.
+        return Statement(
+            f"SELECT max(RowVersion) FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK)"
+        )

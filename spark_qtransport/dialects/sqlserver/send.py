@@ -1,0 +1,220 @@
+"""SQL Server send: fast executemany into staging, the outbox, and the dispatch INSERTs."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from ...errors import ConfigError, QTransportError
+from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
+from .statements import (
+    EXACT,
+    MAX_FINGERPRINT_CHARS,
+    MAX_SINK_CHARS,
+    Params,
+    copy_rows,
+    in_list,
+    insert_messages,
+    json_list,
+)
+
+#: the staging table's column of each of `STAGED_COLUMNS`, in that order
+_STAGED = dict(
+    zip(
+        STAGED_COLUMNS,
+        ("Sink", "BatchId", "Attempt", "Kind", "Route", "MessageId", "Headers", "Body", "TtbrMs", "DelayMs", "Due"),
+        strict=True,
+    )
+)
+
+
+def _attempts(attempts: list[str], params: Params) -> str:
+    """The condition selecting the staged rows of `attempts`: any number of them, as one JSON
+    parameter. OPENJSON columns take the database default collation: an explicit COLLATE, the
+    Attempt column's own, avoids a conflict and keeps Index_Attempt seekable."""
+    mark = params.add("attempts", "nvarchar(max)", json_list([str(a) for a in attempts]))
+    return f"Attempt IN (SELECT a.Attempt {EXACT} FROM OPENJSON({mark}) WITH (Attempt varchar(64) '$') AS a)"
+
+
+#: the time-to-be-received as Expires, computed on the server like NServiceBus's send. DATEADD
+#: takes an int: seconds and the remaining milliseconds are added apart (any bigint of
+#: milliseconds up to 68 years), and GETUTCDATE() is datetime, like the Expires column.
+_EXPIRES = (
+    "CASE WHEN m.TtbrMs IS NULL THEN NULL"
+    " ELSE DATEADD(second, m.TtbrMs / 1000, DATEADD(ms, m.TtbrMs % 1000, GETUTCDATE())) END"
+)
+
+
+class SqlServerSend(SendSql):
+    """The SQL Server send of the dialect."""
+
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            return  # pyodbc refuses an empty executemany
+        cols = ", ".join(_STAGED.values())
+        marks = ", ".join("?" * len(_STAGED))
+        names = list(_STAGED)
+        due, body = names.index("due"), names.index("body")
+        data = []
+        for row in rows:
+            values = list(row)
+            if len(values) != len(_STAGED):
+                raise QTransportError(f"a staged row has {len(values)} values, not {len(_STAGED)} ({', '.join(_STAGED)})",
+                                     operation="stage rows")
+            if isinstance(values[body], (bytearray, memoryview)):
+                values[body] = bytes(values[body])
+            when = values[due]
+            if isinstance(when, datetime) and when.tzinfo is not None:
+                # datetime2 has no time zone: stored as UTC wall-clock time (naive is taken as UTC)
+                values[due] = when.astimezone(timezone.utc).replace(tzinfo=None)
+            data.append(tuple(values))
+        cur = conn.cursor()
+        try:
+            # One round trip per array of rows: pyodbc binds the parameter types the server
+            # describes for the INSERT, so None needs no guessing.
+            cur.fast_executemany = True
+            cur.executemany(f"INSERT INTO {self.qualified(staging)} ({cols}) VALUES ({marks})", data)
+        finally:
+            cur.close()
+
+    @staticmethod
+    def _check_sink(sink: str) -> str:
+        if not isinstance(sink, str) or not sink or len(sink) > MAX_SINK_CHARS:
+            raise ConfigError(f"sink name {sink!r} must be 1 to {MAX_SINK_CHARS} characters", option="sink")
+        return sink
+
+    def outbox_insert(self, outbox: QueueAddress, *, sink: str, batch_id: int, fingerprint: str) -> Statement:
+        if not fingerprint or len(fingerprint) > MAX_FINGERPRINT_CHARS:
+            raise QTransportError(
+                f"outbox fingerprint must be 1 to {MAX_FINGERPRINT_CHARS} characters, not {fingerprint!r}",
+                operation="record the batch in the outbox",
+            )
+        t = self.qualified(outbox)
+        # UPDLOCK + HOLDLOCK: the key (present or not) stays locked until commit, so a second
+        # dispatcher of the batch waits here, then finds the record (rowcount 0). One statement
+        # without SET NOCOUNT: its rowcount is what the caller reads.
+        return Statement(
+            f"INSERT INTO {t} (Sink, BatchId, Fingerprint) SELECT ?, ?, ?"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE Sink = ? AND BatchId = ?)",
+            (self._check_sink(sink), int(batch_id), str(fingerprint), sink, int(batch_id)),
+        )
+
+    def outbox_get(self, outbox: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        # DispatchedAt is datetime2 without time zone: UTC wall-clock time.
+        return Statement(
+            f"SELECT Fingerprint, DispatchedAt, Sent, Delayed, Published FROM {self.qualified(outbox)}"
+            " WHERE Sink = ? AND BatchId = ?",
+            (self._check_sink(sink), int(batch_id)),
+        )
+
+    def outbox_finish(
+        self, outbox: QueueAddress, *, sink: str, batch_id: int, sent: int, delayed: int, published: int
+    ) -> Statement:
+        return Statement(
+            f"UPDATE {self.qualified(outbox)} SET Sent = ?, Delayed = ?, Published = ? WHERE Sink = ? AND BatchId = ?",
+            (int(sent), int(delayed), int(published), self._check_sink(sink), int(batch_id)),
+        )
+
+    def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
+        # NServiceBus's GetSubscribersText, with the topic each address subscribed to.
+        params = Params()
+        cond = in_list("Topic", topics, "topics", params)
+        return Statement(f"SELECT DISTINCT QueueAddress, Topic FROM {self.qualified(table)} WHERE {cond}", params.values())
+
+    def dispatch(
+        self,
+        staging: QueueAddress,
+        destination: QueueAddress,
+        *,
+        attempts: list[str],
+        route: str | None,
+        publish_routes: list[str],
+    ) -> Statement:
+        params = Params(named=True)
+        first = self._first_staged(staging, params, attempts=attempts, route=route, publish_routes=publish_routes)
+        return insert_messages(self.qualified(destination), self._sys(destination), new_id="NEWID()",
+                               rest=f"{_EXPIRES}, m.Headers, m.Body\n{first}", params=params)
+
+    def _first_staged(
+        self, staging: QueueAddress, params: Params, *, attempts: list[str], route: str | None,
+        publish_routes: list[str],
+    ) -> str:
+        """``FROM ... ORDER BY`` of the staged rows a dispatch sends (`m`, in staging order), its
+        values added to `params`: what `dispatch` inserts and `staged_messages` reads."""
+        s = params.table("staging", self.qualified(staging))
+        cond = _attempts(attempts, params)
+        routes = []
+        if route is not None:
+            routes.append(f"(Kind = 's' AND Route = {params.add('route', 'nvarchar(max)', str(route))})")
+        if publish_routes:
+            routes.append(f"(Kind = 'p' AND {in_list('Route', publish_routes, 'published routes', params)})")
+        # `f` picks one staged row per message id (the first staged, as NServiceBus's dispatcher
+        # deduplicates on message id and destination) from the index alone; the join then reads
+        # each picked row by its clustered key.
+        return f"""FROM (SELECT MIN(Seq) AS Seq FROM {s}
+      WHERE {cond}
+        AND ({' OR '.join(routes) or '1 = 0'})
+      GROUP BY MessageId) AS f
+JOIN {s} AS m ON m.Seq = f.Seq
+ORDER BY f.Seq"""
+
+    def staged_messages(
+        self, staging: QueueAddress, *, attempts: list[str], route: str | None, publish_routes: list[str]
+    ) -> Statement:
+        # The rows `dispatch` would insert, keyed by their Seq (the clustered key `move_staged` seeks).
+        params = Params()
+        first = self._first_staged(staging, params, attempts=attempts, route=route, publish_routes=publish_routes)
+        return Statement(f"SELECT m.Seq, m.Headers\n{first}", params.values())
+
+    def move_staged(
+        self, staging: QueueAddress, destination: QueueAddress, *, keys: list[Any], headers: list[str],
+    ) -> Statement:
+        # Each staged row is read by its clustered key, as `dispatch` reads them: committed rows
+        # of the batch, no hint needed.
+        return copy_rows(self.qualified(destination), self._sys(destination), [int(k) for k in keys], headers,
+                         source=self.qualified(staging), on="AS m ON m.Seq = k.KeyRow")
+
+    def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
+        s, d = self.qualified(staging), self.qualified(delayed)
+        params = Params()
+        cond = _attempts(attempts, params)
+        # Due as NServiceBus's StoreDelayedMessageText computes it: on the server, in UTC, as
+        # datetime; DATEADD takes an int, so seconds and the remaining milliseconds apart.
+        sql = f"""
+INSERT INTO {d} (Headers, Body, Due)
+SELECT Headers, Body, COALESCE(Due, DATEADD(second, DelayMs / 1000, DATEADD(ms, DelayMs % 1000, GETUTCDATE())))
+FROM {s}
+WHERE {cond} AND Kind = 'd'
+ORDER BY Seq"""
+        return Statement(sql.strip(), params.values())
+
+    def delete_staged(self, staging: QueueAddress, *, attempts: list[str]) -> Statement:
+        # No READPAST: the rowcount is checked against what the tasks staged.
+        params = Params()
+        cond = _attempts(attempts, params)
+        return Statement(f"DELETE FROM {self.qualified(staging)} WHERE {cond}", params.values())
+
+    def delete_batch_leftovers(self, staging: QueueAddress, *, sink: str, batch_id: int) -> Statement:
+        # READPAST: rows other tasks are still writing (another batch, or a zombie attempt of
+        # this one) are skipped, not waited for; the retention cleanup takes what is left.
+        return Statement(
+            f"DELETE FROM {self.qualified(staging)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE Sink = ? AND BatchId = ?",
+            (self._check_sink(sink), int(batch_id)),
+        )
+
+    def outbox_cleanup(self, outbox: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        # Through Index_DispatchedAt; records of dispatches in progress are skipped.
+        return Statement(
+            f"DELETE TOP (?) FROM {self.qualified(outbox)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE DispatchedAt < DATEADD(second, -?, SYSUTCDATETIME())",
+            (int(limit), int(older_than_seconds)),
+        )
+
+    def staging_cleanup(self, staging: QueueAddress, *, older_than_seconds: int, limit: int) -> Statement:
+        # Rows tasks are writing now are skipped, never waited for.
+        return Statement(
+            f"DELETE TOP (?) FROM {self.qualified(staging)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
+            " WHERE StagedAt < DATEADD(second, -?, SYSUTCDATETIME())",
+            (int(limit), int(older_than_seconds)),
+        )
