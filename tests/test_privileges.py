@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from backends import Backend, nsb_headers, receive_batch
 from spark_qtransport.cli import main
+from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.wire import H, decode_headers
 
 PARTS = ("--part", "queue", "--part", "claims", "--part", "sender", "--part", "delayed")
@@ -178,7 +179,7 @@ def test_the_postgres_13_to_15_helper_is_created_only_when_missing(pg: Backend, 
 
     def start(url: str) -> None:
         r = Receiver(ReaderOptions.parse({"url": url, "queue": a, "errorQueue": error, "claimAhead": "false"}))
-        r.dialect.force_helper = True  # type: ignore[attr-defined]
+        r.endpoint.dialect = PostgresDialect(force_helper=True)
         try:
             assert r.table_id  # set up: claim table, helper function, consumer lock
         finally:

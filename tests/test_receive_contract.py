@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import pytest
 
 from backends import Backend, nsb_headers
+from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
 from spark_qtransport.spark.options import ReaderOptions
 from spark_qtransport.transport.receiving import setup
@@ -133,7 +134,7 @@ def test_corrupted_headers(backend: Backend, queues, bad: str, helper: bool) -> 
         pytest.skip("PostgreSQL only")
     with receiving(backend, q, e) as r:
         # the PostgreSQL 13-15 path: headers checked by a PL/pgSQL helper function
-        r.dialect.force_helper = helper  # type: ignore[attr-defined]
+        r.endpoint.dialect = PostgresDialect(force_helper=helper)
         rows, _ = drain(r)
         assert r.stats.poison == 1
     assert [row[0] for row in rows] == ["before", "after"]

@@ -160,6 +160,6 @@ def test_stream_with_a_wrong_password(spark: Any, pg: Backend, role: Role, queue
         cause = cause.__cause__ or cause.__context__
     text = "\n".join(texts)
     # the first call that reaches the database says so (finding the delayed table, connecting...)
-    assert re.search(rf'DatabaseError: [a-z ]+ on queue "public"."{queue}" failed: OperationalError: ', text), text
+    assert re.search(rf'DatabaseError: [a-z -]+ on queue "public"."{queue}" failed: OperationalError: ', text), text
     assert "password authentication failed" in text
     no_secret(text)

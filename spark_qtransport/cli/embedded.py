@@ -119,7 +119,7 @@ class EmbeddedPostgres:
             kw["user"], kw["group"] = SYSTEM_USER, SYSTEM_USER
             kw["extra_groups"] = []
         try:
-            return subprocess.run(args, **kw)  # type: ignore[call-overload,no-any-return]
+            return subprocess.run(args, **kw)  # type: ignore[call-overload]
         except subprocess.CalledProcessError as exc:
             log = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""
             raise EmbeddedPostgresError(

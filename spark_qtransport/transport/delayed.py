@@ -91,8 +91,7 @@ class DelayedMover:
             return
         routed = route_rows(
             cur, router, items,
-            insert=lambda t, keys, headers: d.move_delayed(self.delayed, t.address, keys=keys, headers=headers,
-                                                          recoverable=t.recoverable),
+            insert=lambda t, keys, headers: d.move_delayed(self.delayed, t.address, keys=keys, headers=headers),
             delete=lambda keys: d.delete_delayed(self.delayed, keys=keys),
             error_queue=lambda: router.configured(cur, self.error_queue, option="errorQueue"),
             source="spark_qtransport.delayed", endpoint=self.endpoint.table,

@@ -115,11 +115,6 @@ class Target:
     text: str  # canonical address text (as in a ReplyToAddress header)
     columns: Mapping[str, str]
 
-    @property
-    def recoverable(self) -> bool:
-        """SQL Server: the table has NServiceBus's legacy Recoverable column (write 1 into it)."""
-        return "recoverable" in self.columns
-
 
 @dataclass(frozen=True)
 class Refusal:

@@ -26,5 +26,5 @@ __all__ = [
 ]
 
 
-class Dialect(InstallSql, ReceiveSql, SendSql, DelayedSql, OperationsSql, DriverSupport):
+class Dialect(InstallSql, ReceiveSql, SendSql, OperationsSql, DelayedSql, DriverSupport):
     """The SQL of one database. Subclasses: `PostgresDialect`, `SqlServerDialect` (frozen dataclasses)."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Self
+from typing import TYPE_CHECKING
 
 from ...errors import ConfigError
 from .addressing import AddressingSql
 from .values import QueueAddress, Statement
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 class InstallSql(AddressingSql):
     """The tables (and server-side helpers) the connector creates."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 from .addressing import AddressingSql
@@ -13,7 +14,7 @@ class SendSql(AddressingSql):
     """The SQL of the sink (see DESIGN.md, Send)."""
 
     @abstractmethod
-    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
         """Bulk-write staged rows (tuples in `STAGED_COLUMNS` order) with the driver's fastest
         path (COPY, fast executemany). The one dialect method that executes: bulk APIs are
         driver-specific. Does not commit."""

@@ -24,7 +24,7 @@ __all__ = ["PostgresDialect", "FORWARD_LIKE", "HELPER_FUNCTION", "MIN_VERSION", 
 
 @dataclass(frozen=True)
 class PostgresDialect(
-    PostgresAddressing, PostgresInstall, PostgresReceive, PostgresSend, PostgresDelayed, PostgresOperations,
+    PostgresInstall, PostgresReceive, PostgresSend, PostgresDelayed, PostgresOperations, PostgresAddressing,
     PostgresDriver, Dialect,
 ):
     """The PostgreSQL dialect. Immutable: `adapt_to_server` returns a configured copy."""

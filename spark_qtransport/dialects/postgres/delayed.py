@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..base import DelayedSql, QueueAddress, Statement
+from .operations import PostgresOperations
 
 
-class PostgresDelayed(DelayedSql):
+class PostgresDelayed(PostgresOperations, DelayedSql):
     """The PostgreSQL delayed delivery of the dialect."""
 
     def any_due(self, delayed: QueueAddress) -> Statement:

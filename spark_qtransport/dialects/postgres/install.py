@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Self
+from typing import TYPE_CHECKING, Any
 
 from ..base import InstallSql, QueueAddress, Statement
 from .receive import HELPER_FUNCTION, POISON_PATH
 from .statements import literal
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 MIN_VERSION = 130000  # gen_random_uuid (jsonb_path_exists: 12)
 
@@ -153,8 +157,12 @@ class PostgresInstall(InstallSql):
     def script(self, statements: list[Statement]) -> str:
         out = []
         for stmt in statements:
-            params = stmt.params or {}
-            text = re.sub(r"%\((\w+)\)s", lambda m, p=params: literal(p[m.group(1)]), stmt.sql)
+            params: Mapping[str, Any] = stmt.params or {}
+
+            def value(m: re.Match[str], p: Mapping[str, Any] = params) -> str:
+                return literal(p[m.group(1)])
+
+            text = re.sub(r"%\((\w+)\)s", value, stmt.sql)
             out.append(text.replace("%%", "%").strip() + ";\n")
         return "\n".join(out)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from ..base import OperationsSql, QueueAddress, Statement, check_privileges
+from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW, literal
 
 
-class PostgresOperations(OperationsSql):
+class PostgresOperations(PostgresAddressing, OperationsSql):
     """The PostgreSQL operations of the dialect."""
 
     def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:

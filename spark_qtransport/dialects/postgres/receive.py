@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import QueueAddress, ReceiveSql, Statement
+from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW
 
 #: a claimed row that may carry NServiceBus.SqlServer.ForwardDestination (checked exactly in Python)
@@ -29,7 +30,7 @@ def _is_poison(col: str) -> str:
 HELPER_FUNCTION = "sqlqueue_poison_headers"
 
 
-class PostgresReceive(ReceiveSql):
+class PostgresReceive(PostgresAddressing, ReceiveSql):
     """The PostgreSQL receive of the dialect."""
 
     #: set by adapt_to_server on PostgreSQL < 16: check headers with the PL/pgSQL helper there

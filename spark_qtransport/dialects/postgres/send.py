@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
@@ -11,7 +12,7 @@ from .statements import ROWS_OF, UTC_NOW
 class PostgresSend(SendSql):
     """The PostgreSQL send of the dialect."""
 
-    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
         cols = ", ".join(STAGED_COLUMNS)
         with conn.cursor() as cur:
             with cur.copy(f"COPY {self.qualified(staging)} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:

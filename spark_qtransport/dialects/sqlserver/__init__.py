@@ -43,7 +43,7 @@ __all__ = ["SqlServerDialect", "CLAIM_CHUNK", "MAX_NAME_CHARS", "placeholders"]
 
 @dataclass(frozen=True)
 class SqlServerDialect(
-    SqlServerAddressing, SqlServerInstall, SqlServerReceive, SqlServerSend, SqlServerDelayed, SqlServerOperations,
+    SqlServerInstall, SqlServerReceive, SqlServerSend, SqlServerDelayed, SqlServerOperations, SqlServerAddressing,
     SqlServerDriver, Dialect,
 ):
     """The SQL Server dialect. Immutable, and nothing in it depends on the server found."""

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from ...errors import QTransportError
 from ..base import DelayedSql, QueueAddress, Statement
+from .addressing import SqlServerAddressing
 from .statements import Params, insert_messages, json_list, key_rows, resource
 
 
@@ -38,7 +39,7 @@ _KEY_MATCH = (
 )
 
 
-class SqlServerDelayed(DelayedSql):
+class SqlServerDelayed(SqlServerAddressing, DelayedSql):
     """The SQL Server delayed delivery of the dialect."""
 
     def any_due(self, delayed: QueueAddress) -> Statement:

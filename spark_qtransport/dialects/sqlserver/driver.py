@@ -173,7 +173,7 @@ class SqlServerDriver(DriverSupport):
 
     @staticmethod
     def _message(exc: BaseException) -> str:
-        args = getattr(exc, "args", ()) or ()
+        args: tuple[Any, ...] = tuple(getattr(exc, "args", ()) or ())
         if len(args) >= 2 and isinstance(args[0], str) and len(args[0]) == 5:
             return " ".join(str(a) for a in args[1:])
         return " ".join(str(a) for a in args) if args else str(exc)

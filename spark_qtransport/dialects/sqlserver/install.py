@@ -8,6 +8,7 @@ from typing import Any
 
 from ...errors import QTransportError
 from ..base import InstallSql, QueueAddress, Statement
+from .addressing import SqlServerAddressing
 from .statements import EXACT, MAX_CONSUMER_CHARS, MAX_FINGERPRINT_CHARS, MAX_SINK_CHARS, QNAME, literal, placeholders
 
 #: creating the schema of a table, inside `_CREATE_BATCH`: CREATE SCHEMA must be alone in its
@@ -59,7 +60,7 @@ BEGIN
 END"""
 
 
-class SqlServerInstall(InstallSql):
+class SqlServerInstall(SqlServerAddressing, InstallSql):
     """The SQL Server installers of the dialect."""
 
     seq_types = MappingProxyType({32: "int", 64: "bigint"})

@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from ...errors import ConfigError, QTransportError
 from ..base import OperationsSql, QueueAddress, Statement, check_privileges
+from .addressing import SqlServerAddressing
 from .statements import copy_rows, json_list, literal
 
 
@@ -36,7 +37,7 @@ def _native_id(value: str) -> str:
         raise ConfigError(f"not a native message id (a uniqueidentifier): {value!r}", option="NATIVE_IDS") from None
 
 
-class SqlServerOperations(OperationsSql):
+class SqlServerOperations(SqlServerAddressing, OperationsSql):
     """The SQL Server operations of the dialect."""
 
     @staticmethod

@@ -7,6 +7,7 @@ from typing import Any
 
 from ...errors import ConfigError, QTransportError
 from ..base import QueueAddress, ReceiveSql, Statement
+from .addressing import SqlServerAddressing
 from .statements import MAX_CONSUMER_CHARS, MAX_RESOURCE, QNAME, Params, insert_messages, json_list, key_rows
 
 #: longest ``<database id>.<object id>`` of a consumer lock resource: two ints as text
@@ -133,7 +134,7 @@ SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS 
 """
 
 
-class SqlServerReceive(ReceiveSql):
+class SqlServerReceive(SqlServerAddressing, ReceiveSql):
     """The SQL Server receive of the dialect."""
 
     def _check_consumer(self, consumer: str) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from ...errors import ConfigError, QTransportError
 from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
+from .addressing import SqlServerAddressing
 from .statements import (
     EXACT,
     MAX_FINGERPRINT_CHARS,
@@ -45,10 +47,10 @@ _EXPIRES = (
 )
 
 
-class SqlServerSend(SendSql):
+class SqlServerSend(SqlServerAddressing, SendSql):
     """The SQL Server send of the dialect."""
 
-    def stage_rows(self, conn: Any, staging: QueueAddress, rows: list[tuple[Any, ...]]) -> None:
+    def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
         if not rows:
             return  # pyodbc refuses an empty executemany
         cols = ", ".join(_STAGED.values())

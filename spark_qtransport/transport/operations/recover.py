@@ -55,8 +55,7 @@ def retry_failed(
             items.append(Item(str(key), kept, headers[H.FAILED_Q]))
     routed = route_rows(
         cur, Router(dialect, policy), items,
-        insert=lambda t, keys, headers: dialect.move_messages(error_queue, t.address, keys=keys, headers=headers,
-                                                             recoverable=t.recoverable),
+        insert=lambda t, keys, headers: dialect.move_messages(error_queue, t.address, keys=keys, headers=headers),
         delete=lambda keys: dialect.delete_messages(error_queue, keys=keys),
         error_queue=None, source="sqlqueue error retry", endpoint="",
     )

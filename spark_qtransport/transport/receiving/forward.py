@@ -74,8 +74,7 @@ def forward_claimed(
     if items:
         routed = route_rows(
             cur, router, items,
-            insert=lambda t, keys, headers: d.forward_claims(claims, consumer, t.address, keys=keys, headers=headers,
-                                                            recoverable=t.recoverable),
+            insert=lambda t, keys, headers: d.forward_claims(claims, consumer, t.address, keys=keys, headers=headers),
             delete=lambda keys: d.drop_claims(claims, consumer, keys=keys),
             error_queue=lambda: router.configured(cur, error_queue, option="errorQueue"),
             source="spark_qtransport.forward", endpoint=queue.table,

@@ -74,7 +74,7 @@ class EndpointSetUp:
         check = d.server_check()
         if check is not None:
             (version,) = db.one(cur, check)
-            problem = d.adapt_to_server(int(version), self.endpoint.claims)
+            self.endpoint.dialect, problem = d.adapt_to_server(int(version), self.endpoint.claims)
             if problem:
                 raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
 

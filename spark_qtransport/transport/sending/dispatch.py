@@ -298,7 +298,7 @@ class Dispatcher:
                 refused.append(dest)
                 continue
             stmt = d.dispatch(o.staging, to.address, attempts=batch.attempts, route=dest.route,
-                              publish_routes=dest.publish_routes, recoverable=to.recoverable)
+                              publish_routes=dest.publish_routes)
             n, problem = insert_guarded(cur, d, stmt)
             if problem is not None:  # the table refused the rows (privileges, a trigger...)
                 refused.append(Destination(Refusal(to.text, f"writing to {to.name} failed: {problem}"),
@@ -337,8 +337,7 @@ class Dispatcher:
             items += [Item(key, decode_headers(text), dest.to, raw=text) for key, text in db.rows(cur, stmt)]
         routed = route_rows(
             cur, router, items,
-            insert=lambda t, keys, headers: d.move_staged(o.staging, t.address, keys=keys, headers=headers,
-                                                         recoverable=t.recoverable),
+            insert=lambda t, keys, headers: d.move_staged(o.staging, t.address, keys=keys, headers=headers),
             delete=None,  # the staged rows go with the rest of the batch's
             error_queue=lambda: router.configured(cur, o.error_queue, option="errorQueue"),
             source="spark_qtransport.send", endpoint=o.endpoint.table,
