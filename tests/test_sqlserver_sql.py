@@ -2047,8 +2047,8 @@ class TestDoctor:
     def assess(self, **kw: Any) -> list[tuple[str, str]]:
         from spark_qtransport.transport.operations.doctor import TableFacts, assess
 
-        facts = {"dialect": "sqlserver", "name": "[dbo].[Sales]", "columns": dict(self.NSB), "index_keys": self.CURRENT, **kw}
-        return [(f.level, f.message) for f in assess(TableFacts(**facts))]
+        facts = {"name": "[dbo].[Sales]", "columns": dict(self.NSB), "index_keys": self.CURRENT, **kw}
+        return [(f.level, f.message) for f in assess(TableFacts(**facts), D)]
 
     def test_current_installer_table_is_fine(self) -> None:
         findings = self.assess()

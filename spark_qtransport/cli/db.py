@@ -119,7 +119,7 @@ def resolve(d: Dialect, text: str, *, option: str,
     """
     address = d.parse_address(text, option=option)
     plain = text.strip()
-    if d.name != "postgres" or address.schema is None or '"' in plain:
+    if not d.dot_splits_schema or address.schema is None or '"' in plain:
         return text
     whole = d.quote(plain)
     d.parse_address(whole, option=option)  # a name too long as one table fails here

@@ -18,6 +18,9 @@ class AddressingSql(ABC):
     max_table_bytes: int
     #: what `max_table_bytes` counts (see `name_length`)
     length_unit = "bytes"
+    #: an unquoted dot splits schema from table (PostgreSQL's ``billing.Invoices``); where it does
+    #: not (SQL Server's ``table@schema``), a dot is part of the table name
+    dot_splits_schema = False
 
     def name_length(self, name: str) -> int:
         """The length the database limits an identifier by (UTF-8 bytes unless overridden)."""

@@ -12,6 +12,19 @@ from .values import QueueAddress, Statement
 class OperationsSql(AddressingSql):
     """Statistics, peeking, purging, subscriptions, moving messages, indexes and privileges."""
 
+    #: a queue table's FIFO column (as `queue_columns` names it), and what `sqlqueue doctor` calls
+    #: it when it is 32 bits wide
+    sequence_column: str
+    int32_sequence: str
+
+    def table_findings(
+        self, columns: Mapping[str, str], index_keys: Sequence[tuple[tuple[str, ...], bool]]
+    ) -> list[tuple[str, str]]:
+        """(level, text) of what `sqlqueue doctor` says about a queue table that only this
+        database's tables can show (`index_keys`: each index's key columns and whether it is
+        clustered). None unless the dialect knows some."""
+        return []
+
     @abstractmethod
     def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
         """At most `limit` rows (native id text, expires, headers, body, sequence), oldest first.

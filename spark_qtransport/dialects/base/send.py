@@ -13,6 +13,10 @@ from .values import QueueAddress, Statement
 class SendSql(AddressingSql):
     """The SQL of the sink (see DESIGN.md, Send)."""
 
+    #: the longest delay or time-to-be-received the database's date arithmetic takes, in seconds
+    #: (100 years unless the dialect says less)
+    max_interval_seconds: float = 100 * 365.25 * 86_400
+
     @abstractmethod
     def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
         """Bulk-write staged rows (tuples in `STAGED_COLUMNS` order) with the driver's fastest

@@ -11,6 +11,7 @@ class PostgresAddressing(AddressingSql):
     """The PostgreSQL names of the dialect."""
 
     name = "postgres"
+    dot_splits_schema = True
     default_schema = "public"
     max_table_bytes = 63
     system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})

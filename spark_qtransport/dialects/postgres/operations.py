@@ -10,6 +10,9 @@ from .statements import ROWS_OF, UTC_NOW, literal
 
 
 class PostgresOperations(PostgresAddressing, OperationsSql):
+    sequence_column = "seq"
+    int32_sequence = "seq is a 32-bit serial"
+
     """The PostgreSQL operations of the dialect."""
 
     def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:

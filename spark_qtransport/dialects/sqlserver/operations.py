@@ -38,6 +38,28 @@ def _native_id(value: str) -> str:
 
 
 class SqlServerOperations(SqlServerAddressing, OperationsSql):
+    sequence_column = "rowversion"
+    int32_sequence = "RowVersion is a 32-bit int IDENTITY"
+
+    def table_findings(
+        self, columns: Mapping[str, str], index_keys: Sequence[tuple[tuple[str, ...], bool]]
+    ) -> list[tuple[str, str]]:
+        # what NServiceBus.SqlServer checks at start-up, and the legacy Recoverable column
+        out = []
+        headers_type = columns.get("headers", "").lower()
+        if headers_type.startswith(("varchar", "char", "text")):
+            out.append(("warning", f"Headers is {headers_type}: non-ASCII header text is lost; "
+                        "ALTER it to nvarchar(max), as NServiceBus's installer creates it"))
+        if not any(keys and keys[0] == "expires" for keys, _ in index_keys):
+            out.append(("warning", "no index on Expires: purging expired messages scans the table "
+                        "(NServiceBus creates Index_Expires; see sqlqueue ddl --dialect sqlserver)"))
+        if any(clustered and keys and keys[0] == "rowversion" for keys, clustered in index_keys):
+            out.append(("warning", "clustered index on RowVersion: a latch hot spot under load; current "
+                        "NServiceBus installers make a heap with a nonclustered Index_RowVersion"))
+        out.append(("info", "Recoverable column present: sends write 1" if "recoverable" in columns
+                    else "no Recoverable column: sends leave it out"))
+        return out
+
     """The SQL Server operations of the dialect."""
 
     @staticmethod

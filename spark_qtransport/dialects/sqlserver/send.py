@@ -50,6 +50,9 @@ _EXPIRES = (
 class SqlServerSend(SqlServerAddressing, SendSql):
     """The SQL Server send of the dialect."""
 
+    #: DATEADD takes an int of seconds
+    max_interval_seconds = 2**31 - 1
+
     def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
         if not rows:
             return  # pyodbc refuses an empty executemany

@@ -34,11 +34,10 @@ class Finding:
 class TableFacts:
     """What `check_queue` reads about one queue table; `assess` judges it without a database."""
 
-    dialect: str
     name: str  # quoted, qualified
     columns: dict[str, str]  # lower-case name -> type, as the dialect's queue_columns reports it
     high_seq: int | None = None  # highest sequence in the table (read for 32-bit sequences only)
-    index_keys: tuple[tuple[tuple[str, ...], bool], ...] = ()  # (key columns, clustered), SQL Server
+    index_keys: tuple[tuple[tuple[str, ...], bool], ...] = ()  # (key columns, clustered) of each index
     companions: tuple[str, ...] = ()  # our tables found beside it (quoted names)
     missing: tuple[str, ...] = ()  # privileges the current role lacks on the queue (and its sequence)
     companions_missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (quoted name, lacking), ours beside it
@@ -53,11 +52,11 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
         return [_lacking("error", name, schema)]
     cols = db.columns(cur, d.queue_columns(queue))
     high = None
-    seq = _seq_column(cols)
-    if seq is not None and cols[seq].lower() in _INT32_TYPES:
+    seq = d.sequence_column
+    if seq in cols and cols[seq].lower() in _INT32_TYPES:
         (high,) = db.one(cur, d.max_source_seq(queue))
     keys: tuple[tuple[tuple[str, ...], bool], ...] = ()
-    if cols and d.name == "sqlserver":
+    if cols:
         rows = cur.execute(*db.args(d.indexes(queue))).fetchall()
         keys = tuple((tuple(str(r[1] or "").split(",")), bool(r[2])) for r in rows)
     companions = []
@@ -73,8 +72,8 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
             lacking = _missing(cur, d, companion)
             if lacking:
                 companions_missing.append((d.qualified(companion), tuple(lacking)))
-    return assess(TableFacts(d.name, name, cols, None if high is None else int(high), keys, tuple(companions),
-                             tuple(missing) if cols else (), tuple(companions_missing)))
+    return assess(TableFacts(name, cols, None if high is None else int(high), keys, tuple(companions),
+                             tuple(missing) if cols else (), tuple(companions_missing)), d)
 
 
 def _missing(cur: Any, d: Dialect, table: QueueAddress) -> list[str]:
@@ -93,40 +92,25 @@ def _lacking(level: str, name: str, missing: tuple[str, ...] | list[str]) -> Fin
 _INT32_TYPES = ("integer", "int")
 
 
-def _seq_column(cols: dict[str, str]) -> str | None:
-    return "seq" if "seq" in cols else "rowversion" if "rowversion" in cols else None
-
-
-def assess(t: TableFacts) -> list[Finding]:
-    """The findings for one queue table, as NServiceBus's start-up checks and ours judge it."""
+def assess(t: TableFacts, d: Dialect) -> list[Finding]:
+    """The findings for one queue table, as NServiceBus's start-up checks and ours judge it (the
+    dialect adds what only its database's tables can show)."""
     name, cols = t.name, t.columns
     if not cols:
         return [Finding("error", name, "table does not exist (sqlqueue create-queue, or the DDL in sql/)")]
     out: list[Finding] = []
-    seq = _seq_column(cols)
-    missing = [c for c in QUEUE_COLUMNS if c not in cols] + ([] if seq else ["seq / RowVersion"])
+    seq = d.sequence_column
+    missing = [c for c in QUEUE_COLUMNS if c not in cols] + ([] if seq in cols else ["seq / RowVersion"])
     if missing:
         return [Finding("error", name, f"not a queue table: missing column(s) {', '.join(missing)}")]
-    assert seq is not None
-    headers_type = cols["headers"].lower()
-    if headers_type.startswith(("varchar", "char", "text")) and t.dialect == "sqlserver":
-        out.append(Finding("warning", name, f"Headers is {headers_type}: non-ASCII header text is lost; "
-                           "ALTER it to nvarchar(max), as NServiceBus's installer creates it"))
+    found = d.table_findings(cols, t.index_keys)
+    out += [Finding(level, name, text) for level, text in found if level == "warning"]
     if cols[seq].lower() in _INT32_TYPES:
         used = (t.high_seq or 0) / INT4_MAX
         level = "error" if used >= 0.95 else "warning" if used >= 0.8 else "info"
-        column = "seq is a 32-bit serial" if t.dialect == "postgres" else "RowVersion is a 32-bit int IDENTITY"
-        out.append(Finding(level, name, f"{column} (NServiceBus's installer), {used:.1%} used; "
+        out.append(Finding(level, name, f"{d.int32_sequence} (NServiceBus's installer), {used:.1%} used; "
                            "inserts fail once it reaches 2,147,483,647 (ALTER it to bigint)"))
-    if t.dialect == "sqlserver":
-        if not any(keys and keys[0] == "expires" for keys, _ in t.index_keys):
-            out.append(Finding("warning", name, "no index on Expires: purging expired messages scans the table "
-                               "(NServiceBus creates Index_Expires; see sqlqueue ddl --dialect sqlserver)"))
-        if any(clustered and keys and keys[0] == "rowversion" for keys, clustered in t.index_keys):
-            out.append(Finding("warning", name, "clustered index on RowVersion: a latch hot spot under load; current "
-                               "NServiceBus installers make a heap with a nonclustered Index_RowVersion"))
-        out.append(Finding("info", name, "Recoverable column present: sends write 1" if "recoverable" in cols
-                           else "no Recoverable column: sends leave it out"))
+    out += [Finding(level, name, text) for level, text in found if level != "warning"]
     if "bodystring" in cols:
         out.append(Finding("info", name, "computed BodyString column present (columns are always named: no effect)"))
     if t.missing:

@@ -113,10 +113,9 @@ def _timespan(seconds: float) -> str:
     return text
 
 
-#: the longest delay or time to be received, and how far from now deliver_at may be
+#: the longest delay or time to be received, and how far from now deliver_at may be (less where
+#: the dialect's date arithmetic takes less: `max_interval_seconds`)
 MAX_SECONDS = 100 * 365.25 * 86_400
-#: SQL Server computes due and expiry times with DATEADD(second, n, ...), whose n is an int
-SQLSERVER_MAX_SECONDS = 2**31 - 1
 
 
 def _seconds(value: Any, column: str, message_id: str, limit: float = MAX_SECONDS) -> float | None:
@@ -171,7 +170,7 @@ class MessageBuilder:
         self.attempt = attempt
         self.machine = socket.gethostname()
         self._now = datetime.now(timezone.utc)  # for the range of deliver_at: once per task is close enough
-        self._max_seconds = SQLSERVER_MAX_SECONDS if self.dialect.name == "sqlserver" else MAX_SECONDS
+        self._max_seconds = min(MAX_SECONDS, self.dialect.max_interval_seconds)
         self._routes: dict[str | None, str] = {}
         self.counts: dict[tuple[str, str], int] = {}
 
