@@ -50,7 +50,7 @@ class ReceiveSql(AddressingSql):
     ) -> list[Statement]:
         """Move at most `limit` of the oldest unlocked queue rows (sequence > after, <= upto) into
         the claim table, dropping expired ones and moving poison ones raw to the error queue.
-        The LAST statement returns one row shaped like `ClaimResult`'s fields, in order."""
+        The LAST statement returns one row whose columns are named as `ClaimResult`'s fields."""
 
     @abstractmethod
     def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:

@@ -132,14 +132,14 @@ WITH picked AS MATERIALIZED (
     ORDER BY p.seq
     RETURNING claim_seq
 )
-SELECT (SELECT count(*) FROM gone),
-       (SELECT count(*) FROM picked WHERE expired),
-       (SELECT count(*) FROM to_error),
-       (SELECT count(*) FROM claimed),
-       (SELECT max(claim_seq) FROM claimed),
-       (SELECT max(seq) FROM picked),
-       (SELECT min(claim_seq) FROM claimed),
-       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired)"""
+SELECT (SELECT count(*) FROM gone) AS deleted,
+       (SELECT count(*) FROM picked WHERE expired) AS expired,
+       (SELECT count(*) FROM to_error) AS poison,
+       (SELECT count(*) FROM claimed) AS claimed,
+       (SELECT max(claim_seq) FROM claimed) AS max_claim,
+       (SELECT max(seq) FROM picked) AS max_source,
+       (SELECT min(claim_seq) FROM claimed) AS min_claim,
+       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired) AS forward"""
         # The queue's statistics lag its backlog (a queue last analyzed empty and now holding a
         # million rows is estimated at a few thousand): left alone, the planner may then read and
         # classify every row above `after` and sort them, seconds per claim. Without bitmap and

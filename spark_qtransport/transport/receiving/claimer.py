@@ -82,8 +82,9 @@ class Claimer:
                             limit=request.limit, after=after, upto=request.upto):
             db.execute(cur, stmt)
         row = cur.fetchone()
-        values: list[Any] = [None if v is None else int(v) for v in row]
-        claim = ClaimResult(*values)
+        names = [str(column[0]).lower() for column in cur.description]
+        values: dict[str, Any] = {name: None if v is None else int(v) for name, v in zip(names, row, strict=True)}
+        claim = ClaimResult(**values)
         forwarded = ForwardResult()
         if claim.forward and claim.min_claim is not None and claim.max_claim is not None:
             forwarded = forward_claimed(
