@@ -215,14 +215,13 @@ def test_create_outbox_creates_the_sender_tables(pg: Backend, names: Any, run: A
 
 def test_stats_without_queues_lists_every_queue_with_its_claims(pg: Backend, names: Any, run: Any) -> None:
     from backends import nsb_headers
-    from spark_qtransport.spark.options import ReaderOptions
     from spark_qtransport.transport.receiving.receiver import Receiver
+    from spark_qtransport.transport.settings import ReceiveSettings
 
     q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
     run("create-queue", q, "--delayed")
     pg.send_many(q, [(nsb_headers(f"m{i}"), b"{}") for i in range(3)])
-    r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": q, "errorQueue": e, "endpoint": "Sales.Spark",
-                                      "claimAhead": "false"}))
+    r = Receiver(ReceiveSettings.create(pg.url, q, error_queue=e, consumer="Sales.Spark", claim_ahead=False))
     try:
         r.latest(r.initial_offset(), 2)  # claimed, never acknowledged
     finally:

@@ -128,15 +128,14 @@ def test_a_closed_pipe_is_quiet() -> None:
 
 
 def test_stats_columns_are_always_the_same(pg: Backend, names: Any, run: Any) -> None:
-    from spark_qtransport.spark.options import ReaderOptions
     from spark_qtransport.transport.receiving.receiver import Receiver
+    from spark_qtransport.transport.settings import ReceiveSettings
 
     bare, full, error = pg.create_queue(names("Bare")), pg.create_queue(names("Full")), pg.create_queue(names("error"))
     run("create-queue", full, "--delayed")
     pg.send_many(full, [(nsb_headers(f"m{i}"), b"{}") for i in range(5)])
     for endpoint, n in (("Sales.Analytics", 3), ("Other", 1)):
-        r = Receiver(ReaderOptions.parse({"url": pg.url, "queue": full, "errorQueue": error, "endpoint": endpoint,
-                                          "claimAhead": "false"}))
+        r = Receiver(ReceiveSettings.create(pg.url, full, error_queue=error, consumer=endpoint, claim_ahead=False))
         try:
             r.latest(r.initial_offset(), n)
         finally:

@@ -170,15 +170,15 @@ def test_a_role_with_table_privileges_only_continues_the_owners_stream(
 
 
 def test_the_postgres_13_to_15_helper_is_created_only_when_missing(pg: Backend, app: Role) -> None:
-    from spark_qtransport.spark.options import ReaderOptions
     from spark_qtransport.transport.receiving.receiver import Receiver
+    from spark_qtransport.transport.settings import ReceiveSettings
 
     a, error = app.address("A"), app.address("error")
     pg.create_queue(a)
     pg.create_queue(error)
 
     def start(url: str) -> None:
-        r = Receiver(ReaderOptions.parse({"url": url, "queue": a, "errorQueue": error, "claimAhead": "false"}))
+        r = Receiver(ReceiveSettings.create(url, a, error_queue=error, claim_ahead=False))
         r.endpoint.dialect = PostgresDialect(force_helper=True)
         try:
             assert r.table_id  # set up: claim table, helper function, consumer lock

@@ -12,26 +12,26 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
-from spark_qtransport.spark.options import ReaderOptions
 from spark_qtransport.transport.receiving import setup
 from spark_qtransport.transport.receiving.receiver import ClaimOffset, Receiver, read_slice
+from spark_qtransport.transport.settings import ReceiveSettings
 
 
-def make_receiver(backend: Backend, queue: str, error: str, **extra: str) -> Receiver:
-    opts = {"url": backend.url, "queue": queue, "errorQueue": error, **extra}
-    return Receiver(ReaderOptions.parse(opts))
+def make_receiver(backend: Backend, queue: str, error: str, **settings: Any) -> Receiver:
+    return Receiver(ReceiveSettings.create(backend.url, queue, error_queue=error, **settings))
 
 
 @contextmanager
-def receiving(backend: Backend, queue: str, error: str, **extra: str) -> Iterator[Receiver]:
+def receiving(backend: Backend, queue: str, error: str, **settings: Any) -> Iterator[Receiver]:
     """A receiver for the test's queue, closed (endpoint lock released) however the test ends."""
-    r = make_receiver(backend, queue, error, **extra)
+    r = make_receiver(backend, queue, error, **settings)
     try:
         yield r
     finally:
@@ -209,7 +209,7 @@ def test_claims_a_crashed_planner_made_are_delivered(backend: Backend, queues) -
 def test_fifo_in_batches(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
     backend.send_many(q, [(nsb_headers(f"{i:04d}"), b"x") for i in range(250)])
-    with receiving(backend, q, e, numPartitions="3") as r:
+    with receiving(backend, q, e, num_partitions=3) as r:
         rows, _ = drain(r, limit=40)
     assert [x[0] for x in rows] == [f"{i:04d}" for i in range(250)]
     seqs = [x[-3] for x in rows]
@@ -281,7 +281,7 @@ def test_competing_consumers_never_share_a_message(backend: Backend, queues) -> 
     errors: list[BaseException] = []
 
     def spark_like(endpoint: str) -> None:
-        r = make_receiver(backend, q, e, endpoint=endpoint)
+        r = make_receiver(backend, q, e, consumer=endpoint)
         try:
             rows, _ = drain(r, limit=25)
             got[endpoint].extend(x[0] for x in rows)
@@ -315,9 +315,9 @@ def test_competing_consumers_never_share_a_message(backend: Backend, queues) -> 
 
 def test_one_running_query_per_endpoint(backend: Backend, queues, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
-    r1 = make_receiver(backend, q, e, endpoint="Billing")
+    r1 = make_receiver(backend, q, e, consumer="Billing")
     r1.initial_offset()
-    r2 = make_receiver(backend, q, e, endpoint="Billing")
+    r2 = make_receiver(backend, q, e, consumer="Billing")
     monkeypatch.setattr(setup, "LOCK_WAIT", 1.0)
     try:
         with pytest.raises(ConsumerBusyError, match="Billing"):
@@ -325,7 +325,7 @@ def test_one_running_query_per_endpoint(backend: Backend, queues, monkeypatch) -
     finally:
         r1.close()
         r2.close()
-    r3 = make_receiver(backend, q, e, endpoint="Billing")  # released on close
+    r3 = make_receiver(backend, q, e, consumer="Billing")  # released on close
     r3.initial_offset()
     r3.close()
 
@@ -350,7 +350,7 @@ def test_missing_queue_is_a_clear_error(backend: Backend, names) -> None:  # typ
 
 def test_create_queues_option(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
     q, e = names("Made"), names("error")
-    with receiving(backend, q, e, createQueues="true") as r:
+    with receiving(backend, q, e, create_queues=True) as r:
         r.initial_offset()
     backend.send(q, nsb_headers("x"))
     assert backend.count(q) == 1
@@ -428,7 +428,7 @@ def test_claim_ahead_holds_the_next_batch_and_loses_nothing(backend: Backend, qu
     assert backend.count(r.dialect.format_address(r.claims)) == 20
     first = [x[0] for x in read_batch(r, start, end)]
     r.close()  # stops before planning the next batch: the claimed-ahead rows are held claims
-    with receiving(backend, q, e, claimAhead="false") as r2:
+    with receiving(backend, q, e, claim_ahead=False) as r2:
         rest, _ = drain(r2, end, limit=10)
     assert first == [f"m{i:03d}" for i in range(10)]
     assert [x[0] for x in rest] == [f"m{i:03d}" for i in range(10, 25)]
@@ -464,11 +464,11 @@ def test_held_claims_are_delivered_within_the_limit(backend: Backend, queues) ->
     """More held claims than a batch may take (a deleted checkpoint): batches keep to the limit."""
     q, e = queues
     backend.send_many(q, [(nsb_headers(f"m{i:02d}"), b"x") for i in range(30)])
-    r = make_receiver(backend, q, e, claimAhead="false")
+    r = make_receiver(backend, q, e, claim_ahead=False)
     start = r.initial_offset()
     r.latest(start, 30)  # 30 claimed, never delivered: the query died
     r.close()
-    with receiving(backend, q, e, claimAhead="false") as r2:
+    with receiving(backend, q, e, claim_ahead=False) as r2:
         start = r2.initial_offset()
         sizes = []
         while True:
@@ -485,7 +485,7 @@ def test_a_dropped_connection_is_retried(pg: Backend, queues) -> None:  # type: 
     """The server ends the driver's session (failover, admin, idle kill): the next call reconnects."""
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(6)])
-    with receiving(pg, q, e, claimAhead="false") as r:
+    with receiving(pg, q, e, claim_ahead=False) as r:
         start = r.initial_offset()
         end = r.latest(start, 3)
         with pg.connect() as admin:
@@ -499,7 +499,7 @@ def test_a_dropped_connection_is_retried(pg: Backend, queues) -> None:  # type: 
 def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(4)])
-    with receiving(pg, q, e, claimAhead="false") as r:
+    with receiving(pg, q, e, claim_ahead=False) as r:
         start = r.initial_offset()
         end = r.latest(start, 2)
         assert len(read_batch(r, start, end)) == 2  # leaves its connection in the executor cache
