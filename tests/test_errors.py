@@ -181,6 +181,15 @@ class TestPostgresTransient:
         closed = raised(lambda: victim.execute("SELECT 1"))  # and the connection it left behind
         assert pg.dialect.is_transient(closed), str(closed)
 
+    def test_session_terminated_while_fetch_results_arrive(self, pg: Backend) -> None:
+        """The chaos suite met this one: the FETCH's rows and the FATAL error arrive as two results,
+        and psycopg raises its own InternalError (no SQLSTATE). Its text is psycopg's."""
+        import psycopg
+
+        exc = psycopg.InternalError("received 2 results from command 'FETCH FORWARD 64 FROM \"sqlqueue_read\"'")
+        assert pg.dialect.is_transient(exc)
+        assert not pg.dialect.is_transient(psycopg.InternalError("cannot use a closed cursor"))
+
     def test_connection_refused(self, pg: Backend) -> None:
         import psycopg
 

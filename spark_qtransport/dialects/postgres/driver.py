@@ -56,6 +56,9 @@ _TRANSIENT_MESSAGES = (
     "could not receive data from server",
     "could not send data to server",
     "ssl syscall error",
+    # psycopg's own InternalError when a session is terminated while a FETCH's rows arrive: the
+    # rows and the FATAL error come back as two results of one command (seen in the chaos suite)
+    "results from command",
     "ssl connection has been closed unexpectedly",
     "no connection to the server",
     "the connection is closed",
