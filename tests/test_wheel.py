@@ -19,7 +19,9 @@ def test_wheel_builds_with_the_package_only(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("spark_qtransport-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "spark_qtransport/__init__.py" in names and "spark_qtransport/py.typed" in names
-    assert "spark_qtransport/transport/receiving/forward.py" in names and "spark_qtransport/dialects/sqlserver.py" in names
+    for room in ("spark/reader.py", "transport/receiving/forward.py", "dialects/base/receive.py",
+                 "dialects/postgres/receive.py", "dialects/sqlserver/receive.py", "cli/app.py", "cli/embedded.py"):
+        assert f"spark_qtransport/{room}" in names, names
     assert not [n for n in names if n.startswith(("tests/", "jobs/", "bench/"))]
     metadata = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
