@@ -45,6 +45,7 @@ bench: setup
 	$(PY) bench/receive_bench.py
 	$(PY) bench/send_bench.py
 	$(PY) bench/large_bodies.py
+	$(PY) bench/phases.py
 
 # ruff over everything, mypy over the package (its settings: pyproject.toml)
 lint: setup

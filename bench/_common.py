@@ -36,8 +36,9 @@ def database(args: argparse.Namespace) -> Iterator[str]:
             pg.stop()
 
 
-def fill(url: str, queue: str, n: int, size: int) -> float:
-    """Insert n messages with NServiceBus-shaped headers using COPY; returns seconds taken."""
+def fill(url: str, queue: str, n: int, size: int, *, random_bodies: bool = False) -> float:
+    """Insert n messages with NServiceBus-shaped headers using COPY; returns seconds taken.
+    Bodies are `size` repeated bytes, or with `random_bodies` `size` random bytes each (incompressible)."""
     import psycopg
 
     headers = json.dumps({
@@ -52,5 +53,6 @@ def fill(url: str, queue: str, n: int, size: int) -> float:
     with psycopg.connect(url) as conn, conn.cursor() as cur:
         with cur.copy(f'COPY "{queue}" (id, headers, body) FROM STDIN') as copy:
             for _ in range(n):
-                copy.write_row((uuid.uuid4(), headers.replace('"x"', f'"{uuid.uuid4()}"', 1), body))
+                copy.write_row((uuid.uuid4(), headers.replace('"x"', f'"{uuid.uuid4()}"', 1),
+                                os.urandom(size) if random_bodies else body))
     return time.perf_counter() - t

@@ -1,0 +1,324 @@
+"""Per-phase cost of the connector's current design (claim table, staging), transport driven directly.
+
+Per --per-trigger messages (1 KB random bodies): claim (Receiver.latest), read (read_chunks +
+output_row + rows_to_batch, also split into fetch / decode / Arrow), ack (Receiver.ack), stage
+(stage_partition), dispatch (Dispatcher.dispatch), the floor (one DELETE ... FOR UPDATE SKIP LOCKED
+... RETURNING transaction fetched into Python) and Spark's own floor for a read (a noop stream over
+a batch claimed already; its triggerExecution; --skip-spark leaves it out). Each: wall s, client
+CPU (process_time), PostgreSQL CPU (utime + stime of the postmaster and its children in /proc, the
+ended ones through its cutime + cstime; the server must run on this machine) and WAL bytes.
+A repetition resets the tables, fills the queues, runs a CHECKPOINT before each run (receive, floor,
+send, Spark) and drains --messages a batch at a time; a phase's figures are summed over its batches
+and scaled to --per-trigger messages. The table shows the median of the repetitions per column.
+
+    python bench/phases.py [--messages 200000] [--per-trigger 50000] [--size 1024] [--repeat 3]
+
+Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from spark_qtransport.connections import parse_url
+from spark_qtransport.spark.schema import SCHEMA, rows_to_batch
+from spark_qtransport.transport.operations.install import create_queues
+from spark_qtransport.transport.receiving.receiver import Receiver, output_row, read_chunks
+from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender, stage_partition
+from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import arguments, database, fill  # noqa: E402
+
+QUEUE, FLOOR, ENDPOINT, OUT, ERROR = "BenchPhases", "BenchPhasesFloor", "BenchPhasesSend", "BenchPhasesOut", "error"
+QUERY = "3f1c9a57-0000-4000-8000-0000000000aa"
+PHASES = ["claim", "read", "read: fetch", "read: decode", "read: Arrow", "ack", "stage", "dispatch", "floor", "Spark read (noop)"]
+MB = 2**20
+
+
+@dataclass
+class Cost:
+    """What one phase cost: seconds, CPU seconds, WAL bytes, and the messages it handled."""
+
+    wall: float = 0.0
+    client: float = 0.0
+    pg: float = 0.0
+    wal: float = 0.0
+    rows: int = 0
+
+    def add(self, other: Cost) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def scaled(self, rows: int) -> Cost:
+        k = rows / self.rows if self.rows else 0.0
+        return Cost(self.wall * k, self.client * k, self.pg * k, self.wal * k, rows)
+
+    @staticmethod
+    def median(runs: list[Cost]) -> Cost:
+        return Cost(*(statistics.median(getattr(c, f.name) for c in runs) for f in fields(Cost)))  # type: ignore[arg-type]
+
+
+class Meter:
+    """Reads the server's CPU and WAL position around a phase, on a connection of its own."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        (backend,) = self.conn.execute("SELECT pg_backend_pid()").fetchone()  # type: ignore[misc]
+        self.postmaster = int(_stat(backend)[1]) if _stat(backend) else None
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def pg_cpu(self) -> float:
+        """CPU seconds of the postmaster and every child it has (or had: cutime + cstime)."""
+        if self.postmaster is None:
+            return float("nan")
+        own = _stat(self.postmaster) or []
+        ticks = sum(int(v) for v in own[11:15])
+        for pid in os.listdir("/proc"):
+            if pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == self.postmaster:
+                ticks += int(s[11]) + int(s[12])
+        return ticks / self.tick
+
+    def wal(self) -> int:
+        (lsn,) = self.conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()  # type: ignore[misc]
+        return int(lsn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def checkpoint(self) -> None:
+        self.conn.execute("CHECKPOINT")
+
+    @contextlib.contextmanager
+    def measure(self, into: Cost) -> Iterator[None]:
+        pg, wal = self.pg_cpu(), self.wal()
+        with timed(into):
+            yield
+        into.pg += self.pg_cpu() - pg
+        into.wal += self.wal() - wal
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (index 1: ppid, 11-14: CPU ticks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def timed(into: Cost) -> Iterator[None]:
+    """Wall and client CPU only: for the parts of a read, which the server does not see apart."""
+    wall, client = time.perf_counter(), time.process_time()
+    yield
+    into.wall += time.perf_counter() - wall
+    into.client += time.process_time() - client
+
+
+def reset(url: str, *fill_queues: str, n: int = 0, size: int = 0) -> None:
+    """Drop every table of the run, create the queues, fill `fill_queues` with n messages each."""
+    tables = [QUEUE, f"{QUEUE}.Claims", FLOOR, OUT, ERROR, *(f"{ENDPOINT}.{s}" for s in ("Staging", "Outbox", "Delayed"))]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS " + ", ".join(f'"{t}"' for t in tables))
+    create_queues(parse_url(url), QUEUE, FLOOR, OUT, ERROR)
+    for queue in fill_queues:
+        fill(url, queue, n, size, random_bodies=True)
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f'VACUUM ANALYZE "{queue}"')
+
+
+def read_batch(receiver: Any, start: Any, end: Any, schema: Any, costs: dict[str, Cost]) -> int:
+    """Read a planned batch the way a Spark task does, timing its fetches, decoding and Arrow apart."""
+    n = 0
+    for part in receiver.slices(start, end):
+        chunks = read_chunks(part)
+        while True:
+            with timed(costs["read: fetch"]):
+                rows = next(chunks, None)
+            if rows is None:
+                break
+            with timed(costs["read: decode"]):
+                messages = [output_row(part.queue, row) for row in rows]
+            with timed(costs["read: Arrow"]):
+                rows_to_batch(messages, schema)
+            n += len(rows)
+    return n
+
+
+def receive(url: str, meter: Meter, per_trigger: int, costs: dict[str, Cost]) -> int:
+    """Claim, read and acknowledge the queue's messages batch by batch."""
+    schema = to_arrow_schema(SCHEMA, timezone="UTC")
+    r = Receiver(ReceiveSettings.create(url, QUEUE, error_queue=ERROR, claim_ahead=False, max_messages=per_trigger))
+    try:
+        start = r.initial_offset()  # connects and sets up: not a phase
+        meter.checkpoint()
+        while True:
+            claim = Cost()
+            with meter.measure(claim):
+                end = r.latest(start, per_trigger)
+            if end == start:  # the empty queue's peek: not a batch's cost
+                return costs["claim"].rows
+            costs["claim"].add(claim)
+            with meter.measure(costs["read"]):
+                n = read_batch(r, start, end, schema, costs)
+            with meter.measure(costs["ack"]):
+                r.ack(end)
+            for phase in ("claim", "read", "read: fetch", "read: decode", "read: Arrow", "ack"):
+                costs[phase].rows += n
+            start = end
+    finally:
+        r.close()
+
+
+def floor(url: str, meter: Meter, per_trigger: int, cost: Cost) -> int:
+    """The least a batch receive can do: one DELETE ... RETURNING transaction, rows into Python."""
+    sql = (f'DELETE FROM "{FLOOR}" WHERE seq IN (SELECT seq FROM "{FLOOR}" ORDER BY seq LIMIT {per_trigger} '
+           "FOR UPDATE SKIP LOCKED) RETURNING id, headers, body")
+    meter.checkpoint()
+    with psycopg.connect(url) as conn:
+        while True:
+            batch = Cost()
+            with meter.measure(batch):
+                with conn.cursor(binary=True) as cur:
+                    rows = cur.execute(sql).fetchall()
+                conn.commit()
+            if not rows:
+                return cost.rows
+            batch.rows = len(rows)
+            cost.add(batch)
+
+
+def send(url: str, meter: Meter, n: int, size: int, per_trigger: int, costs: dict[str, Cost]) -> None:
+    """Stage and dispatch n messages, a batch of per_trigger rows at a time."""
+    settings = SendSettings.create(url, ENDPOINT, destination=OUT, error_queue=ERROR)
+    plan = set_up_sender(settings)
+    dispatcher = Dispatcher(settings)
+    dispatcher.session.connection()  # connecting is not a phase
+    meter.checkpoint()
+    headers = {"NServiceBus.ConversationId": str(uuid.uuid4()), "NServiceBus.OriginatingEndpoint": "Shop.Web"}
+    try:
+        for batch_id, first in enumerate(range(0, n, per_trigger)):
+            rows = [{"message_id": str(uuid.uuid4()), "message_type": "Shop.Messages.PlaceOrder, Shop.Messages",
+                     "headers": headers, "body": os.urandom(size)} for _ in range(min(per_trigger, n - first))]
+            with meter.measure(costs["stage"]):
+                report = stage_partition(settings, plan, [rows], batch_id=batch_id, query_id=QUERY)
+            with meter.measure(costs["dispatch"]):
+                result = dispatcher.dispatch(batch_id, [report], query_id=QUERY)
+            assert result.sent == len(rows), (result, len(rows))
+            costs["stage"].rows += len(rows)
+            costs["dispatch"].rows += len(rows)
+    finally:
+        dispatcher.close()
+
+
+def spark_read(spark: Any, url: str, meter: Meter, n: int, size: int, cost: Cost) -> None:
+    """Spark's own floor: a noop stream over n messages claimed already (its trigger time only)."""
+    reset(url, QUEUE, n=n, size=size)
+    meter.checkpoint()  # before the claim, as in the receive run: claim and read share a cycle
+    r = Receiver(ReceiveSettings.create(url, QUEUE, error_queue=ERROR, claim_ahead=False, max_messages=n))
+    r.latest(r.initial_offset(), n)  # claimed, never acknowledged: the stream reads held claims
+    r.close()
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+    df = spark.readStream.format("sqlqueue").option("url", url).option("queue", QUEUE).load()
+    batch = Cost()
+    with meter.measure(batch):
+        q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+        q.awaitTermination()
+    shutil.rmtree(ckpt, ignore_errors=True)
+    busy = [p for p in q.recentProgress if p["numInputRows"]]
+    assert sum(p["numInputRows"] for p in busy) == n, busy
+    batch.wall = sum(p["durationMs"]["triggerExecution"] for p in busy) / 1000
+    batch.client, batch.rows = float("nan"), n
+    cost.add(batch)
+
+
+def repetition(url: str, args: Any) -> dict[str, Cost]:
+    """One run of every phase over --messages messages, on fresh tables."""
+    costs = {p: Cost() for p in PHASES}
+    with contextlib.closing(Meter(url)) as meter:
+        reset(url, QUEUE, FLOOR, n=args.messages, size=args.size)
+        got = receive(url, meter, args.per_trigger, costs)
+        assert got == args.messages, (got, args.messages)
+        got = floor(url, meter, args.per_trigger, costs["floor"])
+        assert got == args.messages, (got, args.messages)
+        send(url, meter, args.messages, args.size, args.per_trigger, costs)
+        if args.spark is not None:
+            spark_read(args.spark, url, meter, args.per_trigger, args.size, costs["Spark read (noop)"])
+    return costs
+
+
+def table(reps: list[dict[str, Cost]], per_trigger: int) -> dict[str, Cost]:
+    """Print the Markdown table of the medians per --per-trigger messages; returns them."""
+    med = {p: Cost.median([rep[p].scaled(per_trigger) for rep in reps]) for p in PHASES}
+    print(f"Per {per_trigger:,} messages, median of {len(reps)} repetitions (each column separately):\n")
+    print("| phase | wall s | client CPU s | PostgreSQL CPU s | WAL MB | msg/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for p, c in med.items():
+        apart = p.startswith("read: ")  # the server's share of a read is all in its fetches
+        if c.wall:
+            print(f"| {p} | {c.wall:.2f} | {_n(c.client, '.2f')} | {_n(c.pg, '.2f', apart)} |"
+                  f" {_n(c.wal / MB, '.1f', apart)} | {per_trigger / c.wall:,.0f} |")
+    return med
+
+
+def _n(v: float, fmt: str, blank: bool = False) -> str:
+    return "–" if blank or v != v else format(v, fmt)
+
+
+def ratios(med: dict[str, Cost]) -> None:
+    path = [med[p] for p in ("claim", "read", "ack")]
+    fl = med["floor"]
+    wall, pg, client = (sum(getattr(c, a) for c in path) for a in ("wall", "pg", "client"))
+    print(f"\nclaim + read + ack: {wall:.2f} s wall, {client:.2f} s client CPU, {pg:.2f} s PostgreSQL CPU;"
+          f" floor {fl.wall:.2f} s, {fl.client:.2f} s, {fl.pg:.2f} s")
+    print(f"ratio claim + read + ack / floor: {wall / fl.wall:.2f}x wall, {pg / fl.pg:.2f}x PostgreSQL CPU,"
+          f" {sum(c.wal for c in path) / fl.wal:.1f}x WAL")
+
+
+def main() -> int:
+    ap = arguments(__doc__)
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions; the table shows their median")
+    ap.add_argument("--skip-spark", action="store_true", help="leave out Spark's own floor for a read")
+    args = ap.parse_args()
+    with database(args) as url:
+        args.spark = None
+        if not args.skip_spark:
+            from _spark import session
+
+            args.spark = session("sqlqueue-phases")
+            with contextlib.closing(Meter(url)) as meter:  # JVM and Python worker warm-up
+                spark_read(args.spark, url, meter, 2_000, args.size, Cost())
+        reps = []
+        for i in range(args.repeat):
+            t = time.perf_counter()
+            reps.append(repetition(url, args))
+            print(f"repetition {i + 1} of {args.repeat}: {time.perf_counter() - t:.0f} s", flush=True)
+        print()
+        ratios(table(reps, args.per_trigger))
+        if args.spark is not None:
+            args.spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
