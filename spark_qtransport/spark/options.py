@@ -35,7 +35,7 @@ OPT_CREATE_QUEUES = "createqueues"
 OPT_ACK_BATCH = "ackbatchsize"
 OPT_CLAIM_AHEAD = "claimahead"
 
-#: the allow-list for queue addresses that come from message data (see `queues.routing`)
+#: the allow-list for queue addresses that come from message data (see `transport.routing`)
 ALLOW_OPTIONS: dict[str, tuple[str, str]] = {
     "allowedSchemas": ("any but system schemas", "comma-separated schemas that ADDRESSES may name; others go to the error queue"),
     "allowedQueues": ("any", "comma-separated name patterns (`Sales*`, `*.Replies`) that ADDRESSES may name; others go to the error queue"),

@@ -1,4 +1,5 @@
-"""The Spark side of receiving: ``spark.readStream.format("sqlqueue")``. Thin: the work is in queues/.
+"""The Spark side of receiving: ``spark.readStream.format("sqlqueue")``. Thin: the work is in
+transport/receiving/.
 
 Which Spark calls run where (pyspark 4.2 Python Data Source API):
 

@@ -6,7 +6,7 @@ up to a minute. Here one mover at a time per table (a transaction-scoped advisor
 runs whenever the reader plans a trigger, the sink commits a batch, or the CLI asks, and moves due
 rows in bounded batches straight to their destination with that header removed. A row without the
 header belongs to the endpoint's own input queue. Destinations go through the one routing path
-(`queues.routing`): a row whose destination does not exist, is not a queue or is outside the
+(`transport.routing`): a row whose destination does not exist, is not a queue or is outside the
 allow-list goes to the error queue with NServiceBus's failure headers. Bodies never leave the server.
 """
 

@@ -4,7 +4,7 @@ What ServiceControl's retry does for NServiceBus endpoints, for a database witho
 each message goes back with its headers, minus the failure headers recoverability added, under a
 new native id, in one transaction with its removal from the error queue. A message that cannot go
 back (no FailedQ, unreadable headers, a queue that no longer exists, an address the routing path
-refuses: see `queues.routing`) stays where it is, reported.
+refuses: see `transport.routing`) stays where it is, reported.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ its receive transaction, with the header removed, the same native id and no expi
 whose header names the input queue itself just loses the header and is processed; one whose
 destination does not exist goes to the error queue with the failure headers and ``FailedQ`` set
 to that destination (NServiceBus's ``ProcessStrategy.TryHandleDelayedMessage``). Destinations go
-through the one routing path (`queues.routing`): a header naming a table that is not a queue, a
+through the one routing path (`transport.routing`): a header naming a table that is not a queue, a
 system table or a table outside the allow-list sends that message to the error queue, and the claim
 goes on.
 

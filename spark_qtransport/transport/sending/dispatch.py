@@ -14,7 +14,7 @@ How a batch travels:
 
 A crash before the dispatch commits sends nothing (Spark replays the batch and stages it again);
 after it, the replay is skipped. Destinations come from data (the ``destination`` column, a
-ReplyToAddress, subscription rows), so each goes through the routing path (`queues.routing`): a
+ReplyToAddress, subscription rows), so each goes through the routing path (`transport.routing`): a
 message whose destination is missing, not a queue or outside the allow-list goes to the endpoint's
 error queue with NServiceBus's failure headers, in the same transaction, and the rest is sent. A
 missing static ``destination`` option fails at start instead, naming it.
