@@ -134,12 +134,12 @@ def _odbc_value(v: str) -> str:
 def parse_url(url: str, *, option: str = "url") -> ConnectionURL:
     """Parse a connection URL; errors name `option` and never echo the password."""
     if not url or not url.strip():
-        raise ConfigError(f"option '{option}' is empty: give a postgresql:// or sqlserver:// URL")
+        raise ConfigError(f"option '{option}' is empty: give a postgresql:// or sqlserver:// URL", option=option)
     url = url.strip()
     if url.lower().startswith("odbc:"):
         raw = url[5:]
         if "=" not in raw:
-            raise ConfigError(f"option '{option}': 'odbc:' must be followed by an ODBC connection string")
+            raise ConfigError(f"option '{option}': 'odbc:' must be followed by an ODBC connection string", option=option)
         return ConnectionURL("sqlserver", odbc=raw)
     # The userinfo is split off by hand, at the LAST '@': a password given raw may hold '#', '/',
     # '?', '@' and spaces, which urllib would take for the end of the authority (and then quote
@@ -148,7 +148,7 @@ def parse_url(url: str, *, option: str = "url") -> ConnectionURL:
     if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme_text):
         raise ConfigError(
             f"option '{option}' is not a valid URL: give postgresql://user:password@host:port/database "
-            "or sqlserver://..., or odbc: and an ODBC connection string"
+            "or sqlserver://..., or odbc: and an ODBC connection string", option=option
         )
     userinfo, at, hostpart = rest.rpartition("@")
     shown = f"{scheme_text}://{'***@' if at else ''}{hostpart}"
@@ -157,7 +157,7 @@ def parse_url(url: str, *, option: str = "url") -> ConnectionURL:
     if scheme not in _SCHEMES:
         raise ConfigError(
             f"option '{option}' has an unsupported scheme {scheme_text!r} in {shown!r}: "
-            "use postgresql://, sqlserver://, mssql:// or odbc:"
+            "use postgresql://, sqlserver://, mssql:// or odbc:", option=option
         )
     try:
         parts = urlsplit(f"{scheme}://{hostpart}")
@@ -166,10 +166,10 @@ def parse_url(url: str, *, option: str = "url") -> ConnectionURL:
     except ValueError:
         raise ConfigError(
             f"option '{option}' is not a valid URL: {shown!r} (a port must be a number from 0 to 65535; "
-            f"an IPv6 address goes in brackets){encode}"
+            f"an IPv6 address goes in brackets){encode}", option=option
         ) from None
     if not host:
-        raise ConfigError(f"option '{option}' has no host: {shown!r}{encode}")
+        raise ConfigError(f"option '{option}' has no host: {shown!r}{encode}", option=option)
     user: str | None = None
     password: str | None = None
     if at:

@@ -189,3 +189,22 @@ def test_index_names_always_fit_and_tables_too_long_fail_at_parse() -> None:
     # SQL Server's indexes have fixed names: only its 128-character table names count
     sqlserver = "sqlserver://app@db.example.com/shop"
     assert WriterOptions.parse({"url": sqlserver, "endpoint": "e" * 100}).delayed.table == "e" * 100 + ".Delayed"
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"queue": "Sales", "maxMessagesPerTrigger": "lots"}, "maxMessagesPerTrigger"),
+        ({"queue": "Sales", "claimAhead": "maybe"}, "claimAhead"),
+        ({"queue": "Sales", "url": "mysql://h/db"}, "url"),
+        ({"queue": "Sales", "colour": "blue"}, "colour"),
+        ({"url": URL}, "queue"),
+        ({"queue": "Sales", "errorQueue": "Sales"}, "errorQueue"),
+    ],
+)
+def test_option_errors_name_the_option_in_a_field(options: dict[str, str], option: str) -> None:
+    """Code that handles errors reads the field; people read the message, which names it too."""
+    with pytest.raises(ConfigError) as info:
+        ReaderOptions.parse({"url": URL, **options})
+    assert info.value.option is not None and info.value.option.lower() == option.lower()
+    assert option.lower() in str(info.value).lower()

@@ -74,11 +74,11 @@ def _int(
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise ConfigError(f"option '{name}' must be a whole number, not {str(raw)[:40]!r}") from None
+        raise ConfigError(f"option '{name}' must be a whole number, not {str(raw)[:40]!r}", option=name) from None
     if value < minimum:
-        raise ConfigError(f"option '{name}' must be at least {minimum}, not {value}")
+        raise ConfigError(f"option '{name}' must be at least {minimum}, not {value}", option=name)
     if value > min(maximum, 2**63 - 1):
-        raise ConfigError(f"option '{name}' must be at most {min(maximum, 2**63 - 1):,}, not {str(value)[:40]}")
+        raise ConfigError(f"option '{name}' must be at most {min(maximum, 2**63 - 1):,}, not {str(value)[:40]}", option=name)
     return value
 
 
@@ -91,7 +91,7 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
         return True
     if text in ("false", "0", "no"):
         return False
-    raise ConfigError(f"option '{name}' must be true or false, not {raw!r}")
+    raise ConfigError(f"option '{name}' must be true or false, not {raw!r}", option=name)
 
 
 def routing_policy(opts: Mapping[str, str]) -> RoutingPolicy:
@@ -102,7 +102,7 @@ def routing_policy(opts: Mapping[str, str]) -> RoutingPolicy:
 def resolve_url(opts: Mapping[str, str]) -> ConnectionURL:
     raw = opts.get(OPT_URL) or os.environ.get(URL_ENV)
     if not raw:
-        raise ConfigError(f"option 'url' is required (or set {URL_ENV}): e.g. postgresql://user@host:5432/db")
+        raise ConfigError(f"option 'url' is required (or set {URL_ENV}): e.g. postgresql://user@host:5432/db", option="url")
     url = parse_url(raw, option="url")
     return url.with_credentials(opts.get(OPT_USER), opts.get(OPT_PASSWORD))
 
@@ -117,18 +117,19 @@ class ReaderOptions:
         if unknown:
             raise ConfigError(
                 f"unknown option(s) {', '.join(repr(u) for u in unknown)} for format 'sqlqueue'; "
-                f"known: {', '.join(OPTIONS)}"
+                f"known: {', '.join(OPTIONS)}",
+                option=unknown[0],
             )
         url = resolve_url(opts)
         dialect = dialect_for(url)
         if opts.get(OPT_QUEUE) is None:
-            raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales')")
+            raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales')", option="queue")
         queue = dialect.parse_address(opts[OPT_QUEUE], option="queue")
         error_queue = dialect.parse_address(opts.get(OPT_ERROR_QUEUE) or defaults.DEFAULT_ERROR_QUEUE,
                                             option="errorQueue")
         endpoint = opts.get(OPT_ENDPOINT)
         if endpoint is not None and not str(endpoint).strip():
-            raise ConfigError("option 'endpoint' is empty")
+            raise ConfigError("option 'endpoint' is empty", option="endpoint")
         consumer = str(endpoint).strip() if endpoint else queue.table
         return ReceiveSettings(
             url=url,
@@ -175,7 +176,7 @@ def parse_duration(raw: str, *, option: str) -> float:
     """``500ms``, ``30s``, ``5m``, ``12h``, ``7d`` or plain seconds -> seconds."""
     m = _DURATION.match(str(raw))
     if not m:
-        raise ConfigError(f"option '{option}' must be a duration such as 30s, 12h or 7d, not {raw!r}")
+        raise ConfigError(f"option '{option}' must be a duration such as 30s, 12h or 7d, not {raw!r}", option=option)
     return float(m.group(1)) * _UNIT_SECONDS[(m.group(2) or "").lower() or None]
 
 
@@ -189,24 +190,26 @@ class WriterOptions:
         if unknown:
             raise ConfigError(
                 f"unknown option(s) {', '.join(repr(u) for u in unknown)} for writing to format 'sqlqueue'; "
-                f"known: {', '.join(WRITER_OPTIONS)}"
+                f"known: {', '.join(WRITER_OPTIONS)}",
+                option=unknown[0],
             )
         url = resolve_url(opts)
         dialect = dialect_for(url)
         if not opts.get("endpoint") or not str(opts["endpoint"]).strip():
             raise ConfigError(
-                "option 'endpoint' is required to send: the sending endpoint's name, e.g. .option('endpoint', 'Sales')"
+                "option 'endpoint' is required to send: the sending endpoint's name, e.g. .option('endpoint', 'Sales')",
+                option="endpoint",
             )
         endpoint = dialect.parse_address(opts["endpoint"], option="endpoint")
         destination = opts.get("destination")
         sink = str(opts.get("sinkname") or defaults.DEFAULT_SINK).strip()
         if not sink or len(sink) > 200:
-            raise ConfigError("option 'sinkName' must be 1 to 200 characters")
+            raise ConfigError("option 'sinkName' must be 1 to 200 characters", option="sinkName")
         retention = parse_duration(opts.get("deduplicationretention") or "7d", option="deduplicationRetention")
         if retention < 1:
-            raise ConfigError("option 'deduplicationRetention' must be at least 1s")
+            raise ConfigError("option 'deduplicationRetention' must be at least 1s", option="deduplicationRetention")
         if retention > MAX_RETENTION_SECONDS:
-            raise ConfigError(f"option 'deduplicationRetention' must be at most {MAX_RETENTION_SECONDS // 86400}d")
+            raise ConfigError(f"option 'deduplicationRetention' must be at most {MAX_RETENTION_SECONDS // 86400}d", option="deduplicationRetention")
         batch_id = opts.get("_batchid")
         return SendSettings(
             url=url,

@@ -89,9 +89,9 @@ class RoutingPolicy:
                 return None
             values = tuple(v.strip() for v in str(raw).split(",") if v.strip())
             if not values:
-                raise ConfigError(f"option '{option}' is empty: give a comma-separated list, or leave it out")
+                raise ConfigError(f"option '{option}' is empty: give a comma-separated list, or leave it out", option=option)
             if any("\x00" in v for v in values):
-                raise ConfigError(f"option '{option}' contains a NUL character")
+                raise ConfigError(f"option '{option}' contains a NUL character", option=option)
             return values
 
         return cls(items(schemas, schemas_option), items(queues, queues_option) or ())
