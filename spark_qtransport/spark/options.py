@@ -94,6 +94,20 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     raise ConfigError(f"option '{name}' must be true or false, not {raw!r}", option=name)
 
 
+def _known_options(options: Mapping[str, str], known: set[str], documented: Mapping[str, object],
+                   what: str) -> dict[str, str]:
+    """The options with lower-cased keys (Spark's are case-insensitive); an unknown one fails,
+    naming every unknown key and the documented ones."""
+    opts = {str(k).lower(): v for k, v in options.items()}
+    unknown = sorted(k for k in opts if k not in known)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(repr(u) for u in unknown)} for {what}; known: {', '.join(documented)}",
+            option=unknown[0],
+        )
+    return opts
+
+
 def routing_policy(opts: Mapping[str, str]) -> RoutingPolicy:
     """The allow-list options (keys already lower-cased)."""
     return RoutingPolicy.parse(opts.get("allowedschemas"), opts.get("allowedqueues"))
@@ -112,14 +126,7 @@ class ReaderOptions:
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> ReceiveSettings:
-        opts = {str(k).lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in opts if k not in _KNOWN)
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {', '.join(repr(u) for u in unknown)} for format 'sqlqueue'; "
-                f"known: {', '.join(OPTIONS)}",
-                option=unknown[0],
-            )
+        opts = _known_options(options, _KNOWN, OPTIONS, "format 'sqlqueue'")
         url = resolve_url(opts)
         dialect = dialect_for(url)
         if opts.get(OPT_QUEUE) is None:
@@ -185,14 +192,7 @@ class WriterOptions:
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SendSettings:
-        opts = {str(k).lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in opts if k not in _WRITER_KNOWN and k not in _WRITER_INTERNAL)
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {', '.join(repr(u) for u in unknown)} for writing to format 'sqlqueue'; "
-                f"known: {', '.join(WRITER_OPTIONS)}",
-                option=unknown[0],
-            )
+        opts = _known_options(options, _WRITER_KNOWN | _WRITER_INTERNAL, WRITER_OPTIONS, "writing to format 'sqlqueue'")
         url = resolve_url(opts)
         dialect = dialect_for(url)
         if not opts.get("endpoint") or not str(opts["endpoint"]).strip():
