@@ -1,7 +1,7 @@
 """Per-phase cost of the connector's current design (claim table, staging), transport driven directly.
 
 Per --per-trigger messages (1 KB random bodies): claim (Receiver.latest), read (read_chunks +
-output_row + rows_to_batch, also split into fetch / decode / Arrow), ack (Receiver.ack), stage
+decoding into Arrow, as a Spark task reads; also split into fetch / decode), ack (Receiver.ack), stage
 (stage_partition), dispatch (Dispatcher.dispatch), the floor (one DELETE ... FOR UPDATE SKIP LOCKED
 ... RETURNING transaction fetched into Python) and Spark's own floor for a read (a noop stream over
 a batch claimed already; its triggerExecution; --skip-spark leaves it out). Each: wall s, client
@@ -32,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_qtransport.connections import parse_url
-from spark_qtransport.spark.schema import SCHEMA, rows_to_batch
 from spark_qtransport.transport.operations.install import create_queues
-from spark_qtransport.transport.receiving.receiver import Receiver, output_row, read_chunks
+from spark_qtransport.transport.receiving.decode import rows_batch
+from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
 from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender, stage_partition
 from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
 
@@ -49,7 +48,7 @@ from _common import arguments, database, fill  # noqa: E402
 
 QUEUE, FLOOR, ENDPOINT, OUT, ERROR = "BenchPhases", "BenchPhasesFloor", "BenchPhasesSend", "BenchPhasesOut", "error"
 QUERY = "3f1c9a57-0000-4000-8000-0000000000aa"
-PHASES = ["claim", "read", "read: fetch", "read: decode", "read: Arrow", "ack", "stage", "dispatch", "floor", "Spark read (noop)"]
+PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", "stage", "dispatch", "floor", "Spark read (noop)"]
 MB = 2**20
 
 
@@ -147,8 +146,8 @@ def reset(url: str, *fill_queues: str, n: int = 0, size: int = 0) -> None:
             c.execute(f'VACUUM ANALYZE "{queue}"')
 
 
-def read_batch(receiver: Any, start: Any, end: Any, schema: Any, costs: dict[str, Cost]) -> int:
-    """Read a planned batch the way a Spark task does, timing its fetches, decoding and Arrow apart."""
+def read_batch(receiver: Any, start: Any, end: Any, costs: dict[str, Cost]) -> int:
+    """Read a planned batch the way a Spark task does, timing its fetches and its decoding into Arrow apart."""
     n = 0
     for part in receiver.slices(start, end):
         chunks = read_chunks(part)
@@ -158,16 +157,13 @@ def read_batch(receiver: Any, start: Any, end: Any, schema: Any, costs: dict[str
             if rows is None:
                 break
             with timed(costs["read: decode"]):
-                messages = [output_row(part.queue, row) for row in rows]
-            with timed(costs["read: Arrow"]):
-                rows_to_batch(messages, schema)
+                rows_batch(part.queue, rows)
             n += len(rows)
     return n
 
 
 def receive(url: str, meter: Meter, per_trigger: int, costs: dict[str, Cost]) -> int:
     """Claim, read and acknowledge the queue's messages batch by batch."""
-    schema = to_arrow_schema(SCHEMA, timezone="UTC")
     r = Receiver(ReceiveSettings.create(url, QUEUE, error_queue=ERROR, claim_ahead=False, max_messages=per_trigger))
     try:
         start = r.initial_offset()  # connects and sets up: not a phase
@@ -180,10 +176,10 @@ def receive(url: str, meter: Meter, per_trigger: int, costs: dict[str, Cost]) ->
                 return costs["claim"].rows
             costs["claim"].add(claim)
             with meter.measure(costs["read"]):
-                n = read_batch(r, start, end, schema, costs)
+                n = read_batch(r, start, end, costs)
             with meter.measure(costs["ack"]):
                 r.ack(end)
-            for phase in ("claim", "read", "read: fetch", "read: decode", "read: Arrow", "ack"):
+            for phase in ("claim", "read", "read: fetch", "read: decode", "ack"):
                 costs[phase].rows += n
             start = end
     finally:

@@ -14,14 +14,15 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
-from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, output_row, read_chunks, read_slice
+from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, read_batches
 from ..transport.settings import ReceiveSettings
 from .options import ReaderOptions
-from .schema import SCHEMA
+from .schema import ARROW_SCHEMA, SCHEMA
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -153,30 +154,9 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executors -----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        # Arrow record batches built column by column (transport.receiving.decode): Spark takes them
+        # as they are. pyspark keeps the first batch a read yields referenced until the read ends:
+        # make it empty.
         part: ClaimSlice = partition.part  # type: ignore[attr-defined]
-        schema = _arrow_schema()
-        if schema is None:  # Spark 4.0/4.1: plain tuples, converted by Spark
-            yield from read_slice(part)
-            return
-        # Arrow record batches built column by column: Spark takes them as they are.
-        import pyarrow as pa
-
-        from .schema import rows_to_batch
-
-        # pyspark keeps the first batch a read yields referenced until the read ends: make it empty
-        yield pa.RecordBatch.from_pylist([], schema=schema)
-        for rows in read_chunks(part):
-            batch = rows_to_batch([output_row(part.queue, row) for row in rows], schema)
-            del rows  # neither the rows nor their batch are held while the next rows are fetched
-            yield batch
-            del batch
-
-
-def _arrow_schema() -> Any:
-    """The Arrow schema Spark expects from read(), or None where Spark does not say (before 4.2)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    try:
-        return to_arrow_schema(SCHEMA, timezone="UTC")
-    except TypeError:
-        return None
+        yield pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+        yield from read_batches(part)

@@ -40,12 +40,12 @@ from .claimer import Claimer
 from .mover import DueDelayed
 from .planner import ClaimOffset, ClaimSlice, Planner, ReceiveStats
 from .setup import Endpoint, EndpointSetUp
-from .slices import output_row, read_chunks, read_slice
+from .slices import read_batches, read_chunks, read_slice
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
 
-__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "output_row", "read_chunks", "read_slice", "ReceiveStats"]
+__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "read_batches", "read_chunks", "read_slice", "ReceiveStats"]
 
 log = logging.getLogger("spark_qtransport.receive")
 

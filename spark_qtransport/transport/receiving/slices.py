@@ -6,21 +6,21 @@ driver only once Spark has committed the batch.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
+
+import pyarrow as pa
 
 from ...dialects import Dialect, dialect_named
-from ...errors import OffsetError, QTransportError
-from ...wire import H, parse_time
+from ...errors import OffsetError
 from .. import session as db
 from ..executor import cached_connection, give_back
+from .decode import ReceivedMessage, rows_batch
 from .planner import ClaimSlice
 
-__all__ = ["FETCH_BYTES", "ReceivedMessage", "output_row", "read_chunks", "read_slice"]
+__all__ = ["FETCH_BYTES", "ReceivedMessage", "read_batches", "read_chunks", "read_slice"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -119,64 +119,19 @@ def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
     return cur
 
 
-def read_slice(part: ClaimSlice) -> Iterator[ReceivedMessage]:
-    """Yield the messages of one slice (`ReceivedMessage`)."""
+def read_batches(part: ClaimSlice) -> Iterator[pa.RecordBatch]:
+    """Yield the messages of one slice as record batches of the stream's output schema
+    (`decode.ARROW_SCHEMA`), one per fetch; neither a fetch's rows nor its batch are held while the
+    next rows are fetched."""
     for rows in read_chunks(part):
-        for row in rows:
-            yield output_row(part.queue, row)
+        batch = rows_batch(part.queue, rows)
+        del rows
+        yield batch
+        del batch
 
 
-def _utc(v: datetime | None) -> datetime | None:
-    if v is None:
-        return None
-    return v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v
-
-
-class ReceivedMessage(NamedTuple):
-    """One received message as the source hands it to Spark: the output row. Its fields, in this
-    order, are the stream's columns (`spark_qtransport.spark.schema` gives their Spark and Arrow types)."""
-
-    message_id: str
-    native_id: str
-    headers: dict[str, str | None]
-    body: bytes | None
-    expires: datetime | None
-    message_type: str | None
-    correlation_id: str | None
-    conversation_id: str | None
-    reply_to: str | None
-    intent: str | None
-    time_sent: datetime | None
-    queue: str
-    claim_seq: int
-    source_seq: int
-    claimed_at: datetime | None
-
-
-def output_row(queue: str, row: Any) -> ReceivedMessage:
-    """One raw claim row (claim_seq, id, expires, headers, body, source_seq, claimed_at: the
-    dialect's slice read) as the message Spark receives."""
-    claim_seq, native_id, expires, headers_text, body, source_seq, claimed_at = row
-    try:
-        headers = json.loads(headers_text)
-    except ValueError as exc:  # the claim transaction checked them; this is a bug, say which row
-        raise QTransportError(f"claimed message {native_id} (claim {claim_seq}) has unreadable headers: {exc}") from exc
-    native_id = str(native_id).lower()
-    get = headers.get
-    return ReceivedMessage(
-        message_id=get(H.MESSAGE_ID) or native_id,
-        native_id=native_id,
-        headers=headers,
-        body=bytes(body) if body is not None else None,
-        expires=_utc(expires),
-        message_type=get(H.ENCLOSED_MESSAGE_TYPES),
-        correlation_id=get(H.CORRELATION_ID),
-        conversation_id=get(H.CONVERSATION_ID),
-        reply_to=get(H.REPLY_TO_ADDRESS),
-        intent=get(H.MESSAGE_INTENT),
-        time_sent=parse_time(get(H.TIME_SENT)),
-        queue=queue,
-        claim_seq=int(claim_seq),
-        source_seq=int(source_seq),
-        claimed_at=_utc(claimed_at),
-    )
+def read_slice(part: ClaimSlice) -> Iterator[ReceivedMessage]:
+    """Yield the messages of one slice (`ReceivedMessage`), decoded as `read_batches` decodes them."""
+    for batch in read_batches(part):
+        for row in batch.to_pylist():
+            yield ReceivedMessage(**{**row, "headers": dict(row["headers"])})
