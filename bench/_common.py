@@ -205,6 +205,7 @@ def stream_rates(progress: list[dict], n: int, wall: float) -> dict:
         "batches": len(busy),
         "first_batch_s": trigger_ms[0] / 1000,
         "batch_ms": trigger_ms,
+        "batch_rows": [p["numInputRows"] for p in busy],
     }
 
 

@@ -216,10 +216,11 @@ def report(fig: dict[str, Any]) -> dict[str, bool]:
           f"| connector queue -> Spark -> queue, exactly once, steady state and wall clock |"
           f" {qq['steady_rate']:,.0f} steady, {qq['wall_rate']:,.0f} wall |"
           f" {qq['steady_rate'] / nsb2:.1f}x (steady), {qq['wall_rate'] / nsb2:.1f}x (wall)"
-          f" NServiceBus receive+send at 2 connections |")
-    print(f"\ndrain: {dr['batches']} batches of {', '.join(f'{ms / 1000:.2f}' for ms in dr['batch_ms'])} s"
-          f" (wall {dr['wall_s']:.1f} s); queue -> queue: {qq['batches']} batches of"
-          f" {', '.join(f'{ms / 1000:.2f}' for ms in qq['batch_ms'])} s (wall {qq['wall_s']:.1f} s)")
+          f" NServiceBus receive+send at 2 connections |\n")
+    for name, r in (("drain", dr), ("queue -> queue", qq)):
+        print(f"{name}: {r['batches']} batches (rows in s): "
+              + ", ".join(f"{rows:,} in {ms / 1000:.2f}" for rows, ms in zip(r["batch_rows"], r["batch_ms"], strict=True))
+              + f"; wall {r['wall_s']:.1f} s from start() to the end")
     print(f"Spark master {fig['spark_master']}")
     print(f"fixed cost per micro-batch (60 batches of 10 messages of 64 B): {fig['fixed_cost_ms']:.0f} ms")
     print(f"latency INSERT -> foreachBatch on the driver at {lat['rate']:g} msg/s (trigger {lat['trigger']},"
