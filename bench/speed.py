@@ -19,6 +19,8 @@ Last, the goals, each MET or NOT MET.
 
     python bench/speed.py [--messages 200000] [--per-trigger 50000] [--size 1024] [--json speed.json]
 
+--nsb-messages N runs the two NServiceBus paths on N messages only (default: --messages, like the rest).
+
 Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
 """
 
