@@ -41,9 +41,9 @@ chaos: setup
 demo: setup
 	$(PY) jobs/demo.py
 
+# speed.py first: the table of the connector against NServiceBus and the floor, and the goals
 bench: setup
-	$(PY) bench/receive_bench.py
-	$(PY) bench/send_bench.py
+	$(PY) bench/speed.py
 	$(PY) bench/large_bodies.py
 	$(PY) bench/phases.py
 

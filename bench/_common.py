@@ -1,4 +1,5 @@
-"""What both benchmarks share: their arguments, the database they run on, filling a queue."""
+"""What the benchmarks share: their arguments, the database, filling and resetting queues, and the
+measured paths (the NServiceBus way, the floor, the connector) that more than one script runs."""
 
 from __future__ import annotations
 
@@ -56,3 +57,197 @@ def fill(url: str, queue: str, n: int, size: int, *, random_bodies: bool = False
                 copy.write_row((uuid.uuid4(), headers.replace('"x"', f'"{uuid.uuid4()}"', 1),
                                 os.urandom(size) if random_bodies else body))
     return time.perf_counter() - t
+
+
+# --- tables: a fresh queue for every measured path ---------------------------------------------
+
+def reset(url: str, *queues: str, endpoints: tuple[str, ...] = ()) -> None:
+    """Drop the queues (with their claim tables) and the endpoints' Staging / Outbox / Delayed
+    tables, then create the queues again, empty."""
+    import psycopg
+
+    from spark_qtransport.connections import parse_url
+    from spark_qtransport.transport.operations.install import create_queues
+
+    tables = [*queues, *(f"{q}.Claims" for q in queues),
+              *(f"{e}.{s}" for e in endpoints for s in ("Staging", "Outbox", "Delayed"))]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS " + ", ".join(f'"{t}"' for t in tables))
+    create_queues(parse_url(url), *queues)
+
+
+def drop(url: str, *queues: str, endpoints: tuple[str, ...] = ()) -> None:
+    """Drop what `reset` creates (after a path, so the next starts on a small database)."""
+    import psycopg
+
+    tables = [*queues, *(f"{q}.Claims" for q in queues),
+              *(f"{e}.{s}" for e in endpoints for s in ("Staging", "Outbox", "Delayed"))]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS " + ", ".join(f'"{t}"' for t in tables))
+
+
+def settle(url: str, *queues: str) -> None:
+    """VACUUM ANALYZE the filled queues, then CHECKPOINT: every path starts a checkpoint cycle the
+    same way (the first change to each page writes it whole to WAL, as after any checkpoint)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        for q in queues:
+            c.execute(f'VACUUM ANALYZE "{q}"')
+        c.execute("CHECKPOINT")
+
+
+# --- the NServiceBus way: one message per transaction, plain SQL ------------------------------
+
+NSB_RECEIVE = (
+    'DELETE FROM "{0}" rs WHERE rs.id = (SELECT id FROM "{0}" ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) '
+    "RETURNING rs.id, rs.headers, rs.body"
+)
+NSB_SEND = 'INSERT INTO "{0}" (id, expires, headers, body) VALUES (%s, NULL, %s, %s)'
+
+
+def nsb_receive(url: str, queue: str, n: int) -> float:
+    """Receive the queue's n messages one per transaction on one connection (NServiceBus's receive
+    SQL); msg/s."""
+    import psycopg
+
+    sql = NSB_RECEIVE.format(queue)
+    got = 0
+    t = time.perf_counter()
+    with psycopg.connect(url) as conn:
+        while True:
+            row = conn.execute(sql).fetchone()
+            conn.commit()
+            if row is None:
+                break
+            got += 1
+    dt = time.perf_counter() - t
+    assert got == n, (got, n)
+    return n / dt
+
+
+def nsb_receive_send(url: str, src: str, out: str, n: int, connections: int) -> float:
+    """Receive one, send one, commit (SendsAtomicWithReceive), on `connections` connections at
+    once, until `src` is empty; msg/s."""
+    import threading
+
+    import psycopg
+
+    counts = [0] * connections
+
+    def worker(i: int) -> None:
+        with psycopg.connect(url) as conn:
+            while True:
+                row = conn.execute(NSB_RECEIVE.format(src)).fetchone()
+                if row is None:
+                    conn.commit()
+                    return
+                conn.execute(NSB_SEND.format(out), (uuid.uuid4(), row[1], row[2]))
+                conn.commit()
+                counts[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(connections)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    dt = time.perf_counter() - t
+    assert sum(counts) == n, (counts, n)
+    return n / dt
+
+
+# --- the floor: one DELETE ... RETURNING per batch, no claim table ----------------------------
+
+def floor_sql(queue: str, per_trigger: int) -> str:
+    """bench/phases.py's floor statement."""
+    return (f'DELETE FROM "{queue}" WHERE seq IN (SELECT seq FROM "{queue}" ORDER BY seq LIMIT {per_trigger} '
+            "FOR UPDATE SKIP LOCKED) RETURNING id, headers, body")
+
+
+def floor(url: str, queue: str, n: int, per_trigger: int) -> float:
+    """Drain the queue with the floor statement, fetched into Python (binary cursor), committed per
+    batch, until empty (at-least-once); msg/s."""
+    import psycopg
+
+    sql = floor_sql(queue, per_trigger)
+    got = 0
+    t = time.perf_counter()
+    with psycopg.connect(url) as conn:
+        while True:
+            with conn.cursor(binary=True) as cur:
+                rows = cur.execute(sql).fetchall()
+            conn.commit()
+            if not rows:
+                break
+            got += len(rows)
+    dt = time.perf_counter() - t
+    assert got == n, (got, n)
+    return n / dt
+
+
+# --- the connector ------------------------------------------------------------------------------
+
+def stream_rates(progress: list[dict], n: int, wall: float) -> dict:
+    """Rates of a finished Trigger.AvailableNow query from its progress: wall clock (n / wall),
+    micro-batch time only, and steady state (the batches after the first, which pays worker start-up)."""
+    busy = [p for p in progress if p["numInputRows"]]
+    rows = sum(p["numInputRows"] for p in busy)
+    trigger_ms = [p["durationMs"]["triggerExecution"] for p in busy]
+    steady = (sum(p["numInputRows"] for p in busy[1:]) / (sum(trigger_ms[1:]) / 1000)
+              if len(busy) > 1 else float("nan"))
+    return {
+        "rows": rows,
+        "wall_rate": n / wall,
+        "wall_s": wall,
+        "batch_rate": rows / (sum(trigger_ms) / 1000),
+        "steady_rate": steady,
+        "batches": len(busy),
+        "first_batch_s": trigger_ms[0] / 1000,
+        "batch_ms": trigger_ms,
+        "batch_rows": [p["numInputRows"] for p in busy],
+    }
+
+
+def drain(spark, url: str, queue: str, n: int, per_trigger: int) -> dict:  # type: ignore[no-untyped-def]
+    """The connector drains the queue's n messages: queue -> Spark -> noop sink, Trigger.AvailableNow."""
+    import shutil
+    import tempfile
+
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+    df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", queue)
+          .option("maxMessagesPerTrigger", str(per_trigger)).load())
+    t = time.perf_counter()
+    q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    q.awaitTermination()
+    wall = time.perf_counter() - t
+    shutil.rmtree(ckpt, ignore_errors=True)
+    r = stream_rates(q.recentProgress, n, wall)
+    assert r["rows"] == n, (r["rows"], n)
+    return r
+
+
+def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int) -> dict:  # type: ignore[no-untyped-def]
+    """The connector moves the n messages of `src` to `out` exactly once: queue -> Spark ->
+    writeStream.format("sqlqueue") (endpoint `src`, every batch dispatched through its outbox),
+    Trigger.AvailableNow; checks `out` holds n distinct messages."""
+    import shutil
+    import tempfile
+
+    import psycopg
+    from pyspark.sql import functions as F
+
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+    df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", src)
+          .option("maxMessagesPerTrigger", str(per_trigger)).load()
+          .select("body", F.col("message_id"), F.col("message_type"), F.col("headers")))
+    t = time.perf_counter()
+    q = (df.writeStream.format("sqlqueue").option("url", url).option("endpoint", src).option("destination", out)
+         .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+    q.awaitTermination()
+    wall = time.perf_counter() - t
+    shutil.rmtree(ckpt, ignore_errors=True)
+    with psycopg.connect(url) as c:
+        got = c.execute(f'SELECT count(*), count(DISTINCT headers::json->>\'NServiceBus.MessageId\') FROM "{out}"').fetchone()
+    assert got == (n, n), (got, n)
+    return stream_rates(q.recentProgress, n, wall)

@@ -22,44 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import arguments, database, fill  # noqa: E402
+import _common  # noqa: E402
+import psycopg  # noqa: E402
+from _common import arguments, database, drain, fill, nsb_receive  # noqa: E402
 
 
 def reset(url: str, *queues: str) -> None:
-    import psycopg
-
-    from spark_qtransport.connections import parse_url
-    from spark_qtransport.transport.operations.install import create_queues
-
-    with psycopg.connect(url, autocommit=True) as c:
-        for q in queues:
-            c.execute(f'DROP TABLE IF EXISTS "{q}", "{q}.Claims"')
-    create_queues(parse_url(url), *queues)
+    _common.reset(url, *queues)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("VACUUM ANALYZE")
 
 
 def nsb_one_row(url: str, n: int, size: int) -> float:
-    import psycopg
-
     reset(url, "BenchNsb", "error")
     fill(url, "BenchNsb", n, size)
-    sql = (
-        'DELETE FROM "BenchNsb" rs WHERE rs.id = (SELECT id FROM "BenchNsb" ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) '
-        "RETURNING rs.id, rs.headers, rs.body"
-    )
-    got = 0
-    t = time.perf_counter()
-    with psycopg.connect(url) as conn:
-        while True:
-            row = conn.execute(sql).fetchone()
-            conn.commit()
-            if row is None:
-                break
-            got += 1
-    dt = time.perf_counter() - t
-    assert got == n, (got, n)
-    return n / dt
+    return nsb_receive(url, "BenchNsb", n)
 
 
 def raw_claim_read_ack(url: str, n: int, size: int, per_trigger: int) -> float:
@@ -88,35 +65,9 @@ def raw_claim_read_ack(url: str, n: int, size: int, per_trigger: int) -> float:
 
 
 def spark_e2e(spark, url: str, n: int, size: int, per_trigger: int, queue: str = "BenchSpark") -> dict:  # type: ignore[no-untyped-def]
-    import shutil
-    import tempfile
-
     reset(url, queue, "error")
     fill(url, queue, n, size)
-    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
-    df = (
-        spark.readStream.format("sqlqueue").option("url", url).option("queue", queue)
-        .option("maxMessagesPerTrigger", str(per_trigger)).load()
-    )
-    t = time.perf_counter()
-    q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
-    q.awaitTermination()
-    wall = time.perf_counter() - t
-    shutil.rmtree(ckpt, ignore_errors=True)
-    progress = [p for p in q.recentProgress]
-    rows = sum(p["numInputRows"] for p in progress)
-    busy = [p for p in progress if p["numInputRows"]]
-    trigger_ms = [p["durationMs"]["triggerExecution"] for p in busy]
-    assert rows == n, (rows, n)
-    # the first batch of a query pays Python worker start-up; steady state excludes it
-    steady = sum(p["numInputRows"] for p in busy[1:]) / (sum(trigger_ms[1:]) / 1000) if len(busy) > 1 else float("nan")
-    return {
-        "wall_rate": n / wall,
-        "batch_rate": rows / (sum(trigger_ms) / 1000),
-        "steady_rate": steady,
-        "batches": len(busy),
-        "first_batch_s": trigger_ms[0] / 1000,
-    }
+    return drain(spark, url, queue, n, per_trigger)
 
 
 def main() -> int:

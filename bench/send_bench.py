@@ -15,96 +15,28 @@ Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable co
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import arguments, database, fill  # noqa: E402
-
-NSB_RECEIVE = (
-    'DELETE FROM "{0}" rs WHERE rs.id = (SELECT id FROM "{0}" ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) '
-    "RETURNING rs.id, rs.headers, rs.body"
-)
-NSB_SEND = 'INSERT INTO "{0}" (id, expires, headers, body) VALUES (%s, NULL, %s, %s)'
-
-
-def reset(url: str, endpoint: str, *queues: str) -> None:
-    import psycopg
-
-    from spark_qtransport.connections import parse_url
-    from spark_qtransport.transport.operations.install import create_queues
-
-    with psycopg.connect(url, autocommit=True) as c:
-        for t in (*queues, *(f"{q}.Claims" for q in queues), *(f"{endpoint}.{s}" for s in ("Staging", "Outbox", "Delayed"))):
-            c.execute(f'DROP TABLE IF EXISTS "{t}"')
-    create_queues(parse_url(url), *queues)
+from _common import arguments, database, fill, nsb_receive_send, queue_to_queue, reset  # noqa: E402
 
 
 def nsb_way(url: str, n: int, size: int, connections: int) -> float:
     """Receive one, send one, commit: SendsAtomicWithReceive, one message per transaction."""
-    import uuid
-
-    import psycopg
-
-    reset(url, "BenchNsb", "BenchNsbIn", "BenchNsbOut")
+    reset(url, "BenchNsbIn", "BenchNsbOut", endpoints=("BenchNsb",))
     fill(url, "BenchNsbIn", n, size)
-    counts = [0] * connections
-
-    def worker(i: int) -> None:
-        with psycopg.connect(url) as conn:
-            while True:
-                row = conn.execute(NSB_RECEIVE.format("BenchNsbIn")).fetchone()
-                if row is None:
-                    conn.commit()
-                    return
-                conn.execute(NSB_SEND.format("BenchNsbOut"), (uuid.uuid4(), row[1], row[2]))
-                conn.commit()
-                counts[i] += 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(connections)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    dt = time.perf_counter() - t
-    assert sum(counts) == n, (counts, n)
-    return n / dt
+    return nsb_receive_send(url, "BenchNsbIn", "BenchNsbOut", n, connections)
 
 
 def connector(spark, url: str, n: int, size: int, per_trigger: int, tag: str = "Bench") -> dict:  # type: ignore[no-untyped-def]
-    import psycopg
-    from pyspark.sql import functions as F
-
     src, out = f"{tag}In", f"{tag}Out"
-    reset(url, src, src, out, "error")
+    reset(url, src, out, "error", endpoints=(src,))
     fill(url, src, n, size)
-    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
-    df = (
-        spark.readStream.format("sqlqueue").option("url", url).option("queue", src)
-        .option("maxMessagesPerTrigger", str(per_trigger)).load()
-        .select("body", F.col("message_id"), F.col("message_type"), F.col("headers"))
-    )
-    t = time.perf_counter()
-    q = (df.writeStream.format("sqlqueue").option("url", url).option("endpoint", src).option("destination", out)
-         .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
-    q.awaitTermination()
-    wall = time.perf_counter() - t
-    shutil.rmtree(ckpt, ignore_errors=True)
-    with psycopg.connect(url) as c:
-        got = c.execute(f'SELECT count(*), count(DISTINCT headers::json->>\'NServiceBus.MessageId\') FROM "{out}"').fetchone()
-    assert got == (n, n), (got, n)
-    busy = [p for p in q.recentProgress if p["numInputRows"]]
-    trigger_ms = [p["durationMs"]["triggerExecution"] for p in busy]
-    steady = sum(p["numInputRows"] for p in busy[1:]) / (sum(trigger_ms[1:]) / 1000) if len(busy) > 1 else float("nan")
-    return {"wall_rate": n / wall, "steady_rate": steady, "batches": len(busy), "first_batch_s": trigger_ms[0] / 1000}
+    return queue_to_queue(spark, url, src, out, n, per_trigger)
 
 
 def main() -> int:
