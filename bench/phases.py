@@ -3,8 +3,10 @@
 Per --per-trigger messages (1 KB random bodies): claim (Receiver.latest), read (read_chunks +
 decoding into Arrow, as a Spark task reads; also split into fetch / decode), ack (Receiver.ack), stage
 (stage_partition), dispatch (Dispatcher.dispatch), the floor (one DELETE ... FOR UPDATE SKIP LOCKED
-... RETURNING transaction fetched into Python) and Spark's own floor for a read (a noop stream over
-a batch claimed already; its triggerExecution; --skip-spark leaves it out). Each: wall s, client
+... RETURNING transaction fetched into Python), and with Spark (--skip-spark leaves them out):
+Spark's own floor (prebuilt record batches of our schema through a Python stream source to a noop
+sink, no database) and the connector's steady-state drain batch (a noop stream, claims made ahead;
+its trigger time per batch after the first two). Each: wall s, client
 CPU (process_time), PostgreSQL CPU (utime + stime of the postmaster and its children in /proc, the
 ended ones through its cutime + cstime; the server must run on this machine) and WAL bytes.
 A repetition resets the tables, fills the queues, runs a CHECKPOINT before each run (receive, floor,
@@ -48,7 +50,7 @@ from _common import arguments, database, fill  # noqa: E402
 
 QUEUE, FLOOR, ENDPOINT, OUT, ERROR = "BenchPhases", "BenchPhasesFloor", "BenchPhasesSend", "BenchPhasesOut", "error"
 QUERY = "3f1c9a57-0000-4000-8000-0000000000aa"
-PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", "stage", "dispatch", "floor", "Spark read (noop)"]
+PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", "stage", "dispatch", "floor", "Spark floor (no database)", "Spark drain batch (noop)"]
 MB = 2**20
 
 
@@ -227,25 +229,103 @@ def send(url: str, meter: Meter, n: int, size: int, per_trigger: int, costs: dic
         dispatcher.close()
 
 
-def spark_read(spark: Any, url: str, meter: Meter, n: int, size: int, cost: Cost) -> None:
-    """Spark's own floor: a noop stream over n messages claimed already (its trigger time only)."""
-    reset(url, QUEUE, n=n, size=size)
-    meter.checkpoint()  # before the claim, as in the receive run: claim and read share a cycle
-    r = Receiver(ReceiveSettings.create(url, QUEUE, error_queue=ERROR, claim_ahead=False, max_messages=n))
-    r.latest(r.initial_offset(), n)  # claimed, never acknowledged: the stream reads held claims
-    r.close()
+def spark_floor(spark: Any, per_trigger: int, size: int, cost: Cost, *, batches: int = 4) -> None:
+    """Spark's own cost of a micro-batch of our schema, without a database: a Python stream source
+    whose tasks yield prebuilt record batches (`rows_batch` of 5,000 NServiceBus-shaped rows, built
+    once per task) to a noop sink, 2 tasks per batch as the connector plans on local[2]. Steady
+    state: the mean trigger time of the batches after the first."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    from spark_qtransport.spark.schema import SCHEMA
+
+    per_task, slices = 5_000, 2
+
+    class Slice(InputPartition):
+        pass
+
+    class FloorReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"batch": 0}
+
+        def latestOffset(self, start: Any = None, limit: Any = None) -> dict[str, int]:
+            self.n = min(self.n + 1, batches + 1)
+            return {"batch": self.n}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def partitions(self, start: Any, end: Any) -> list[InputPartition]:
+            return [Slice(i) for i in range(slices)]
+
+        def read(self, partition: Any) -> Any:
+            import datetime as dt
+            import json as js
+            import os as _os
+            import uuid as _uuid
+
+            import pyarrow as pa
+
+            from spark_qtransport.transport.receiving.decode import ARROW_SCHEMA, rows_batch
+
+            headers = js.dumps({"NServiceBus.MessageId": str(_uuid.uuid4()), "NServiceBus.MessageIntent": "Send",
+                                "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrder, Shop.Messages",
+                                "NServiceBus.TimeSent": "2026-11-22 00:00:00:000000 Z",
+                                "NServiceBus.ConversationId": str(_uuid.uuid4()),
+                                "NServiceBus.OriginatingEndpoint": "Shop.Web", "NServiceBus.ReplyToAddress": "Shop.Web"})
+            claimed = dt.datetime(2026, 11, 23)
+            batch = rows_batch("Bench", [(i, str(_uuid.uuid4()), None, headers, _os.urandom(size), i, claimed)
+                                         for i in range(per_task)])
+            yield pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+            for _ in range(per_trigger // slices // per_task):
+                yield batch
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "sparkfloor"
+
+        def schema(self) -> Any:
+            return SCHEMA
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            return FloorReader()
+
+    spark.dataSource.register(FloorSource)
     ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
-    df = spark.readStream.format("sqlqueue").option("url", url).option("queue", QUEUE).load()
-    batch = Cost()
-    with meter.measure(batch):
+    q = (spark.readStream.format("sparkfloor").load().writeStream.format("noop")
+         .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+    q.awaitTermination()
+    shutil.rmtree(ckpt, ignore_errors=True)
+    steady = [p for p in q.recentProgress if p["numInputRows"]][1:]
+    cost.add(Cost(wall=sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000, client=float("nan"),
+                  rows=sum(p["numInputRows"] for p in steady)))
+
+
+def spark_drain(spark: Any, url: str, meter: Meter, n: int, size: int, per_trigger: int, cost: Cost) -> None:
+    """The connector end to end in steady state: a noop stream draining n messages, per_trigger a
+    batch, claims made ahead; the batches after the first two (worker start-up) count. Its
+    PostgreSQL CPU and WAL are the whole drain's, scaled to the counted batches."""
+    reset(url, QUEUE, n=n, size=size)
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+    df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", QUEUE)
+          .option("maxMessagesPerTrigger", str(per_trigger)).load())
+    whole = Cost()
+    meter.checkpoint()
+    with meter.measure(whole):
         q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
         q.awaitTermination()
     shutil.rmtree(ckpt, ignore_errors=True)
     busy = [p for p in q.recentProgress if p["numInputRows"]]
     assert sum(p["numInputRows"] for p in busy) == n, busy
-    batch.wall = sum(p["durationMs"]["triggerExecution"] for p in busy) / 1000
-    batch.client, batch.rows = float("nan"), n
-    cost.add(batch)
+    steady = busy[2:]
+    rows = sum(p["numInputRows"] for p in steady)
+    share = rows / n
+    cost.add(Cost(wall=sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000, client=float("nan"),
+                  pg=whole.pg * share, wal=whole.wal * share, rows=rows))
 
 
 def repetition(url: str, args: Any) -> dict[str, Cost]:
@@ -259,7 +339,8 @@ def repetition(url: str, args: Any) -> dict[str, Cost]:
         assert got == args.messages, (got, args.messages)
         send(url, meter, args.messages, args.size, args.per_trigger, costs)
         if args.spark is not None:
-            spark_read(args.spark, url, meter, args.per_trigger, args.size, costs["Spark read (noop)"])
+            spark_floor(args.spark, args.per_trigger, args.size, costs["Spark floor (no database)"])
+            spark_drain(args.spark, url, meter, args.messages, args.size, args.per_trigger, costs["Spark drain batch (noop)"])
     return costs
 
 
@@ -294,7 +375,7 @@ def ratios(med: dict[str, Cost]) -> None:
 def main() -> int:
     ap = arguments(__doc__)
     ap.add_argument("--repeat", type=int, default=3, help="repetitions; the table shows their median")
-    ap.add_argument("--skip-spark", action="store_true", help="leave out Spark's own floor for a read")
+    ap.add_argument("--skip-spark", action="store_true", help="leave out the Spark rows (its own floor, the drain batch)")
     args = ap.parse_args()
     with database(args) as url:
         args.spark = None
@@ -302,8 +383,7 @@ def main() -> int:
             from _spark import session
 
             args.spark = session("sqlqueue-phases")
-            with contextlib.closing(Meter(url)) as meter:  # JVM and Python worker warm-up
-                spark_read(args.spark, url, meter, 2_000, args.size, Cost())
+            spark_floor(args.spark, 10_000, args.size, Cost(), batches=2)  # JVM and Python worker warm-up
         reps = []
         for i in range(args.repeat):
             t = time.perf_counter()
