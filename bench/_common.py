@@ -206,7 +206,14 @@ def stream_rates(progress: list[dict], n: int, wall: float) -> dict:
         "first_batch_s": trigger_ms[0] / 1000,
         "batch_ms": trigger_ms,
         "batch_rows": [p["numInputRows"] for p in busy],
+        # where each batch's time went, as Spark reports it: latestOffset (our claim, or waiting
+        # for the one made ahead), addBatch (the tasks: read, and for a sink stage + commit),
+        # walCommit / commitOffsets (the checkpoint's offset and commit logs), queryPlanning
+        "durations_ms": [{k: p["durationMs"].get(k, 0) for k in _PARTS} for p in busy],
     }
+
+
+_PARTS = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
 
 def drain(spark, url: str, queue: str, n: int, per_trigger: int) -> dict:  # type: ignore[no-untyped-def]

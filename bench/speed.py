@@ -224,7 +224,10 @@ def report(fig: dict[str, Any]) -> dict[str, bool]:
     for name, r in (("drain", dr), ("queue -> queue", qq)):
         rows, ms = r["batch_rows"][2:], r["batch_ms"][2:]
         if rows:  # once a claim made ahead is in flight: the first two batches start the pipeline
-            print(f"{name}, batches after the first two: {sum(rows) / (sum(ms) / 1000):,.0f} msg/s")
+            per = 50_000 / sum(rows)
+            parts = {k: sum(d[k] for d in r["durations_ms"][2:]) * per for k in r["durations_ms"][0]}
+            print(f"{name}, batches after the first two: {sum(rows) / (sum(ms) / 1000):,.0f} msg/s; per 50,000 messages "
+                  + ", ".join(f"{k} {v:,.0f} ms" for k, v in parts.items()))
     for name, r in (("drain", dr), ("queue -> queue", qq)):
         print(f"{name}: {r['batches']} batches (rows in s): "
               + ", ".join(f"{rows:,} in {ms / 1000:.2f}" for rows, ms in zip(r["batch_rows"], r["batch_ms"], strict=True))
