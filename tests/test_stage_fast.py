@@ -22,7 +22,16 @@ from spark_qtransport.errors import MessageError
 from spark_qtransport.transport.sending import messages, staging
 from spark_qtransport.transport.sending.messages import MessageBuilder, SendPlan, StagedRow, _uuid4_texts
 from spark_qtransport.transport.sending.staging import TaskRows, chunks
-from spark_qtransport.wire import RESERVED, H, decode_headers, encode_headers, encode_text_headers
+from spark_qtransport.wire import (
+    INTENTS,
+    RESERVED,
+    H,
+    SentHeaderText,
+    decode_headers,
+    encode_headers,
+    encode_text_headers,
+    outgoing_headers,
+)
 
 FIXED = uuid.UUID("0b5e7a3c-1d2f-4a6b-8c9d-0e1f2a3b4c5d")
 TYPE = "Shop.Messages.PlaceOrder, Shop.Messages"
@@ -163,6 +172,42 @@ def test_new_ids_are_version_4_uuids() -> None:
 @given(st.dictionaries(TEXT.filter(lambda t: "\x00" not in t), TEXT, max_size=12))
 def test_text_headers_encode_as_encode_headers(headers: dict[str, str]) -> None:
     assert encode_text_headers(headers) == encode_headers(headers)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(message_id=CLEAN, intent=st.sampled_from(list(INTENTS)), message_type=st.one_of(st.none(), CLEAN),
+       correlation_id=st.one_of(st.none(), CLEAN), reply_to=st.one_of(st.none(), CLEAN), time_sent=CLEAN,
+       given=st.one_of(st.none(), st.dictionaries(st.one_of(NAMES.filter(lambda n: n not in RESERVED), CLEAN), CLEAN,
+                                                   max_size=6)),
+       forward=st.one_of(st.none(), CLEAN), machine=CLEAN)
+def test_sent_header_text_is_the_outgoing_headers_text(message_id: str, intent: str, message_type: str | None,
+                                                        correlation_id: str | None, reply_to: str | None, time_sent: str,
+                                                        given: dict[str, str] | None, forward: str | None, machine: str) -> None:
+    enclosed = message_type or (given or {}).get(H.ENCLOSED_MESSAGE_TYPES)
+    if not enclosed:
+        return
+    writer = SentHeaderText(endpoint="Sales/East", machine=machine, content_type="application/json", new_id=lambda: "new-1")
+    with mock.patch.object(uuid, "uuid4", lambda: "new-1"):
+        want = outgoing_headers(message_id=message_id, endpoint="Sales/East", machine=machine, intent=intent,
+                                message_type=message_type, correlation_id=correlation_id, reply_to_address=reply_to,
+                                headers=given, now=time_sent)
+    if forward is not None:
+        want[H.FORWARD_DESTINATION] = forward
+    for _ in range(2):  # the second time from the text kept for the task
+        got = writer.text(message_id=message_id, intent=INTENTS[intent], enclosed=enclosed,
+                          correlation_id=correlation_id or message_id, reply_to=reply_to, time_sent=time_sent, given=given,
+                          forward=forward)
+        assert got == encode_headers(want)
+
+
+def test_sent_header_text_keeps_few_runs() -> None:
+    writer = SentHeaderText(endpoint="Sales", machine="m", content_type="application/json", new_id=lambda: "c")
+    for i in range(200):
+        sent = f"2026-11-23 15:00:00:{i:06d} Z"
+        got = writer.text(message_id="m", intent="Send", enclosed="T", correlation_id="m", reply_to=None, time_sent=sent,
+                          given=None)
+        assert decode_headers(got)[H.TIME_SENT] == sent  # type: ignore[index]
+    assert len(writer._runs) <= 64
 
 
 def _row(i: int, body: int) -> StagedRow:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from ...dialects import QueueAddress, dialect_named
 from ...errors import ConfigError, MessageError
-from ...wire import INTENTS, RESERVED, H, encode_headers, encode_text_headers, format_time, outgoing_headers
+from ...wire import INTENTS, RESERVED, H, SentHeaderText, encode_headers, format_time, outgoing_headers
 
 __all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "StagedRow", "SendPlan", "MessageBuilder", "check_columns",
            "topics_of"]
@@ -175,6 +175,8 @@ class MessageBuilder:
         self._routes: dict[str | None, str] = {}
         self.counts: dict[tuple[str, str], int] = {}
         self._ids = _uuid4_texts()
+        self._text = SentHeaderText(endpoint=plan.endpoint, machine=self.machine, content_type=plan.content_type,
+                                    new_id=lambda: next(self._ids))
         # `build`'s fast path needs text for every header it fills in; else every row takes the
         # general path (`_build`)
         self._fast = all(type(v) is str for v in (plan.endpoint, plan.content_type, plan.sink, self.machine)) and (
@@ -260,38 +262,34 @@ class MessageBuilder:
             ttbr, delay, deliver_at, deferred = timing.ttbr, timing.delay, timing.deliver_at, timing.deferred
             if ttbr is not None and (given is None or TTBR_HEADER not in given):
                 given = {**(given or {}), TTBR_HEADER: _timespan(ttbr)}
-        # outgoing_headers, as it fills them in for a message sent outside a handler
-        headers = {
-            _MESSAGE_ID: message_id,
-            _INTENT: INTENTS[intent],
-            _ENCLOSED: enclosed,
-            _CONTENT_TYPE: self.plan.content_type,
-            _TIME_SENT: now if isinstance(now, str) else format_time(now or datetime.now(timezone.utc)),
-            _ENDPOINT: self.plan.endpoint,
-            _MACHINE: self.machine,
-            # a given ConversationId replaces it below, in this place: no new id needed then
-            _CONVERSATION: given[_CONVERSATION] if given and _CONVERSATION in given else next(self._ids),
-            _CORRELATION: correlation_id or message_id,
-        }
-        reply_to = reply_to or self.plan.reply_to
-        if reply_to:
-            headers[_REPLY_TO] = reply_to
-        if given:
-            headers.update(given)
-            headers[_MESSAGE_ID] = message_id
         destination = get("destination")
-        if intent == "send" and not deferred:
-            kind = SEND
+        forward = None
+        if intent == "send":
             route = self._routes.get(destination)
             if route is None:
                 route = self.route(destination, message_id)
+        elif intent == "publish":
+            if destination is not None or deferred:
+                return self._build(row, now)  # refused there
+            route = given[_ENCLOSED] if given and _ENCLOSED in given else enclosed  # the header's value
+        else:  # a reply without a destination: route "" is refused at dispatch (see _kind_and_route)
+            route = "" if destination is None else self.route(destination, message_id)
+        if deferred:
+            kind = DELAYED
+            forward = route
         else:
-            kind, route = self._kind_and_route(destination, message_id, intent, deferred, headers)
+            kind = PUBLISH if intent == "publish" else SEND
+        headers = self._text.text(
+            message_id=message_id, intent=INTENTS[intent], enclosed=enclosed,
+            correlation_id=correlation_id or message_id, reply_to=reply_to or self.plan.reply_to,
+            time_sent=now if isinstance(now, str) else format_time(now or datetime.now(timezone.utc)),
+            given=given, forward=forward,
+        )
         key = (kind, route)
         counts = self.counts
         counts[key] = counts.get(key, 0) + 1
         return _new_row(StagedRow, (
-            self.plan.sink, self.batch_id, self.attempt, kind, route, message_id, encode_text_headers(headers), body,
+            self.plan.sink, self.batch_id, self.attempt, kind, route, message_id, headers, body,
             None if ttbr is None else round(ttbr * 1000),
             None if delay is None or deliver_at is not None else max(round(delay * 1000), 0),
             deliver_at,
@@ -402,9 +400,7 @@ class MessageBuilder:
         return SEND, route
 
 
-_MESSAGE_ID, _INTENT, _ENCLOSED, _CONTENT_TYPE = H.MESSAGE_ID, H.MESSAGE_INTENT, H.ENCLOSED_MESSAGE_TYPES, H.CONTENT_TYPE
-_TIME_SENT, _ENDPOINT, _MACHINE = H.TIME_SENT, H.ORIGINATING_ENDPOINT, H.ORIGINATING_MACHINE
-_CONVERSATION, _CORRELATION, _REPLY_TO = H.CONVERSATION_ID, H.CORRELATION_ID, H.REPLY_TO_ADDRESS
+_ENCLOSED = H.ENCLOSED_MESSAGE_TYPES
 _FORWARD, _CONTROL = RESERVED
 _new_row = tuple.__new__
 
