@@ -249,3 +249,19 @@ def test_input_errors_are_input_failed() -> None:
 
 def test_module_constants_match_the_wire() -> None:
     assert messages._FORWARD == H.FORWARD_DESTINATION and messages._CONTROL == H.CONTROL_MESSAGE
+
+
+def test_postgres_stages_every_body_type(pg: Any, names: Any) -> None:
+    """The staging COPY's bytea dumper (psycopg's C one) takes every body a staged row holds."""
+    import psycopg
+
+    d = dialect_named("postgres")
+    table = d.parse_address(names("Staging"))
+    bodies = [b"ab", bytearray(b"cd"), memoryview(b"ef"), None, b"", bytes(range(256)) * 4096]
+    with psycopg.connect(pg.url) as conn:
+        for stmt in d.create_staging(table):
+            conn.execute(stmt.sql, stmt.params)
+        d.stage_rows(conn, table, [("s", 1, "a", "s", "r", f"m{i}", "{}", b, None, None, None) for i, b in enumerate(bodies)])
+        got = conn.execute(f"SELECT message_id, body FROM {d.qualified(table)} ORDER BY seq").fetchall()
+        conn.rollback()
+    assert got == [(f"m{i}", None if b is None else bytes(b)) for i, b in enumerate(bodies)]
