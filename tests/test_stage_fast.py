@@ -265,3 +265,40 @@ def test_postgres_stages_every_body_type(pg: Any, names: Any) -> None:
         got = conn.execute(f"SELECT message_id, body FROM {d.qualified(table)} ORDER BY seq").fetchall()
         conn.rollback()
     assert got == [(f"m{i}", None if b is None else bytes(b)) for i, b in enumerate(bodies)]
+
+
+class _Cursor:
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
+        self.fast_executemany = False
+
+    def executemany(self, sql: str, data: list[Any]) -> None:
+        self.log.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+def test_sql_server_converts_what_it_must_and_passes_the_rest() -> None:
+    """Rows without a due time and with bytes (or no) bodies go as they are, as plain tuples;
+    other buffers become bytes and aware due times (datetime subclasses too) naive UTC."""
+
+    class Stamp(datetime):
+        pass
+
+    class Body(bytes):
+        pass
+
+    log: list[Any] = []
+    conn = types.SimpleNamespace(cursor=lambda: _Cursor(log))
+    due = Stamp(2030, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=2)))
+    rows = [StagedRow("s", 1, "a", "s", "r", "m0", "{}", b"x", None, None, None),
+            StagedRow("s", 1, "a", "s", "r", "m1", "{}", None, 5, None, None),
+            StagedRow("s", 1, "a", "d", "r", "m2", "{}", memoryview(b"y"), None, None, due),
+            StagedRow("s", 1, "a", "s", "r", "m3", "{}", Body(b"z"), None, None, None)]
+    dialect_named("sqlserver").stage_rows(conn, dialect_named("sqlserver").parse_address("Sales.Staging"), rows)
+    (data,) = log
+    assert all(type(r) is tuple for r in data)
+    assert data[0] == tuple(rows[0]) and data[1] == tuple(rows[1]) and data[3] == tuple(rows[3])
+    assert data[2][7] == b"y" and type(data[2][7]) is bytes
+    assert data[2][10] == datetime(2030, 1, 2, 1, 4, 5) and data[2][10].tzinfo is None
