@@ -24,8 +24,9 @@ class PostgresSend(SendSql):
                 copy.set_types(
                     ["text", "int8", "text", "text", "text", "text", "text", "bytea", "int8", "int8", "timestamptz"]
                 )
+                write = copy.write_row
                 for row in rows:
-                    copy.write_row(row)
+                    write(row)
 
     def dispatch_plans(self) -> list[Statement]:
         # LOCAL: this transaction only. Joins of staged rows become hash or merge joins, linear
