@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "format_time",
     "outgoing_headers",
     "parse_time",
+    "SentHeaderText",
 ]
 
 
@@ -73,6 +74,35 @@ def decode_headers(text: str | None) -> dict[str, str | None] | None:
 def encode_headers(headers: Mapping[str, str | None]) -> str:
     """Serialize headers as NServiceBus does: a flat object, ``/`` escaped as ``\\/``, non-ASCII raw."""
     return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":")).replace("/", "\\/")
+
+
+def _dumps(headers: dict[str, str]) -> str:
+    return json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _text_encoder() -> Callable[[dict[str, str]], str]:
+    """`_dumps` without its per-call set-up: the C encoder `json.dumps` builds on each call, made
+    once (no check for circular references: a flat dict of strings has none). Used only if it
+    writes what `json.dumps` writes; else (another Python, no C accelerator) `json.dumps` itself."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _dumps
+    try:
+        encode = make(None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+        sample = {"a/b": "\u00fc\x01\"\\\u2028\U0001f600", "": "", "k\t": "v\n"}
+        if "".join(encode(sample, 0)) != _dumps(sample):
+            return _dumps
+    except Exception:  # noqa: BLE001 - another signature: the plain way
+        return _dumps
+    join = "".join
+    return lambda headers: join(encode(headers, 0))
+
+
+_encode_text = _text_encoder()
 
 
 #: NServiceBus keeps at most this many characters of an exception message in its header
@@ -185,3 +215,78 @@ def outgoing_headers(
     out.update(given)
     out[H.MESSAGE_ID] = message_id
     return out
+
+
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) uses
+
+
+def _key(name: str) -> str:
+    return _encode_string(name) + ":"
+
+
+_K_ID, _K_INTENT, _K_TYPES, _K_CONTENT, _K_SENT, _K_ENDPOINT, _K_MACHINE, _K_CONVERSATION, _K_CORRELATION = map(_key, (
+    H.MESSAGE_ID, H.MESSAGE_INTENT, H.ENCLOSED_MESSAGE_TYPES, H.CONTENT_TYPE, H.TIME_SENT, H.ORIGINATING_ENDPOINT,
+    H.ORIGINATING_MACHINE, H.CONVERSATION_ID, H.CORRELATION_ID))
+_K_REPLY_TO, _K_FORWARD = _key(H.REPLY_TO_ADDRESS), _key(H.FORWARD_DESTINATION)
+#: the headers `outgoing_headers` fills in (without `incoming`), in its order; then ReplyToAddress
+_FILLED = frozenset((H.MESSAGE_ID, H.MESSAGE_INTENT, H.ENCLOSED_MESSAGE_TYPES, H.CONTENT_TYPE, H.TIME_SENT,
+                     H.ORIGINATING_ENDPOINT, H.ORIGINATING_MACHINE, H.CONVERSATION_ID, H.CORRELATION_ID))
+_FILLED_REPLY_TO = _FILLED | {H.REPLY_TO_ADDRESS}
+
+
+class SentHeaderText:
+    """The headers text of a message sent outside a handler, written straight from its values:
+    exactly ``encode_headers(outgoing_headers(...))``, ForwardDestination last when given (as the
+    sink adds it to a delayed message). The staging hot path: no dict of the headers is built, the
+    fixed keys are written once, and the run of ContentType ... OriginatingMachine (the same for a
+    task's messages) is kept as text.
+
+    The caller has checked what `outgoing_headers` checks, and more: every value is `str`,
+    `given` a dict of `str` to `str` (no None) without a `RESERVED` name; `intent` is the
+    MessageIntent value (``Send``), `enclosed` and `correlation_id` the values before `given`
+    (the message type, the correlation id or else the message id); a falsy `reply_to` adds none.
+    """
+
+    def __init__(self, *, endpoint: str, machine: str, content_type: str, new_id: Callable[[], str]) -> None:
+        self._endpoint, self._machine, self._content_type = endpoint, machine, content_type
+        self._new_id = new_id  # a new ConversationId, when `given` has none
+        self._runs: dict[tuple[str, str, str, str], str] = {}
+
+    def text(self, *, message_id: str, intent: str, enclosed: str, correlation_id: str, reply_to: str | None,
+             time_sent: str, given: dict[str, str] | None, forward: str | None = None) -> str:
+        content_type, endpoint, machine = self._content_type, self._endpoint, self._machine
+        conversation = None
+        rest = given
+        with_reply_to = bool(reply_to)  # its place is kept whatever `given` puts there ("" too)
+        if given:
+            filled = _FILLED_REPLY_TO if with_reply_to else _FILLED
+            common = filled.intersection(given)
+            if common:  # given values win, in the filled-in header's place (the message id never)
+                rest = {k: v for k, v in given.items() if k not in filled} if len(common) < len(given) else None
+                get = given.get
+                intent, enclosed, content_type = get(H.MESSAGE_INTENT, intent), get(H.ENCLOSED_MESSAGE_TYPES, enclosed), \
+                    get(H.CONTENT_TYPE, content_type)
+                time_sent, endpoint, machine = get(H.TIME_SENT, time_sent), get(H.ORIGINATING_ENDPOINT, endpoint), \
+                    get(H.ORIGINATING_MACHINE, machine)
+                conversation, correlation_id = get(H.CONVERSATION_ID), get(H.CORRELATION_ID, correlation_id)
+                if with_reply_to:
+                    reply_to = get(H.REPLY_TO_ADDRESS, reply_to)
+        if conversation is None:
+            conversation = self._new_id()
+        e = _encode_string
+        runs = self._runs
+        run = runs.get((content_type, time_sent, endpoint, machine))
+        if run is None:
+            if len(runs) >= 64:
+                runs.clear()
+            run = runs[(content_type, time_sent, endpoint, machine)] = (
+                f",{_K_CONTENT}{e(content_type)},{_K_SENT}{e(time_sent)},{_K_ENDPOINT}{e(endpoint)},{_K_MACHINE}{e(machine)}")
+        text = (f"{{{_K_ID}{e(message_id)},{_K_INTENT}{e(intent)},{_K_TYPES}{e(enclosed)}{run},"
+                f"{_K_CONVERSATION}{e(conversation)},{_K_CORRELATION}{e(correlation_id)}")
+        if with_reply_to:
+            text += f",{_K_REPLY_TO}{e(reply_to)}"  # type: ignore[arg-type]
+        if rest:
+            text += "," + _encode_text(rest)[1:-1]
+        if forward is not None:
+            text += f",{_K_FORWARD}{e(forward)}"
+        return (text + "}").replace("/", "\\/")

@@ -13,14 +13,20 @@ class PostgresSend(SendSql):
     """The PostgreSQL send of the dialect."""
 
     def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
+        from psycopg.types.string import BytesBinaryDumper
+
         cols = ", ".join(STAGED_COLUMNS)
         with conn.cursor() as cur:
+            # bytea by psycopg's C dumper (the default one, in Python, also takes psycopg.Binary
+            # wrappers, which staged rows never hold): this cursor only
+            cur.adapters.register_dumper(bytes, BytesBinaryDumper)
             with cur.copy(f"COPY {self.qualified(staging)} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(
                     ["text", "int8", "text", "text", "text", "text", "text", "bytea", "int8", "int8", "timestamptz"]
                 )
+                write = copy.write_row
                 for row in rows:
-                    copy.write_row(row)
+                    write(row)
 
     def dispatch_plans(self) -> list[Statement]:
         # LOCAL: this transaction only. Joins of staged rows become hash or merge joins, linear

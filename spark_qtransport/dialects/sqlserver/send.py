@@ -20,6 +20,9 @@ from .statements import (
     json_list,
 )
 
+#: body types written as they are (other buffers become bytes)
+_AS_IS = frozenset({bytes, type(None)})
+
 #: the staging table's column of each of `STAGED_COLUMNS`, in that order
 _STAGED = dict(
     zip(
@@ -60,15 +63,20 @@ class SqlServerSend(SqlServerAddressing, SendSql):
         marks = ", ".join("?" * len(_STAGED))
         names = list(_STAGED)
         due, body = names.index("due"), names.index("body")
+        width = len(_STAGED)
         data = []
         for row in rows:
-            values = list(row)
-            if len(values) != len(_STAGED):
-                raise QTransportError(f"a staged row has {len(values)} values, not {len(_STAGED)} ({', '.join(_STAGED)})",
+            row = tuple(row)
+            if len(row) != width:
+                raise QTransportError(f"a staged row has {len(row)} values, not {width} ({', '.join(_STAGED)})",
                                      operation="stage rows")
+            when = row[due]
+            if when is None and row[body].__class__ in _AS_IS:
+                data.append(row)  # the usual row: nothing to convert
+                continue
+            values = list(row)
             if isinstance(values[body], (bytearray, memoryview)):
                 values[body] = bytes(values[body])
-            when = values[due]
             if isinstance(when, datetime) and when.tzinfo is not None:
                 # datetime2 has no time zone: stored as UTC wall-clock time (naive is taken as UTC)
                 values[due] = when.astimezone(timezone.utc).replace(tzinfo=None)

@@ -22,6 +22,7 @@ missing static ``destination`` option fails at start instead, naming it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -42,7 +43,7 @@ from ..settings import SendSettings
 from .fanout import Destination, add_subscribers
 from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan
 from .outbox import Outbox, fingerprint
-from .staging import InputFailed, TaskRows, chunks
+from .staging import InputFailed, TaskRows
 
 __all__ = ["RouteCount", "StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
 
@@ -150,7 +151,7 @@ def stage_partition(
     dialect = options.dialect
     builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
     now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
-    rows = TaskRows(builder.build(row, now) for batch in batches for row in batch)
+    rows = TaskRows(map(builder.build, itertools.chain.from_iterable(batches), itertools.repeat(now)))
     what = f"staging batch {batch_id} of endpoint {plan.endpoint!r} into {dialect.qualified(options.staging)}"
 
     def attempt(_: int) -> int:
@@ -158,7 +159,7 @@ def stage_partition(
         try:
             conn, _checked = cached_connection(dialect, options.url, _check, what=what, log=log)
             staged = 0
-            for chunk in chunks(rows.all(builder.attempt)):
+            for chunk in rows.chunks(builder.attempt):
                 dialect.stage_rows(conn, options.staging, chunk)
                 staged += len(chunk)
             conn.commit()

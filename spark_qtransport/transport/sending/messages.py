@@ -9,16 +9,17 @@ column and the message at fault.
 from __future__ import annotations
 
 import math
+import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from ...dialects import QueueAddress, dialect_named
 from ...errors import ConfigError, MessageError
-from ...wire import INTENTS, RESERVED, H, encode_headers, outgoing_headers
+from ...wire import INTENTS, RESERVED, H, SentHeaderText, encode_headers, format_time, outgoing_headers
 
 __all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "StagedRow", "SendPlan", "MessageBuilder", "check_columns",
            "topics_of"]
@@ -173,6 +174,13 @@ class MessageBuilder:
         self._max_seconds = min(MAX_SECONDS, self.dialect.max_interval_seconds)
         self._routes: dict[str | None, str] = {}
         self.counts: dict[tuple[str, str], int] = {}
+        self._ids = _uuid4_texts()
+        self._text = SentHeaderText(endpoint=plan.endpoint, machine=self.machine, content_type=plan.content_type,
+                                    new_id=lambda: next(self._ids))
+        # `build`'s fast path needs text for every header it fills in; else every row takes the
+        # general path (`_build`)
+        self._fast = all(type(v) is str for v in (plan.endpoint, plan.content_type, plan.sink, self.machine)) and (
+            plan.reply_to is None or type(plan.reply_to) is str)
 
     def route(self, destination: str | None, message_id: str) -> str:
         """The canonical address of a destination (parsed once per distinct value). A value that
@@ -200,7 +208,95 @@ class MessageBuilder:
 
     def build(self, row: Mapping[str, Any], now: datetime | str) -> StagedRow:
         """One input row (column name -> Python value) -> one staged row. `now`: the send time
-        (or its text in NServiceBus's format, formatted once per task)."""
+        (or its text in NServiceBus's format, formatted once per task).
+
+        The staging hot path. A row whose text columns and headers are plain text without NUL,
+        with a known intent and a message type, is built here in few Python calls; any other row
+        (one that may be refused, or holds values of other types) takes `_build`, the general
+        path, which refuses it with the same `MessageError` (or builds the same staged row: the
+        two are kept equal by tests/test_stage_fast.py)."""
+        if not self._fast:
+            return self._build(row, now)
+        get = row.get
+        message_id = get("message_id") or next(self._ids)
+        correlation_id = get("correlation_id")
+        message_type = get("message_type")
+        reply_to = get("reply_to")
+        intent = get("intent")
+        given = get("headers")
+        if (type(message_id) is not str or "\x00" in message_id
+                or (correlation_id is not None and (type(correlation_id) is not str or "\x00" in correlation_id))
+                or (message_type is not None and (type(message_type) is not str or "\x00" in message_type))
+                or (reply_to is not None and (type(reply_to) is not str or "\x00" in reply_to))):
+            return self._build(row, now)
+        intent = (intent or "send").strip().lower()
+        if intent not in INTENTS:
+            return self._build(row, now)
+        if given is not None:
+            if type(given) is not dict:
+                if isinstance(given, Mapping):
+                    return self._build(row, now)
+                try:
+                    given = dict(given)  # Arrow maps arrive as (key, value) pairs
+                except Exception:  # noqa: BLE001 - refused there, in its turn (after the body)
+                    return self._build(row, now)
+            try:  # keys and values all text (no None) without NUL, nothing reserved
+                if "\x00" in "".join(given) or "\x00" in "".join(given.values()):
+                    return self._build(row, now)
+            except TypeError:
+                return self._build(row, now)
+            if _FORWARD in given or _CONTROL in given:
+                return self._build(row, now)
+            enclosed = message_type or given.get(_ENCLOSED)
+        else:
+            enclosed = message_type
+        if not enclosed:
+            return self._build(row, now)  # refused there: no message type
+        body = get("body")
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        ttbr = delay = deliver_at = None
+        deferred = False
+        if get("time_to_be_received") is not None or get("delay") is not None or get("deliver_at") is not None:
+            timing = self._timing(row, message_id)
+            ttbr, delay, deliver_at, deferred = timing.ttbr, timing.delay, timing.deliver_at, timing.deferred
+            if ttbr is not None and (given is None or TTBR_HEADER not in given):
+                given = {**(given or {}), TTBR_HEADER: _timespan(ttbr)}
+        destination = get("destination")
+        forward = None
+        if intent == "send":
+            route = self._routes.get(destination)
+            if route is None:
+                route = self.route(destination, message_id)
+        elif intent == "publish":
+            if destination is not None or deferred:
+                return self._build(row, now)  # refused there
+            route = given[_ENCLOSED] if given and _ENCLOSED in given else enclosed  # the header's value
+        else:  # a reply without a destination: route "" is refused at dispatch (see _kind_and_route)
+            route = "" if destination is None else self.route(destination, message_id)
+        if deferred:
+            kind = DELAYED
+            forward = route
+        else:
+            kind = PUBLISH if intent == "publish" else SEND
+        headers = self._text.text(
+            message_id=message_id, intent=INTENTS[intent], enclosed=enclosed,
+            correlation_id=correlation_id or message_id, reply_to=reply_to or self.plan.reply_to,
+            time_sent=now if isinstance(now, str) else format_time(now or datetime.now(timezone.utc)),
+            given=given, forward=forward,
+        )
+        key = (kind, route)
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1
+        return _new_row(StagedRow, (
+            self.plan.sink, self.batch_id, self.attempt, kind, route, message_id, headers, body,
+            None if ttbr is None else round(ttbr * 1000),
+            None if delay is None or deliver_at is not None else max(round(delay * 1000), 0),
+            deliver_at,
+        ))
+
+    def _build(self, row: Mapping[str, Any], now: datetime | str) -> StagedRow:
+        """`build`, the general path: every row, every check in order."""
         get = row.get
         message_id = get("message_id") or str(uuid.uuid4())
         _no_nul(message_id, "message_id", message_id)
@@ -302,6 +398,26 @@ class MessageBuilder:
             headers[H.FORWARD_DESTINATION] = route
             return DELAYED, route
         return SEND, route
+
+
+_ENCLOSED = H.ENCLOSED_MESSAGE_TYPES
+_FORWARD, _CONTROL = RESERVED
+_new_row = tuple.__new__
+
+#: hex digit of 16 random bits -> the digit of a version 4 UUID's variant (RFC 9562: bits 10xx)
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+
+
+def _uuid4_texts() -> Iterator[str]:
+    """``str(uuid.uuid4())`` values, the same random bits (`os.urandom`) in a fraction of the time:
+    256 at a time from one read. One per `MessageBuilder`, made in the task's own process (never
+    shared by forked workers)."""
+    variant = _VARIANT
+    while True:
+        pool = os.urandom(16 * 256).hex()
+        for i in range(0, len(pool), 32):
+            h = pool[i:i + 32]
+            yield f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant[h[16]]}{h[17:20]}-{h[20:]}"
 
 
 class _Timing(NamedTuple):
