@@ -22,7 +22,7 @@ from spark_qtransport.dialects import dialect_named
 from spark_qtransport.errors import MessageError
 from spark_qtransport.transport.sending import messages, staging
 from spark_qtransport.transport.sending.messages import MessageBuilder, SendPlan, StagedRow, _uuid4_texts
-from spark_qtransport.transport.sending.staging import TaskRows, chunks
+from spark_qtransport.transport.sending.staging import TaskRows
 from spark_qtransport.wire import (
     INTENTS,
     RESERVED,
@@ -215,23 +215,36 @@ def _row(i: int, body: int) -> StagedRow:
     return StagedRow("default", 1, "a1", "s", "r", f"m{i}", "{}", b"x" * body, None, None, None)
 
 
+def _chunks(rows: list[StagedRow]) -> list[list[StagedRow]]:
+    """The chunks expected at STAGE_CHUNK 4 and STAGE_BYTES 20 (headers "{}" count 2 bytes)."""
+    out: list[list[StagedRow]] = [[]]
+    size = 0
+    for row in rows:
+        out[-1].append(row)
+        size += len(row.headers) + len(row.body or b"")
+        if len(out[-1]) >= 4 or size >= 20:
+            out.append([])
+            size = 0
+    return [c for c in out if c]
+
+
 @pytest.mark.parametrize("sizes", [[10] * 12, [6, 6, 6, 1, 9, 3, 3, 3, 20, 1], [0] * 7, [25, 1, 1], [30, 30, 1, 1], []])
-def test_task_chunks_are_the_chunks_of_all_rows(monkeypatch: pytest.MonkeyPatch, sizes: list[int]) -> None:
-    """Same chunks as `chunks(rows.all(...))`, on a first attempt and on a retry after a fault
-    after any chunk, with rows kept while they fit in STAGE_RETRY_BYTES."""
+def test_task_chunks_are_bounded_and_replay_the_kept_rows(monkeypatch: pytest.MonkeyPatch, sizes: list[int]) -> None:
+    """Chunks of at most STAGE_CHUNK rows, closed once they reach STAGE_BYTES, on a first attempt and
+    on a retry after a fault after any chunk; rows are kept while they fit in STAGE_RETRY_BYTES."""
     monkeypatch.setattr(staging, "STAGE_CHUNK", 4)
     monkeypatch.setattr(staging, "STAGE_BYTES", 20)
     monkeypatch.setattr(staging, "STAGE_RETRY_BYTES", 60)
     rows = [_row(i, n) for i, n in enumerate(sizes)]
     for written in range(len(rows) + 1):  # chunks written before the fault
-        old, new = TaskRows(iter(rows)), TaskRows(iter(rows))
-        first_old = list(itertools.islice(chunks(old.all("a1")), written))
+        new = TaskRows(iter(rows))
         first_new = list(itertools.islice(new.chunks("a1"), written))
-        assert first_new == first_old
-        assert new.replayable == old.replayable
+        assert first_new == _chunks(rows)[:written]
+        read = sum(len(c) for c in first_new)
+        assert new.replayable == (sum(len(r.body) + 2 for r in rows[:read]) <= 60)
         if new.replayable:
             again = list(new.chunks("a2"))
-            assert again == list(chunks(old.all("a2")))
+            assert again == _chunks([r._replace(attempt="a2") for r in rows[:read]] + rows[read:])
             assert sum(len(c) for c in again) == len(rows)  # fresh rows carry the builder's new attempt already
             kept = sum(len(c) for c in first_new)
             assert [r.attempt for c in again for r in c][:kept] == ["a2"] * kept

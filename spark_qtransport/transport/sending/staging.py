@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from .messages import StagedRow
 
-__all__ = ["STAGE_CHUNK", "STAGE_BYTES", "STAGE_RETRY_BYTES", "InputFailed", "TaskRows", "chunks"]
+__all__ = ["STAGE_CHUNK", "STAGE_BYTES", "STAGE_RETRY_BYTES", "InputFailed", "TaskRows"]
 
 #: rows per bulk write on executors
 STAGE_CHUNK = 5000
@@ -38,8 +37,9 @@ class TaskRows:
         return self._kept is not None
 
     def chunks(self, attempt: str) -> Iterator[list[StagedRow]]:
-        """``chunks(self.all(attempt))`` in one loop: the same chunks, each row's size reckoned
-        once (the staging hot path)."""
+        """The rows read so far, retagged with `attempt`, then the rest of the input, in bulk
+        writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes (each row's size
+        reckoned once: the staging hot path)."""
         chunk: list[StagedRow] = []
         size = 0
         for row in self._kept or ():
@@ -70,37 +70,3 @@ class TaskRows:
                 chunk, size = [], 0
         if chunk:
             yield chunk
-
-    def all(self, attempt: str) -> Iterator[StagedRow]:
-        """The rows read so far, retagged with `attempt`, then the rest of the input."""
-        again = [row._replace(attempt=attempt) for row in self._kept or ()]
-        return itertools.chain(again, self._fresh())
-
-    def _fresh(self) -> Iterator[StagedRow]:
-        while True:
-            try:
-                row = next(self._source)
-            except StopIteration:
-                return
-            except Exception as exc:
-                raise InputFailed from exc
-            if self._kept is not None:
-                self._kept.append(row)
-                self._kept_bytes += row.size
-                if self._kept_bytes > STAGE_RETRY_BYTES:
-                    self._kept = None
-            yield row
-
-
-def chunks(rows: Iterable[StagedRow]) -> Iterator[list[StagedRow]]:
-    """Staged rows in bulk writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes."""
-    chunk: list[StagedRow] = []
-    size = 0
-    for row in rows:
-        chunk.append(row)
-        size += row.size
-        if len(chunk) >= STAGE_CHUNK or size >= STAGE_BYTES:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
