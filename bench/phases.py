@@ -2,7 +2,8 @@
 
 Per --per-trigger messages (1 KB random bodies): claim (Receiver.latest), read (read_chunks +
 decoding into Arrow, as a Spark task reads; also split into fetch / decode), ack (Receiver.ack), stage
-(stage_partition), dispatch (Dispatcher.dispatch), the floor (one DELETE ... FOR UPDATE SKIP LOCKED
+(stage_partition), dispatch (Dispatcher.dispatch), send direct (the next design step, measured but not
+built: the same rows COPYed straight into the destination with a batch record in one transaction), the floor (one DELETE ... FOR UPDATE SKIP LOCKED
 ... RETURNING transaction fetched into Python), and with Spark (--skip-spark leaves them out):
 Spark's own floor (prebuilt record batches of our schema through a Python stream source to a noop
 sink, no database) and the connector's steady-state drain batch (a noop stream, claims made ahead;
@@ -30,6 +31,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,9 @@ from spark_qtransport.transport.operations.install import create_queues
 from spark_qtransport.transport.receiving.decode import rows_batch
 from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
 from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender, stage_partition
+from spark_qtransport.transport.sending.messages import MessageBuilder
 from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
+from spark_qtransport.wire import format_time
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
@@ -50,7 +54,8 @@ from _common import arguments, database, fill  # noqa: E402
 
 QUEUE, FLOOR, ENDPOINT, OUT, ERROR = "BenchPhases", "BenchPhasesFloor", "BenchPhasesSend", "BenchPhasesOut", "error"
 QUERY = "3f1c9a57-0000-4000-8000-0000000000aa"
-PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", "stage", "dispatch", "floor", "Spark floor (no database)", "Spark drain batch (noop)"]
+DIRECT = "send direct (next step, not built)"
+PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", "stage", "dispatch", DIRECT, "floor", "Spark floor (no database)", "Spark drain batch (noop)"]
 MB = 2**20
 
 
@@ -212,6 +217,7 @@ def send(url: str, meter: Meter, n: int, size: int, per_trigger: int, costs: dic
     plan = set_up_sender(settings)
     dispatcher = Dispatcher(settings)
     dispatcher.session.connection()  # connecting is not a phase
+    direct_conn = psycopg.connect(url)
     meter.checkpoint()
     headers = {"NServiceBus.ConversationId": str(uuid.uuid4()), "NServiceBus.OriginatingEndpoint": "Shop.Web"}
     try:
@@ -223,10 +229,30 @@ def send(url: str, meter: Meter, n: int, size: int, per_trigger: int, costs: dic
             with meter.measure(costs["dispatch"]):
                 result = dispatcher.dispatch(batch_id, [report], query_id=QUERY)
             assert result.sent == len(rows), (result, len(rows))
-            costs["stage"].rows += len(rows)
-            costs["dispatch"].rows += len(rows)
+            with meter.measure(costs[DIRECT]):
+                direct(direct_conn, plan, rows, batch_id)
+            for phase in ("stage", "dispatch", DIRECT):
+                costs[phase].rows += len(rows)
     finally:
         dispatcher.close()
+        direct_conn.close()
+
+
+def direct(conn: Any, plan: Any, rows: list[dict[str, Any]], batch_id: int) -> None:
+    """The next design step for sending, measured, not built: the rows built as staging builds
+    them, COPYed straight into their destination with a (batch, partition) record in ONE
+    transaction (what a task would do if it dispatched itself: no staging, no second write)."""
+    builder = MessageBuilder(plan, batch_id=batch_id, attempt="direct")
+    now = format_time(datetime.now(timezone.utc))
+    with conn.cursor() as cur:
+        cur.execute(f'INSERT INTO "{ENDPOINT}.Outbox" (sink, batch_id, fingerprint) VALUES (%s, %s, %s)',
+                    (f"direct#{batch_id}#0", batch_id, "direct"))
+        with cur.copy(f'COPY "{OUT}" (id, headers, body) FROM STDIN (FORMAT BINARY)') as copy:
+            copy.set_types(["uuid", "text", "bytea"])
+            for row in rows:
+                staged = builder.build(row, now)
+                copy.write_row((uuid.uuid4(), staged.headers, staged.body))
+    conn.commit()
 
 
 def spark_floor(spark: Any, per_trigger: int, size: int, cost: Cost, *, batches: int = 4) -> None:
