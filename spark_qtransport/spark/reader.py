@@ -19,10 +19,10 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
-from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, read_batches
+from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, read_batches, read_slice
 from ..transport.settings import ReceiveSettings
 from .options import ReaderOptions
-from .schema import ARROW_SCHEMA, SCHEMA
+from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -158,5 +158,8 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # as they are. pyspark keeps the first batch a read yields referenced until the read ends:
         # make it empty.
         part: ClaimSlice = partition.part  # type: ignore[attr-defined]
+        if not ARROW_READS:  # Spark 4.0/4.1: plain rows, converted by Spark
+            yield from read_slice(part)
+            return
         yield pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
         yield from read_batches(part)

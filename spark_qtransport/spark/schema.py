@@ -19,7 +19,7 @@ from pyspark.sql.types import (
 
 from ..transport.receiving.decode import ARROW_SCHEMA, ReceivedMessage
 
-__all__ = ["SCHEMA", "COLUMNS", "ARROW_SCHEMA"]
+__all__ = ["SCHEMA", "COLUMNS", "ARROW_SCHEMA", "ARROW_READS"]
 
 _TEXT, _TIME, _LONG = StringType(), TimestampType(), LongType()
 
@@ -46,5 +46,12 @@ if tuple(COLUMNS) != ReceivedMessage._fields:  # pragma: no cover - a change to 
 
 SCHEMA = StructType([StructField(name, typ, nullable) for name, (typ, nullable) in COLUMNS.items()])
 
-if not to_arrow_schema(SCHEMA, timezone="UTC").equals(ARROW_SCHEMA):  # pragma: no cover - as above
-    raise AssertionError(f"ARROW_SCHEMA {ARROW_SCHEMA} is not SCHEMA's Arrow form {to_arrow_schema(SCHEMA, timezone='UTC')}")
+try:  # pyspark >= 4.2 says which Arrow schema it expects from read(); 4.0/4.1 take plain rows
+    _SPARK_ARROW = to_arrow_schema(SCHEMA, timezone="UTC")
+except TypeError:  # pragma: no cover - Spark 4.0/4.1
+    _SPARK_ARROW = None
+
+#: whether read() yields Arrow record batches (else plain rows, which Spark converts)
+ARROW_READS = _SPARK_ARROW is not None
+if _SPARK_ARROW is not None and not _SPARK_ARROW.equals(ARROW_SCHEMA):  # pragma: no cover - as above
+    raise AssertionError(f"ARROW_SCHEMA {ARROW_SCHEMA} is not SCHEMA's Arrow form {_SPARK_ARROW}")
