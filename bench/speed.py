@@ -175,10 +175,13 @@ def run(args: Any, url: str) -> dict[str, Any]:
     spark = session("sqlqueue-speed")
     fig["spark_master"] = spark.sparkContext.master
     try:
-        fresh(url, "SpeedWarm", 2_000, size, "SpeedWarmOut", "error", endpoints=("SpeedWarm",))
-        drain(spark, url, "SpeedWarm", 2_000, 1_000)  # JVM and Python worker warm-up, reading ...
-        fresh(url, "SpeedWarm", 2_000, size, "SpeedWarmOut", "error", endpoints=("SpeedWarm",))
-        queue_to_queue(spark, url, "SpeedWarm", "SpeedWarmOut", 2_000, 1_000)  # ... and writing
+        # JVM and Python worker warm-up, reading and writing, with two batches of full size each: the
+        # JVM compiles the code that converts full batches only after it has run it for a while
+        # (without this, the measured batches get faster one after the other)
+        fresh(url, "SpeedWarm", 2 * k, size, "SpeedWarmOut", "error", endpoints=("SpeedWarm",))
+        drain(spark, url, "SpeedWarm", 2 * k, k)
+        fresh(url, "SpeedWarm", 2 * k, size, "SpeedWarmOut", "error", endpoints=("SpeedWarm",))
+        queue_to_queue(spark, url, "SpeedWarm", "SpeedWarmOut", 2 * k, k)
         drop(url, "SpeedWarm", "SpeedWarmOut", endpoints=("SpeedWarm",))
 
         step("connector drain -> noop")
