@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from .messages import StagedRow
@@ -38,35 +39,30 @@ class TaskRows:
 
     def chunks(self, attempt: str) -> Iterator[list[StagedRow]]:
         """The rows read so far, retagged with `attempt`, then the rest of the input, in bulk
-        writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes (each row's size
-        reckoned once: the staging hot path)."""
+        writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes."""
         chunk: list[StagedRow] = []
         size = 0
-        for row in self._kept or ():
-            chunk.append(row._replace(attempt=attempt))
-            size += len(row.headers) + len(row.body or b"")
-            if len(chunk) >= STAGE_CHUNK or size >= STAGE_BYTES:
-                yield chunk
-                chunk, size = [], 0
-        source = self._source
-        while True:
-            try:
-                row = next(source)
-            except StopIteration:
-                break
-            except Exception as exc:
-                raise InputFailed from exc
-            row_size = len(row.headers) + len(row.body or b"")
-            kept = self._kept
-            if kept is not None:
-                kept.append(row)
-                self._kept_bytes += row_size
-                if self._kept_bytes > STAGE_RETRY_BYTES:
-                    self._kept = None
+        for row in itertools.chain([row._replace(attempt=attempt) for row in self._kept or ()], self._fresh()):
             chunk.append(row)
-            size += row_size
+            size += row.size
             if len(chunk) >= STAGE_CHUNK or size >= STAGE_BYTES:
                 yield chunk
                 chunk, size = [], 0
         if chunk:
             yield chunk
+
+    def _fresh(self) -> Iterator[StagedRow]:
+        source = self._source
+        while True:
+            try:
+                row = next(source)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise InputFailed from exc
+            if self._kept is not None:
+                self._kept.append(row)
+                self._kept_bytes += row.size
+                if self._kept_bytes > STAGE_RETRY_BYTES:
+                    self._kept = None
+            yield row
