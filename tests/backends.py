@@ -223,8 +223,13 @@ QUERY = "3f1c9a57-0000-4000-8000-000000000001"
 class Sender:
     """One endpoint's sink, driven the way Spark drives it: tasks stage, the driver dispatches."""
 
+    #: the `inline_bytes` setting of senders that do not give one (None: the setting's default)
+    inline_bytes: int | None = None
+
     def __init__(self, backend: Backend, endpoint: str, **settings: Any) -> None:
         self.backend = backend
+        if self.inline_bytes is not None:
+            settings.setdefault("inline_bytes", self.inline_bytes)
         self.options = SendSettings.create(backend.url, endpoint, **settings)
         self.plan = set_up_sender(self.options)
 

@@ -300,13 +300,14 @@ def route_rows(
 _SAVEPOINT = "sqlqueue_route"
 
 
-def insert_guarded(cur: Any, d: Dialect, stmt: Statement) -> tuple[int, str | None]:
-    """Run one INSERT under a savepoint: (rows inserted, None) when it worked; (0, the reason)
-    when it failed for good, rolled back to the savepoint so the transaction goes on. Transient
-    faults propagate: the caller's transaction is retried whole."""
+def insert_guarded(cur: Any, d: Dialect, stmt: Statement | Callable[[], int]) -> tuple[int, str | None]:
+    """Run one INSERT (a statement, or a function writing rows and returning how many) under a
+    savepoint: (rows inserted, None) when it worked; (0, the reason) when it failed for good,
+    rolled back to the savepoint so the transaction goes on. Transient faults propagate: the
+    caller's transaction is retried whole."""
     db.execute(cur, d.savepoint(_SAVEPOINT))
     try:
-        inserted = db.rowcount(cur, stmt)
+        inserted = stmt() if callable(stmt) else db.rowcount(cur, stmt)
     except QTransportError:
         raise
     except Exception as exc:

@@ -23,6 +23,9 @@ DEFAULT_ERROR_QUEUE = "error"
 DEFAULT_SUBSCRIPTIONS = "SubscriptionRouting"
 DEFAULT_CONTENT_TYPE = "application/json"
 DEFAULT_SINK = "default"
+#: a sink task whose messages total at most this many bytes (headers and bodies) hands them to the
+#: driver, which writes them straight into their queues in the batch's dispatch transaction
+DEFAULT_INLINE_BYTES = 32 * 2**20
 #: a micro-batch is read with one Spark partition per this many claimed rows, at most MAX_AUTO_PARTITIONS
 PARTITION_TARGET_ROWS = 25_000
 MAX_AUTO_PARTITIONS = 16
@@ -90,6 +93,7 @@ class SendSettings:
     batch_id: int | None = None  # given by QueueSink (foreachBatch); streams get it from Spark
     query_id: str | None = None
     routing: RoutingPolicy = RoutingPolicy()
+    inline_bytes: int = DEFAULT_INLINE_BYTES  # 0: every task stages its rows
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -23,6 +23,16 @@ class SendSql(AddressingSql):
         path (COPY, fast executemany). The one dialect method that executes: bulk APIs are
         driver-specific. Does not commit."""
 
+    #: whether `send_rows` writes rows straight into a queue table (the driver then sends the
+    #: rows small tasks hand it without staging them)
+    sends_inline: bool = False
+
+    def send_rows(self, conn: Any, destination: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> int:
+        """Bulk-write messages into a queue table: tuples (row id as 16 bytes, time to be received
+        in ms or None, headers, body). Expires is the database's UTC clock plus the time to be
+        received, as the dispatch statements write it. Does not commit. Only where `sends_inline`."""
+        raise NotImplementedError(f"{type(self).__name__} does not send rows inline")
+
     def dispatch_plans(self) -> list[Statement]:
         """Run first in a dispatch transaction: plans that stay linear whatever the statistics say.
         A staging table swings between empty and a whole batch faster than statistics follow;

@@ -41,7 +41,8 @@ from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..settings import SendSettings
 from .fanout import Destination, add_subscribers
-from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan
+from .inline import InlineRows
+from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, StagedRow
 from .outbox import Outbox, fingerprint
 from .staging import InputFailed, TaskRows
 
@@ -69,6 +70,7 @@ class StageReport:
     routes: tuple[RouteCount, ...]
     batch_id: int
     query_id: str | None
+    inline: list[StagedRow] | None = None  # a small task's rows, handed to the driver (nothing staged)
 
 
 @dataclass
@@ -152,6 +154,13 @@ def stage_partition(
     builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
     now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
     rows = TaskRows(map(builder.build, itertools.chain.from_iterable(batches), itertools.repeat(now)))
+    if options.inline_bytes and dialect.sends_inline:
+        try:
+            inline = rows.within(options.inline_bytes)
+        except InputFailed as failed:
+            raise failed.__cause__ from None  # type: ignore[misc]
+        if inline is not None:
+            return StageReport(builder.attempt, len(inline), _routes(builder), batch_id, query_id, inline)
     what = f"staging batch {batch_id} of endpoint {plan.endpoint!r} into {dialect.qualified(options.staging)}"
 
     def attempt(_: int) -> int:
@@ -180,8 +189,11 @@ def stage_partition(
         staged = db.with_retries(dialect, what, attempt, after_failure=again)
     except InputFailed as failed:  # our input failed: not ours to retry, and no database fault
         raise failed.__cause__ from None  # type: ignore[misc]
-    routes = tuple(RouteCount(kind, route, n) for (kind, route), n in sorted(builder.counts.items()))
-    return StageReport(builder.attempt, staged, routes, batch_id, query_id)
+    return StageReport(builder.attempt, staged, _routes(builder), batch_id, query_id)
+
+
+def _routes(builder: MessageBuilder) -> tuple[RouteCount, ...]:
+    return tuple(RouteCount(kind, route, n) for (kind, route), n in sorted(builder.counts.items()))
 
 
 # -- dispatch (driver) -----------------------------------------------------------------------------
@@ -192,17 +204,28 @@ class _Batch:
     """The batch being dispatched, as its successful tasks reported it."""
 
     batch_id: int
-    attempts: list[str]
+    attempts: list[str]  # of the tasks that staged rows
     expected: int  # rows staged
-    routes: dict[tuple[str, str], int]  # (kind, route) -> rows
+    routes: dict[tuple[str, str], int]  # (kind, route) -> rows, staged and inline
+    staged_routes: set[tuple[str, str]]  # (kind, route) that staged rows have
+    inline: InlineRows
 
     @classmethod
     def of(cls, batch_id: int, reports: list[StageReport]) -> _Batch:
         routes: dict[tuple[str, str], int] = {}
+        staged_routes: set[tuple[str, str]] = set()
         for report in reports:
             for r in report.routes:
                 routes[(r.kind, r.route)] = routes.get((r.kind, r.route), 0) + r.messages
-        return cls(batch_id, [r.attempt for r in reports], sum(r.rows for r in reports), routes)
+                if report.inline is None:
+                    staged_routes.add((r.kind, r.route))
+        staged = [r for r in reports if r.inline is None]
+        return cls(batch_id, [r.attempt for r in staged], sum(r.rows for r in staged), routes, staged_routes,
+                   InlineRows.of([r.inline for r in reports if r.inline is not None]))
+
+    @property
+    def rows(self) -> int:
+        return sum(self.routes.values())
 
     def count(self, kind: str) -> int:
         return sum(n for (k, _), n in self.routes.items() if k == kind)
@@ -252,7 +275,7 @@ class Dispatcher:
         d, o = self.dialect, self.options
         cur = conn.cursor()
         result = DispatchResult(batch.batch_id)
-        if batch.expected == 0:
+        if batch.rows == 0:
             self._delete_leftovers(cur, batch.batch_id)
             return result
         for stmt in d.dispatch_plans():
@@ -262,15 +285,27 @@ class Dispatcher:
             db.execute(cur, d.delete_staged(o.staging, attempts=batch.attempts))
             self._delete_leftovers(cur, batch.batch_id)
             return result
-        self._send(cur, batch, result)
+        router = Router(d, o.routing)
+        destinations = self._destinations(cur, router, batch)
+        attempts, expected = batch.attempts, batch.expected
+        inline = InlineRows(dict(batch.inline.groups))  # a retried transaction starts again from the reports
+        if inline:
+            inline.send(conn, d, destinations, batch.staged_routes)
+            for name, (text, n) in inline.sent.items():
+                del destinations[name]
+                result.destinations[text] = result.destinations.get(text, 0) + n
+                result.sent += n
+            inline.stage_rest(conn, d, o.staging)
+            attempts, expected = [*attempts, inline.attempt], expected + inline.staged
+        self._send(cur, router, attempts, destinations, result)
         result.published = batch.count(PUBLISH)
-        self._store_delayed(cur, batch, result)
-        found = db.rowcount(cur, d.delete_staged(o.staging, attempts=batch.attempts))
-        if found != batch.expected:
+        self._store_delayed(cur, batch, attempts, result)
+        found = db.rowcount(cur, d.delete_staged(o.staging, attempts=attempts)) if expected else 0
+        if found != expected:
             # UNLOGGED staging emptied by a server restart, or rows deleted by hand: do not send
             # part of a batch. Spark stages the batch again when the query restarts.
             raise DispatchError(
-                f"batch {batch.batch_id} of endpoint {o.endpoint}: the tasks staged {batch.expected} messages but "
+                f"batch {batch.batch_id} of endpoint {o.endpoint}: the tasks staged {expected} messages but "
                 f"{found} are in {d.qualified(o.staging)} (database restarted?). Nothing was sent; "
                 "restart the query to stage the batch again",
                 queue=d.format_address(o.staging), operation="dispatch",
@@ -279,26 +314,32 @@ class Dispatcher:
         self.outbox.finish(cur, batch.batch_id, sent=result.sent, delayed=result.delayed, published=result.published)
         return result
 
-    def _send(self, cur: Any, batch: _Batch, result: DispatchResult) -> None:
-        """Move the messages due now to their queues (subscribers' for published ones); those
-        whose destination is refused to the error queue."""
-        d, o = self.dialect, self.options
-        router = Router(d, o.routing)
-        destinations: dict[str, Destination] = {}  # by canonical address
+    def _destinations(self, cur: Any, router: Router, batch: _Batch) -> dict[str, Destination]:
+        """The queues the batch goes to, by canonical address (or why not): its SEND routes and
+        the subscribers of the events it publishes."""
+        o = self.options
+        destinations: dict[str, Destination] = {}
         for kind, route in batch.routes:
             if kind == SEND:
                 destinations[route] = Destination(router.resolve(cur, route, option="destination"), route)
         published = [route for (kind, route) in batch.routes if kind == PUBLISH]
         if published:
-            add_subscribers(cur, d, router, o.subscriptions, create=o.create_queues, published=published,
+            add_subscribers(cur, self.dialect, router, o.subscriptions, create=o.create_queues, published=published,
                             destinations=destinations)
+        return destinations
+
+    def _send(self, cur: Any, router: Router, attempts: list[str], destinations: dict[str, Destination],
+              result: DispatchResult) -> None:
+        """Move the staged messages due now to their queues (subscribers' for published ones);
+        those whose destination is refused to the error queue."""
+        d, o = self.dialect, self.options
         refused: list[Destination] = []
         for dest in destinations.values():
             to = dest.to
             if isinstance(to, Refusal):
                 refused.append(dest)
                 continue
-            stmt = d.dispatch(o.staging, to.address, attempts=batch.attempts, route=dest.route,
+            stmt = d.dispatch(o.staging, to.address, attempts=attempts, route=dest.route,
                               publish_routes=dest.publish_routes)
             n, problem = insert_guarded(cur, d, stmt)
             if problem is not None:  # the table refused the rows (privileges, a trigger...)
@@ -308,16 +349,16 @@ class Dispatcher:
             result.destinations[to.text] = result.destinations.get(to.text, 0) + n
             result.sent += n
         if refused:
-            result.failed = self._to_error_queue(cur, router, batch.attempts, refused)
+            result.failed = self._to_error_queue(cur, router, attempts, refused)
 
-    def _store_delayed(self, cur: Any, batch: _Batch, result: DispatchResult) -> None:
+    def _store_delayed(self, cur: Any, batch: _Batch, attempts: list[str], result: DispatchResult) -> None:
         """Move the batch's delayed messages into the endpoint's delayed table."""
         d, o = self.dialect, self.options
         delayed = batch.count(DELAYED)
         if not delayed:
             return
         self._check_delayed(cur)
-        result.delayed = db.rowcount(cur, d.dispatch_delayed(o.staging, o.delayed, attempts=batch.attempts))
+        result.delayed = db.rowcount(cur, d.dispatch_delayed(o.staging, o.delayed, attempts=attempts))
         if result.delayed != delayed:
             raise DispatchError(f"batch {batch.batch_id}: {delayed} delayed messages staged, {result.delayed} stored",
                                 queue=d.format_address(o.delayed), operation="dispatch")

@@ -1,5 +1,6 @@
-"""Staging's moving parts on executors: the task's rows kept for a retry and bulk-write chunks.
-`dispatch.stage_partition` puts them together with the worker's cached connection (`transport.executor`)."""
+"""Staging's moving parts on executors: the task's rows kept for a retry and bulk-write chunks,
+and the small task's rows handed whole to the driver. `dispatch.stage_partition` puts them
+together with the worker's cached connection (`transport.executor`)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,21 @@ class TaskRows:
         self._source = source
         self._kept: list[StagedRow] | None = []
         self._kept_bytes = 0
+        self._head: list[StagedRow] = []  # read by `within` but not kept: written first
+
+    def within(self, limit: int) -> list[StagedRow] | None:
+        """Every row of the task if they total at most `limit` bytes; else None, and the rows read
+        so far are written first by `chunks`."""
+        taken: list[StagedRow] = []
+        size = 0
+        for row in self._fresh():
+            taken.append(row)
+            size += row.size
+            if size > limit:
+                if self._kept is None:  # outgrew the retry budget too
+                    self._head = taken
+                return None
+        return taken
 
     @property
     def replayable(self) -> bool:
@@ -42,7 +58,8 @@ class TaskRows:
         writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes."""
         chunk: list[StagedRow] = []
         size = 0
-        for row in itertools.chain([row._replace(attempt=attempt) for row in self._kept or ()], self._fresh()):
+        read, self._head = self._head or [row._replace(attempt=attempt) for row in self._kept or ()], []
+        for row in itertools.chain(read, self._fresh()):
             chunk.append(row)
             size += row.size
             if len(chunk) >= STAGE_CHUNK or size >= STAGE_BYTES:
