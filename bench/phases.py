@@ -1,10 +1,12 @@
-"""Per-phase cost of the connector's current design (claim table, staging), transport driven directly.
+"""Per-phase cost of the connector's design (claim table; staged and inline sends), transport driven directly.
 
 Per --per-trigger messages (1 KB random bodies): claim (Receiver.latest), read (read_chunks +
 decoding into Arrow, as a Spark task reads; also split into fetch / decode), ack (Receiver.ack), stage
-(stage_partition), dispatch (Dispatcher.dispatch), send direct (the next design step, measured but not
-built: the same rows COPYed straight into the destination with a batch record in one transaction), the floor (one DELETE ... FOR UPDATE SKIP LOCKED
-... RETURNING transaction fetched into Python), and with Spark (--skip-spark leaves them out):
+(stage_partition with inlineBytes 0) and dispatch (Dispatcher.dispatch) of staged rows; the same rows
+sent inline (the default for tasks up to inlineBytes): the task (builds the rows, writes nothing),
+handing them to the driver (pickling the report both ways, as Spark carries commit messages) and the
+dispatch (COPY straight into the destination, with the batch's outbox record), the floor (one
+DELETE ... FOR UPDATE SKIP LOCKED ... RETURNING transaction fetched into Python), and with Spark (--skip-spark leaves them out):
 Spark's own floor (prebuilt record batches of our schema through a Python stream source to a noop
 sink, no database) and the connector's steady-state drain batch (a noop stream, claims made ahead;
 its trigger time per batch after the first two). Each: wall s, client
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import statistics
 import sys
@@ -31,20 +34,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from spark_qtransport.connections import parse_url
+from spark_qtransport.spark.options import MAX_INLINE_BYTES
 from spark_qtransport.transport.operations.install import create_queues
 from spark_qtransport.transport.receiving.decode import rows_batch
 from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
 from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender, stage_partition
-from spark_qtransport.transport.sending.messages import MessageBuilder
 from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
-from spark_qtransport.wire import format_time
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
@@ -54,8 +55,9 @@ from _common import arguments, database, fill  # noqa: E402
 
 QUEUE, FLOOR, ENDPOINT, OUT, ERROR = "BenchPhases", "BenchPhasesFloor", "BenchPhasesSend", "BenchPhasesOut", "error"
 QUERY = "3f1c9a57-0000-4000-8000-0000000000aa"
-DIRECT = "send direct (next step, not built)"
-PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", "stage", "dispatch", DIRECT, "floor", "Spark floor (no database)", "Spark drain batch (noop)"]
+SEND_PHASES = ["stage", "dispatch", "inline: task", "inline: to driver", "inline: dispatch"]
+PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", *SEND_PHASES, "floor", "Spark floor (no database)",
+          "Spark drain batch (noop)"]
 MB = 2**20
 
 
@@ -212,47 +214,34 @@ def floor(url: str, meter: Meter, per_trigger: int, cost: Cost) -> int:
 
 
 def send(url: str, meter: Meter, n: int, size: int, per_trigger: int, costs: dict[str, Cost]) -> None:
-    """Stage and dispatch n messages, a batch of per_trigger rows at a time."""
-    settings = SendSettings.create(url, ENDPOINT, destination=OUT, error_queue=ERROR)
-    plan = set_up_sender(settings)
-    dispatcher = Dispatcher(settings)
+    """Send n messages a batch of per_trigger rows at a time, staged and inline."""
+    staged = SendSettings.create(url, ENDPOINT, destination=OUT, error_queue=ERROR, inline_bytes=0)
+    inline = SendSettings.create(url, ENDPOINT, destination=OUT, error_queue=ERROR, inline_bytes=MAX_INLINE_BYTES)
+    plan = set_up_sender(staged)
+    dispatcher = Dispatcher(staged)
     dispatcher.session.connection()  # connecting is not a phase
-    direct_conn = psycopg.connect(url)
     meter.checkpoint()
     headers = {"NServiceBus.ConversationId": str(uuid.uuid4()), "NServiceBus.OriginatingEndpoint": "Shop.Web"}
     try:
-        for batch_id, first in enumerate(range(0, n, per_trigger)):
+        for batch, first in enumerate(range(0, n, per_trigger)):
             rows = [{"message_id": str(uuid.uuid4()), "message_type": "Shop.Messages.PlaceOrder, Shop.Messages",
                      "headers": headers, "body": os.urandom(size)} for _ in range(min(per_trigger, n - first))]
             with meter.measure(costs["stage"]):
-                report = stage_partition(settings, plan, [rows], batch_id=batch_id, query_id=QUERY)
+                report = stage_partition(staged, plan, [rows], batch_id=2 * batch, query_id=QUERY)
             with meter.measure(costs["dispatch"]):
-                result = dispatcher.dispatch(batch_id, [report], query_id=QUERY)
-            assert result.sent == len(rows), (result, len(rows))
-            with meter.measure(costs[DIRECT]):
-                direct(direct_conn, plan, rows, batch_id)
-            for phase in ("stage", "dispatch", DIRECT):
+                result = dispatcher.dispatch(2 * batch, [report], query_id=QUERY)
+            assert result.sent == len(rows) and report.inline is None, (result, len(rows))
+            with meter.measure(costs["inline: task"]):
+                report = stage_partition(inline, plan, [rows], batch_id=2 * batch + 1, query_id=QUERY)
+            with meter.measure(costs["inline: to driver"]):
+                report = pickle.loads(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL))
+            with meter.measure(costs["inline: dispatch"]):
+                result = dispatcher.dispatch(2 * batch + 1, [report], query_id=QUERY)
+            assert result.sent == len(rows) and report.inline is not None, (result, len(rows))
+            for phase in SEND_PHASES:
                 costs[phase].rows += len(rows)
     finally:
         dispatcher.close()
-        direct_conn.close()
-
-
-def direct(conn: Any, plan: Any, rows: list[dict[str, Any]], batch_id: int) -> None:
-    """The next design step for sending, measured, not built: the rows built as staging builds
-    them, COPYed straight into their destination with a (batch, partition) record in ONE
-    transaction (what a task would do if it dispatched itself: no staging, no second write)."""
-    builder = MessageBuilder(plan, batch_id=batch_id, attempt="direct")
-    now = format_time(datetime.now(timezone.utc))
-    with conn.cursor() as cur:
-        cur.execute(f'INSERT INTO "{ENDPOINT}.Outbox" (sink, batch_id, fingerprint) VALUES (%s, %s, %s)',
-                    (f"direct#{batch_id}#0", batch_id, "direct"))
-        with cur.copy(f'COPY "{OUT}" (id, headers, body) FROM STDIN (FORMAT BINARY)') as copy:
-            copy.set_types(["uuid", "text", "bytea"])
-            for row in rows:
-                staged = builder.build(row, now)
-                copy.write_row((uuid.uuid4(), staged.headers, staged.body))
-    conn.commit()
 
 
 def spark_floor(spark: Any, per_trigger: int, size: int, cost: Cost, *, batches: int = 4) -> None:

@@ -37,7 +37,8 @@ def main() -> None:
         (Path(marker_dir) / f"batch-{batch_id}").touch()
 
     writer = (messages.writeStream.format("sqlqueue").option("url", url).option("endpoint", queue)
-              .option("destination", out).option("checkpointLocation", checkpoint))
+              .option("destination", out).option("checkpointLocation", checkpoint)
+              .option("inlineBytes", os.environ.get("SQLQUEUE_CHILD_INLINE_BYTES", str(32 * 2**20))))
     query = writer.trigger(availableNow=True).start() if available_now else writer.trigger(
         processingTime="200 milliseconds").start()
     while query.isActive:

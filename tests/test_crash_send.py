@@ -1,6 +1,8 @@
-"""Crash test of the send side: queue -> Spark -> queue, SIGKILLed while staging, inside the
-dispatch transaction, after the dispatch committed but before Spark's checkpoint commit, and at
-random moments; after each kill the job restarts from its checkpoint. At the end every output
+"""Crash test of the send side: queue -> Spark -> queue, SIGKILLed while tasks stage (a run whose
+tasks stage: inlineBytes 0), inside the dispatch transaction of rows the tasks handed the driver
+(before and after the COPY into the destination), after the dispatch committed but before Spark's
+checkpoint commit, and at random moments; after each kill the job restarts from its checkpoint,
+staging or not as the next run is set, so replays cross from one way to the other. At the end every output
 message is in the destination queue exactly once and nothing is left staged.
 
 The job is stopped at each point by a database trigger that sleeps, on the table that point
@@ -21,12 +23,12 @@ pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("send_crash_child.py")
 
-#: point -> (table suffix or "out", trigger timing)
+#: point -> (table suffix or "out", trigger timing, level, the job's inlineBytes)
 POINTS = {
-    "while staging": ("Staging", "BEFORE INSERT", "FOR EACH STATEMENT"),
-    "after staging, dispatch begun": ("Outbox", "BEFORE INSERT", "FOR EACH ROW"),
-    "inside dispatch, after the destination INSERT": ("out", "AFTER INSERT", "FOR EACH STATEMENT"),
-    "after dispatch commit, before checkpoint commit": ("Outbox", "BEFORE DELETE", "FOR EACH STATEMENT"),
+    "while staging": ("Staging", "BEFORE INSERT", "FOR EACH STATEMENT", "0"),
+    "after the tasks, dispatch begun": ("Outbox", "BEFORE INSERT", "FOR EACH ROW", "33554432"),
+    "inside dispatch, after the COPY into the destination": ("out", "AFTER INSERT", "FOR EACH STATEMENT", "33554432"),
+    "after dispatch commit, before checkpoint commit": ("Outbox", "BEFORE DELETE", "FOR EACH STATEMENT", "0"),
 }
 
 
@@ -54,7 +56,7 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
     produce(300)
     run_to_end(CHILD, args, log=log)
     kills = []
-    for point, (table, timing, level) in POINTS.items():
+    for point, (table, timing, level, inline_bytes) in POINTS.items():
         produce(400)
         target = f'"{out}"' if table == "out" else f'"{q}.{table}"'
         if timing == "BEFORE INSERT" and level == "FOR EACH ROW":
@@ -67,7 +69,7 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
             function = "sqlqueue_test_stall"
         with pg.connect() as c:
             c.execute(f"CREATE TRIGGER stall {timing} ON {target} {level} EXECUTE FUNCTION {function}()")
-        job = Job(CHILD, args, log=log)
+        job = Job(CHILD, args, log=log, env={"SQLQUEUE_CHILD_INLINE_BYTES": inline_bytes})
         try:
             wait_for(stalled, 180, f"the job to stall {point}", job)
         finally:
