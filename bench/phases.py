@@ -44,7 +44,8 @@ from spark_qtransport.spark.options import MAX_INLINE_BYTES
 from spark_qtransport.transport.operations.install import create_queues
 from spark_qtransport.transport.receiving.decode import rows_batch
 from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
-from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender, stage_partition
+from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender
+from spark_qtransport.transport.sending.staging import stage_partition
 from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,18 +227,19 @@ def send(url: str, meter: Meter, n: int, size: int, per_trigger: int, costs: dic
         for batch, first in enumerate(range(0, n, per_trigger)):
             rows = [{"message_id": str(uuid.uuid4()), "message_type": "Shop.Messages.PlaceOrder, Shop.Messages",
                      "headers": headers, "body": os.urandom(size)} for _ in range(min(per_trigger, n - first))]
+            tasks = [rows[: len(rows) // 2], rows[len(rows) // 2:]]  # 2 tasks a batch, as Spark runs it on local[2]
             with meter.measure(costs["stage"]):
-                report = stage_partition(staged, plan, [rows], batch_id=2 * batch, query_id=QUERY)
+                reports = [stage_partition(staged, plan, [t], batch_id=2 * batch, query_id=QUERY) for t in tasks]
             with meter.measure(costs["dispatch"]):
-                result = dispatcher.dispatch(2 * batch, [report], query_id=QUERY)
-            assert result.sent == len(rows) and report.inline is None, (result, len(rows))
+                result = dispatcher.dispatch(2 * batch, list(reports), query_id=QUERY)
+            assert result.sent == len(rows) and reports[0].inline is None, (result, len(rows))
             with meter.measure(costs["inline: task"]):
-                report = stage_partition(inline, plan, [rows], batch_id=2 * batch + 1, query_id=QUERY)
+                reports = [stage_partition(inline, plan, [t], batch_id=2 * batch + 1, query_id=QUERY) for t in tasks]
             with meter.measure(costs["inline: to driver"]):
-                report = pickle.loads(pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL))
+                reports = pickle.loads(pickle.dumps(reports, protocol=pickle.HIGHEST_PROTOCOL))
             with meter.measure(costs["inline: dispatch"]):
-                result = dispatcher.dispatch(2 * batch + 1, [report], query_id=QUERY)
-            assert result.sent == len(rows) and report.inline is not None, (result, len(rows))
+                result = dispatcher.dispatch(2 * batch + 1, list(reports), query_id=QUERY)
+            assert result.sent == len(rows) and reports[0].inline is not None, (result, len(rows))
             for phase in SEND_PHASES:
                 costs[phase].rows += len(rows)
     finally:

@@ -15,7 +15,8 @@ from typing import Any
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
 from spark_qtransport.transport.operations.install import create_queues
-from spark_qtransport.transport.sending.dispatch import Dispatcher, StageReport, set_up_sender, stage_partition
+from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender
+from spark_qtransport.transport.sending.staging import StageReport, stage_partition
 from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
 
 # NServiceBus.Transport.PostgreSql PostgreSqlConstants (SendText, ReceiveText, CreateQueueText),

@@ -480,12 +480,13 @@ class TestStreamAndSinkSetUp:
 
     def test_sender_with_a_wrong_password(self, pg: Backend, role: Role, names: Any) -> None:
         from spark_qtransport.spark.options import WriterOptions
-        from spark_qtransport.transport.sending.dispatch import set_up_sender, stage_partition
+        from spark_qtransport.transport.sending.dispatch import set_up_sender
+        from spark_qtransport.transport.sending.staging import stage_partition
 
         sales = pg.create_queue(names("Sales"))
         good = WriterOptions.parse({"url": pg.url, "endpoint": sales})
         plan = set_up_sender(good)
-        bad = WriterOptions.parse({"url": role.url(WRONG), "endpoint": sales})
+        bad = WriterOptions.parse({"url": role.url(WRONG), "endpoint": sales, "inlineBytes": "0"})  # tasks stage
         with pytest.raises(DatabaseError, match="^setting up the sender tables .* password authentication failed") as a:
             set_up_sender(bad)
         rows = [{"body": b"{}", "message_type": "T", "destination": sales}]

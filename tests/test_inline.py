@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
+from test_send_contract import msg, received, subscribe
 
 from backends import Backend, Sender
 from spark_qtransport.transport.sending import staging
@@ -16,7 +17,6 @@ from spark_qtransport.transport.sending.inline import row_ids
 from spark_qtransport.transport.sending.messages import SEND, StagedRow
 from spark_qtransport.transport.sending.staging import TaskRows
 from spark_qtransport.wire import H
-from test_send_contract import msg, received, subscribe
 
 
 def test_a_small_task_stages_nothing_and_its_rows_go_straight_into_the_queue(pg: Backend, names: Any) -> None:
@@ -24,7 +24,7 @@ def test_a_small_task_stages_nothing_and_its_rows_go_straight_into_the_queue(pg:
     s = Sender(pg, sales, destination=billing)
     report = s.stage([msg(f'{{"n": {i}}}', message_id=f"m{i}", time_to_be_received=3600 if i == 0 else None)
                       for i in range(3)], batch_id=0)
-    assert report.inline is not None and len(report.inline) == report.rows == 3
+    assert report.inline is not None and sum(len(g.columns[0]) for g in report.inline) == report.rows == 3
     assert s.staged() == 0
     result = s.dispatch(0, [report])
     assert (result.sent, result.destinations) == (3, {pg.dialect.format_address(pg.address(billing)): 3})
@@ -60,9 +60,10 @@ def test_a_batch_of_inline_and_staged_tasks_sends_each_message_once(pg: Backend,
     so a message id repeated across tasks reaches it once; a queue only inline rows go to is
     written straight; published and delayed rows of small tasks go the staged way."""
     sales, billing = pg.create_queue(names("Sales")), pg.create_queue(names("Billing"))
-    shipping, subs = pg.create_queue(names("Shipping")), names("Subs")
-    inline = Sender(pg, sales, destination=billing, subscriptions=subs, create_queues=True)
-    staged = Sender(pg, sales, destination=billing, subscriptions=subs, create_queues=True, inline_bytes=0)
+    shipping, subs, error = pg.create_queue(names("Shipping")), names("Subs"), names("error")
+    inline = Sender(pg, sales, destination=billing, subscriptions=subs, error_queue=error, create_queues=True)
+    staged = Sender(pg, sales, destination=billing, subscriptions=subs, error_queue=error, create_queues=True,
+                    inline_bytes=0)
     inline.send([msg(intent="publish", message_id="e0", message_type="Shop.Nothing")], batch_id=3)  # creates subs
     subscribe(pg, subs, shipping, "Shipping", "Shop.OrderPlaced")
     a = inline.stage([msg("a", message_id="same"), msg("ship", message_id="s1", destination=shipping),

@@ -12,7 +12,8 @@ import click
 from ..dialects import QueueAddress
 from ..errors import QueueNotFoundError
 from ..spark.options import parse_duration
-from ..transport.sending.dispatch import Dispatcher, DispatchResult, set_up_sender, stage_partition
+from ..transport.sending.dispatch import Dispatcher, DispatchResult, set_up_sender
+from ..transport.sending.staging import stage_partition
 from ..transport.settings import SendSettings
 from .app import allow_options, main, need_url, routing_policy, url_option
 from .db import CommandDb, open_db, resolve

@@ -4,7 +4,8 @@ Thin: the work is in `spark_qtransport.transport.sending.dispatch`. Which Spark 
 
 - driver, when the query starts: ``streamWriter()`` checks the options and the input columns and
   creates the endpoint's staging and outbox tables;
-- executors: ``write()`` stages one partition and returns a `StagedMessage`;
+- executors: ``write()`` builds one partition's messages and returns a `StagedMessage`: with
+  the messages themselves when they total at most option ``inlineBytes``, else after staging them;
 - driver, once every task of the batch succeeded: ``commit(messages, batchId)`` dispatches the
   batch in one transaction (a replayed batch id is skipped by the outbox); ``abort`` deletes
   what the tasks of a failed batch staged.
@@ -36,8 +37,9 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from ..errors import ConfigError
 from ..transport import session as db
-from ..transport.sending.dispatch import Dispatcher, StageReport, set_up_sender, stage_partition
+from ..transport.sending.dispatch import Dispatcher, set_up_sender
 from ..transport.sending.messages import SendPlan, check_columns
+from ..transport.sending.staging import StageReport, stage_partition
 from ..transport.settings import SendSettings
 from .options import WriterOptions
 
@@ -70,7 +72,7 @@ _SET_UP: dict[tuple[Any, ...], SendPlan] = {}  # per Python process: set up each
 
 @dataclass
 class StagedMessage(WriterCommitMessage):
-    """A task's commit message: what it staged."""
+    """A task's commit message: what it staged, or the messages themselves (`StageReport.inline`)."""
 
     report: StageReport
 

@@ -1,16 +1,12 @@
-"""Send: stage (executors), then dispatch atomically (driver). Dialect-free.
+"""Send: tasks hand over or stage their rows (`staging.stage_partition`), then the driver
+dispatches the batch atomically. Dialect-free.
 
-How a batch travels:
-
-1. **Stage** (`stage_partition`, one Spark task): rows become messages (`MessageBuilder`) and are
-   bulk-written to ``<endpoint>.Staging`` in one transaction, tagged with the sink, the batch id
-   and a random attempt id. The task reports its attempt id and per-route counts.
-2. **Dispatch** (`Dispatcher.dispatch`, driver): one transaction records the batch in
-   ``<endpoint>.Outbox`` (a replay finds it and sends nothing), moves the staged rows of the
-   attempts Spark reports as successful into their destination queues (due now) or
-   ``<endpoint>.Delayed`` (due later), fans published events out to the queues subscribed in
-   ``SubscriptionRouting``, deletes the staged rows and checks that every staged row was found.
-   Rows of failed attempts are ignored and deleted.
+**Dispatch** (`Dispatcher.dispatch`, driver): one transaction records the batch in
+``<endpoint>.Outbox`` (a replay finds it and sends nothing), writes the rows small tasks handed
+over straight into their queues (`inline`), moves the staged rows of the attempts Spark reports as
+successful into their destination queues (due now) or ``<endpoint>.Delayed`` (due later), fans
+published events out to the queues subscribed in ``SubscriptionRouting``, deletes the staged rows
+and checks that every staged row was found. Rows of failed attempts are ignored and deleted.
 
 A crash before the dispatch commits sends nothing (Spark replays the batch and stages it again);
 after it, the replay is skipped. Destinations come from data (the ``destination`` column, a
@@ -22,55 +18,30 @@ missing static ``destination`` option fails at start instead, naming it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
-from ...connections import EXECUTOR_CONNECTIONS
 from ...dialects import Dialect
 from ...errors import DispatchError, QueueNotFoundError
-from ...wire import decode_headers, format_time
+from ...wire import decode_headers
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
-from ..executor import cached_connection
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..settings import SendSettings
 from .fanout import Destination, add_subscribers
 from .inline import InlineRows
-from .messages import DELAYED, PUBLISH, SEND, MessageBuilder, SendPlan, StagedRow
+from .messages import DELAYED, PUBLISH, SEND, SendPlan
 from .outbox import Outbox, fingerprint
-from .staging import InputFailed, TaskRows
+from .staging import StageReport
 
-__all__ = ["RouteCount", "StageReport", "DispatchResult", "Dispatcher", "stage_partition", "set_up_sender"]
+__all__ = ["DispatchResult", "Dispatcher", "set_up_sender"]
 
 log = logging.getLogger("spark_qtransport.send")
 
 T = TypeVar("T")
-
-
-class RouteCount(NamedTuple):
-    """How many messages of one kind a task staged for one route."""
-
-    kind: str  # SEND, PUBLISH or DELAYED
-    route: str
-    messages: int
-
-
-@dataclass(frozen=True)
-class StageReport:
-    """What one successful task attempt staged (travels back to the driver)."""
-
-    attempt: str
-    rows: int
-    routes: tuple[RouteCount, ...]
-    batch_id: int
-    query_id: str | None
-    inline: list[StagedRow] | None = None  # a small task's rows, handed to the driver (nothing staged)
 
 
 @dataclass
@@ -123,77 +94,6 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         content_type=options.content_type,
         sink=options.sink,
     )
-
-
-# -- stage (executors) ---------------------------------------------------------------------------
-
-
-def _check(conn: Any) -> None:
-    """A trivial statement: a connection the server dropped since the last task fails here."""
-    conn.cursor().execute("SELECT 1").fetchall()
-    conn.rollback()
-
-
-def stage_partition(
-    options: SendSettings,
-    plan: SendPlan,
-    batches: Iterable[Iterable[Mapping[str, Any]]],
-    *,
-    batch_id: int,
-    query_id: str | None,
-) -> StageReport:
-    """Stage every row of one task in one transaction; returns what the driver needs to dispatch.
-
-    A transient fault (the session terminated, the server restarting) stages again on a new
-    connection under a new attempt id, from the rows kept so far (up to `STAGE_RETRY_BYTES`;
-    a larger task fails, and Spark's task retry or the query's restart stages it again). If the
-    failed attempt's commit landed after all, its rows are never sent: the driver dispatches only
-    the attempts tasks report and deletes the rest of the batch's staged rows.
-    """
-    dialect = options.dialect
-    builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
-    now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
-    rows = TaskRows(map(builder.build, itertools.chain.from_iterable(batches), itertools.repeat(now)))
-    if options.inline_bytes and dialect.sends_inline:
-        try:
-            inline = rows.within(options.inline_bytes)
-        except InputFailed as failed:
-            raise failed.__cause__ from None  # type: ignore[misc]
-        if inline is not None:
-            return StageReport(builder.attempt, len(inline), _routes(builder), batch_id, query_id, inline)
-    what = f"staging batch {batch_id} of endpoint {plan.endpoint!r} into {dialect.qualified(options.staging)}"
-
-    def attempt(_: int) -> int:
-        conn = None
-        try:
-            conn, _checked = cached_connection(dialect, options.url, _check, what=what, log=log)
-            staged = 0
-            for chunk in rows.chunks(builder.attempt):
-                dialect.stage_rows(conn, options.staging, chunk)
-                staged += len(chunk)
-            conn.commit()
-        except BaseException:
-            if conn is not None:
-                db.rollback(conn)
-                db.close(conn)
-            raise
-        EXECUTOR_CONNECTIONS.put(options.url, conn)
-        return staged
-
-    def again(exc: BaseException) -> None:
-        if not rows.replayable:  # too large to keep: Spark's task retry stages it again
-            raise db.explain(dialect, what, exc) from exc  # type: ignore[arg-type]
-        builder.attempt = uuid.uuid4().hex
-
-    try:
-        staged = db.with_retries(dialect, what, attempt, after_failure=again)
-    except InputFailed as failed:  # our input failed: not ours to retry, and no database fault
-        raise failed.__cause__ from None  # type: ignore[misc]
-    return StageReport(builder.attempt, staged, _routes(builder), batch_id, query_id)
-
-
-def _routes(builder: MessageBuilder) -> tuple[RouteCount, ...]:
-    return tuple(RouteCount(kind, route, n) for (kind, route), n in sorted(builder.counts.items()))
 
 
 # -- dispatch (driver) -----------------------------------------------------------------------------
@@ -295,7 +195,7 @@ class Dispatcher:
                 del destinations[name]
                 result.destinations[text] = result.destinations.get(text, 0) + n
                 result.sent += n
-            inline.stage_rest(conn, d, o.staging)
+            inline.stage_rest(conn, d, o.staging, sink=o.sink, batch_id=batch.batch_id)
             attempts, expected = [*attempts, inline.attempt], expected + inline.staged
         self._send(cur, router, attempts, destinations, result)
         result.published = batch.count(PUBLISH)
@@ -412,7 +312,7 @@ class Dispatcher:
 
     def abort(self, reports: list[StageReport | None]) -> None:
         """Best effort: delete what the attempts of a failed batch staged."""
-        attempts = [r.attempt for r in reports if r is not None]
+        attempts = [r.attempt for r in reports if r is not None and r.inline is None]
         if attempts:
             self.session.run(lambda c: db.rowcount(c.cursor(), self.dialect.delete_staged(self.options.staging,
                                                                                           attempts=attempts)),

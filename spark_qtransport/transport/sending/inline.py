@@ -16,43 +16,68 @@ deduplicates message ids per queue across them), and for a table that refused th
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...dialects import Dialect, QueueAddress
 from ..routing import Target, insert_guarded
 from .fanout import Destination
 from .messages import SEND, StagedRow
 
-__all__ = ["InlineRows", "row_ids"]
+__all__ = ["RowGroup", "hand_over", "InlineRows", "row_ids"]
 
 #: the queue columns `Dialect.send_rows` writes
 QUEUE_COLUMNS = frozenset({"id", "expires", "headers", "body"})
+#: `StagedRow` fields a `RowGroup` carries, column by column (the rest are the group's, or the driver's)
+_FIRST = StagedRow._fields.index("message_id")
+MESSAGE_ID, HEADERS, BODY, TTBR_MS = range(4)
+
+
+class RowGroup(NamedTuple):
+    """A task's handed-over messages of one (kind, route), column by column: `StagedRow`'s fields
+    from ``message_id`` on. A commit message pickles a few sequences of strings and bytes rather
+    than an object per message."""
+
+    kind: str
+    route: str
+    columns: tuple[tuple[Any, ...], ...]
+
+    def rows(self, sink: str, batch_id: int, attempt: str) -> list[StagedRow]:
+        return [StagedRow(sink, batch_id, attempt, self.kind, self.route, *values) for values in zip(*self.columns, strict=True)]
+
+
+def hand_over(rows: list[StagedRow]) -> list[RowGroup]:
+    """A task's rows as its commit message carries them."""
+    by_key: dict[tuple[str, str], list[StagedRow]] = {}
+    for row in rows:
+        key = (row.kind, row.route)
+        group = by_key.get(key)
+        if group is None:
+            group = by_key[key] = []
+        group.append(row)
+    return [RowGroup(kind, route, tuple(zip(*group, strict=True))[_FIRST:]) for (kind, route), group in by_key.items()]
 
 
 @dataclass
 class InlineRows:
-    """The inline rows of one batch, by (kind, route), and what became of them."""
+    """The handed-over rows of one batch, by (kind, route), and what became of them."""
 
-    groups: dict[tuple[str, str], list[StagedRow]]
+    groups: dict[tuple[str, str], list[RowGroup]]  # the tasks' groups, in task order
     attempt: str = field(default_factory=lambda: f"inline-{uuid.uuid4().hex}")
     #: destination (its key in the dispatch's destinations) -> (address text, messages written straight in)
     sent: dict[str, tuple[str, int]] = field(default_factory=dict)
     staged: int = 0
 
     @classmethod
-    def of(cls, rows: list[list[StagedRow]]) -> InlineRows:
-        groups: dict[tuple[str, str], list[StagedRow]] = {}
-        for task in rows:
-            for row in task:
-                key = (row.kind, row.route)
-                group = groups.get(key)
-                if group is None:
-                    group = groups[key] = []
-                group.append(row)
+    def of(cls, tasks: list[list[RowGroup]]) -> InlineRows:
+        groups: dict[tuple[str, str], list[RowGroup]] = {}
+        for task in tasks:
+            for group in task:
+                groups.setdefault((group.kind, group.route), []).append(group)
         return cls(groups)
 
     def __bool__(self) -> bool:
@@ -68,28 +93,39 @@ class InlineRows:
             if (not isinstance(to, Target) or dest.route is None or dest.publish_routes or key in staged_routes
                     or key not in self.groups or not QUEUE_COLUMNS <= set(to.columns)):
                 continue
-            rows = _first_per_message_id(self.groups[key])
-            values = [(i, r.ttbr_ms, r.headers, r.body) for i, r in zip(row_ids(len(rows)), rows, strict=True)]
+            ids, ttbr, headers, bodies = (_column(self.groups[key], c) for c in (MESSAGE_ID, TTBR_MS, HEADERS, BODY))
+            values = list(zip(row_ids(len(ids)), ttbr, headers, bodies, strict=True))
+            first = _first_per_message_id(ids)
+            if first is not None:
+                values = [values[i] for i in first]
             n, problem = insert_guarded(cur, d, functools.partial(d.send_rows, conn, to.address, values))
             if problem is None:  # else staged below: the staged way routes it to the error queue
                 del self.groups[key]
                 self.sent[name] = (to.text, n)
 
-    def stage_rest(self, conn: Any, d: Dialect, staging: QueueAddress) -> None:
+    def stage_rest(self, conn: Any, d: Dialect, staging: QueueAddress, *, sink: str, batch_id: int) -> None:
         """Stage the rows `send` did not write, under `attempt` (`staged` counts them)."""
-        for rows in self.groups.values():
-            d.stage_rows(conn, staging, [r._replace(attempt=self.attempt) for r in rows])
-            self.staged += len(rows)
+        for groups in self.groups.values():
+            for group in groups:
+                rows = group.rows(sink, batch_id, self.attempt)
+                d.stage_rows(conn, staging, rows)
+                self.staged += len(rows)
         self.groups.clear()
 
 
-def _first_per_message_id(rows: list[StagedRow]) -> list[StagedRow]:
-    """One row per message id, the first (a queue gets a message id once per batch, as from the
-    dispatch statement and NServiceBus's dispatcher)."""
-    seen: dict[str, StagedRow] = {}
-    for row in rows:
-        seen.setdefault(row.message_id, row)
-    return rows if len(seen) == len(rows) else list(seen.values())
+def _column(groups: list[RowGroup], column: int) -> list[Any]:
+    return list(itertools.chain.from_iterable(g.columns[column] for g in groups))
+
+
+def _first_per_message_id(ids: list[str]) -> list[int] | None:
+    """The positions of the first of each message id, None when every id is distinct (a queue
+    gets a message id once per batch, as from the dispatch statement and NServiceBus's dispatcher)."""
+    if len(set(ids)) == len(ids):
+        return None
+    seen: dict[str, int] = {}
+    for i, message_id in enumerate(ids):
+        seen.setdefault(message_id, i)
+    return list(seen.values())
 
 
 def row_ids(n: int) -> Iterator[bytes]:

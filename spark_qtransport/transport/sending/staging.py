@@ -1,15 +1,30 @@
-"""Staging's moving parts on executors: the task's rows kept for a retry and bulk-write chunks,
-and the small task's rows handed whole to the driver. `dispatch.stage_partition` puts them
-together with the worker's cached connection (`transport.executor`)."""
+"""A Spark task's part of sending (executors): its rows built into messages, then handed whole to
+the driver when small (`StageReport.inline`) or staged in ``<endpoint>.Staging`` in one
+transaction, tagged with the sink, the batch id and a random attempt id. The task reports its
+attempt id and per-route counts; the driver dispatches (`dispatch.Dispatcher`)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import logging
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
 
-from .messages import StagedRow
+from ...connections import EXECUTOR_CONNECTIONS
+from ...wire import format_time
+from .. import session as db
+from ..executor import cached_connection
+from ..settings import SendSettings
+from .inline import RowGroup, hand_over
+from .messages import MessageBuilder, SendPlan, StagedRow
 
-__all__ = ["STAGE_CHUNK", "STAGE_BYTES", "STAGE_RETRY_BYTES", "InputFailed", "TaskRows"]
+__all__ = ["STAGE_CHUNK", "STAGE_BYTES", "STAGE_RETRY_BYTES", "InputFailed", "TaskRows", "RouteCount", "StageReport",
+           "stage_partition"]
+
+log = logging.getLogger("spark_qtransport.send")
 
 #: rows per bulk write on executors
 STAGE_CHUNK = 5000
@@ -83,3 +98,97 @@ class TaskRows:
                 if self._kept_bytes > STAGE_RETRY_BYTES:
                     self._kept = None
             yield row
+
+
+class RouteCount(NamedTuple):
+    """How many messages of one kind a task staged for one route."""
+
+    kind: str  # SEND, PUBLISH or DELAYED
+    route: str
+    messages: int
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """What one successful task attempt staged (travels back to the driver)."""
+
+    attempt: str
+    rows: int
+    routes: tuple[RouteCount, ...]
+    batch_id: int
+    query_id: str | None
+    inline: list[RowGroup] | None = None  # a small task's rows, handed to the driver (nothing staged)
+
+
+# -- the task ---------------------------------------------------------------------------
+
+
+def _check(conn: Any) -> None:
+    """A trivial statement: a connection the server dropped since the last task fails here."""
+    conn.cursor().execute("SELECT 1").fetchall()
+    conn.rollback()
+
+
+def stage_partition(
+    options: SendSettings,
+    plan: SendPlan,
+    batches: Iterable[Iterable[Mapping[str, Any]]],
+    *,
+    batch_id: int,
+    query_id: str | None,
+) -> StageReport:
+    """One task's part of sending; returns what the driver needs to dispatch. Rows totalling at
+    most `SendSettings.inline_bytes` (where the dialect `sends_inline`) travel in the report
+    itself and nothing is written; otherwise every row is staged in one transaction (`_stage`)."""
+    builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
+    now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
+    rows = TaskRows(map(builder.build, itertools.chain.from_iterable(batches), itertools.repeat(now)))
+    try:
+        if options.inline_bytes and options.dialect.sends_inline:
+            inline = rows.within(options.inline_bytes)
+            if inline is not None:
+                return StageReport(builder.attempt, len(inline), _routes(builder), batch_id, query_id,
+                                   hand_over(inline))
+        staged = _stage(options, plan, builder, rows, batch_id)
+    except InputFailed as failed:  # our input failed: not ours to retry, and no database fault
+        raise failed.__cause__ from None  # type: ignore[misc]
+    return StageReport(builder.attempt, staged, _routes(builder), batch_id, query_id)
+
+
+def _stage(options: SendSettings, plan: SendPlan, builder: MessageBuilder, rows: TaskRows, batch_id: int) -> int:
+    """Stage the task's rows in one transaction. A transient fault (the session terminated, the
+    server restarting) stages again on a new connection under a new attempt id, from the rows
+    kept so far (up to `STAGE_RETRY_BYTES`; a larger task fails, and Spark's task retry or the
+    query's restart stages it again). If the failed attempt's commit landed after all, its rows
+    are never sent: the driver dispatches only the attempts tasks report and deletes the rest of
+    the batch's staged rows."""
+    dialect = options.dialect
+    what = f"staging batch {batch_id} of endpoint {plan.endpoint!r} into {dialect.qualified(options.staging)}"
+
+    def attempt(_: int) -> int:
+        conn = None
+        try:
+            conn, _checked = cached_connection(dialect, options.url, _check, what=what, log=log)
+            staged = 0
+            for chunk in rows.chunks(builder.attempt):
+                dialect.stage_rows(conn, options.staging, chunk)
+                staged += len(chunk)
+            conn.commit()
+        except BaseException:
+            if conn is not None:
+                db.rollback(conn)
+                db.close(conn)
+            raise
+        EXECUTOR_CONNECTIONS.put(options.url, conn)
+        return staged
+
+    def again(exc: BaseException) -> None:
+        if not rows.replayable:  # too large to keep: Spark's task retry stages it again
+            raise db.explain(dialect, what, exc) from exc  # type: ignore[arg-type]
+        builder.attempt = uuid.uuid4().hex
+
+    return db.with_retries(dialect, what, attempt, after_failure=again)
+
+
+def _routes(builder: MessageBuilder) -> tuple[RouteCount, ...]:
+    return tuple(RouteCount(kind, route, n) for (kind, route), n in sorted(builder.counts.items()))
