@@ -234,8 +234,9 @@ class Sender:
         self.options = SendSettings.create(backend.url, endpoint, **settings)
         self.plan = set_up_sender(self.options)
 
-    def stage(self, rows: list[dict[str, Any]], batch_id: int, *, query: str | None = QUERY) -> StageReport:
-        return stage_partition(self.options, self.plan, [rows], batch_id=batch_id, query_id=query)
+    def stage(self, rows: list[dict[str, Any]], batch_id: int, *, query: str | None = QUERY,
+              partition: int = 0) -> StageReport:
+        return stage_partition(self.options, self.plan, [rows], batch_id=batch_id, query_id=query, partition=partition)
 
     def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query: str | None = QUERY) -> Any:
         d = Dispatcher(self.options)

@@ -38,7 +38,7 @@ def main() -> None:
 
     writer = (messages.writeStream.format("sqlqueue").option("url", url).option("endpoint", queue)
               .option("destination", out).option("checkpointLocation", checkpoint)
-              .option("inlineBytes", os.environ.get("SQLQUEUE_CHILD_INLINE_BYTES", str(32 * 2**20))))
+              .option("inlineBytes", os.environ.get("SQLQUEUE_CHILD_INLINE_BYTES", str(256 * 2**20))))
     query = writer.trigger(availableNow=True).start() if available_now else writer.trigger(
         processingTime="200 milliseconds").start()
     while query.isActive:

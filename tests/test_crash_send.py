@@ -26,8 +26,8 @@ CHILD = Path(__file__).with_name("send_crash_child.py")
 #: point -> (table suffix or "out", trigger timing, level, the job's inlineBytes)
 POINTS = {
     "while staging": ("Staging", "BEFORE INSERT", "FOR EACH STATEMENT", "0"),
-    "after the tasks, dispatch begun": ("Outbox", "BEFORE INSERT", "FOR EACH ROW", "33554432"),
-    "inside dispatch, after the COPY into the destination": ("out", "AFTER INSERT", "FOR EACH STATEMENT", "33554432"),
+    "after the tasks, dispatch begun": ("Outbox", "BEFORE INSERT", "FOR EACH ROW", "268435456"),
+    "inside dispatch, after the COPY into the destination": ("out", "AFTER INSERT", "FOR EACH STATEMENT", "268435456"),
     "after dispatch commit, before checkpoint commit": ("Outbox", "BEFORE DELETE", "FOR EACH STATEMENT", "0"),
 }
 

@@ -44,14 +44,16 @@ def test_the_rows_keep_the_server_computed_expiry_and_fresh_ids(pg: Backend, nam
     assert id_a != id_b and id_a.version == 4 and id_b.version == 4
 
 
-def test_a_task_over_the_bound_stages_its_rows(pg: Backend, names: Any) -> None:
+def test_a_task_over_its_share_of_the_bound_stages_its_rows_and_so_do_tasks_past_the_first_four(
+        pg: Backend, names: Any) -> None:
     sales, billing = pg.create_queue(names("Sales")), pg.create_queue(names("Billing"))
-    s = Sender(pg, sales, destination=billing, inline_bytes=1000)
-    small = s.stage([msg("x" * 100, message_id="small")], batch_id=0)
-    large = s.stage([msg("x" * 600, message_id=f"large{i}") for i in range(2)], batch_id=0)
-    assert small.inline is not None and large.inline is None and s.staged() == 2
-    assert s.dispatch(0, [small, large]).sent == 3
-    assert sorted(h[H.MESSAGE_ID] for h, _ in received(pg, billing)) == ["large0", "large1", "small"]
+    s = Sender(pg, sales, destination=billing, inline_bytes=4 * 1000)  # 1,000 bytes a task
+    small = s.stage([msg("x" * 100, message_id="small")], batch_id=0, partition=3)
+    large = s.stage([msg("x" * 600, message_id=f"large{i}") for i in range(2)], batch_id=0, partition=0)
+    fifth = s.stage([msg("x" * 100, message_id="fifth")], batch_id=0, partition=4)
+    assert small.inline is not None and large.inline is None and fifth.inline is None and s.staged() == 3
+    assert s.dispatch(0, [small, large, fifth]).sent == 4
+    assert sorted(h[H.MESSAGE_ID] for h, _ in received(pg, billing)) == ["fifth", "large0", "large1", "small"]
     assert s.staged() == 0
 
 

@@ -16,7 +16,6 @@ from ..dialects import dialect_for
 from ..errors import ConfigError
 from ..transport import settings as defaults
 from ..transport.routing import RoutingPolicy
-from ..transport.sending.staging import STAGE_RETRY_BYTES
 from ..transport.settings import ReceiveSettings, SendSettings
 
 __all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]
@@ -64,7 +63,7 @@ MAX_MAX_MESSAGES = 10_000_000
 MAX_NUM_PARTITIONS = 10_000
 MAX_ACK_BATCH = 1_000_000
 MAX_RETENTION_SECONDS = 3650 * 86400  # ten years (SQL Server's DATEADD takes an int of seconds)
-MAX_INLINE_BYTES = STAGE_RETRY_BYTES  # what a task keeps to stage again after a fault
+MAX_INLINE_BYTES = 2**30
 
 
 def _int(
@@ -171,7 +170,7 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
     "subscriptionTable": (defaults.DEFAULT_SUBSCRIPTIONS, "table that routes published events to subscriber queues"),
     "deduplicationRetention": ("7d", "how long outbox records are kept (`30s`, `12h`, `7d`); replays older than this are sent again"),
     "contentType": (defaults.DEFAULT_CONTENT_TYPE, "`NServiceBus.ContentType` of messages without one"),
-    "inlineBytes": (f"{defaults.DEFAULT_INLINE_BYTES:,} (32 MiB)", "a task whose messages total at most this many bytes hands them to the driver, which writes them straight into their queues (PostgreSQL); larger tasks stage theirs. 0: always stage. Spark counts them in `spark.driver.maxResultSize`"),
+    "inlineBytes": (f"{defaults.DEFAULT_INLINE_BYTES:,} (256 MiB)", f"most bytes of messages a micro-batch's tasks hand to the driver, which writes them straight into their queues (PostgreSQL): each of the first {defaults.INLINE_TASKS} tasks hands its messages over when they total at most a {defaults.INLINE_TASKS}th of it; the others stage theirs. 0: every task stages. The driver holds them, and Spark counts them in `spark.driver.maxResultSize`"),
     **{k: (v[0], v[1].replace("ADDRESSES", "`destination` values (so replies' ReplyToAddress) and subscription rows")) for k, v in ALLOW_OPTIONS.items()},
 }
 _WRITER_KNOWN = {k.lower() for k in WRITER_OPTIONS}

@@ -5,7 +5,8 @@ Thin: the work is in `spark_qtransport.transport.sending.dispatch`. Which Spark 
 - driver, when the query starts: ``streamWriter()`` checks the options and the input columns and
   creates the endpoint's staging and outbox tables;
 - executors: ``write()`` builds one partition's messages and returns a `StagedMessage`: with
-  the messages themselves when they total at most option ``inlineBytes``, else after staging them;
+  the messages themselves when they fit the task's share of option ``inlineBytes``, else after
+  staging them;
 - driver, once every task of the batch succeeded: ``commit(messages, batchId)`` dispatches the
   batch in one transaction (a replayed batch id is skipped by the outbox); ``abort`` deletes
   what the tasks of a failed batch staged.
@@ -139,18 +140,21 @@ def _slices(batch: Any, budget: int) -> Iterator[Any]:
     yield batch.slice(start, n - start)
 
 
-def _task_ids(options: SendSettings) -> tuple[int, str | None]:
+def _task_ids(options: SendSettings) -> tuple[int, str | None, int]:
+    """(batch id, query id, partition) of the running task."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     batch = options.batch_id
     query = options.query_id
+    partition = 0
     if ctx is not None:
         local_batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
         if batch is None and local_batch is not None:
             batch = int(local_batch)
         query = query or ctx.getLocalProperty(QUERY_ID_PROPERTY)
-    return (ONE_OFF if batch is None else batch), query
+        partition = ctx.partitionId()
+    return (ONE_OFF if batch is None else batch), query, partition
 
 
 class _Staging:
@@ -158,8 +162,9 @@ class _Staging:
     plan: SendPlan
 
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
-        batch, query = _task_ids(self.options)
-        return StagedMessage(stage_partition(self.options, self.plan, _rows(iterator), batch_id=batch, query_id=query))
+        batch, query, partition = _task_ids(self.options)
+        return StagedMessage(stage_partition(self.options, self.plan, _rows(iterator), batch_id=batch, query_id=query,
+                                             partition=partition))
 
     def __repr__(self) -> str:
         o = self.options

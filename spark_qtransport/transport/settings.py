@@ -23,9 +23,11 @@ DEFAULT_ERROR_QUEUE = "error"
 DEFAULT_SUBSCRIPTIONS = "SubscriptionRouting"
 DEFAULT_CONTENT_TYPE = "application/json"
 DEFAULT_SINK = "default"
-#: a sink task whose messages total at most this many bytes (headers and bodies) hands them to the
-#: driver, which writes them straight into their queues in the batch's dispatch transaction
-DEFAULT_INLINE_BYTES = 32 * 2**20
+#: most bytes of messages (headers and bodies) a micro-batch's sink tasks hand to the driver, which
+#: writes them straight into their queues in the batch's dispatch transaction: each of the first
+#: INLINE_TASKS tasks (by partition) hands its messages over when they total at most its share
+DEFAULT_INLINE_BYTES = 256 * 2**20
+INLINE_TASKS = 4
 #: a micro-batch is read with one Spark partition per this many claimed rows, at most MAX_AUTO_PARTITIONS
 PARTITION_TARGET_ROWS = 25_000
 MAX_AUTO_PARTITIONS = 16
@@ -93,7 +95,7 @@ class SendSettings:
     batch_id: int | None = None  # given by QueueSink (foreachBatch); streams get it from Spark
     query_id: str | None = None
     routing: RoutingPolicy = RoutingPolicy()
-    inline_bytes: int = DEFAULT_INLINE_BYTES  # 0: every task stages its rows
+    inline_bytes: int = DEFAULT_INLINE_BYTES  # per batch; 0: every task stages its rows
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +119,12 @@ class SendSettings:
                    subscriptions=d.parse_address(subscriptions, option="subscriptionTable"),
                    destination=d.parse_address(destination, option="destination") if destination else None,
                    **values)  # type: ignore[arg-type]
+
+    def inline_limit(self, partition: int) -> int:
+        """Most bytes the task of `partition` hands to the driver (0: it stages its rows)."""
+        if partition >= INLINE_TASKS or not self.dialect.sends_inline:
+            return 0
+        return self.inline_bytes // INLINE_TASKS
 
     @property
     def staging(self) -> QueueAddress:

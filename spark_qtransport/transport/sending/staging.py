@@ -136,16 +136,19 @@ def stage_partition(
     *,
     batch_id: int,
     query_id: str | None,
+    partition: int = 0,
 ) -> StageReport:
     """One task's part of sending; returns what the driver needs to dispatch. Rows totalling at
-    most `SendSettings.inline_bytes` (where the dialect `sends_inline`) travel in the report
-    itself and nothing is written; otherwise every row is staged in one transaction (`_stage`)."""
+    most the task's share of `SendSettings.inline_bytes` (`inline_limit`, by its `partition`)
+    travel in the report itself and nothing is written; otherwise every row is staged in one
+    transaction (`_stage`)."""
     builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
     now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
     rows = TaskRows(map(builder.build, itertools.chain.from_iterable(batches), itertools.repeat(now)))
     try:
-        if options.inline_bytes and options.dialect.sends_inline:
-            inline = rows.within(options.inline_bytes)
+        limit = options.inline_limit(partition)
+        if limit:
+            inline = rows.within(limit)
             if inline is not None:
                 return StageReport(builder.attempt, len(inline), _routes(builder), batch_id, query_id,
                                    hand_over(inline))
