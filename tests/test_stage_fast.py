@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from spark_qtransport import wire
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.errors import MessageError
-from spark_qtransport.transport.sending import messages, staging
-from spark_qtransport.transport.sending.messages import MessageBuilder, SendPlan, StagedRow, _uuid4_texts
+from spark_qtransport.transport.sending import builder, staging
+from spark_qtransport.transport.sending.builder import MessageBuilder, _uuid4_texts
+from spark_qtransport.transport.sending.messages import SendPlan, StagedRow
 from spark_qtransport.transport.sending.staging import TaskRows
 from spark_qtransport.wire import (
     INTENTS,
@@ -261,7 +262,7 @@ def test_input_errors_are_input_failed() -> None:
 
 
 def test_module_constants_match_the_wire() -> None:
-    assert messages._FORWARD == H.FORWARD_DESTINATION and messages._CONTROL == H.CONTROL_MESSAGE
+    assert builder._FORWARD == H.FORWARD_DESTINATION and builder._CONTROL == H.CONTROL_MESSAGE
 
 
 def test_postgres_stages_every_body_type(pg: Any, names: Any) -> None:

@@ -14,7 +14,8 @@ from backends import Backend, nsb_headers
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.dialects.base import STAGED_COLUMNS
 from spark_qtransport.errors import MessageError
-from spark_qtransport.transport.sending.messages import DELAYED, SEND, MessageBuilder, SendPlan, StagedRow
+from spark_qtransport.transport.sending.builder import MessageBuilder
+from spark_qtransport.transport.sending.messages import DELAYED, SEND, SendPlan, StagedRow
 
 TYPE = "Shop.Messages.PlaceOrder, Shop.Messages"
 YEAR = 365.25 * 86_400

@@ -18,8 +18,9 @@ from ...wire import format_time
 from .. import session as db
 from ..executor import cached_connection
 from ..settings import SendSettings
+from .builder import MessageBuilder
 from .inline import RowGroup, hand_over
-from .messages import MessageBuilder, SendPlan, StagedRow
+from .messages import SendPlan, StagedRow
 
 __all__ = ["STAGE_CHUNK", "STAGE_BYTES", "STAGE_RETRY_BYTES", "InputFailed", "TaskRows", "RouteCount", "StageReport",
            "stage_partition"]
