@@ -124,7 +124,9 @@ def test_a_large_backlog_drains_in_flat_memory(tmp_path: Path) -> None:
     # the connector vacuums both tables (at most every VACUUM_EVERY seconds): between two vacuums
     # they grow by that much traffic, so a plateau shows only in a drain of several cycles
     # (`make chaos`: 1,000,000 messages); `make test`'s short drain is over within about one
-    assert min(vacuums.values()) >= 1, f"the claim and staging tables were vacuumed: {vacuums}"
+    # (the staging table only where tasks staged: small tasks hand their messages to the driver)
+    assert vacuums[claims] >= 1, f"the claim table was vacuumed: {vacuums}"
+    assert vacuums[staging] >= 1 or peak(samples, "staged") == 0, f"the staging table was vacuumed: {vacuums}"
     if finished - started >= 3 * VACUUM_EVERY:
         assert peak(late, "claims_mb") <= peak(early, "claims_mb") * 1.5 + 16, "the claim table does not grow"
         assert peak(late, "staging_mb") <= peak(early, "staging_mb") * 1.5 + 16, "the staging table does not grow"

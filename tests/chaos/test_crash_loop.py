@@ -1,8 +1,9 @@
 """Crash loop: queue -> Spark -> queue under a continuous NServiceBus producer, while the driver is
 SIGKILLed at random moments, the connector's database sessions are terminated at random moments
 (whatever they are doing: claim, read, acknowledge, stage, dispatch) and PostgreSQL itself is
-restarted once mid-stream. After a final run every produced message is at the output exactly once
-and nothing is left claimed or staged.
+restarted once mid-stream. Runs alternate between tasks that hand their messages to the driver and
+tasks that stage them (inlineBytes 0), so replays cross from one way to the other. After a final run
+every produced message is at the output exactly once and nothing is left claimed or staged.
 
 ``make test`` runs a short version (SQLQUEUE_CHAOS_KILLS=2, a producer of about 250 msg/s);
 ``make chaos`` runs 20 kills under about 700 msg/s (SQLQUEUE_CHAOS_PAUSE=0.05) and writes a
@@ -64,7 +65,8 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             while sum(r["outcome"] == "killed" for r in rounds) < kills and n < 3 * kills:
                 markers = tmp_path / f"markers-{n}"
                 markers.mkdir()
-                job = Job(CHILD, [url, q, out, e, str(tmp_path / "ckpt"), str(markers)], log=log)
+                job = Job(CHILD, [url, q, out, e, str(tmp_path / "ckpt"), str(markers)], log=log,
+                          env={"SQLQUEUE_CHILD_INLINE_BYTES": "0" if n % 2 else str(256 * 2**20)})
                 current.append(job)
                 deadline = time.monotonic() + 180
                 while not any(markers.glob("batch-*")) and job.proc.poll() is None and time.monotonic() < deadline:

@@ -69,7 +69,8 @@ def arm(pg: Backend, table: str, event: str, tag: str) -> str:
     return seq
 
 
-def pipeline(spark: Any, pg: Backend, q: str, out: str, e: str, checkpoint: str, *, per_batch: int, slices: int) -> Any:
+def pipeline(spark: Any, pg: Backend, q: str, out: str, e: str, checkpoint: str, *, per_batch: int, slices: int,
+             inline_bytes: int = 256 * 2**20) -> Any:
     from pyspark.sql import functions as F
 
     return (
@@ -79,7 +80,8 @@ def pipeline(spark: Any, pg: Backend, q: str, out: str, e: str, checkpoint: str,
         .select("body", F.concat("message_id", F.lit("-out")).alias("message_id"),
                 F.lit("Faults.Out").alias("message_type"))
         .writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", q).option("destination", out)
-        .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        .option("checkpointLocation", checkpoint).option("inlineBytes", str(inline_bytes))
+        .trigger(availableNow=True).start()
     )
 
 
@@ -92,7 +94,8 @@ def test_a_session_terminated_in_each_phase_is_ridden_through(
 ) -> None:
     n = MESSAGES.get(phase, 2000)
     run = functools.partial(pipeline, spark, pg, q := pg.create_queue(names("Faults")), out := pg.create_queue(names("Out")),
-                            e := pg.create_queue(names("error")), checkpoint, per_batch=n, slices=1 if phase == "read" else 2)
+                            e := pg.create_queue(names("error")), checkpoint, per_batch=n, slices=1 if phase == "read" else 2,
+                            inline_bytes=0 if phase == "staging" else 256 * 2**20)  # staging: tasks that stage
     pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x" * 512) for i in range(n)])
     # the first query creates the claim and staging tables; the fault is armed on them before the second
     first = run()
