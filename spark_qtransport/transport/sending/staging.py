@@ -102,7 +102,7 @@ class TaskRows:
 
 
 class RouteCount(NamedTuple):
-    """How many messages of one kind a task staged for one route."""
+    """How many messages of one kind a task staged (or handed over) for one route."""
 
     kind: str  # SEND, PUBLISH or DELAYED
     route: str
@@ -111,7 +111,8 @@ class RouteCount(NamedTuple):
 
 @dataclass(frozen=True)
 class StageReport:
-    """What one successful task attempt staged (travels back to the driver)."""
+    """What one successful task attempt staged, or the messages themselves when it handed them
+    over (`inline`); travels back to the driver in the task's commit message."""
 
     attempt: str
     rows: int
