@@ -66,6 +66,19 @@ def test_dev_db_serves_until_interrupted() -> None:
     assert not _listening(url) and not data.exists()
 
 
+def test_a_second_ctrl_c_while_stopping_still_stops_the_server() -> None:
+    """An impatient user presses Ctrl-C twice: the second lands while the server stops."""
+    import time
+
+    proc, url, lines = _start([*SQLQUEUE, "dev-db"])
+    data = Path(lines[0].split(" data in ", 1)[1].split(" ", 1)[0])
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    out = _stop(proc, signal.SIGINT)
+    assert out.endswith("PostgreSQL stopped.\n")
+    assert not _listening(url) and not data.exists()
+
+
 def test_dev_db_keeps_its_data_and_python_m_embedded_does_the_same(tmp_path: Path) -> None:
     keep = tmp_path / "db"
     proc, url, _ = _start([*SQLQUEUE, "dev-db", "--keep", str(keep)])

@@ -256,11 +256,15 @@ def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = 
     except KeyboardInterrupt:
         pass
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if not pg._started and (pg.data_dir / "postmaster.pid").exists():
-            pg._started = True  # interrupted while pg_ctl was starting it: stop it all the same
-        pg.stop()
+        for sig in previous:  # a second Ctrl-C while stopping must not leave the server running
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            if not pg._started and (pg.data_dir / "postmaster.pid").exists():
+                pg._started = True  # interrupted while pg_ctl was starting it: stop it all the same
+            pg.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     if code == 0:
         out("PostgreSQL stopped.")
     return code
