@@ -13,10 +13,9 @@ from test_send_contract import msg, received, subscribe
 
 from backends import Backend, Sender
 from spark_qtransport.transport.sending import staging
-from spark_qtransport.transport.sending.inline import row_ids
 from spark_qtransport.transport.sending.messages import SEND, StagedRow
 from spark_qtransport.transport.sending.staging import TaskRows
-from spark_qtransport.wire import H
+from spark_qtransport.wire import H, uuid4s
 
 
 def test_a_small_task_stages_nothing_and_its_rows_go_straight_into_the_queue(pg: Backend, names: Any) -> None:
@@ -93,5 +92,5 @@ def test_rows_read_past_the_retry_budget_are_staged_in_order(monkeypatch: Any) -
 
 @pytest.mark.parametrize("n", [0, 1, 300])
 def test_row_ids_are_distinct_version_4_uuids(n: int) -> None:
-    ids = [uuid.UUID(bytes=b) for b in row_ids(n)]
+    ids = [uuid.UUID(bytes=b) for b in uuid4s(n)]
     assert len(set(ids)) == n and all(i.version == 4 and i.variant == uuid.RFC_4122 for i in ids)

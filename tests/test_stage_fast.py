@@ -21,7 +21,7 @@ from spark_qtransport import wire
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.errors import MessageError
 from spark_qtransport.transport.sending import builder, staging
-from spark_qtransport.transport.sending.builder import MessageBuilder, _uuid4_texts
+from spark_qtransport.transport.sending.builder import MessageBuilder
 from spark_qtransport.transport.sending.messages import SendPlan, StagedRow
 from spark_qtransport.transport.sending.staging import TaskRows
 from spark_qtransport.wire import (
@@ -161,7 +161,7 @@ def test_headers_of_a_plain_row() -> None:
 
 
 def test_new_ids_are_version_4_uuids() -> None:
-    ids = list(itertools.islice(_uuid4_texts(), 2000))
+    ids = list(itertools.islice(wire.uuid4_texts(), 2000))
     assert len(set(ids)) == len(ids)
     for text in ids:
         u = uuid.UUID(text)

@@ -6,16 +6,15 @@ executors; no SQL. Every check happens here, before anything is written, and eve
 from __future__ import annotations
 
 import math
-import os
 import socket
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from ...dialects import dialect_named
 from ...errors import ConfigError, MessageError
-from ...wire import INTENTS, RESERVED, H, SentHeaderText, encode_headers, format_time, outgoing_headers
+from ...wire import INTENTS, RESERVED, H, SentHeaderText, encode_headers, format_time, outgoing_headers, uuid4_texts
 from .messages import DELAYED, PUBLISH, SEND, SendPlan, StagedRow
 
 __all__ = ["MessageBuilder"]
@@ -86,7 +85,7 @@ class MessageBuilder:
         self._max_seconds = min(MAX_SECONDS, self.dialect.max_interval_seconds)
         self._routes: dict[str | None, str] = {}
         self.counts: dict[tuple[str, str], int] = {}
-        self._ids = _uuid4_texts()
+        self._ids = uuid4_texts()
         self._text = SentHeaderText(endpoint=plan.endpoint, machine=self.machine, content_type=plan.content_type,
                                     new_id=lambda: next(self._ids))
         # `build`'s fast path needs text for every header it fills in; else every row takes the
@@ -315,22 +314,6 @@ class MessageBuilder:
 _ENCLOSED = H.ENCLOSED_MESSAGE_TYPES
 _FORWARD, _CONTROL = RESERVED
 _new_row = tuple.__new__
-
-#: hex digit of 16 random bits -> the digit of a version 4 UUID's variant (RFC 9562: bits 10xx)
-_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
-
-
-def _uuid4_texts() -> Iterator[str]:
-    """``str(uuid.uuid4())`` values, the same random bits (`os.urandom`) in a fraction of the time:
-    256 at a time from one read. One per `MessageBuilder`, made in the task's own process (never
-    shared by forked workers)."""
-    variant = _VARIANT
-    while True:
-        pool = os.urandom(16 * 256).hex()
-        for i in range(0, len(pool), 32):
-            h = pool[i:i + 32]
-            yield f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant[h[16]]}{h[17:20]}-{h[20:]}"
-
 
 class _Timing(NamedTuple):
     ttbr: float | None  # seconds

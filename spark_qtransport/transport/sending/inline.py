@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ...dialects import Dialect, QueueAddress
+from ...wire import uuid4s
 from ..routing import Target, insert_guarded
 from .fanout import Destination
 from .messages import SEND, StagedRow
 
-__all__ = ["RowGroup", "hand_over", "InlineRows", "row_ids"]
+__all__ = ["RowGroup", "hand_over", "InlineRows"]
 
 #: the queue columns `Dialect.send_rows` writes
 QUEUE_COLUMNS = frozenset({"id", "expires", "headers", "body"})
@@ -94,7 +93,7 @@ class InlineRows:
                     or key not in self.groups or not QUEUE_COLUMNS <= set(to.columns)):
                 continue
             ids, ttbr, headers, bodies = (_column(self.groups[key], c) for c in (MESSAGE_ID, TTBR_MS, HEADERS, BODY))
-            values = list(zip(row_ids(len(ids)), ttbr, headers, bodies, strict=True))
+            values = list(zip(uuid4s(len(ids)), ttbr, headers, bodies, strict=True))
             first = _first_per_message_id(ids)
             if first is not None:
                 values = [values[i] for i in first]
@@ -126,11 +125,3 @@ def _first_per_message_id(ids: list[str]) -> list[int] | None:
     for i, message_id in enumerate(ids):
         seen.setdefault(message_id, i)
     return list(seen.values())
-
-
-def row_ids(n: int) -> Iterator[bytes]:
-    """`n` random version-4 UUIDs as 16 bytes each, from one `os.urandom` read."""
-    raw = bytearray(os.urandom(16 * n))
-    raw[6::16] = bytes((b & 0x0F) | 0x40 for b in raw[6::16])
-    raw[8::16] = bytes((b & 0x3F) | 0x80 for b in raw[8::16])
-    return (bytes(raw[i:i + 16]) for i in range(0, 16 * n, 16))
