@@ -220,7 +220,14 @@ class EmbeddedPostgres:
         return f"<EmbeddedPostgres {state} on 127.0.0.1:{self.port}>"
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    """The first Ctrl-C or SIGTERM stops the server; the program then ignores any more, so none of them
+    can cut the stop short (leaving the server running) or turn a clean exit into a traceback."""
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -230,12 +237,14 @@ def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = 
 
     Prints its URL and an ``export SQLQUEUE_URL=...`` line. With `data_dir` the data stays there
     (and is used again on the next start); without, it lives in a temporary directory deleted on
-    exit. Returns the exit code: 0 when interrupted, 1 when the server stopped on its own.
+    exit. Returns the exit code: 0 when interrupted, 1 when the server stopped on its own. It is a
+    program's main loop: it leaves SIGINT and SIGTERM ignored when it returns.
     """
     out = echo or (lambda line: print(line, flush=True))
     pg = EmbeddedPostgres(data_dir=data_dir, port=port)
     # SIGINT too: a shell starts `sqlqueue dev-db &` with SIGINT ignored, and `kill -INT` should still stop it
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, _interrupt)
     code = 0
     try:
         reused = (pg.data_dir / "PG_VERSION").exists()
@@ -256,15 +265,11 @@ def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = 
     except KeyboardInterrupt:
         pass
     finally:
-        for sig in previous:  # a second Ctrl-C while stopping must not leave the server running
+        for sig in _STOP_SIGNALS:  # stopping on its own or on an error: ignore Ctrl-C from here on too
             signal.signal(sig, signal.SIG_IGN)
-        try:
-            if not pg._started and (pg.data_dir / "postmaster.pid").exists():
-                pg._started = True  # interrupted while pg_ctl was starting it: stop it all the same
-            pg.stop()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        if not pg._started and (pg.data_dir / "postmaster.pid").exists():
+            pg._started = True  # interrupted while pg_ctl was starting it: stop it all the same
+        pg.stop()
     if code == 0:
         out("PostgreSQL stopped.")
     return code
