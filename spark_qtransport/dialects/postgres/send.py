@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,41 +28,40 @@ def _uuid_bytes_dumper() -> type:
     return UUIDBytesDumper
 
 
+def _copy_in(cur: Any, table: str, columns: Sequence[str], types: list[str], rows: Iterable[tuple[Any, ...]]) -> None:
+    """COPY `rows` into `table` (already quoted) in binary. bytea goes by psycopg's C dumper (the
+    default one, in Python, also takes psycopg.Binary wrappers, which these rows never hold): this
+    cursor only."""
+    from psycopg.types.string import BytesBinaryDumper
+
+    cur.adapters.register_dumper(bytes, BytesBinaryDumper)
+    with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(types)
+        write = copy.write_row
+        for row in rows:
+            write(row)
+
+
 class PostgresSend(SendSql):
     """The PostgreSQL send of the dialect."""
 
     def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
-        from psycopg.types.string import BytesBinaryDumper
-
-        cols = ", ".join(STAGED_COLUMNS)
         with conn.cursor() as cur:
-            # bytea by psycopg's C dumper (the default one, in Python, also takes psycopg.Binary
-            # wrappers, which staged rows never hold): this cursor only
-            cur.adapters.register_dumper(bytes, BytesBinaryDumper)
-            with cur.copy(f"COPY {self.qualified(staging)} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(
-                    ["text", "int8", "text", "text", "text", "text", "text", "bytea", "int8", "int8", "timestamptz"]
-                )
-                write = copy.write_row
-                for row in rows:
-                    write(row)
+            _copy_in(cur, self.qualified(staging), STAGED_COLUMNS,
+                     ["text", "int8", "text", "text", "text", "text", "text", "bytea", "int8", "int8", "timestamptz"], rows)
 
     sends_inline = True
 
     def send_rows(self, conn: Any, destination: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> int:
-        from psycopg.types.string import BytesBinaryDumper
-
         with conn.cursor() as cur:
             now: Any = None
             if any(ttbr is not None for _, ttbr, _, _ in rows):  # the transaction's clock, as dispatch uses
                 (now,) = cur.execute(f"SELECT {UTC_NOW}").fetchone()
-            cur.adapters.register_dumper(bytes, BytesBinaryDumper)
             cur.adapters.register_dumper(None, _uuid_bytes_dumper())  # by oid only: ids as 16 raw bytes
-            with cur.copy(f"COPY {self.qualified(destination)} (id, expires, headers, body) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["uuid", "timestamp", "text", "bytea"])
-                write = copy.write_row
-                for row_id, ttbr, headers, body in rows:
-                    write((row_id, None if ttbr is None else now + timedelta(milliseconds=ttbr), headers, body))
+            _copy_in(cur, self.qualified(destination), ("id", "expires", "headers", "body"),
+                     ["uuid", "timestamp", "text", "bytea"],
+                     ((row_id, None if ttbr is None else now + timedelta(milliseconds=ttbr), headers, body)
+                      for row_id, ttbr, headers, body in rows))
         return len(rows)
 
     def dispatch_plans(self) -> list[Statement]:

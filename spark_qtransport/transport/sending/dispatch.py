@@ -32,7 +32,7 @@ from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..settings import SendSettings
 from .fanout import Destination, add_subscribers
-from .inline import InlineRows
+from .inline import InlineRows, RowGroup, by_route
 from .messages import DELAYED, PUBLISH, SEND, SendPlan
 from .outbox import Outbox, fingerprint
 from .staging import StageReport
@@ -108,7 +108,7 @@ class _Batch:
     expected: int  # rows staged
     routes: dict[tuple[str, str], int]  # (kind, route) -> rows, staged and inline
     staged_routes: set[tuple[str, str]]  # (kind, route) that staged rows have
-    inline: InlineRows
+    handed: dict[tuple[str, str], list[RowGroup]]  # the rows tasks handed over, by (kind, route)
 
     @classmethod
     def of(cls, batch_id: int, reports: list[StageReport]) -> _Batch:
@@ -121,7 +121,7 @@ class _Batch:
                     staged_routes.add((r.kind, r.route))
         staged = [r for r in reports if r.inline is None]
         return cls(batch_id, [r.attempt for r in staged], sum(r.rows for r in staged), routes, staged_routes,
-                   InlineRows.of([r.inline for r in reports if r.inline is not None]))
+                   by_route([r.inline for r in reports if r.inline is not None]))
 
     @property
     def rows(self) -> int:
@@ -188,7 +188,7 @@ class Dispatcher:
         router = Router(d, o.routing)
         destinations = self._destinations(cur, router, batch)
         attempts, expected = batch.attempts, batch.expected
-        inline = InlineRows(dict(batch.inline.groups))  # a retried transaction starts again from the reports
+        inline = InlineRows(dict(batch.handed))
         if inline:
             inline.send(conn, d, destinations, batch.staged_routes)
             for name, (text, n) in inline.sent.items():

@@ -27,7 +27,7 @@ from ..routing import Target, insert_guarded
 from .fanout import Destination
 from .messages import SEND, StagedRow
 
-__all__ = ["RowGroup", "hand_over", "InlineRows"]
+__all__ = ["RowGroup", "hand_over", "by_route", "InlineRows"]
 
 #: the queue columns `Dialect.send_rows` writes
 QUEUE_COLUMNS = frozenset({"id", "expires", "headers", "body"})
@@ -61,23 +61,25 @@ def hand_over(rows: list[StagedRow]) -> list[RowGroup]:
     return [RowGroup(kind, route, tuple(zip(*group, strict=True))[_FIRST:]) for (kind, route), group in by_key.items()]
 
 
+def by_route(tasks: list[list[RowGroup]]) -> dict[tuple[str, str], list[RowGroup]]:
+    """The groups the tasks of a batch handed over, by (kind, route), in task order."""
+    groups: dict[tuple[str, str], list[RowGroup]] = {}
+    for task in tasks:
+        for group in task:
+            groups.setdefault((group.kind, group.route), []).append(group)
+    return groups
+
+
 @dataclass
 class InlineRows:
-    """The handed-over rows of one batch, by (kind, route), and what became of them."""
+    """One dispatch transaction's handed-over rows, by (kind, route), and what became of them
+    (a retried transaction starts again from a fresh one)."""
 
     groups: dict[tuple[str, str], list[RowGroup]]  # the tasks' groups, in task order
     attempt: str = field(default_factory=lambda: f"inline-{uuid.uuid4().hex}")
     #: destination (its key in the dispatch's destinations) -> (address text, messages written straight in)
     sent: dict[str, tuple[str, int]] = field(default_factory=dict)
     staged: int = 0
-
-    @classmethod
-    def of(cls, tasks: list[list[RowGroup]]) -> InlineRows:
-        groups: dict[tuple[str, str], list[RowGroup]] = {}
-        for task in tasks:
-            for group in task:
-                groups.setdefault((group.kind, group.route), []).append(group)
-        return cls(groups)
 
     def __bool__(self) -> bool:
         return bool(self.groups)
