@@ -105,7 +105,9 @@ def run_to_end(script: Path, args: list[str], *, log: Path) -> None:
 
 
 def child_spark() -> Any:
-    """The SparkSession of a child job: local[2] on loopback, quiet, sqlqueue registered."""
+    """The SparkSession of a child job: local[2] on loopback, quiet, sqlqueue registered.
+    SQLQUEUE_CHILD_MASTER sets another master (``local[2,8]``: a failed task is tried up to 8 times,
+    as on a cluster)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -113,7 +115,7 @@ def child_spark() -> Any:
     from spark_qtransport import register
 
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(os.environ.get("SQLQUEUE_CHILD_MASTER", "local[2]"))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")

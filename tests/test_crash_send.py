@@ -1,4 +1,4 @@
-"""Crash test of the send side: queue -> Spark -> queue, SIGKILLed while tasks stage (a run whose
+"""Crash tests of the send side: queue -> Spark -> queue, SIGKILLed while tasks stage (a run whose
 tasks stage: inlineBytes 0), inside the dispatch transaction of rows the tasks handed the driver
 (before and after the COPY into the destination), after the dispatch committed but before Spark's
 checkpoint commit, and at random moments; after each kill the job restarts from its checkpoint,
@@ -11,9 +11,13 @@ writes; the test kills the job while the trigger sleeps, then drops the trigger.
 
 from __future__ import annotations
 
+import os
+import random
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from backends import Backend, nsb_headers
@@ -91,6 +95,81 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
         ids = [r[0] for r in c.execute(
             f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{out}\" ORDER BY 1")]
     assert len(kills) == 6
+    assert len(ids) == len(set(ids)), "no message was sent twice"
+    assert ids == [f"m{i:06d}-out" for i in range(sent)], "every message was sent"
+    assert pg.count(q) == 0 and pg.count(e) == 0
+    assert pg.count(f'"{q}.Staging"') == 0, "nothing is left staged"
+
+
+def _task_workers(job: Job) -> list[psutil.Process]:
+    """The job's Python workers that run tasks (read and write): the children pyspark.daemon forks."""
+    found = []
+    for p in job.processes():
+        try:
+            if p.cmdline()[-2:] == ["pyspark.daemon", "pyspark.worker"] and p.parent().cmdline()[-1:] == ["pyspark.worker"]:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _last_batch(markers: Path) -> int:
+    return max((int(m.name.split("-")[1]) for m in markers.glob("batch-*")), default=-1)
+
+
+def _wait_for_batch_after(batch: int, markers: Path, job: Job, what: str) -> None:
+    wait_for(lambda: _last_batch(markers) > batch, 180, what, job)
+
+
+def test_killed_task_workers_are_retried_and_nothing_is_lost_or_sent_twice(
+        pg: Backend, names: Any, tmp_path: Path) -> None:
+    """A cluster loses executors' Python workers at any moment, the driver lives on. With task
+    retries (``local[2,8]``, as a cluster's spark.task.maxFailures) Spark runs a killed read or write
+    again: a retried read gives the same slice, a killed writer's staged rows are never dispatched,
+    and a killed small task has handed nothing over. The query lives through every kill."""
+    q, out, e = pg.create_queue(names("Orders")), pg.create_queue(names("Out")), pg.create_queue(names("error"))
+    markers, log = tmp_path / "markers", tmp_path / "job.log"
+    markers.mkdir()
+    args = [pg.url, q, out, e, str(tmp_path / "ckpt"), str(markers)]
+    sent = 0
+
+    def produce(n: int) -> None:
+        nonlocal sent
+        pg.send_many(q, [(nsb_headers(f"m{sent + i:06d}"), b'{"n": 1}') for i in range(n)])
+        sent += n
+
+    seed = int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261123"))
+    print(f"worker kills: SQLQUEUE_CRASH_SEED={seed}")
+    rnd = random.Random(seed)
+    killed = 0
+    for inline_bytes in ("268435456", "0"):  # tasks that hand their rows over, then tasks that stage
+        produce(500)
+        before = _last_batch(markers)
+        job = Job(CHILD, args, log=log, env={"SQLQUEUE_CHILD_MASTER": "local[2,8]",
+                                             "SQLQUEUE_CHILD_MAX_MESSAGES": "1000",
+                                             "SQLQUEUE_CHILD_INLINE_BYTES": inline_bytes})
+        try:
+            _wait_for_batch_after(before, markers, job, "the job to run a batch")
+            for round_ in range(5):
+                produce(2000)  # two batches or more: the workers are busy most of the time
+                time.sleep(rnd.uniform(0.1, 1.0))
+                workers = _task_workers(job)
+                if workers:
+                    rnd.choice(workers).kill()
+                    killed += 1
+                # a batch ends after each kill: a task fails once at most, never spark.task.maxFailures times
+                at_kill = _last_batch(markers)
+                produce(50)
+                _wait_for_batch_after(at_kill, markers, job, f"a batch after kill {round_ + 1}")
+            wait_for(lambda: pg.count(q) == 0 and pg.count(out) == sent, 180, "the query to catch up", job)
+            assert job.proc.poll() is None, "the query lived through every kill"
+        finally:
+            job.kill()
+    run_to_end(CHILD, args, log=log)
+
+    with pg.connect() as c:
+        ids = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{out}\" ORDER BY 1")]
+    assert killed >= 8 and "Python worker exited unexpectedly" in log.read_text(errors="replace"), "tasks were retried"
     assert len(ids) == len(set(ids)), "no message was sent twice"
     assert ids == [f"m{i:06d}-out" for i in range(sent)], "every message was sent"
     assert pg.count(q) == 0 and pg.count(e) == 0
