@@ -98,3 +98,15 @@ def test_dev_db_keeps_its_data_and_python_m_embedded_does_the_same(tmp_path: Pat
     finally:
         _stop(proc, signal.SIGINT)
     assert not _listening(url)
+
+
+def test_a_server_its_program_forgot_to_stop_is_stopped_when_the_program_ends(tmp_path: Path) -> None:
+    script = (
+        "from spark_qtransport.cli.embedded import EmbeddedPostgres\n"
+        "pg = EmbeddedPostgres().start()\n"
+        "print(pg.url, pg.base_dir, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    url, base = done.stdout.split()
+    assert not _listening(url) and not Path(base).exists()

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -81,7 +82,8 @@ def _make_traversable(path: Path) -> None:
 
 
 class EmbeddedPostgres:
-    """Start a throw-away PostgreSQL server on loopback; stop it and delete its data on `stop()`.
+    """Start a throw-away PostgreSQL server on loopback; stop it and delete its data on `stop()`
+    (or when the program that started it ends without calling it).
 
     :param fsync: keep PostgreSQL's durable defaults (``True``) or trade durability for speed in tests.
     :param port: TCP port on 127.0.0.1; a free one by default.
@@ -104,6 +106,7 @@ class EmbeddedPostgres:
         self.log_file = self.base_dir / "server.log"
         self.settings = dict(settings or {})
         self._started = False
+        self._owner_pid = os.getpid()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -174,8 +177,16 @@ class EmbeddedPostgres:
             ]
         )
         self._started = True
+        self._owner_pid = os.getpid()
+        atexit.register(self._stop_at_exit)
         self._wait_ready()
         return self
+
+    def _stop_at_exit(self) -> None:
+        """A server its program forgot to stop is stopped (its throw-away data deleted) when the
+        program ends; never by a forked child of that program."""
+        if os.getpid() == self._owner_pid:
+            self.stop()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -195,6 +206,7 @@ class EmbeddedPostgres:
         self.start()
 
     def stop(self) -> None:
+        atexit.unregister(self._stop_at_exit)
         if self._started:
             # a kept data directory is shut down cleanly (no recovery on the next start); a
             # throw-away one is deleted next, so there is nothing to flush
