@@ -106,7 +106,6 @@ class EmbeddedPostgres:
         self.log_file = self.base_dir / "server.log"
         self.settings = dict(settings or {})
         self._started = False
-        self._owner_pid = os.getpid()
 
     # -- lifecycle -----------------------------------------------------------------------------
 

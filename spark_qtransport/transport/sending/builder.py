@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import socket
-import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
@@ -209,7 +208,7 @@ class MessageBuilder:
     def _build(self, row: Mapping[str, Any], now: datetime | str) -> StagedRow:
         """`build`, the general path: every row, every check in order."""
         get = row.get
-        message_id = get("message_id") or str(uuid.uuid4())
+        message_id = get("message_id") or next(self._ids)
         _no_nul(message_id, "message_id", message_id)
         for column in ("correlation_id", "message_type", "reply_to"):
             _no_nul(get(column), column, message_id)
