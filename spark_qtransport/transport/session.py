@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from ..dialects import Dialect, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 
-__all__ = ["Backoff", "Session", "with_retries", "args", "execute", "first", "one", "rows", "columns", "rowcount",
+__all__ = ["Backoff", "Session", "with_retries", "args", "execute", "results", "first", "one", "rows", "columns", "rowcount",
            "rollback", "close", "describe", "explain", "retrying"]
 
 log = logging.getLogger("spark_qtransport.db")
@@ -89,28 +89,45 @@ def execute(cur: Any, stmt: Statement) -> Any:
     return cur
 
 
+def results(cur: Any) -> Any:
+    """`cur`, moved on to the first result that has rows: every read of a statement's result goes
+    through here. A batch of several statements may answer with results that carry no rows
+    before the one it selects: row counts, or a warning that ODBC reports as a result of its own
+    (SQL Server's 8153, "Null value is eliminated by an aggregate"; pyodbc then says "No results.
+    Previous SQL was not a query"). NServiceBus reads past them the same way (its receive drains
+    every result). A statement that selects nothing is left where it ends, and fetching raises as
+    the driver does."""
+    while cur.description is None and cur.nextset():
+        pass
+    return cur
+
+
 def first(cur: Any, stmt: Statement) -> Any:
     cur.execute(*args(stmt))
-    return cur.fetchone()
+    return results(cur).fetchone()
 
 
 def one(cur: Any, stmt: Statement) -> tuple[Any, ...]:
     cur.execute(*args(stmt))
-    row = cur.fetchone()
+    row = results(cur).fetchone()
     return tuple(row) if row is not None else (None,)
 
 
 def rows(cur: Any, stmt: Statement) -> list[Any]:
     cur.execute(*args(stmt))
-    return list(cur.fetchall())
+    return list(results(cur).fetchall())
 
 
 def columns(cur: Any, stmt: Statement) -> dict[str, str]:
-    cur.execute(*args(stmt))
-    return {str(name).lower(): str(typ) for name, typ in cur.fetchall()}
+    return {str(name).lower(): str(typ) for name, typ in rows(cur, stmt)}
 
 
 def rowcount(cur: Any, stmt: Statement) -> int:
+    """The rows a statement wrote: the driver's rowcount, or the count a `Statement.counted`
+    batch selects."""
+    if stmt.counted:
+        (n,) = one(cur, stmt)
+        return int(n or 0)
     cur.execute(*args(stmt))
     return max(int(cur.rowcount), 0)
 

@@ -49,10 +49,14 @@ class QueueAddress:
 
 @dataclass(frozen=True)
 class Statement:
-    """One SQL statement: text plus bound parameters (a dict for psycopg, a tuple for pyodbc)."""
+    """One SQL statement: text plus bound parameters (a dict for psycopg, a tuple for pyodbc).
+
+    `counted`: the rows the statement wrote are the first value of its one result row, not the
+    driver's rowcount (a batch of several bounded writes, whose rowcount would be the first's)."""
 
     sql: str
     params: Any = field(default=None)
+    counted: bool = False
 
 
 @dataclass(frozen=True)

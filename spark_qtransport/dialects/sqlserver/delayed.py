@@ -14,7 +14,7 @@ from typing import NamedTuple
 from ...errors import QTransportError
 from ..base import DelayedSql, QueueAddress, Statement
 from .addressing import SqlServerAddressing
-from .statements import Params, insert_messages, json_list, key_rows, resource
+from .statements import CHUNK, Params, bounded, insert_messages, json_keys, json_list, key_rows, resource
 
 
 class DelayedKey(NamedTuple):
@@ -87,23 +87,20 @@ class SqlServerDelayed(SqlServerAddressing, DelayedSql):
         params = Params(named=True)
         rows = key_rows([k.row for k in found], headers, [k.due for k in found])
         marker = params.add("rows", "nvarchar(max)", json_list(rows))
-        # One JSON array of [RowVersion, Due, Headers]; its [key] is the position, so the new
-        # RowVersion values follow the order of `keys`. The rows are this transaction own
-        # (locked by due_delayed): READPAST skips only rows other transactions hold.
-        rest = f"""NULL, k.Headers, d.Body
-FROM OPENJSON({marker}) AS o
-CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]', Headers nvarchar(max) '$[2]') AS k
-JOIN {params.table("delayed", self.qualified(delayed))} AS d WITH (READPAST, READCOMMITTEDLOCK)
-  ON {_KEY_MATCH.format(d="d.", k="k.")}
-ORDER BY CAST(o.[key] AS int)"""
-        return insert_messages(self.qualified(destination), self._sys(destination), new_id="NEWID()", rest=rest,
-                               params=params)
+        # One JSON array of [RowVersion, Due, Headers]; its positions keep the order of `keys`.
+        # The rows are this transaction own (locked by due_delayed): READPAST skips only rows
+        # other transactions hold.
+        joins = (f"JOIN {params.table('delayed', self.qualified(delayed))} AS d WITH (READPAST, READCOMMITTEDLOCK)\n"
+                 f"  ON {_KEY_MATCH.format(d='d.', k='k.')}")
+        return insert_messages(self.qualified(destination), self._sys(destination), keys=json_keys(marker, due=True),
+                               new_id="NEWID()", select="NULL, k.Headers, d.Body", joins=joins, params=params)
 
     def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
-        rows = [list(_delayed_key(k)) for k in keys]  # [RowVersion, Due]
-        return Statement(
-            f"DELETE FROM {self.qualified(delayed)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
-            " WHERE EXISTS (SELECT 1 FROM OPENJSON(?) WITH (KeyRow bigint '$[0]', KeyDue varchar(23) '$[1]') AS k"
-            f" WHERE {_KEY_MATCH.format(d='', k='k.')})",
-            (json_list(rows),),
-        )
+        rows = [[k.row, k.due, ""] for k in map(_delayed_key, keys)]  # [RowVersion, Due, (no headers)]
+        params = Params(named=True)
+        marker = params.add("rows", "nvarchar(max)", json_list(rows))
+        # NServiceBus's delayed table: bounded statements (see `bounded`).
+        step = (f"DELETE d FROM {params.table('delayed', self.qualified(delayed))} AS d WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)\n"
+                f"JOIN #sqlqueue_keys AS k ON {_KEY_MATCH.format(d='d.', k='k.')}\n"
+                f"WHERE {CHUNK};\nSET @n = @@ROWCOUNT;")
+        return bounded(params, keys=json_keys(marker, due=True), step=step)

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from ...errors import ConfigError, QTransportError
 from ..base import OperationsSql, QueueAddress, Statement, check_privileges
 from .addressing import SqlServerAddressing
-from .statements import copy_rows, json_list, literal
+from .statements import CHUNK, ROW_BOUND, Params, bounded, copy_rows, json_list, literal
 
 
 def _message_key(key: str) -> int:
@@ -128,16 +128,25 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
         return Statement(f"SELECT COUNT_BIG(*) FROM {self.qualified(table)} WITH (READPAST, READCOMMITTEDLOCK)")
 
     def purge_expired(self, queue: QueueAddress, *, limit: int) -> Statement:
-        # NServiceBus's PurgeBatchOfExpiredMessagesText, one statement: expired rows through
-        # the filtered Index_Expires, rows held by receivers skipped (READPAST), row locks.
-        # Expired as a receive judges it: Expires <= now. No SET NOCOUNT: the caller reads the
-        # rowcount. A limit of 5,000 rows or more may escalate to a table lock for the moment
-        # of the statement (the claim deletes in chunks for that reason).
-        return Statement(
-            f"DELETE TOP (?) FROM {self.qualified(queue)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
-            " WHERE Expires <= GETUTCDATE()",
-            (self._check_limit(limit),),
-        )
+        # NServiceBus's PurgeBatchOfExpiredMessagesText: expired rows through the filtered
+        # Index_Expires, rows held by receivers skipped (READPAST), row locks. Expired as a receive
+        # judges it: Expires <= now. At most ROW_BOUND rows per DELETE, so none escalates to a
+        # lock on the whole queue, until `limit` rows or no more; the batch selects the count.
+        sql = f"""
+SET NOCOUNT ON;
+DECLARE @limit int = ?;
+DECLARE @total int = 0, @n int, @chunk int;
+WHILE @total < @limit
+BEGIN
+    SET @chunk = CASE WHEN @limit - @total < {ROW_BOUND} THEN @limit - @total ELSE {ROW_BOUND} END;
+    DELETE TOP (@chunk) FROM {self.qualified(queue)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+    WHERE Expires <= GETUTCDATE();
+    SET @n = @@ROWCOUNT;
+    SET @total = @total + @n;
+    IF @n < @chunk BREAK;
+END
+SELECT @total AS written;"""
+        return Statement(sql.strip(), (self._check_limit(limit),), counted=True)
 
     def subscribe(self, table: QueueAddress, *, queue_address: str, endpoint: str, topic: str) -> Statement:
         # NServiceBus's SubscribeText: MERGE under HOLDLOCK, TABLOCK (no two subscribers race to
@@ -203,12 +212,14 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
 
     def delete_messages(self, queue: QueueAddress, *, keys: list[str]) -> Statement:
         # Seeks Index_RowVersion per key. The rows are this transaction own (see move_messages).
-        rows = [_message_key(k) for k in keys]
-        return Statement(
-            f"DELETE FROM {self.qualified(queue)} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)"
-            " WHERE RowVersion IN (SELECT k.KeyRow FROM OPENJSON(?) WITH (KeyRow bigint '$') AS k)",
-            (json_list(rows),),
-        )
+        # A queue is NServiceBus's: bounded statements (see `bounded`).
+        params = Params(named=True)
+        marker = params.add("rows", "nvarchar(max)", json_list([_message_key(k) for k in keys]))
+        keys_sql = (f"INSERT INTO #sqlqueue_keys (Pos, KeyRow)\n"
+                    f"SELECT CAST(o.[key] AS bigint) + 1, CAST(o.value AS bigint) FROM OPENJSON({marker}) AS o")
+        step = (f"DELETE m FROM {params.table('queue', self.qualified(queue))} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)\n"
+                f"JOIN #sqlqueue_keys AS k ON m.RowVersion = k.KeyRow\nWHERE {CHUNK};\nSET @n = @@ROWCOUNT;")
+        return bounded(params, keys=keys_sql, step=step)
 
     def indexes(self, table: QueueAddress) -> Statement:
         sys_ = self._sys(table)

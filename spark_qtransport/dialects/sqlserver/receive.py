@@ -8,7 +8,17 @@ from typing import Any
 from ...errors import ConfigError, QTransportError
 from ..base import QueueAddress, ReceiveSql, Statement
 from .addressing import SqlServerAddressing
-from .statements import MAX_CONSUMER_CHARS, MAX_RESOURCE, QNAME, Params, insert_messages, json_list, key_rows
+from .statements import (
+    MAX_CONSUMER_CHARS,
+    MAX_RESOURCE,
+    QNAME,
+    ROW_BOUND,
+    Params,
+    insert_messages,
+    json_keys,
+    json_list,
+    key_rows,
+)
 
 #: longest ``<database id>.<object id>`` of a consumer lock resource: two ints as text
 _MAX_IDS_CHARS = 11 + 1 + 11
@@ -17,15 +27,19 @@ _MAX_IDS_CHARS = 11 + 1 + 11
 #: once ONE statement holds about 5,000 locks on one table or index (a heap row costs a RID lock,
 #: a key lock per index and page intent locks): a table lock on a queue would block every
 #: NServiceBus sender and receiver until the claim commits. Below the threshold, never.
-CLAIM_CHUNK = 2000
+CLAIM_CHUNK = ROW_BOUND
 
-# A flat JSON object whose values are strings or null (OPENJSON type 0 = null, 1 = string).
+# A flat JSON object whose values are strings or null (OPENJSON type 0 = null, 1 = string), or
+# empty text: NServiceBus reads empty headers as an empty set (`string.IsNullOrEmpty` in
+# Message.cs). DATALENGTH, not = N'': comparison pads with spaces, so N'  ' = N'' is true, and
+# blank headers are poison to NServiceBus's JSON reader.
 # ISJSON accepts objects and arrays: the first non-blank character tells them apart (JSON allows
 # tab, CR and LF before it as well as spaces; LTRIM alone removes only spaces). OPENJSON raises on
 # invalid text and the optimizer may evaluate a subquery before the CASE that guards it, so
 # OPENJSON's own argument is guarded too: it only ever sees valid JSON or NULL (no rows).
 _POISON = (
-    "CASE WHEN ISJSON(Headers) = 1 AND LEFT(LTRIM(REPLACE(REPLACE(REPLACE(LEFT(Headers, 64),"
+    "CASE WHEN DATALENGTH(Headers) = 0 THEN 0"
+    " WHEN ISJSON(Headers) = 1 AND LEFT(LTRIM(REPLACE(REPLACE(REPLACE(LEFT(Headers, 64),"
     " NCHAR(9), N' '), NCHAR(10), N' '), NCHAR(13), N' ')), 1) = N'{'"
     " THEN CASE WHEN EXISTS (SELECT 1 FROM OPENJSON(CASE WHEN ISJSON(Headers) = 1 THEN Headers END)"
     " WHERE type NOT IN (0, 1)) THEN 1 ELSE 0 END"
@@ -37,14 +51,15 @@ _POISON = (
 _FORWARD_LIKE = "N'%NServiceBus.SqlServer.ForwardDestination%'"
 
 
-#: The poison rows' INSERT naming Recoverable runs as dynamic SQL: a batch that names a column an
-#: existing table lacks does not compile, even in a branch that never runs. The dynamic text is
-#: made of constants and the quoted error table name (a parameter); it reads the temp table of
-#: the claim batch, which nested batches see (a table variable they would not).
-_INSERT_POISON_RECOVERABLE = (
-    "N'INSERT INTO ' + @error + N' (Id, Recoverable, Expires, Headers, Body)"
-    " SELECT Id, 1, NULL, Headers, Body FROM #sqlqueue_moved"
-    " WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion'"
+#: The poison rows' INSERT, one chunk (`PoisonPos` in (@from, @from + CLAIM_CHUNK]) per call. It
+#: runs as dynamic SQL: a batch that names a column an existing table lacks (Recoverable) does not
+#: compile, even in a branch that never runs. The text is made of constants and the quoted error
+#: table name (a parameter); it reads the temp table of the claim batch, which nested batches see
+#: (a table variable they would not).
+_INSERT_POISON = (
+    "N'INSERT INTO ' + @error + N' (Id{recoverable}, Expires, Headers, Body)"
+    " SELECT Id{one}, NULL, Headers, Body FROM #sqlqueue_moved"
+    " WHERE PoisonPos > @from AND PoisonPos <= @from + {chunk} ORDER BY PoisonPos'"
 )
 
 #: The claim batch (see `SqlServerReceive.claim`); ``{q}``, ``{c}``, ``{e}`` the quoted queue,
@@ -71,7 +86,8 @@ CREATE TABLE #sqlqueue_moved (
     Body varbinary(max) NULL,
     RowVersion bigint NOT NULL,
     Expired bit NULL,
-    Poison bit NULL
+    Poison bit NULL,
+    PoisonPos int NULL
 );
 -- Take the oldest rows, CLAIM_CHUNK per statement so no statement escalates to a table lock.
 -- UPDLOCK + READPAST: rows locked by competing consumers and NServiceBus endpoints are skipped,
@@ -95,25 +111,31 @@ BEGIN
     -- Go on after the last row taken: the skipped ones below it belong to others.
     SELECT @after = MAX(RowVersion) FROM #sqlqueue_moved;
 END
--- Expired rows are dropped (counted, never delivered). Poison rows: headers that are not a flat
--- JSON object of strings or nulls.
+-- Poison rows: headers that are not a flat JSON object of strings or nulls; empty headers are
+-- an empty set, as NServiceBus reads them. Expired rows are dropped (counted, never delivered).
 UPDATE #sqlqueue_moved SET
-    Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END,
-    Poison = {poison};
-SELECT @poison = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0;
+    Poison = {poison},
+    Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END;
+SELECT @poison = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 1;
 IF @poison > 0
 BEGIN
-    -- Poison rows go raw to the error queue: same Id, Headers and Body, no expiry, Recoverable = 1
+    -- Poison rows go raw to the error queue, expired or not (NServiceBus dead-letters a corrupted
+    -- row before it looks at its expiry): same Id, Headers and Body, no expiry, Recoverable = 1
     -- where the table has that legacy column (NServiceBus tables have it, with no default).
+    -- At most {chunk} rows per INSERT into the error queue, numbered in queue order, so no
+    -- statement escalates to a lock on the whole error queue.
+    UPDATE m SET PoisonPos = p.Pos
+    FROM #sqlqueue_moved AS m
+    JOIN (SELECT RowVersion, ROW_NUMBER() OVER (ORDER BY RowVersion) AS Pos
+          FROM #sqlqueue_moved WHERE Poison = 1) AS p ON p.RowVersion = m.RowVersion;
+    DECLARE @insertError nvarchar(max) = {insert_poison_plain};
     IF EXISTS (SELECT 1 FROM {error_sys}columns WHERE object_id = OBJECT_ID(@error) AND name = N'Recoverable')
+        SET @insertError = {insert_poison_recoverable};
+    DECLARE @from int = 0;
+    WHILE @from < @poison
     BEGIN
-        DECLARE @insertError nvarchar(max) = {insert_recoverable};
-        EXEC sys.sp_executesql @insertError;
-    END
-    ELSE
-    BEGIN
-        INSERT INTO {e} (Id, Expires, Headers, Body)
-        SELECT Id, NULL, Headers, Body FROM #sqlqueue_moved WHERE Poison = 1 AND Expired = 0 ORDER BY RowVersion;
+        EXEC sys.sp_executesql @insertError, N'@from int', @from = @from;
+        SET @from = @from + {chunk};
     END
 END
 -- The rest is claimed. INSERT ... SELECT ... ORDER BY assigns the IDENTITY values in ORDER BY
@@ -126,8 +148,10 @@ SET @claimed = @@ROWCOUNT;
 SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;
 -- Rows that may carry the ForwardDestination header: the caller forwards them in this transaction.
 SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND Headers LIKE {forward_like};
-SELECT @deleted = COUNT(*), @expired = COUNT(CASE WHEN Expired = 1 THEN 1 END), @maxSource = MAX(RowVersion)
-FROM #sqlqueue_moved;
+-- Counts by WHERE, never COUNT(<expression that may be NULL>): an aggregate that skips a NULL
+-- raises warning 8153, which ODBC reports as one more result before the row below.
+SELECT @expired = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 1;
+SELECT @deleted = COUNT(*), @maxSource = MAX(RowVersion) FROM #sqlqueue_moved;
 DROP TABLE #sqlqueue_moved;
 SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS claimed,
        @maxClaim AS max_claim, @maxSource AS max_source, @minClaim AS min_claim, @forward AS forward;
@@ -267,7 +291,8 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         sql = _CLAIM.format(
             q=q, c=c, e=e, error_sys=self._sys(error), declare_upto=declare_upto, cond_upto=cond_upto,
             max_consumer=MAX_CONSUMER_CHARS, qname=QNAME, chunk=CLAIM_CHUNK, poison=_POISON, forward_like=_FORWARD_LIKE,
-            insert_recoverable=_INSERT_POISON_RECOVERABLE,
+            insert_poison_plain=_INSERT_POISON.format(recoverable="", one="", chunk=CLAIM_CHUNK),
+            insert_poison_recoverable=_INSERT_POISON.format(recoverable=", Recoverable", one=", 1", chunk=CLAIM_CHUNK),
         )
         return [Statement(sql.strip(), tuple(params))]
 
@@ -323,18 +348,18 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
         headers: list[str],
     ) -> Statement:
-        # Same Id, no expiry, as NServiceBus forwards (Id is no key in a queue table). One JSON
-        # array of [ClaimSeq, Headers]; its [key] keeps the order of `keys`.
+        # A new Id and no expiry, as NServiceBus forwards (MessageRow.From: Guid.NewGuid()). One
+        # JSON array of [ClaimSeq, Headers]; its positions keep the order of `keys`. Only this
+        # consumer's claims are forwarded: the keys of others' are dropped before the chunks.
         params = Params(named=True)
         rows = params.add("rows", "nvarchar(max)", json_list(key_rows([int(k) for k in keys], headers)))
         who = params.add("consumer", f"nvarchar({MAX_CONSUMER_CHARS})", self._check_consumer(consumer))
-        rest = f"""NULL, k.Headers, c.Body
-FROM OPENJSON({rows}) AS o
-CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k
-JOIN {params.table("claims", self.qualified(claims))} AS c ON c.Consumer = {who} AND c.ClaimSeq = k.KeyRow
-ORDER BY CAST(o.[key] AS int)"""
-        return insert_messages(self.qualified(destination), self._sys(destination), new_id="c.Id", rest=rest,
-                               params=params)
+        c = self.qualified(claims)
+        keys_sql = (json_keys(rows) + f"\nWHERE EXISTS (SELECT 1 FROM {c} AS c WHERE c.Consumer = {who}"
+                    " AND c.ClaimSeq = k.KeyRow)")
+        return insert_messages(self.qualified(destination), self._sys(destination), keys=keys_sql, new_id="NEWID()",
+                               select="NULL, k.Headers, c.Body",
+                               joins=f"JOIN {params.table('claims', c)} AS c ON c.ClaimSeq = k.KeyRow", params=params)
 
     def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
         rows = key_rows([int(k) for k in keys], headers)

@@ -10,10 +10,12 @@ from ...errors import ConfigError, QTransportError
 from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
 from .addressing import SqlServerAddressing
 from .statements import (
+    CHUNK,
     EXACT,
     MAX_FINGERPRINT_CHARS,
     MAX_SINK_CHARS,
     Params,
+    bounded,
     copy_rows,
     in_list,
     insert_messages,
@@ -144,17 +146,19 @@ class SqlServerSend(SqlServerAddressing, SendSql):
         publish_routes: list[str],
     ) -> Statement:
         params = Params(named=True)
-        first = self._first_staged(staging, params, attempts=attempts, route=route, publish_routes=publish_routes)
-        return insert_messages(self.qualified(destination), self._sys(destination), new_id="NEWID()",
-                               rest=f"{_EXPIRES}, m.Headers, m.Body\n{first}", params=params)
+        s = self.qualified(staging)
+        first = self._first_staged(s, params, attempts=attempts, route=route, publish_routes=publish_routes)
+        keys = f"INSERT INTO #sqlqueue_keys (Pos, KeyRow)\nSELECT ROW_NUMBER() OVER (ORDER BY f.Seq), f.Seq\n{first}"
+        return insert_messages(self.qualified(destination), self._sys(destination), keys=keys, new_id="NEWID()",
+                               select=f"{_EXPIRES}, m.Headers, m.Body",
+                               joins=f"JOIN {params.table('staging', s)} AS m ON m.Seq = k.KeyRow", params=params)
 
+    @staticmethod
     def _first_staged(
-        self, staging: QueueAddress, params: Params, *, attempts: list[str], route: str | None,
-        publish_routes: list[str],
+        s: str, params: Params, *, attempts: list[str], route: str | None, publish_routes: list[str],
     ) -> str:
-        """``FROM ... ORDER BY`` of the staged rows a dispatch sends (`m`, in staging order), its
-        values added to `params`: what `dispatch` inserts and `staged_messages` reads."""
-        s = params.table("staging", self.qualified(staging))
+        """``FROM ... AS f``: the Seq of the staged rows a dispatch sends, of the staging table `s`
+        (quoted), its values added to `params`: what `dispatch` inserts and `staged_messages` reads."""
         cond = _attempts(attempts, params)
         routes = []
         if route is not None:
@@ -162,22 +166,22 @@ class SqlServerSend(SqlServerAddressing, SendSql):
         if publish_routes:
             routes.append(f"(Kind = 'p' AND {in_list('Route', publish_routes, 'published routes', params)})")
         # `f` picks one staged row per message id (the first staged, as NServiceBus's dispatcher
-        # deduplicates on message id and destination) from the index alone; the join then reads
-        # each picked row by its clustered key.
+        # deduplicates on message id and destination) from the index alone; the rows are then
+        # read by their clustered key.
         return f"""FROM (SELECT MIN(Seq) AS Seq FROM {s}
       WHERE {cond}
         AND ({' OR '.join(routes) or '1 = 0'})
-      GROUP BY MessageId) AS f
-JOIN {s} AS m ON m.Seq = f.Seq
-ORDER BY f.Seq"""
+      GROUP BY MessageId) AS f"""
 
     def staged_messages(
         self, staging: QueueAddress, *, attempts: list[str], route: str | None, publish_routes: list[str]
     ) -> Statement:
         # The rows `dispatch` would insert, keyed by their Seq (the clustered key `move_staged` seeks).
         params = Params()
-        first = self._first_staged(staging, params, attempts=attempts, route=route, publish_routes=publish_routes)
-        return Statement(f"SELECT m.Seq, m.Headers\n{first}", params.values())
+        s = self.qualified(staging)
+        first = self._first_staged(s, params, attempts=attempts, route=route, publish_routes=publish_routes)
+        return Statement(f"SELECT m.Seq, m.Headers\n{first}\nJOIN {s} AS m ON m.Seq = f.Seq\nORDER BY f.Seq",
+                         params.values())
 
     def move_staged(
         self, staging: QueueAddress, destination: QueueAddress, *, keys: list[Any], headers: list[str],
@@ -189,17 +193,21 @@ ORDER BY f.Seq"""
 
     def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
         s, d = self.qualified(staging), self.qualified(delayed)
-        params = Params()
+        params = Params(named=True)
         cond = _attempts(attempts, params)
+        keys = f"""INSERT INTO #sqlqueue_keys (Pos, KeyRow)
+SELECT ROW_NUMBER() OVER (ORDER BY Seq), Seq FROM {s} WHERE {cond} AND Kind = 'd'"""
         # Due as NServiceBus's StoreDelayedMessageText computes it: on the server, in UTC, as
-        # datetime; DATEADD takes an int, so seconds and the remaining milliseconds apart.
-        sql = f"""
-INSERT INTO {d} (Headers, Body, Due)
-SELECT Headers, Body, COALESCE(Due, DATEADD(second, DelayMs / 1000, DATEADD(ms, DelayMs % 1000, GETUTCDATE())))
-FROM {s}
-WHERE {cond} AND Kind = 'd'
-ORDER BY Seq"""
-        return Statement(sql.strip(), params.values())
+        # datetime; DATEADD takes an int, so seconds and the remaining milliseconds apart. The
+        # delayed table is NServiceBus's: bounded statements (see `bounded`).
+        step = f"""INSERT INTO {params.table('delayed', d)} (Headers, Body, Due)
+SELECT m.Headers, m.Body, COALESCE(m.Due, DATEADD(second, m.DelayMs / 1000, DATEADD(ms, m.DelayMs % 1000, GETUTCDATE())))
+FROM #sqlqueue_keys AS k
+JOIN {params.table('staging', s)} AS m ON m.Seq = k.KeyRow
+WHERE {CHUNK}
+ORDER BY k.Pos;
+SET @n = @@ROWCOUNT;"""
+        return bounded(params, keys=keys, step=step)
 
     def delete_staged(self, staging: QueueAddress, *, attempts: list[str]) -> Statement:
         # No READPAST: the rowcount is checked against what the tasks staged.

@@ -148,60 +148,112 @@ def key_rows(keys: list[Any], headers: list[str], *more: list[Any]) -> list[list
     return [[k, *m, str(h)] for k, *m, h in zip(keys, *more, headers, strict=True)]
 
 
-#: the columns of a queue table an INSERT of new messages names: NServiceBus's, Recoverable
-#: (``{recoverable}``) only where the table has that legacy column
-_QUEUE_COLUMNS = "Id, CorrelationId, ReplyToAddress{recoverable}, Expires, Headers, Body"
+#: rows one statement may write to, or delete from, a table that is not ours (a queue, an error
+#: queue, a delayed table: NServiceBus's). SQL Server escalates to a table lock once ONE statement
+#: holds about 5,000 locks on one table or index (a heap row costs a RID lock, a key lock per
+#: index, page intent locks); READPAST skips row and page locks only, so a table lock on a queue
+#: would block every NServiceBus receiver and ServiceControl until our transaction commits.
+#: NServiceBus itself writes one row per statement and moves delayed messages 100 at a time.
+ROW_BOUND = 2000
+
+#: the keys of the rows a bounded batch writes, numbered from 1 in the order they are written
+#: (Pos); the other columns hold what each caller's keys need. Nested batches (the dynamic
+#: statements below) see a temp table of the batch that made them.
+_KEYS = (
+    "IF OBJECT_ID(N'tempdb..#sqlqueue_keys') IS NOT NULL DROP TABLE #sqlqueue_keys;\n"
+    "CREATE TABLE #sqlqueue_keys (Pos bigint NOT NULL PRIMARY KEY, KeyRow bigint NOT NULL,"
+    " KeyDue varchar(23) NULL, Headers nvarchar(max) NULL);\n"
+)
+
+#: the rows of one chunk of a bounded batch, in key order (for the queue's RowVersion order)
+CHUNK = f"k.Pos > @lo AND k.Pos <= @lo + {ROW_BOUND}"
 
 
-def insert_messages(table: str, sys_: str, *, new_id: str, rest: str, params: Params) -> Statement:
-    """INSERT new messages into the queue table `table` (quoted; `sys_` the catalog views of its
-    database): Id `new_id`, CorrelationId and ReplyToAddress NULL, Recoverable 1 where the table
-    has that column, then `rest` (Expires, Headers, Body, the FROM and ORDER BY), which refers to
-    `params` (named) by ``@name`` and to tables by `Params.table`. INSERT ... SELECT ... ORDER BY
-    assigns the RowVersion IDENTITY values in ORDER BY order (documented), so queue order is the
-    SELECT's order.
+def _dynamic(sql: str) -> str:
+    """A T-SQL expression whose value is `sql`, nvarchar(max) from the first piece on (a long text
+    is not cut at 4,000 characters), the `Params.table` marks joined in from the variables that
+    hold the quoted names: a name is never written inside a literal."""
+    text = literal(sql)
+    text = re.sub(f"{_TABLE}(\\w+){_TABLE}", r"' + @\1 + N'", text)
+    return "CAST(N'' AS nvarchar(max)) + " + text
 
-    NServiceBus tables have Recoverable (bit NOT NULL, no default), newer ones may not: the server
-    decides. A batch that names a column its table lacks does not compile, even in a branch that
-    never runs, so the INSERT runs as dynamic SQL: one of two texts made of constants and the
-    quoted table names (parameters, joined in on the server), the values passed on as parameters
-    of sp_executesql. Only the INSERT counts rows (NOCOUNT until then): the statement's rowcount
-    is the rows inserted."""
-    into = Params(named=True, items=[Param("table", QNAME, table, table=True), *params.items])
 
-    def text(recoverable: bool) -> str:
-        columns = _QUEUE_COLUMNS.format(recoverable=", Recoverable" if recoverable else "")
-        lead = f"{new_id}, NULL, NULL" + (", 1" if recoverable else "")
-        sql = literal(f"INSERT INTO {_TABLE}table{_TABLE} ({columns})\nSELECT {lead}, {rest.strip()}")
-        sql = re.sub(f"{_TABLE}(\\w+){_TABLE}", r"' + @\1 + N'", sql)
-        # nvarchar(max) from the first piece on: a long list of routes cannot be cut at 4,000 characters
-        return sql.replace("N'INSERT INTO '", "CAST(N'INSERT INTO ' AS nvarchar(max))", 1)
+def bounded(params: Params, *, keys: str, step: str, recoverable: tuple[str, str] | None = None) -> Statement:
+    """A batch that writes or deletes rows of a table that is not ours, at most `ROW_BOUND` rows
+    per statement, in one caller's transaction.
 
-    passed = [p for p in params.items if not p.table]
+    `keys` fills ``#sqlqueue_keys`` (Pos from 1, in write order; referring to `params` (named)
+    by ``@name``, to tables by their quoted names). `step` is one chunk: the rows whose keys
+    satisfy `CHUNK` (``k`` the keys table), ending ``SET @n = @@ROWCOUNT;``; it names tables by
+    `Params.table` marks. With `recoverable` = (sys views of the target's catalog, step naming
+    Recoverable), that step runs instead where the target table (parameter ``@table``) has the
+    legacy Recoverable column: a batch naming a column its table lacks does not compile, even in
+    a branch that never runs, so the chunk runs as dynamic SQL (constants and quoted names only;
+    its values pass as parameters). The batch selects the rows written (`Statement.counted`)."""
+    declare = "".join(f"DECLARE @{p.name} {p.sqltype} = ?;\n" for p in params.items)
+    choose = ""
+    if recoverable is not None:
+        sys_, with_recoverable = recoverable
+        choose = (
+            f"IF EXISTS (SELECT 1 FROM {sys_}columns WHERE object_id = OBJECT_ID(@table) AND name = N'Recoverable')\n"
+            f"    SET @step = {_dynamic(with_recoverable)};\n"
+        )
     sql = (
         "SET NOCOUNT ON;\n"
-        + "".join(f"DECLARE @{p.name} {p.sqltype} = ?;\n" for p in into.items)
-        + f"DECLARE @insert nvarchar(max) = {text(False)};\n"
-        f"IF EXISTS (SELECT 1 FROM {sys_}columns WHERE object_id = OBJECT_ID(@table) AND name = N'Recoverable')\n"
-        f"    SET @insert = {text(True)};\n"
-        "SET NOCOUNT OFF;\n"
-        f"EXEC sys.sp_executesql @insert, {literal(', '.join(f'@{p.name} {p.sqltype}' for p in passed))}"
-        + "".join(f", @{p.name} = @{p.name}" for p in passed)
-        + ";"
+        + declare
+        + _KEYS
+        + keys.strip() + ";\n"
+        + f"DECLARE @step nvarchar(max) = {_dynamic(step)};\n"
+        + choose
+        + "DECLARE @lo bigint = 0, @n int, @total int = 0, @last bigint;\n"
+        "SELECT @last = MAX(Pos) FROM #sqlqueue_keys;\n"
+        "WHILE @lo < @last\n"
+        "BEGIN\n"
+        "    EXEC sys.sp_executesql @step, N'@lo bigint, @n int OUTPUT', @lo = @lo, @n = @n OUTPUT;\n"
+        "    SET @total = @total + @n;\n"
+        f"    SET @lo = @lo + {ROW_BOUND};\n"
+        "END\n"
+        "DROP TABLE #sqlqueue_keys;\n"
+        "SELECT @total AS written;"
     )
-    return Statement(sql, into.values())
+    return Statement(sql, params.values(), counted=True)
+
+
+def insert_messages(table: str, sys_: str, *, keys: str, new_id: str, select: str, joins: str,
+                    params: Params) -> Statement:
+    """INSERT new messages into the queue table `table` (quoted; `sys_` the catalog views of its
+    database), `ROW_BOUND` at a time (see `bounded`): Id `new_id`, Recoverable 1 where the table
+    has that column, then `select` (Expires, Headers, Body) from the keys ``k`` `joins` the
+    source. The columns are NServiceBus's SendText's: Id, Recoverable (where present), Expires,
+    Headers, Body; the legacy CorrelationId and ReplyToAddress are left out, so a table without
+    them works. INSERT ... SELECT ... ORDER BY assigns the RowVersion IDENTITY values in ORDER BY
+    order (documented), and the chunks run in key order, so queue order is key order."""
+    into = Params(named=True, items=[Param("table", QNAME, table, table=True), *params.items])
+
+    def step(recoverable: bool) -> str:
+        columns = "Id" + (", Recoverable" if recoverable else "") + ", Expires, Headers, Body"
+        lead = new_id + (", 1" if recoverable else "")
+        return (f"INSERT INTO {_TABLE}table{_TABLE} ({columns})\nSELECT {lead}, {select.strip()}\n"
+                f"FROM #sqlqueue_keys AS k\n{joins.strip()}\nWHERE {CHUNK}\nORDER BY k.Pos;\nSET @n = @@ROWCOUNT;")
+
+    return bounded(into, keys=keys, step=step(False), recoverable=(sys_, step(True)))
+
+
+def json_keys(marker: str, *, due: bool = False) -> str:
+    """Fill ``#sqlqueue_keys`` from a JSON array of ``[key, (due,) headers]`` (`key_rows`): Pos is
+    the array position, so the order of the keys is the order written."""
+    due_col, due_def = (", KeyDue", ", KeyDue varchar(23) '$[1]'") if due else ("", "")
+    at = 2 if due else 1
+    return (f"INSERT INTO #sqlqueue_keys (Pos, KeyRow{due_col}, Headers)\n"
+            f"SELECT CAST(o.[key] AS bigint) + 1, k.KeyRow{', k.KeyDue' if due else ''}, k.Headers\n"
+            f"FROM OPENJSON({marker}) AS o\n"
+            f"CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]'{due_def}, Headers nvarchar(max) '$[{at}]') AS k")
 
 
 def copy_rows(table: str, sys_: str, keys: list[int], headers: list[str], *, source: str, on: str) -> Statement:
     """INSERT rows of the table `source` (quoted; joined as ``m`` `on` ``k.KeyRow``) into the
-    queue `table` with new ids, Expires NULL and the given headers, in the order of `keys`. One
-    JSON array of [key, Headers]; its [key] is the position, so the new RowVersion values follow
-    that order."""
+    queue `table` with new ids, Expires NULL and the given headers, in the order of `keys`."""
     params = Params(named=True)
     rows = params.add("rows", "nvarchar(max)", json_list(key_rows(keys, headers)))
-    rest = f"""NULL, k.Headers, m.Body
-FROM OPENJSON({rows}) AS o
-CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k
-JOIN {params.table("source", source)} {on}
-ORDER BY CAST(o.[key] AS int)"""
-    return insert_messages(table, sys_, new_id="NEWID()", rest=rest, params=params)
+    return insert_messages(table, sys_, keys=json_keys(rows), new_id="NEWID()", select="NULL, k.Headers, m.Body",
+                           joins=f"JOIN {params.table('source', source)} {on}", params=params)

@@ -57,7 +57,7 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
         (high,) = db.one(cur, d.max_source_seq(queue))
     keys: tuple[tuple[tuple[str, ...], bool], ...] = ()
     if cols:
-        rows = cur.execute(*db.args(d.indexes(queue))).fetchall()
+        rows = db.rows(cur, d.indexes(queue))
         keys = tuple((tuple(str(r[1] or "").split(",")), bool(r[2])) for r in rows)
     companions = []
     companions_missing = []
@@ -79,7 +79,7 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
 def _missing(cur: Any, d: Dialect, table: QueueAddress) -> list[str]:
     """What the current role lacks of `DML` on `table` and of what using it needs besides
     (schema, sequence). Unknown (NULL: SQL Server cannot see the object) counts as held."""
-    rows = cur.execute(*db.args(d.privileges(table, DML))).fetchall()
+    rows = db.rows(cur, d.privileges(table, DML))
     return [str(what) for what, granted in rows if granted is not None and not granted]
 
 

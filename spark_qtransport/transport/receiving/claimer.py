@@ -81,7 +81,7 @@ class Claimer:
         for stmt in d.claim(o.queue, claims, o.error_queue, consumer=o.consumer,
                             limit=request.limit, after=after, upto=request.upto):
             db.execute(cur, stmt)
-        row = cur.fetchone()
+        row = db.results(cur).fetchone()
         names = [str(column[0]).lower() for column in cur.description]
         values: dict[str, Any] = {name: None if v is None else int(v) for name, v in zip(names, row, strict=True)}
         claim = ClaimResult(**values)

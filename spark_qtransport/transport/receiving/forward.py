@@ -58,7 +58,7 @@ def forward_claimed(
     own = d.qualified(queue)
     local: tuple[list[int], list[str]] = ([], [])
     items: list[Item] = []
-    for seq, text in cur.execute(*db.args(d.forward_candidates(claims, consumer, lo=lo, hi=hi))).fetchall():
+    for seq, text in db.rows(cur, d.forward_candidates(claims, consumer, lo=lo, hi=hi)):
         headers = decode_headers(text)
         if headers is None or H.FORWARD_DESTINATION not in headers:
             continue  # the name appears in a value, or a poison check let it through: deliver as is
