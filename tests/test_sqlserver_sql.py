@@ -683,11 +683,27 @@ class TestReceiveStatements:
         return one(D.claim(self.Q, self.C, self.E, **args))
 
     def test_claim_params_in_marker_order(self) -> None:
-        assert self.claim().params == (100, 0, "Billing", "[dbo].[error]")
-        assert self.claim(after=5, upto=9).params == (100, 5, 9, "Billing", "[dbo].[error]")
+        lock = ("[dbo].[Sales.Claims]", "Billing")  # the consumer lock the claim checks first
+        assert self.claim().params == (*lock, 100, 0, "Billing", "[dbo].[error]")
+        assert self.claim(after=5, upto=9).params == (*lock, 100, 5, 9, "Billing", "[dbo].[error]")
         flat = _flat(self.claim(after=5, upto=9).sql)
         assert flat.index("@limit bigint = ?") < flat.index("@after bigint = ?") < flat.index("@upto bigint = ?") \
             < flat.index("@consumer nvarchar(200) = ?") < flat.index("@error nvarchar(776) = ?")
+
+    def test_claim_checks_the_consumer_lock_first(self) -> None:
+        # a session-owned applock vanishes with its server session: the claim refuses to run unless
+        # the lock is held here, or (a claim made ahead on a second session) by another session
+        flat = _flat(self.claim().sql)
+        assert flat.index("IF @held = 0 THROW 51000,") < flat.index("SET XACT_ABORT ON;")
+        assert ("EXEC sys.sp_executesql N'SET @held = CASE WHEN APPLOCK_MODE(N''public'', @resource, N''Session'')"
+                " <> N''NoLock'' OR APPLOCK_TEST(N''public'', @resource, N''Exclusive'', N''Session'') = 0"
+                " THEN 1 ELSE 0 END;'") in flat
+        lock = _flat(D.try_lock_consumer(self.C, "Billing").sql)
+        resource = re.search(r"DECLARE @resource nvarchar\(255\) = (.*?);", lock)
+        assert resource and resource[1].replace("@table", "@lockTable").replace("@consumer", "@lockConsumer") in flat
+        other = _flat(one(D.claim(QueueAddress("Sales", "s", "cat"), QueueAddress("Sales.Claims", "s", "cat"),
+                                  self.E, consumer="B", limit=1, after=0, upto=None)).sql)
+        assert "EXEC [cat].sys.sp_executesql N'SET @held" in other  # the claim table's database, where the lock is
 
     def test_claim_takes_oldest_unlocked_rows(self) -> None:
         flat = _flat(self.claim().sql)
@@ -2055,7 +2071,8 @@ class TestConnect:
         monkeypatch.setitem(sys.modules, "pyodbc", fake)
         url = parse_url("sqlserver://sa:pw@db.local:1433/Shop?TrustServerCertificate=yes")
         D.connect(url)
-        assert calls[0] == ("connect", url.odbc_string(), {"autocommit": False})
+        # no transparent reconnect: it would drop the session-owned consumer lock without a word
+        assert calls[0] == ("connect", "ConnectRetryCount=0;" + url.odbc_string(), {"autocommit": False})
         assert ("execute", "SET TRANSACTION ISOLATION LEVEL READ COMMITTED", ()) in calls
         assert calls[-1] == ("commit",)
         assert D.is_transient(OperationalError("08S01", "link failure"))
@@ -2196,6 +2213,13 @@ class TestSqlServerLive:
         for s in stmts if isinstance(stmts, list) else [stmts]:
             cur.execute(s.sql, s.params) if s.params is not None else cur.execute(s.sql)
         return cur
+
+    @staticmethod
+    def count(conn: Any, stmt: Statement) -> int:
+        """The rows a statement wrote, read as the connector reads them (a bounded batch selects it)."""
+        from spark_qtransport.transport import session
+
+        return session.rowcount(conn.cursor(), stmt)
 
     def install(self, db: Any) -> None:
         for _ in range(2):  # idempotent
@@ -2387,9 +2411,9 @@ class TestSqlServerLive:
                 ("k", 1, "failed", "s", route, "m4", _headers(4), b"x", None, None, None),
             ])
             db.conn.commit()
-            sent_rows = self.run(db.conn, D.dispatch(s, db.q, attempts=[a], route=route, publish_routes=[])).rowcount
+            sent_rows = self.count(db.conn, D.dispatch(s, db.q, attempts=[a], route=route, publish_routes=[]))
             assert sent_rows == 2
-            assert self.run(db.conn, D.dispatch_delayed(s, dl, attempts=[a])).rowcount == 1
+            assert self.count(db.conn, D.dispatch_delayed(s, dl, attempts=[a])) == 1
             assert self.run(db.conn, D.delete_staged(s, attempts=[a])).rowcount == 4
             self.run(db.conn, D.delete_batch_leftovers(s, sink="k", batch_id=1))
             db.conn.commit()
@@ -2412,7 +2436,7 @@ class TestSqlServerLive:
             [(key, headers)] = self.run(db.conn, D.due_delayed(dl, limit=10)).fetchall()
             assert headers == _headers(3)
             self.run(db.conn, D.move_delayed(dl, db.e, keys=[key], headers=['{"moved":"yes"}']))
-            assert self.run(db.conn, D.delete_delayed(dl, keys=[key])).rowcount == 1
+            assert self.count(db.conn, D.delete_delayed(dl, keys=[key])) == 1
             db.conn.commit()
             moved = self.run(db.conn, Statement(f"SELECT Headers, Body FROM {D.qualified(db.e)}")).fetchall()
             assert [(h, bytes(b)) for h, b in moved] == [('{"moved":"yes"}', b"later")]
@@ -2471,8 +2495,8 @@ class TestSqlServerLive:
             finally:
                 other.close()
 
-            assert self.run(db.conn, D.purge_expired(db.q, limit=10)).rowcount == 1
-            assert self.run(db.conn, D.purge_expired(db.q, limit=10)).rowcount == 0
+            assert self.count(db.conn, D.purge_expired(db.q, limit=10)) == 1
+            assert self.count(db.conn, D.purge_expired(db.q, limit=10)) == 0
             db.conn.commit()
             assert tuple(self.run(db.conn, D.queue_stats(db.q)).fetchone())[:2] == (2, 0)
 
@@ -2541,7 +2565,7 @@ class TestSqlServerLive:
         # moved in the order of the keys given (reversed here), then deleted: all or nothing
         moved = D.move_messages(db.e, db.q, keys=keys[::-1], headers=['{"retry":"3"}', '{"retry":"1"}'])
         assert self.run(db.conn, moved).rowcount == 2
-        assert self.run(db.conn, D.delete_messages(db.e, keys=keys[::-1])).rowcount == 2
+        assert self.count(db.conn, D.delete_messages(db.e, keys=keys[::-1])) == 2
         db.conn.commit()
         got = self.run(db.conn, Statement(
             f"SELECT LOWER(CAST(Id AS varchar(36))), Headers, Body, Expires, Recoverable FROM {D.qualified(db.q)}"

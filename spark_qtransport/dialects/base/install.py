@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ...errors import ConfigError
@@ -58,6 +58,16 @@ class InstallSql(AddressingSql):
 
     def server_check(self) -> Statement | None:
         """One row, one column: the server's version number; None when nothing is checked."""
+        return None
+
+    def database_levels(self, catalogs: Sequence[str]) -> Statement | None:
+        """Rows (database name, compatibility level) of the connection's database and each of
+        `catalogs`; None where the database has no such level."""
+        return None
+
+    def level_problem(self, database: str, level: int) -> str | None:
+        """Why a database at compatibility `level` cannot run the dialect's SQL, with the fix; None
+        when it can."""
         return None
 
     def adapt_to_server(self, version: int, claims: QueueAddress) -> tuple[Self, str | None]:

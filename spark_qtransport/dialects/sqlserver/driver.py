@@ -62,6 +62,22 @@ _ROW_CONTENTS = re.compile(r"(?i)\s*(?:The duplicate key value is \(.*?\)\.|Trun
 _NATIVE_NUMBER = re.compile(r"\((-?\d+)\)(?=\s*(?:\(SQL|;|$))")
 
 
+_RETRY_KEY = re.compile(r"(?i)(?:^|;)\s*ConnectRetryCount\s*=\s*(?:\{(?:[^}]|\}\})*\}|[^;]*)")
+
+
+def without_reconnect(odbc: str) -> str:
+    """The ODBC connection string with ConnectRetryCount=0 (whatever it said before).
+
+    ODBC Driver 18 reconnects an idle connection that broke (connection resiliency) without a
+    word, and a new server session has none of the old one's session-owned application locks:
+    the endpoint's consumer lock would vanish while this process believes it holds it. Without
+    the silent reconnect, the broken connection raises; the session layer opens a new one and
+    takes the lock again (or finds another query holding it). ODBC uses a repeated keyword's
+    first value, so the old one is removed, not overridden."""
+    rest = _RETRY_KEY.sub("", odbc).lstrip(";")
+    return "ConnectRetryCount=0;" + rest
+
+
 class SqlServerDriver(DriverSupport):
     """The SQL Server connections, savepoints and errors of the dialect."""
 
@@ -75,7 +91,7 @@ class SqlServerDriver(DriverSupport):
         # endpoint's receiver lock) after close() and make the next query look busy. Only takes
         # effect before the process's first pyodbc connection.
         pyodbc.pooling = False
-        conn = pyodbc.connect(url.odbc_string(), autocommit=False)
+        conn = pyodbc.connect(without_reconnect(url.odbc_string()), autocommit=False)
         try:
             # READCOMMITTED: READPAST and UPDLOCK keep their meaning (SNAPSHOT would break them).
             # Set on every connection: a pooled connection keeps its previous isolation level.

@@ -127,6 +127,28 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
         # Committed rows no one holds now: an outbox record being written is not waited for.
         return Statement(f"SELECT COUNT_BIG(*) FROM {self.qualified(table)} WITH (READPAST, READCOMMITTEDLOCK)")
 
+    #: OPENJSON, which the claim, the dispatch, the forward, the delayed mover and the operations
+    #: read lists with, exists at database compatibility level 130 (SQL Server 2016) and above
+    MIN_COMPATIBILITY_LEVEL = 130
+
+    def database_levels(self, catalogs: Sequence[str]) -> Statement:
+        # The connection's database (where every batch runs) and each catalog a queue names.
+        # Plain parameters, not OPENJSON: this is what finds out whether OPENJSON exists.
+        names = [str(c) for c in catalogs]
+        cond = "".join(" OR name = ?" for _ in names)
+        return Statement(
+            f"SELECT name, compatibility_level FROM sys.databases WHERE name = DB_NAME(){cond} ORDER BY name",
+            tuple(names),
+        )
+
+    def level_problem(self, database: str, level: int) -> str | None:
+        if int(level) >= self.MIN_COMPATIBILITY_LEVEL:
+            return None
+        name = self.quote(database)
+        return (f"database {name} is at compatibility level {int(level)}; spark-qtransport needs "
+                f"{self.MIN_COMPATIBILITY_LEVEL} or higher (OPENJSON, SQL Server 2016): "
+                f"ALTER DATABASE {name} SET COMPATIBILITY_LEVEL = {self.MIN_COMPATIBILITY_LEVEL}")
+
     def purge_expired(self, queue: QueueAddress, *, limit: int) -> Statement:
         # NServiceBus's PurgeBatchOfExpiredMessagesText: expired rows through the filtered
         # Index_Expires, rows held by receivers skipped (READPAST), row locks. Expired as a receive

@@ -62,12 +62,29 @@ _INSERT_POISON = (
     " WHERE PoisonPos > @from AND PoisonPos <= @from + {chunk} ORDER BY PoisonPos'"
 )
 
+#: The claim's first step: this endpoint's consumer lock is still held, by this session or (for a
+#: claim made ahead on a second session) by another. A session-owned application lock vanishes
+#: with its server session, and a connection the driver re-opened in its place has none (the
+#: driver's connection resiliency is turned off, see `without_reconnect`; this is the check that
+#: does not depend on it). APPLOCK_MODE and APPLOCK_TEST look in the current database: they run
+#: in the claim table's, where the lock was taken.
+_LOCK_HELD = (
+    "DECLARE @held bit = 0;\n"
+    "IF @resource IS NOT NULL\n"
+    "    EXEC {sys_}sp_executesql N'SET @held = CASE WHEN APPLOCK_MODE(N''public'', @resource, N''Session'') <> N''NoLock''"
+    " OR APPLOCK_TEST(N''public'', @resource, N''Exclusive'', N''Session'') = 0 THEN 1 ELSE 0 END;',"
+    " N'@resource nvarchar(255), @held bit OUTPUT', @resource = @resource, @held = @held OUTPUT;\n"
+    "IF @held = 0\n"
+    "    THROW 51000, N'sqlqueue: the consumer lock of this endpoint is no longer held (its connection was reset),"
+    " so nothing is claimed; the query restarts its connections', 1;\n"
+)
+
 #: The claim batch (see `SqlServerReceive.claim`); ``{q}``, ``{c}``, ``{e}`` the quoted queue,
 #: claim and error tables, ``{error_sys}`` the error queue's catalog views, ``{declare_upto}`` and
 #: ``{cond_upto}`` the optional upper bound.
 _CLAIM = """
 SET NOCOUNT ON;
--- Any error undoes the whole claim: a row leaves the queue only together with its copy in the
+{lock}-- Any error undoes the whole claim: a row leaves the queue only together with its copy in the
 -- claim table or the error queue.
 SET XACT_ABORT ON;
 DECLARE @limit bigint = ?;
@@ -170,7 +187,8 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             )
         return consumer
 
-    def _lock_resource(self, claims: QueueAddress, consumer: str) -> tuple[str, tuple[Any, ...]]:
+    def _lock_resource(self, claims: QueueAddress, consumer: str, *, table: str = "table",
+                       who: str = "consumer") -> tuple[str, tuple[Any, ...]]:
         """The application lock of (claim table, consumer): SQL declaring ``@resource`` and its
         parameters.
 
@@ -188,10 +206,10 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             part = hashlib.sha256(consumer.encode()).hexdigest()
         db_id, params = ("DB_ID(?)", (claims.catalog,)) if claims.catalog else ("DB_ID()", ())
         sql = (
-            f"DECLARE @table {QNAME} = ?;\n"
-            "DECLARE @consumer nvarchar(255) = ?;\n"
+            f"DECLARE @{table} {QNAME} = ?;\n"
+            f"DECLARE @{who} nvarchar(255) = ?;\n"
             f"DECLARE @resource nvarchar(255) = N'sqlqueue consumer ' + CAST({db_id} AS nvarchar(11)) + N'.'"
-            " + CAST(OBJECT_ID(@table) AS nvarchar(11)) + N' ' + @consumer;\n"
+            f" + CAST(OBJECT_ID(@{table}) AS nvarchar(11)) + N' ' + @{who};\n"
         )
         return sql, (self.qualified(claims), part, *params)
 
@@ -288,7 +306,10 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             params.append(int(upto))
             declare_upto, cond_upto = "DECLARE @upto bigint = ?;\n", " AND RowVersion <= @upto"
         params += [self._check_consumer(consumer), e]
+        declare, lock_params = self._lock_resource(claims, consumer, table="lockTable", who="lockConsumer")
+        params = [*lock_params, *params]
         sql = _CLAIM.format(
+            lock=declare + _LOCK_HELD.format(sys_=self._sys(claims)),
             q=q, c=c, e=e, error_sys=self._sys(error), declare_upto=declare_upto, cond_upto=cond_upto,
             max_consumer=MAX_CONSUMER_CHARS, qname=QNAME, chunk=CLAIM_CHUNK, poison=_POISON, forward_like=_FORWARD_LIKE,
             insert_poison_plain=_INSERT_POISON.format(recoverable="", one="", chunk=CLAIM_CHUNK),

@@ -16,9 +16,10 @@ from typing import Any
 from ...dialects import Dialect, QueueAddress
 from .. import session as db
 from ..routing import QUEUE_COLUMNS
+from ..server import database_problems
 from .privileges import DML
 
-__all__ = ["Finding", "TableFacts", "assess", "check_queue"]
+__all__ = ["Finding", "TableFacts", "assess", "check_queue", "check_server"]
 
 INT4_MAX = 2**31 - 1
 
@@ -41,6 +42,12 @@ class TableFacts:
     companions: tuple[str, ...] = ()  # our tables found beside it (quoted names)
     missing: tuple[str, ...] = ()  # privileges the current role lacks on the queue (and its sequence)
     companions_missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (quoted name, lacking), ours beside it
+
+
+def check_server(cur: Any, d: Dialect, queues: list[QueueAddress]) -> list[Finding]:
+    """What the server must offer besides the tables (SQL Server: compatibility level 130 for
+    OPENJSON), checked once for the databases of `queues` and the connection's own."""
+    return [Finding("error", "(server)", problem) for problem in database_problems(cur, d, queues)]
 
 
 def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:

@@ -14,6 +14,7 @@ from ...dialects import Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
 from .. import session as db
 from ..routing import queue_shape_problem
+from ..server import database_problems
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
@@ -77,6 +78,9 @@ class EndpointSetUp:
             self.endpoint.dialect, problem = d.adapt_to_server(int(version), self.endpoint.claims)
             if problem:
                 raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
+        o = self.endpoint.options
+        for problem in database_problems(cur, self.endpoint.dialect, (o.queue, o.error_queue)):
+            raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
 
     def _check_queue(self, conn: Any, cur: Any, option: str, address: QueueAddress) -> None:
         d = self.endpoint.dialect

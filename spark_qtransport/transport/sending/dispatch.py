@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ...dialects import Dialect
-from ...errors import DispatchError, QueueNotFoundError
+from ...errors import DispatchError, QueueNotFoundError, SchemaError
 from ...wire import decode_headers
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
+from ..server import database_problems
 from ..settings import SendSettings
 from .fanout import Destination, add_subscribers
 from .inline import InlineRows, RowGroup, by_route
@@ -72,6 +73,8 @@ def set_up_sender(options: SendSettings) -> SendPlan:
 
     def set_up(conn: Any) -> bool:
         cur = conn.cursor()
+        for problem in database_problems(cur, d, [t for t, _ in tables]):
+            raise SchemaError(f"option 'url': {problem}", option="url")
         for table, create in tables:
             if not db.columns(cur, d.queue_columns(table)):
                 for stmt in create(table):  # idempotent installers: safe to run again after a fault

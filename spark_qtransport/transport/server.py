@@ -1,0 +1,23 @@
+"""What a server must offer beyond the tables: the one check every entry point runs (a receiver
+starting, a sender starting, ``sqlqueue doctor``) before it relies on the dialect's SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..dialects import Dialect, QueueAddress
+from . import session as db
+
+__all__ = ["database_problems"]
+
+
+def database_problems(cur: Any, d: Dialect, tables: Iterable[QueueAddress]) -> list[str]:
+    """Why the databases of `tables` (and the connection's own, where every batch runs) cannot run
+    the dialect's SQL, one line each with the fix: SQL Server databases below compatibility level
+    130 have no OPENJSON, which the claim, the dispatch and the mover use. Empty when they can."""
+    stmt = d.database_levels(sorted({t.catalog for t in tables if t.catalog}))
+    if stmt is None:
+        return []
+    found = (d.level_problem(str(name), int(level)) for name, level in db.rows(cur, stmt))
+    return [p for p in found if p]
