@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_sqlserver_sql import ADDRESSES, simple_statements, statements
 
 from spark_qtransport.dialects.base import QueueAddress, Statement
 from spark_qtransport.dialects.sqlserver import SqlServerDialect
 from spark_qtransport.dialects.sqlserver.statements import ROW_BOUND
 from spark_qtransport.errors import SchemaError
 from spark_qtransport.transport import session as db
-from test_sqlserver_sql import ADDRESSES, simple_statements, statements
 
 ROOT = Path(__file__).resolve().parent.parent
 D = SqlServerDialect()
