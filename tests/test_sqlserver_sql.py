@@ -937,9 +937,9 @@ class TestSendInstallers:
     def test_scripts_render_and_parse(self, method: str) -> None:
         table = D.parse_address(f"{EVIL_TABLE}@[{EVIL_TABLE.replace(']', ']]')}]")
         text = D.script(getattr(D, method)(table))
-        assert text.endswith("\nGO\n") and text.count("\nGO\n") == 1
+        assert text.startswith(SET_OPTIONS) and text.endswith("\nGO\n") and text.count("\nGO\n") == 2
         assert "DECLARE @table nvarchar(776) = N'[error]] ...; DROP TABLE [Victim]]; --].[error]] ...; DROP TABLE" in text
-        batch = text.rsplit("GO", 1)[0]
+        batch = text.removeprefix(SET_OPTIONS).rsplit("GO", 1)[0]
         assert not placeholders(batch)
         trees = parse_all(batch)
         assert not [t for t in trees if isinstance(t, exp.Drop)]
@@ -1859,6 +1859,8 @@ HEADER = """\
 --
 -- Idempotent: does nothing when the table exists; otherwise creates it under the same
 -- application lock as the NServiceBus installer (<table>_lock), so the two never race.
+-- Runs as it is in sqlcmd (add -b to stop at the first error), SSMS or Azure Data Studio: its
+-- first batch sets QUOTED_IDENTIFIER and ANSI_NULLS ON, which sqlcmd leaves OFF without -I.
 """
 SCRIPTS = {
     "queue.sql": (
@@ -1887,7 +1889,7 @@ class TestScripts:
 
     def test_script_inlines_literals(self) -> None:
         text = D.script([Statement("SELECT ?, ?, [a?], '?', ? -- ?\n", ("it's", 5, "x"))])
-        assert text == "SELECT N'it''s', 5, [a?], '?', N'x' -- ?\nGO\n"
+        assert text == SET_OPTIONS + "\nSELECT N'it''s', 5, [a?], '?', N'x' -- ?\nGO\n"
 
     def test_script_counts_markers(self) -> None:
         with pytest.raises(QTransportError, match="1 parameter markers but 2 parameters"):
@@ -1898,9 +1900,94 @@ class TestScripts:
         assert "DECLARE @table nvarchar(776) = N'[dbo].[Sales]'" not in text
         assert "DECLARE @table nvarchar(776) = N'[billing].[Sales]';" in text
         assert "DECLARE @createSchema nvarchar(max) = N'CREATE SCHEMA ' + N'[billing]';" in text
-        batch = text.rsplit("GO", 1)[0]
+        batch = text.removeprefix(SET_OPTIONS).rsplit("GO", 1)[0]
         assert not placeholders(batch)
         parse_all(batch)
+
+
+#: what every script for people starts with (pinned here as text, not imported from the dialect)
+SET_OPTIONS = "SET ANSI_NULLS ON;\nSET QUOTED_IDENTIFIER ON;\nGO\n"
+
+
+def _without_comments(text: str) -> str:
+    """A script without its leading comment and blank lines (the headers of the files and of
+    `sqlqueue ddl`'s parts)."""
+    lines = text.splitlines(keepends=True)
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    return "".join(lines)
+
+
+def _every_script() -> dict[str, str]:
+    """Every T-SQL script the project generates for people, by where it comes from: each DDL
+    method of the dialect (found by name, so a new one is included) for every address shape,
+    the grants of both endpoint kinds, each file in sql/sqlserver/, and each part of
+    `sqlqueue ddl` (with and without --grant-to)."""
+    from click.testing import CliRunner
+
+    from spark_qtransport.cli import main
+    from spark_qtransport.cli.install import DDL_PARTS
+    from spark_qtransport.transport.operations import privileges
+
+    ddl_methods = sorted(n for n in dir(D) if n.startswith("create_") and callable(getattr(D, n)))
+    assert {"create_queue", "create_claims", "create_staging", "create_outbox", "create_delayed",
+            "create_subscriptions", "create_helpers"} <= set(ddl_methods)
+    out: dict[str, str] = {}
+    for case, (queue_text, error_text) in ADDRESSES.items():
+        q, e = D.parse_address(queue_text), D.parse_address(error_text)
+        for name in ddl_methods:
+            out[f"{name}({case})"] = D.script(getattr(D, name)(q))
+        needs = [*privileges.receiving(D, q, error_queue=e),
+                 *privileges.sending(D, q, destinations=[e], error_queue=e, subscriptions=q.with_table("Subs"))]
+        out[f"grants({case})"] = D.script(privileges.grant_statements(D, "app_role", needs))
+    for path in sorted(SQL_DIR.glob("*.sql")):
+        out[f"sql/sqlserver/{path.name}"] = path.read_text(encoding="utf-8")
+    runner = CliRunner()
+
+    def cli(*args: str) -> str:
+        result = runner.invoke(main, ["ddl", "--dialect", "sqlserver", *args], env={"SQLQUEUE_URL": ""})
+        assert result.exit_code == 0, (result.output, result.exception)
+        return result.output
+
+    # One script per header line the command prints: "-- <part>: sqlserver" before each part of
+    # the DDL, "-- grants for role ..." before the grants of each endpoint kind.
+    header = re.compile(r"^(?=-- (?:\w+: sqlserver|grants for role .*)$)", re.M)
+    outputs = {"": cli(), " --grant-to": cli("--grant-to", "app_role")}
+    for part in DDL_PARTS:
+        outputs[f" --part {part}"] = cli("--part", part)
+        outputs[f" --part {part} --grant-to"] = cli("--part", part, "--grant-to", "app_role")
+    for args, output in outputs.items():
+        scripts = header.split(output)
+        assert scripts[0] == "" and len(scripts) > 1, output
+        out.update({f"sqlqueue ddl{args} (script {i})": text for i, text in enumerate(scripts[1:], 1)})
+    assert sum(k.startswith("sqlqueue ddl (") for k in out) == len(DDL_PARTS)
+    return out
+
+
+class TestScriptsRunInSqlcmd:
+    """Classic sqlcmd runs scripts with QUOTED_IDENTIFIER OFF (unless given -I): the filtered
+    Index_Expires then fails with error 1934 and the installer's CATCH rolls the whole queue
+    table back. Every script for people therefore sets the options in a first batch of its own."""
+
+    SCRIPTS = _every_script()
+
+    @pytest.mark.parametrize("where", list(SCRIPTS))
+    def test_starts_with_the_set_options_then_go(self, where: str) -> None:
+        text = _without_comments(self.SCRIPTS[where])
+        assert text.startswith(SET_OPTIONS), f"{where} does not start with the SET options:\n{text[:200]}"
+        rest = text.removeprefix(SET_OPTIONS)
+        assert "QUOTED_IDENTIFIER" not in rest and "ANSI_NULLS" not in rest  # set once, never turned off
+
+    def test_the_filtered_index_is_in_a_script_that_sets_them(self) -> None:
+        queue = self.SCRIPTS["sql/sqlserver/queue.sql"]
+        assert "WHERE Expires IS NOT NULL" in queue
+        assert queue.index(SET_OPTIONS) < queue.index("CREATE NONCLUSTERED INDEX [Index_Expires]")
+
+    def test_the_options_are_the_dialects(self) -> None:
+        from spark_qtransport.dialects.sqlserver import SCRIPT_SET_OPTIONS
+
+        assert SCRIPT_SET_OPTIONS == SET_OPTIONS
+        parse_all(SET_OPTIONS.removesuffix("GO\n"))
 
 
 def test_placeholders_skip_quoted_text_and_comments() -> None:
