@@ -1126,13 +1126,21 @@ class TestDispatchStatements:
         )
 
     def test_subscribers(self) -> None:
+        # NServiceBus's GetSubscribersText, one SELECT per topic tagged with its position: the
+        # Topic column meets each parameter directly, so its collation decides as for NServiceBus
         s = D.subscribers(self.SUBS, ["Ns.OrderPlaced", "Ns.IEvent"])
         assert s == Statement(
-            "SELECT DISTINCT QueueAddress, Topic FROM [dbo].[SubscriptionRouting] WHERE Topic IN (?, ?)",
+            "SELECT QueueAddress, 0 AS TopicIndex FROM [dbo].[SubscriptionRouting] WHERE Topic = ?\n"
+            "UNION\n"
+            "SELECT QueueAddress, 1 AS TopicIndex FROM [dbo].[SubscriptionRouting] WHERE Topic = ?",
             ("Ns.OrderPlaced", "Ns.IEvent"),
         )
+        [union] = parse_all(s.sql)
+        assert isinstance(union, exp.Union) and union.args.get("distinct") is True  # UNION, not UNION ALL
+        for eq in union.find_all(exp.EQ):
+            assert (eq.this.sql("tsql"), eq.expression.sql("tsql")) == ("Topic", "?")
         none = D.subscribers(self.SUBS, [])
-        assert none == Statement("SELECT DISTINCT QueueAddress, Topic FROM [dbo].[SubscriptionRouting] WHERE 1 = 0", ())
+        assert none == Statement("SELECT QueueAddress, 0 AS TopicIndex FROM [dbo].[SubscriptionRouting] WHERE 1 = 0", ())
         parse_all(none.sql)
         with pytest.raises(QTransportError, match="1001 topics"):
             D.subscribers(self.SUBS, [f"T{i}" for i in range(1001)])
@@ -1259,6 +1267,86 @@ class TestDispatchStatements:
             " WHERE StagedAt < DATEADD(second, -?, SYSUTCDATETIME())",
             (10, 60),
         )
+
+
+# -- send: publish to the subscribers a case-insensitive collation finds --------------------------
+
+
+def _sqlserver_ci_as(a: str, b: str) -> int:
+    """SQL Server's default collation (SQL_Latin1_General_CP1_CI_AS) as far as topics go:
+    case-insensitive, and trailing spaces never count (= pads the shorter string with spaces)."""
+    x, y = a.rstrip(" ").casefold(), b.rstrip(" ").casefold()
+    return (x > y) - (x < y)
+
+
+class _CollatingDatabase:
+    """A DB-API cursor that runs the dialect's subscriber statement on SQLite, whose
+    ``SubscriptionRouting.Topic`` column compares as SQL Server's default collation does: what
+    NServiceBus's GetSubscribersText (``WHERE Topic IN (@Topic_0, ...)``) matches, this matches.
+    The only other statement it answers is the table's column check."""
+
+    def __init__(self, subscriptions: QueueAddress, rows: list[tuple[str, str, str]]) -> None:
+        import sqlite3
+
+        self.columns_sql = D.queue_columns(subscriptions).sql
+        self.db = sqlite3.connect(":memory:")
+        self.db.create_collation("SQLSERVER_CI_AS", _sqlserver_ci_as)
+        self.db.execute(f"ATTACH DATABASE ':memory:' AS {subscriptions.schema or 'dbo'}")
+        self.db.execute(f"CREATE TABLE {D.qualified(subscriptions)} (QueueAddress TEXT COLLATE SQLSERVER_CI_AS,"
+                        " Endpoint TEXT COLLATE SQLSERVER_CI_AS, Topic TEXT COLLATE SQLSERVER_CI_AS)")
+        self.db.executemany(f"INSERT INTO {D.qualified(subscriptions)} VALUES (?, ?, ?)", rows)
+        self.result: list[tuple[Any, ...]] = []
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        if sql == self.columns_sql:
+            self.result = [("queueaddress", "nvarchar(200)"), ("endpoint", "nvarchar(200)"), ("topic", "nvarchar(200)")]
+        else:
+            self.result = self.db.execute(sql, params).fetchall()
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.result
+
+
+class TestSubscribersAsTheDatabaseCompares:
+    """A subscription's Topic is matched by the database's collation (case-insensitive, trailing
+    spaces ignored by default on SQL Server), as NServiceBus matches it; the dispatch must route
+    by what the database matched, never look up the spelling the database returns."""
+
+    SUBS = QueueAddress("SubscriptionRouting")
+    PLACED = "Shop.Events.OrderPlaced, Shop.Events, Version=1.0.0.0;Shop.Events.IOrderEvent, Shop.Events"
+    OTHER = "Shop.Events.OrderShipped, Shop.Events"
+
+    def subscribers(self, rows: list[tuple[str, str, str]], published: list[str]) -> dict[str, list[str]]:
+        from spark_qtransport.transport.routing import Router, Target
+        from spark_qtransport.transport.sending.fanout import Destination, add_subscribers
+
+        class NoLookups(Router):  # every subscriber queue exists
+            def resolve(self, cur: Any, text: str | None, *, option: str = "address") -> Target:
+                a = D.parse_address(str(text))
+                return Target(a, D.qualified(a), D.format_address(a), {})
+
+        destinations: dict[str, Destination] = {}
+        add_subscribers(_CollatingDatabase(self.SUBS, rows), D, NoLookups(D), self.SUBS, create=False,
+                        published=published, destinations=destinations)
+        return {k: sorted(d.publish_routes) for k, d in sorted(destinations.items())}  # routes: an IN list
+
+    def test_a_topic_stored_in_another_case_with_trailing_spaces_is_delivered(self) -> None:
+        got = self.subscribers([
+            ("Billing", "Billing", "shop.events.orderplaced "),  # case and a trailing space differ
+            ("Shipping", "Shipping", "SHOP.EVENTS.IORDEREVENT"),
+            ("Audit", "Audit", "Shop.Events.OrderPlaced.V2"),  # another topic
+        ], [self.PLACED, self.OTHER])
+        assert got == {"Billing@[dbo]": [self.PLACED], "Shipping@[dbo]": [self.PLACED]}
+
+    def test_our_spellings_that_the_database_takes_for_one_topic_each_get_the_subscriber(self) -> None:
+        upper = "SHOP.EVENTS.ORDERPLACED, Shop.Events"
+        got = self.subscribers([("Billing", "Billing", "Shop.Events.OrderPlaced")], [self.PLACED, upper, self.OTHER])
+        assert got == {"Billing@[dbo]": sorted([self.PLACED, upper])}
+
+    def test_an_exact_match_is_delivered_once(self) -> None:
+        got = self.subscribers([("Billing", "Billing", "Shop.Events.OrderPlaced"),
+                                ("Billing", "Billing.Audit", "Shop.Events.IOrderEvent")], [self.PLACED])
+        assert got == {"Billing@[dbo]": [self.PLACED]}
 
 
 # -- send: staging (executors) ------------------------------------------------------------------
@@ -2444,8 +2532,15 @@ class TestSqlServerLive:
             # subscribers, cleanup
             self.run(db.conn, Statement(f"INSERT INTO {D.qualified(subs)} (QueueAddress, Endpoint, Topic) VALUES (?, ?, ?)",
                                         ("Billing@[dbo]", "Billing", "Ns.E")))
-            assert [tuple(r) for r in self.run(db.conn, D.subscribers(subs, ["Ns.E", "Ns.F"])).fetchall()] == [
-                ("Billing@[dbo]", "Ns.E")]
+            assert [tuple(r) for r in self.run(db.conn, D.subscribers(subs, ["Ns.F", "Ns.E"])).fetchall()] == [
+                ("Billing@[dbo]", 1)]
+            # the database's collation decides, as for NServiceBus (case-insensitive by default)
+            self.run(db.conn, Statement(f"INSERT INTO {D.qualified(subs)} (QueueAddress, Endpoint, Topic) VALUES (?, ?, ?)",
+                                        ("Shipping@[dbo]", "Shipping", "ns.e ")))
+            nsb = Statement(f"SELECT DISTINCT QueueAddress FROM {D.qualified(subs)} WHERE Topic IN (?)", ("Ns.E",))
+            expected = sorted((str(r[0]), 0) for r in self.run(db.conn, nsb).fetchall())
+            got = sorted((str(r[0]), int(r[1])) for r in self.run(db.conn, D.subscribers(subs, ["Ns.E"])).fetchall())
+            assert got == expected and ("Billing@[dbo]", 0) in got
             assert self.run(db.conn, D.subscribers(subs, [])).fetchall() == []
             assert self.run(db.conn, D.outbox_cleanup(o, older_than_seconds=0, limit=10)).rowcount == 1
             assert self.run(db.conn, D.staging_cleanup(s, older_than_seconds=0, limit=10)).rowcount == 0
@@ -2521,7 +2616,7 @@ class TestSqlServerLive:
                 assert self.run(db.conn, s).rowcount == changed, address
             db.conn.commit()
             assert [tuple(r) for r in self.run(db.conn, D.subscribers(subs, ["Ns.E"])).fetchall()] == [
-                ("Billing@[ops]", "Ns.E")]
+                ("Billing@[ops]", 0)]
             assert self.run(db.conn, D.unsubscribe(subs, endpoint=EVIL, topic="Ns.E")).rowcount == 1
             assert self.run(db.conn, D.unsubscribe(subs, endpoint=EVIL, topic="Ns.E")).rowcount == 0
             db.conn.commit()

@@ -20,6 +20,9 @@ from .statements import (
     json_list,
 )
 
+#: topics one `subscribers` statement looks up (a request takes at most 2,100 parameters)
+_MAX_TOPICS = 1000
+
 #: body types written as they are (other buffers become bytes)
 _AS_IS = frozenset({bytes, type(None)})
 
@@ -129,10 +132,25 @@ class SqlServerSend(SqlServerAddressing, SendSql):
         )
 
     def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
-        # NServiceBus's GetSubscribersText, with the topic each address subscribed to.
-        params = Params()
-        cond = in_list("Topic", topics, "topics", params)
-        return Statement(f"SELECT DISTINCT QueueAddress, Topic FROM {self.qualified(table)} WHERE {cond}", params.values())
+        # NServiceBus's GetSubscribersText (SELECT DISTINCT QueueAddress ... WHERE Topic IN
+        # (@Topic_0, ...)) cut into one SELECT per topic, each tagged with the topic's position:
+        # every comparison is still the Topic column against a parameter, so the column's
+        # collation decides (case, trailing spaces) exactly as for NServiceBus, and the caller
+        # never has to find the spelling the server returns among its own. Not a join on a
+        # VALUES list: a derived table's column may take the current database's collation and
+        # conflict with the column's (error 468) when the table lives in another catalog.
+        # UNION removes duplicates as DISTINCT did. One scan per topic of a small table.
+        t = self.qualified(table)
+        values = [str(v) for v in topics]
+        if len(values) > _MAX_TOPICS:
+            raise QTransportError(f"{len(values)} topics in one statement; at most {_MAX_TOPICS}",
+                                  operation="select topics")
+        if not values:
+            return Statement(f"SELECT QueueAddress, 0 AS TopicIndex FROM {t} WHERE 1 = 0", ())
+        sql = "\nUNION\n".join(
+            f"SELECT QueueAddress, {i} AS TopicIndex FROM {t} WHERE Topic = ?" for i in range(len(values))
+        )
+        return Statement(sql, tuple(values))
 
     def dispatch(
         self,
