@@ -1353,12 +1353,19 @@ class TestSubscribersAsTheDatabaseCompares:
 
 
 class _FakeCursor:
+    """Records each executemany with the input sizes set for it (pyodbc keeps them on the
+    cursor until set again)."""
+
     def __init__(self, log: list[Any]) -> None:
         self.log = log
         self.fast_executemany = False
+        self.inputsizes: list[Any] | None = None
+
+    def setinputsizes(self, sizes: Any) -> None:
+        self.inputsizes = None if sizes is None else list(sizes)
 
     def executemany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        self.log.append(("executemany", self.fast_executemany, sql, rows))
+        self.log.append(("executemany", self.fast_executemany, sql, list(rows), self.inputsizes))
 
     def close(self) -> None:
         self.log.append(("close",))
@@ -1391,7 +1398,7 @@ class TestStageRows:
         D.stage_rows(conn, self.S, rows)
         (call, close) = conn.log
         assert close == ("close",)
-        kind, fast, sql, data = call
+        kind, fast, sql, data, _sizes = call
         assert kind == "executemany" and fast is True
         assert sql == (
             "INSERT INTO [dbo].[Sales.Staging] (Sink, BatchId, Attempt, Kind, Route, MessageId, Headers, Body,"
@@ -1419,6 +1426,77 @@ class TestStageRows:
     def test_row_shape_checked(self) -> None:
         with pytest.raises(QTransportError, match="10 values, not 11"):
             D.stage_rows(_FakeConn(), self.S, [("s", 1, "a", "s", "r", "m", "{}", None, None, None)])
+
+    # -- the (max) columns Route, Headers, Body: bound in place where the values fit ----------
+
+    #: input sizes of Route (4), Headers (6) and Body (7); None: as the server describes
+    FIT = [None, None, None, None, (-9, 4000, 0), None, (-9, 4000, 0), (-3, 8000, 0), None, None, None]
+
+    @staticmethod
+    def row(i: int, *, route: str = "Billing@[dbo]", headers: str = '{"a":"b"}', body: Any = b"body") -> tuple[Any, ...]:
+        return ("default", 7, "a" * 32, "s", route, f"m{i}", headers, body, None, None, None)
+
+    @staticmethod
+    def calls(conn: _FakeConn) -> list[tuple[list[Any], list[tuple[Any, ...]]]]:
+        assert conn.log[-1] == ("close",) and all(c[0] == "executemany" and c[1] is True for c in conn.log[:-1])
+        return [(c[4], c[3]) for c in conn.log[:-1]]
+
+    @staticmethod
+    def sizes(route: int, headers: int, body: int) -> list[Any]:
+        return [None, None, None, None, (-9, route, 0), None, (-9, headers, 0), (-3, body, 0), None, None, None]
+
+    def test_the_constants_are_pyodbcs(self) -> None:
+        pyodbc = pytest.importorskip("pyodbc")
+        from spark_qtransport.dialects.sqlserver import send
+
+        assert (send.SQL_WVARCHAR, send.SQL_VARBINARY) == (pyodbc.SQL_WVARCHAR, pyodbc.SQL_VARBINARY)
+
+    def test_values_that_fit_are_bound_in_place(self) -> None:
+        """Not as the server describes nvarchar(max)/varbinary(max): pyodbc would send every
+        cell of those in pieces (SQLPutData), a few thousand rows a second."""
+        conn = _FakeConn()
+        rows = [self.row(0), self.row(1, body=None), self.row(2, headers="x" * 4000, body=b"\0" * 8000),
+                self.row(3, route="r" * 4000)]
+        D.stage_rows(conn, self.S, rows)
+        assert self.calls(conn) == [(self.FIT, rows)]
+        assert self.sizes(4000, 4000, 8000) == self.FIT
+
+    def test_longer_values_take_the_max_path_in_runs_that_keep_the_order(self) -> None:
+        astral = "\U0001F600"  # two UTF-16 code units, one Python character
+        rows = [
+            self.row(0), self.row(1),
+            self.row(2, body=b"b" * 8001),  # one byte too long
+            self.row(3),
+            self.row(4, headers="h" * 4001),  # one character too long
+            self.row(5, headers=astral * 2001),  # 2,001 characters but 4,002 code units
+            self.row(6, headers=astral * 1999 + "ab"),  # 2,001 characters, 4,000 code units: fits
+            self.row(7, route="r" * 4001, headers="h" * 4001, body=bytearray(9000)),
+            self.row(8),
+        ]
+        conn = _FakeConn()
+        D.stage_rows(conn, self.S, rows)
+        calls = self.calls(conn)
+        assert [[r[5] for r in part] for _, part in calls] == [["m0", "m1"], ["m2"], ["m3"], ["m4", "m5"], ["m6"],
+                                                                ["m7"], ["m8"]]
+        assert [sizes for sizes, _ in calls] == [
+            self.FIT, self.sizes(4000, 4000, 0), self.FIT, self.sizes(4000, 0, 8000), self.FIT, self.sizes(0, 0, 0),
+            self.FIT]
+        staged = [r for _, part in calls for r in part]
+        assert [r[5] for r in staged] == [f"m{i}" for i in range(9)]  # Seq, an IDENTITY, numbers them in this order
+        assert staged[7][7] == bytes(9000) and type(staged[7][7]) is bytes
+
+    def test_a_calls_parameter_array_stays_bounded(self) -> None:
+        """pyodbc allocates one call's whole parameter array, each bounded cell its full size
+        (8,000 bytes a Headers or Body value): the rows go in calls of a bounded byte size."""
+        from spark_qtransport.dialects.sqlserver.send import PARAM_ARRAY_BYTES
+
+        rows = [self.row(i) for i in range(2500)]
+        conn = _FakeConn()
+        D.stage_rows(conn, self.S, rows)
+        calls = self.calls(conn)
+        assert len(calls) > 1 and all(sizes == self.FIT for sizes, _ in calls)
+        assert all(len(part) * (2 * 4000 + 2 * 4000 + 8000) <= PARAM_ARRAY_BYTES for _, part in calls)
+        assert [r for _, part in calls for r in part] == rows
 
     def test_hostile_table_is_quoted(self) -> None:
         conn = _FakeConn()
@@ -2550,6 +2628,26 @@ class TestSqlServerLive:
             cur = db.conn.cursor()
             for t in (s, o, dl, subs):
                 cur.execute(f"DROP TABLE IF EXISTS {D.qualified(t)}")
+            db.conn.commit()
+
+    def test_stage_rows_bound_in_place_and_as_max_keep_values_and_order(self, db: Any) -> None:
+        s = D.companion(db.q, "Staging")
+        astral = "\U0001F600"
+        values = [  # (route, headers, body): fits, each column too long in turn, the limits exactly
+            ("r", "{}", b"small"), ("r", "{}", b"\1" * 8001), ("r", "h" * 4001, None), ("r" * 4001, "{}", b""),
+            ("r", astral * 2001, b"x"), ("r" * 4000, astral * 1999 + "ab", b"\2" * 8000), ("r", "{}", None),
+        ]
+        try:
+            self.run(db.conn, D.create_staging(s))
+            db.conn.commit()
+            D.stage_rows(db.conn, s, [("k", 1, "a" * 32, "s", r, f"m{i}", h, b, None, None, None)
+                                      for i, (r, h, b) in enumerate(values)])
+            db.conn.commit()
+            got = self.run(db.conn, Statement(f"SELECT Route, Headers, Body FROM {D.qualified(s)} ORDER BY Seq")).fetchall()
+            assert [(r, h, None if b is None else bytes(b)) for r, h, b in got] == values
+        finally:
+            db.conn.rollback()
+            db.conn.cursor().execute(f"DROP TABLE IF EXISTS {D.qualified(s)}")
             db.conn.commit()
 
     def test_operations(self, db: Any) -> None:
