@@ -331,6 +331,34 @@ def test_native_publish_reaches_each_subscriber_once(backend: Backend, queues: A
     assert result.published == 1 and result.sent == 2
 
 
+def test_publish_reaches_the_subscribers_the_database_matches_as_nservicebus_does(
+    backend: Backend, queues: Any, names: Any
+) -> None:
+    """A stored Topic spelled in another case, with a trailing space: SQL Server's default
+    collation matches it (NServiceBus delivers), PostgreSQL's varchar compares exactly (it does
+    not). Whatever the database decides, the batch neither fails nor decides otherwise: the
+    expected subscribers are what NServiceBus's own GetSubscribersText returns."""
+    table = names("SubscriptionRouting")
+    s = Sender(backend, queues.sales, subscriptions=table, create_queues=True)
+    s.send([msg(intent="publish", message_id="creates-the-table", message_type="Sales.Events.Unknown")], batch_id=0)
+    subscribe(backend, table, queues.billing, "Billing", "sales.events.orderplaced ")  # case and a trailing space
+    subscribe(backend, table, queues.shipping, "Shipping", "Sales.Events.OrderPlaced")
+    with backend.connect() as conn:  # NServiceBus's GetSubscribersText, with one topic
+        p = "%s" if backend.name == "postgres" else "?"
+        cur = conn.cursor()
+        cur.execute(f"SELECT DISTINCT QueueAddress FROM {backend.dialect.qualified(backend.address(table))}"
+                    f" WHERE Topic IN ({p})", ("Sales.Events.OrderPlaced",))
+        nsb = {str(r[0]) for r in cur.fetchall()}
+    assert queues.shipping in nsb
+    if backend.name == "postgres":
+        assert queues.billing not in nsb  # varchar keeps the trailing space; text compares exactly
+    result = s.send([msg("placed", intent="publish", message_id="e1",
+                         message_type="Sales.Events.OrderPlaced, Sales.Events")], batch_id=1)
+    assert result.published == 1 and result.sent == len(nsb)
+    for queue in (queues.billing, queues.shipping):
+        assert [h[H.MESSAGE_ID] for h, _ in received(backend, queue)] == (["e1"] if queue in nsb else [])
+
+
 def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, queues: Any, names: Any) -> None:
     s = Sender(backend, queues.sales, subscriptions=names("NoSubs"))
     with pytest.raises(QueueNotFoundError, match="subscription table .* does not exist"):

@@ -8,6 +8,12 @@
 --
 -- Idempotent: does nothing when the table exists; otherwise creates it under the same
 -- application lock as the NServiceBus installer (<table>_lock), so the two never race.
+-- Runs as it is in sqlcmd (add -b to stop at the first error), SSMS or Azure Data Studio: its
+-- first batch sets QUOTED_IDENTIFIER and ANSI_NULLS ON, which sqlcmd leaves OFF without -I.
+
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
 
 SET NOCOUNT ON;
 DECLARE @table nvarchar(776) = N'[dbo].[Sales.Delayed]';

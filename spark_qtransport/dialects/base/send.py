@@ -58,7 +58,11 @@ class SendSql(AddressingSql):
 
     @abstractmethod
     def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
-        """Rows (queue address text, topic) subscribed to any of `topics`."""
+        """Rows (queue address text, i): the queues subscribed to ``topics[i]``, the stored Topic
+        compared with it as the database compares it (its collation: case-insensitive on a
+        default SQL Server, where trailing spaces never count either), as NServiceBus's
+        GetSubscribersText does. A row names the topic it matched by position, never by the
+        stored spelling, so no comparison is left to Python. One row per (queue, i)."""
 
     @abstractmethod
     def dispatch(

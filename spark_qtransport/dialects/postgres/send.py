@@ -93,9 +93,14 @@ class PostgresSend(SendSql):
         )
 
     def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
+        # NServiceBus's GetSubscribersText (topic IN (...)) as a join on the topics and their
+        # positions. The column compares as before: varchar, unlike char, keeps trailing spaces,
+        # and a deterministic collation compares exactly; a nondeterministic (case-insensitive)
+        # one a DBA gave the column decides as it does for NServiceBus.
         return Statement(
-            f"SELECT DISTINCT queueaddress, topic FROM {self.qualified(table)} WHERE topic = ANY(%(topics)s)",
-            {"topics": list(topics)},
+            f"SELECT DISTINCT s.queueaddress, t.n - 1 FROM {self.qualified(table)} AS s"
+            " JOIN unnest(%(topics)s::text[]) WITH ORDINALITY AS t(topic, n) ON s.topic = t.topic",
+            {"topics": [str(v) for v in topics]},
         )
 
     def dispatch(

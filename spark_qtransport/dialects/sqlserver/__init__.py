@@ -32,13 +32,13 @@ from ..base import Dialect
 from .addressing import MAX_NAME_CHARS, SqlServerAddressing
 from .delayed import SqlServerDelayed
 from .driver import SqlServerDriver
-from .install import SqlServerInstall
+from .install import SCRIPT_SET_OPTIONS, SqlServerInstall
 from .operations import SqlServerOperations
 from .receive import CLAIM_CHUNK, SqlServerReceive
 from .send import SqlServerSend
 from .statements import placeholders
 
-__all__ = ["SqlServerDialect", "CLAIM_CHUNK", "MAX_NAME_CHARS", "placeholders"]
+__all__ = ["SqlServerDialect", "CLAIM_CHUNK", "MAX_NAME_CHARS", "SCRIPT_SET_OPTIONS", "placeholders"]
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,16 @@ BEGIN
 END"""
 
 
+#: the first batch of every script for people. A filtered index (the queue's Index_Expires)
+#: can only be created, and a table that has one only written to, with QUOTED_IDENTIFIER and
+#: ANSI_NULLS ON. Every ODBC or SqlClient connection (the connector's, NServiceBus's, SSMS's)
+#: has both ON, but classic ``sqlcmd`` runs with QUOTED_IDENTIFIER OFF unless given ``-I``:
+#: there CREATE INDEX fails with error 1934 and the CATCH rolls the whole table creation back.
+#: A batch of its own: QUOTED_IDENTIFIER is applied when a batch is parsed, so it must be set
+#: before the batch that needs it is sent.
+SCRIPT_SET_OPTIONS = "SET ANSI_NULLS ON;\nSET QUOTED_IDENTIFIER ON;\nGO\n"
+
+
 class SqlServerInstall(SqlServerAddressing, InstallSql):
     """The SQL Server installers of the dialect."""
 
@@ -210,8 +220,9 @@ CREATE TABLE {t} (
 
     def script(self, statements: list[Statement]) -> str:
         """The statements as a T-SQL script for people (``sqlqueue ddl``, ``sql/sqlserver/``):
-        parameters inlined as literals, batches separated by ``GO``."""
-        out = []
+        `SCRIPT_SET_OPTIONS` first, then the statements' batches with their parameters inlined as
+        literals, each batch ended by ``GO``."""
+        out = [SCRIPT_SET_OPTIONS]
         for stmt in statements:
             sql, params = stmt.sql, tuple(stmt.params or ())
             marks = placeholders(sql)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,8 +22,27 @@ from .statements import (
     json_list,
 )
 
+#: topics one `subscribers` statement looks up (a request takes at most 2,100 parameters)
+_MAX_TOPICS = 1000
+
 #: body types written as they are (other buffers become bytes)
 _AS_IS = frozenset({bytes, type(None)})
+
+#: ODBC SQL types (sqlext.h), the values of pyodbc's constants of the same names
+SQL_WVARCHAR, SQL_VARBINARY = -9, -3
+#: the longest Route/Headers (UTF-16 code units) and Body (bytes) bound in place, as
+#: nvarchar(4000) and varbinary(8000); longer values are bound as (max)
+BOUND_CHARS, BOUND_BYTES = 4000, 8000
+#: the bytes one executemany call may ask pyodbc to allocate for its parameter array
+PARAM_ARRAY_BYTES = 16 << 20
+#: a bound parameter's buffer besides its value: its length indicator (an SQLLEN)
+_INDICATOR = 8
+#: the parameter array bytes of one row's other columns, bound as the server describes them:
+#: Sink, Attempt, Kind and MessageId as UTF-16 text, BatchId, TtbrMs, DelayMs and Due (at most
+#: 16 bytes each), with their 8 indicators
+_OTHER_BYTES = 2 * (MAX_SINK_CHARS + 64 + 1 + 200) + 4 * 16 + 8 * _INDICATOR
+#: what pyodbc holds in the parameter array for a value sent in pieces (a (max) cell)
+_PIECES_BYTES = 16 + _INDICATOR
 
 #: the staging table's column of each of `STAGED_COLUMNS`, in that order
 _STAGED = dict(
@@ -33,6 +52,69 @@ _STAGED = dict(
         strict=True,
     )
 )
+_ROUTE, _HEADERS, _BODY = (list(_STAGED).index(c) for c in ("route", "headers", "body"))
+
+
+def _fits_nvarchar(value: Any) -> bool:
+    """Whether `value` fits nvarchar(4000): at most 4,000 UTF-16 code units, what pyodbc sends
+    (a character outside the Basic Multilingual Plane takes two). NULL fits; other types take
+    the (max) path, as they did before."""
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    n = len(value)
+    if n <= BOUND_CHARS // 2:  # at most two code units a character
+        return True
+    if n > BOUND_CHARS:
+        return False
+    return value.isascii() or len(value.encode("utf-16-le", "surrogatepass")) <= 2 * BOUND_CHARS
+
+
+def _fits_varbinary(value: Any) -> bool:
+    return value is None or (isinstance(value, bytes) and len(value) <= BOUND_BYTES)
+
+
+#: a row's bind mode: whether its Route, Headers and Body fit the bounded types
+_Mode = tuple[bool, bool, bool]
+
+
+def _input_sizes(mode: _Mode) -> list[tuple[int, int, int] | None]:
+    """`cursor.setinputsizes` for the staging INSERT: (SQL type, column size, decimal digits)
+    of Route, Headers and Body, bounded where `mode` says the values fit, else size 0 (the
+    driver's nvarchar(max)/varbinary(max), which pyodbc sends in pieces); the other columns
+    (None) keep the types the server describes."""
+    route, headers, body = mode
+    sizes: list[tuple[int, int, int] | None] = [None] * len(_STAGED)
+    sizes[_ROUTE] = (SQL_WVARCHAR, BOUND_CHARS if route else 0, 0)
+    sizes[_HEADERS] = (SQL_WVARCHAR, BOUND_CHARS if headers else 0, 0)
+    sizes[_BODY] = (SQL_VARBINARY, BOUND_BYTES if body else 0, 0)
+    return sizes
+
+
+def _rows_per_call(mode: _Mode) -> int:
+    """How many rows of `mode` one call binds within `PARAM_ARRAY_BYTES`: pyodbc allocates a
+    whole call's parameter array at once, each bounded cell its full size."""
+    route, headers, body = mode
+    row = _OTHER_BYTES + sum(
+        (size + _INDICATOR) if fits else _PIECES_BYTES
+        for fits, size in ((route, 2 * BOUND_CHARS), (headers, 2 * BOUND_CHARS), (body, BOUND_BYTES))
+    )
+    return max(1, PARAM_ARRAY_BYTES // row)
+
+
+def _calls(data: list[tuple[Any, ...]], modes: list[_Mode]) -> Iterator[tuple[_Mode, list[tuple[Any, ...]]]]:
+    """`data` cut into runs of consecutive rows of one mode, each at most `_rows_per_call` rows:
+    one executemany each, in order. Never regrouped: Seq (IDENTITY) numbers rows in the order
+    they are inserted, and a dispatch sends them in Seq order."""
+    start = 0
+    while start < len(data):
+        mode, end = modes[start], start + 1
+        limit = min(len(data), start + _rows_per_call(mode))
+        while end < limit and modes[end] == mode:
+            end += 1
+        yield mode, data[start:end]
+        start = end
 
 
 def _attempts(attempts: list[str], params: Params) -> str:
@@ -66,29 +148,37 @@ class SqlServerSend(SqlServerAddressing, SendSql):
         names = list(_STAGED)
         due, body = names.index("due"), names.index("body")
         width = len(_STAGED)
-        data = []
+        data: list[tuple[Any, ...]] = []
+        modes: list[_Mode] = []
         for row in rows:
             row = tuple(row)
             if len(row) != width:
                 raise QTransportError(f"a staged row has {len(row)} values, not {width} ({', '.join(_STAGED)})",
                                      operation="stage rows")
             when = row[due]
-            if when is None and row[body].__class__ in _AS_IS:
-                data.append(row)  # the usual row: nothing to convert
-                continue
-            values = list(row)
-            if isinstance(values[body], (bytearray, memoryview)):
-                values[body] = bytes(values[body])
-            if isinstance(when, datetime) and when.tzinfo is not None:
-                # datetime2 has no time zone: stored as UTC wall-clock time (naive is taken as UTC)
-                values[due] = when.astimezone(timezone.utc).replace(tzinfo=None)
-            data.append(tuple(values))
+            if when is not None or row[body].__class__ not in _AS_IS:
+                values = list(row)
+                if isinstance(values[body], (bytearray, memoryview)):
+                    values[body] = bytes(values[body])
+                if isinstance(when, datetime) and when.tzinfo is not None:
+                    # datetime2 has no time zone: stored as UTC wall-clock time (naive is taken as UTC)
+                    values[due] = when.astimezone(timezone.utc).replace(tzinfo=None)
+                row = tuple(values)
+            data.append(row)
+            modes.append((_fits_nvarchar(row[_ROUTE]), _fits_nvarchar(row[_HEADERS]), _fits_varbinary(row[_BODY])))
+        sql = f"INSERT INTO {self.qualified(staging)} ({cols}) VALUES ({marks})"
         cur = conn.cursor()
         try:
-            # One round trip per array of rows: pyodbc binds the parameter types the server
-            # describes for the INSERT, so None needs no guessing.
+            # One round trip per array of rows. Route, Headers and Body are (max) columns: bound
+            # as the server describes them, pyodbc would send every one of their cells in pieces
+            # (SQLPutData), a few thousand rows a second. Values that fit nvarchar(4000) and
+            # varbinary(8000) are bound as those, in the array; runs of rows with a longer value
+            # take the (max) path for that column. The other columns keep the types the server
+            # describes, so None needs no guessing.
             cur.fast_executemany = True
-            cur.executemany(f"INSERT INTO {self.qualified(staging)} ({cols}) VALUES ({marks})", data)
+            for mode, part in _calls(data, modes):
+                cur.setinputsizes(_input_sizes(mode))
+                cur.executemany(sql, part)
         finally:
             cur.close()
 
@@ -131,10 +221,25 @@ class SqlServerSend(SqlServerAddressing, SendSql):
         )
 
     def subscribers(self, table: QueueAddress, topics: list[str]) -> Statement:
-        # NServiceBus's GetSubscribersText, with the topic each address subscribed to.
-        params = Params()
-        cond = in_list("Topic", topics, "topics", params)
-        return Statement(f"SELECT DISTINCT QueueAddress, Topic FROM {self.qualified(table)} WHERE {cond}", params.values())
+        # NServiceBus's GetSubscribersText (SELECT DISTINCT QueueAddress ... WHERE Topic IN
+        # (@Topic_0, ...)) cut into one SELECT per topic, each tagged with the topic's position:
+        # every comparison is still the Topic column against a parameter, so the column's
+        # collation decides (case, trailing spaces) exactly as for NServiceBus, and the caller
+        # never has to find the spelling the server returns among its own. Not a join on a
+        # VALUES list: a derived table's column may take the current database's collation and
+        # conflict with the column's (error 468) when the table lives in another catalog.
+        # UNION removes duplicates as DISTINCT did. One scan per topic of a small table.
+        t = self.qualified(table)
+        values = [str(v) for v in topics]
+        if len(values) > _MAX_TOPICS:
+            raise QTransportError(f"{len(values)} topics in one statement; at most {_MAX_TOPICS}",
+                                  operation="select topics")
+        if not values:
+            return Statement(f"SELECT QueueAddress, 0 AS TopicIndex FROM {t} WHERE 1 = 0", ())
+        sql = "\nUNION\n".join(
+            f"SELECT QueueAddress, {i} AS TopicIndex FROM {t} WHERE Topic = ?" for i in range(len(values))
+        )
+        return Statement(sql, tuple(values))
 
     def dispatch(
         self,

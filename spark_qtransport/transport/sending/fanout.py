@@ -45,7 +45,12 @@ def add_subscribers(cur: Any, dialect: Dialect, router: Router, subscriptions: Q
             by_topic.setdefault(topic, []).append(types)
     if not by_topic:
         return
-    for queue_text, topic in db.rows(cur, d.subscribers(subscriptions, sorted(by_topic))):
+    # The database matches each stored Topic to our topics with its own collation (on SQL
+    # Server usually case-insensitive, trailing spaces ignored) and says which topic by its
+    # position: the stored spelling may differ from ours and is never looked up here.
+    topics = sorted(by_topic)
+    for queue_text, i in db.rows(cur, d.subscribers(subscriptions, topics)):
+        topic = topics[int(i)]
         to = router.resolve(cur, queue_text, option=f"subscriber of {topic} in {d.qualified(subscriptions)}")
         dest = destinations.setdefault(to.text if isinstance(to, Target) else f"\0{queue_text}", Destination(to, None))
         for types in by_topic[topic]:
