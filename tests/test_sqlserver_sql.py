@@ -1359,6 +1359,10 @@ class _CollatingDatabase:
                         " Endpoint TEXT COLLATE SQLSERVER_CI_AS, Topic TEXT COLLATE SQLSERVER_CI_AS)")
         self.db.executemany(f"INSERT INTO {D.qualified(subscriptions)} VALUES (?, ?, ?)", rows)
         self.result: list[tuple[Any, ...]] = []
+        self.description = [("result",)]  # every statement it answers selects rows
+
+    def nextset(self) -> bool:
+        return False
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> None:
         if sql == self.columns_sql:
