@@ -287,7 +287,8 @@ def test_ddl_grant_to_prints_the_grants_for_both_dialects() -> None:
     ms_out = cli("", "ddl", "--dialect", "sqlserver", "--grant-to", "app role", "--queue", "Sales@[shop]",
                  "--destination", "Billing", "--for", "sending").output
     statements = [s.strip() for s in ms_out.split("GO") if s.strip()]
-    assert [s.splitlines()[-1] for s in statements] == [
+    assert statements[0].splitlines()[-2:] == ["SET ANSI_NULLS ON;", "SET QUOTED_IDENTIFIER ON;"]  # sqlcmd's defaults
+    assert [s.splitlines()[-1] for s in statements[1:]] == [
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Staging] TO [app role]",
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Outbox] TO [app role]",
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Delayed] TO [app role]",
