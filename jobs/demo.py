@@ -59,12 +59,13 @@ def set_up(url: str) -> None:
 
     from spark_qtransport.connections import parse_url
     from spark_qtransport.dialects import dialect_named
+    from spark_qtransport.transport.delayed import NSERVICEBUS_DELAYED
     from spark_qtransport.transport.operations.install import create_queues
 
     create_queues(parse_url(url), "Sales", "error", SHOP_WEB, *SUBSCRIBERS)
     d = dialect_named("postgres")
     with psycopg.connect(url) as conn:
-        for stmt in [*d.create_delayed(d.companion(d.parse_address("Sales"), "Delayed")),
+        for stmt in [*d.create_delayed(NSERVICEBUS_DELAYED.table_for(d, d.parse_address("Sales"))),
                      *d.create_subscriptions(d.parse_address("SubscriptionRouting"))]:
             conn.execute(stmt.sql, stmt.params)
         for queue in SUBSCRIBERS:

@@ -77,6 +77,47 @@ def test_send_delayed_then_move_delayed(pg: Backend, names: Any, run: Any) -> No
     assert [b for _, _, b in pg.rows(billing)] == [b"later"]
 
 
+def test_delayed_suffix_flag_names_the_table_of_every_command(pg: Backend, names: Any, run: Any) -> None:
+    """--delayed-suffix (the option delayedTableSuffix, NServiceBus's DelayedDelivery.TableSuffix):
+    create-queue, send, stats, move-delayed and ddl all take <endpoint>.<suffix>."""
+    sales, billing = names("Sales"), pg.create_queue(names("Billing"))
+    created = json.loads(run("create-queue", sales, "--delayed", "--delayed-suffix", "Timeouts", "--json").output)
+    assert [r["table"] for r in created] == [f'"public"."{sales}"', f'"public"."{sales}.Timeouts"']
+    out = run("send", billing, "--endpoint", sales, "--type", "T", "--body", "later", "--delay", "1s",
+              "--delayed-suffix", "Timeouts", "--json").output
+    assert json.loads(out) == [{"queue": f'"public"."{sales}.Timeouts"', "sent": 1}]
+    [row] = json.loads(run("stats", sales, "--delayed-suffix", "Timeouts", "--json").output)
+    assert (row["delayed_due"], row["delayed_pending"]) == (0, 1)
+    [row] = json.loads(run("stats", sales, "--json").output)
+    assert row["delayed_pending"] is None  # no <endpoint>.Delayed
+    time.sleep(1.1)
+    assert "has no delayed table" in run("move-delayed", sales, ok=False).output
+    moved = json.loads(run("move-delayed", sales, "--delayed-suffix", "Timeouts", "--json").output)
+    assert moved == [{"destination": f'"public"."{billing}"', "moved": 1}]
+    assert [b for _, _, b in pg.rows(billing)] == [b"later"]
+    ddl = run("ddl", "--queue", "Sales", "--part", "delayed", "--delayed-suffix", "Timeouts", url=False).output
+    assert '"public"."Sales.Timeouts"' in ddl and "Sales.Delayed" not in ddl
+
+
+def test_delayed_table_flag_names_one_endpoint_s_table(pg: Backend, names: Any, run: Any) -> None:
+    """--delayed-table (the option delayedTable): an endpoint whose delayed table is not beside its queue."""
+    sales, billing, deferred = names("Sales"), pg.create_queue(names("Billing")), names("Deferred")
+    created = json.loads(run("create-queue", sales, "--delayed", "--delayed-table", deferred, "--json").output)
+    assert [r["table"] for r in created] == [f'"public"."{sales}"', f'"public"."{deferred}"']
+    out = run("send", billing, "--endpoint", sales, "--type", "T", "--body", "later", "--delay", "1s",
+              "--delayed-table", deferred, "--json").output
+    assert json.loads(out) == [{"queue": f'"public"."{deferred}"', "sent": 1}]
+    findings = json.loads(run("doctor", sales, "--delayed-table", deferred, "--json").output)
+    assert {"level": "info", "table": f'"public"."{deferred}"', "finding": "present"} in findings
+    [row] = json.loads(run("stats", sales, "--delayed-table", deferred, "--json").output)
+    assert row["delayed_pending"] == 1
+    time.sleep(1.1)
+    moved = json.loads(run("move-delayed", sales, "--delayed-table", deferred, "--json").output)
+    assert moved == [{"destination": f'"public"."{billing}"', "moved": 1}]
+    grants = run("ddl", "--queue", "Sales", "--grant-to", "app", "--delayed-table", '"ops"."deferred"', url=False).output
+    assert '--   "ops"."deferred": SELECT, INSERT, UPDATE, DELETE' in grants and "Sales.Delayed" not in grants
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
@@ -86,6 +127,12 @@ def test_send_delayed_then_move_delayed(pg: Backend, names: Any, run: Any) -> No
         (("send", "--endpoint", "S", "--type", "T", "--body", "x"), 2, "QUEUE is required"),
         (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--delay", "soon"), 1, "option '--delay'"),
         (("move-delayed", "NoSuchEndpoint"), 1, "has no delayed table"),
+        (("move-delayed", "S", "--delayed-suffix", "Claims"), 1, "option '--delayed-suffix': 'Claims' names a table"),
+        (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--delayed-table", "S"), 1,
+         "option '--delayed-table': \"public\".\"S\" is the endpoint's queue"),
+        (("create-queue", "A", "B", "--delayed", "--delayed-table", "T"), 2, "give one queue"),
+        (("create-queue", "A", "--delayed-table", "T"), 2, "--delayed-table goes with --delayed"),
+        (("stats", "--delayed-table", "T"), 2, "give one queue"),
     ],
 )
 def test_errors_are_one_line_with_an_exit_code(run: Any, args: tuple[str, ...], code: int, message: str) -> None:

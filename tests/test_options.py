@@ -208,3 +208,89 @@ def test_option_errors_name_the_option_in_a_field(options: dict[str, str], optio
         ReaderOptions.parse({"url": URL, **options})
     assert info.value.option is not None and info.value.option.lower() == option.lower()
     assert option.lower() in str(info.value).lower()
+
+
+class TestDelayedTableOptions:
+    """NServiceBus names an endpoint's delayed table `<endpoint name>.<TableSuffix>` in its default
+    schema (`DefaultSchema`, which also holds the endpoint's own queue): by default, the table
+    beside the endpoint's queue. `delayedTableSuffix` and `delayedTable` say otherwise."""
+
+    SQLSERVER = "sqlserver://app@db.example.com/shop"
+
+    @pytest.mark.parametrize(
+        ("url", "address", "table"),
+        [
+            (URL, "Sales", ("Sales.Delayed", None, None)),
+            (URL, "billing.Sales", ("Sales.Delayed", "billing", None)),
+            (URL, '"Shop.Web"', ("Shop.Web.Delayed", None, None)),
+            (SQLSERVER, "Sales@[billing]@[shop]", ("Sales.Delayed", "billing", "shop")),
+        ],
+    )
+    def test_default_is_nservicebus_rule_beside_the_queue(self, url: str, address: str, table: tuple) -> None:
+        from spark_qtransport.dialects import QueueAddress
+
+        reader = ReaderOptions.parse({"url": url, "queue": address})
+        writer = WriterOptions.parse({"url": url, "endpoint": address})
+        assert reader.delayed == writer.delayed == QueueAddress(*table)
+        assert reader.delayed_rule.suffix == writer.delayed_rule.suffix == "Delayed"
+
+    def test_suffix_and_table(self) -> None:
+        from spark_qtransport.dialects import QueueAddress
+
+        o = WriterOptions.parse({"url": URL, "endpoint": "billing.Sales", "DelayedTableSuffix": "Timeouts"})
+        assert o.delayed == QueueAddress("Sales.Timeouts", "billing")
+        r = ReaderOptions.parse({"url": URL, "queue": "Sales", "delayedTableSuffix": "Timeouts"})
+        assert r.delayed == QueueAddress("Sales.Timeouts")
+        # the endpoint's queue moved by UseSchemaForQueue: its delayed table stays in the default schema
+        o = WriterOptions.parse({"url": URL, "endpoint": "billing.Sales", "delayedTable": 'public."Sales.Delayed"'})
+        assert o.delayed == QueueAddress("Sales.Delayed", "public") and o.staging == QueueAddress("Sales.Staging", "billing")
+        r = ReaderOptions.parse({"url": URL, "queue": "Orders", "delayedTable": '"Sales.Delayed"'})
+        assert r.delayed == QueueAddress("Sales.Delayed")
+        s = WriterOptions.parse({"url": self.SQLSERVER, "endpoint": "Orders@[billing]", "delayedTable": "Sales.Delayed"})
+        assert s.delayed == QueueAddress("Sales.Delayed")  # a dot is part of a SQL Server table name
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({"delayedTableSuffix": ""}, "option 'delayedTableSuffix': .*empty"),
+            ({"delayedTableSuffix": "  "}, "option 'delayedTableSuffix': .*empty"),
+            ({"delayedTableSuffix": "a\x00b"}, "option 'delayedTableSuffix': .*NUL"),
+            ({"delayedTableSuffix": "Claims"}, "option 'delayedTableSuffix': 'Claims' names a table of the transport"),
+            ({"delayedTableSuffix": "Outbox"}, "option 'delayedTableSuffix': 'Outbox' names a table of the transport"),
+            ({"delayedTableSuffix": "x" * 60}, "option 'delayedTableSuffix': .*too long"),
+            ({"delayedTable": ""}, "option 'delayedTable' is empty"),
+            ({"delayedTable": "x" * 70}, "option 'delayedTable': invalid queue address"),
+            ({"delayedTable": "Sales"}, "option 'delayedTable': \"public\".\"Sales\" is the endpoint's queue"),
+            ({"delayedTable": '"Sales.Claims"'}, "option 'delayedTable': .* is the endpoint's .Claims table"),
+            ({"delayedTable": '"Sales.Staging"'}, "option 'delayedTable': .* is the endpoint's .Staging table"),
+            ({"delayedTable": "public.error"}, "option 'delayedTable': .* is option 'errorQueue'"),
+        ],
+    )
+    def test_bad_values_name_the_option(self, options: dict[str, str], message: str) -> None:
+        for parse, key in ((ReaderOptions.parse, "queue"), (WriterOptions.parse, "endpoint")):
+            with pytest.raises(ConfigError, match=message) as info:
+                parse({"url": URL, key: "Sales", **options})
+            assert info.value.option in ("delayedTable", "delayedTableSuffix")
+
+    def test_writer_refuses_its_destination_and_subscription_table(self) -> None:
+        for option in ("destination", "subscriptionTable"):
+            with pytest.raises(ConfigError, match=f"option 'delayedTable': .* is option '{option}'"):
+                WriterOptions.parse({"url": URL, "endpoint": "Sales", option: "Billing", "delayedTable": "Billing"})
+
+    def test_routing_refuses_the_delayed_tables_the_options_name(self) -> None:
+        from spark_qtransport.dialects import QueueAddress, dialect_named
+
+        d = dialect_named("postgres")
+        plain = WriterOptions.parse({"url": URL, "endpoint": "Sales"}).routing
+        o = WriterOptions.parse({"url": URL, "endpoint": "Sales", "delayedTableSuffix": "Timeouts",
+                                 "delayedTable": "ops.deferred"})
+        for own in (QueueAddress("Billing.Timeouts"), QueueAddress("Sales.Timeouts", "x"), QueueAddress("deferred", "ops"),
+                    QueueAddress("Billing.Delayed")):
+            assert o.routing.is_own_table(d, own), own
+        assert not plain.is_own_table(d, QueueAddress("Billing.Timeouts"))
+        assert not o.routing.is_own_table(d, QueueAddress("deferred")) and not o.routing.is_own_table(d, QueueAddress("Billing"))
+        r = ReaderOptions.parse({"url": URL, "queue": "Sales", "delayedTableSuffix": "Timeouts"}).routing
+        assert r.is_own_table(d, QueueAddress("Billing.Timeouts"))
+        # SQL Server compares names without case (its default collation)
+        s = WriterOptions.parse({"url": self.SQLSERVER, "endpoint": "Sales", "delayedTableSuffix": "Timeouts"}).routing
+        assert s.is_own_table(dialect_named("sqlserver"), QueueAddress("Billing.TIMEOUTS"))

@@ -25,8 +25,11 @@ from spark_qtransport.errors import (
     OutboxConflictError,
     QueueNotFoundError,
 )
+from spark_qtransport.transport import session as db
 from spark_qtransport.transport.delayed import DelayedMover
+from spark_qtransport.transport.receiving.receiver import Receiver
 from spark_qtransport.transport.sending.dispatch import Dispatcher
+from spark_qtransport.transport.settings import ReceiveSettings
 from spark_qtransport.wire import H, decode_headers, parse_time
 
 
@@ -501,6 +504,78 @@ def test_mover_notices_a_destination_dropped_after_it_was_seen(backend: Backend,
     assert (again.moved, again.failed) == (0, 1)
     [(h, body)] = received(backend, queues.error)
     assert (h[H.MESSAGE_ID], body) == ("d2", b"second")
+
+
+# -- where the delayed table is: NServiceBus's DelayedDelivery.TableSuffix, or named outright --------------
+
+
+def _rule(backend: Backend, **given: Any) -> Any:
+    """The delayed-table rule of the options delayedTable (`table`) / delayedTableSuffix (`suffix`)."""
+    from spark_qtransport.transport.delayed import DelayedTableRule
+
+    return DelayedTableRule.create(backend.dialect, **given)
+
+
+def _exists(backend: Backend, address: Any) -> bool:
+    with backend.connect() as conn:
+        return bool(db.columns(conn.cursor(), backend.dialect.queue_columns(address)))
+
+
+def test_a_custom_delayed_suffix_is_where_the_sink_stores_and_moves_from(backend: Backend, queues: Any) -> None:
+    """An endpoint with ``DelayedDelivery.TableSuffix("Timeouts")`` keeps its delayed messages in
+    ``<endpoint>.Timeouts``, beside its queue; ``<endpoint>.Delayed`` is never made or used."""
+    d = backend.dialect
+    s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True,
+               delayed_rule=_rule(backend, suffix="Timeouts"))
+    sales = backend.address(queues.sales)
+    assert s.options.delayed == sales.with_table(f"{sales.table}.Timeouts")
+    assert s.send([msg("later", message_id="d1", delay=0.3)]).delayed == 1
+    assert backend.count(d.format_address(s.options.delayed)) == 1
+    assert not _exists(backend, d.companion(sales, "Delayed"))
+    time.sleep(0.4)
+    assert Dispatcher(s.options).move_due().moved == 1
+    [(h, body)] = received(backend, queues.billing)
+    assert (h[H.MESSAGE_ID], body) == ("d1", b"later") and H.FORWARD_DESTINATION not in h
+    assert backend.count(d.format_address(s.options.delayed)) == 0
+
+
+def test_an_explicit_delayed_table_is_where_the_sink_stores_and_the_reader_moves_from(
+        backend: Backend, queues: Any, names: Any) -> None:
+    """An endpoint whose delayed table is not beside its queue (an input queue not named after the
+    endpoint, or one moved by UseSchemaForQueue): `delayedTable` names it. The sink stores there
+    and a reader of the endpoint's queue, given the same option, moves due messages from there."""
+    d = backend.dialect
+    table = backend.address(names("Deferred"))
+    rule = _rule(backend, table=table)
+    s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True, delayed_rule=rule)
+    assert s.options.delayed == table
+    assert s.send([msg("later", message_id="d1", delay=0.3)]).delayed == 1
+    assert backend.count(d.format_address(table)) == 1
+    assert not _exists(backend, d.companion(backend.address(queues.sales), "Delayed"))
+    time.sleep(0.4)
+    r = Receiver(ReceiveSettings.create(backend.url, queues.sales, error_queue=queues.error, delayed_rule=rule))
+    try:
+        r.latest(r.initial_offset(), 100)  # every trigger moves the due delayed messages first
+    finally:
+        r.close()
+    [(h, body)] = received(backend, queues.billing)
+    assert (h[H.MESSAGE_ID], body) == ("d1", b"later") and H.FORWARD_DESTINATION not in h
+    assert backend.count(d.format_address(table)) == 0
+
+
+def test_a_destination_named_like_a_custom_delayed_table_is_refused(backend: Backend, queues: Any) -> None:
+    """With suffix Timeouts every endpoint's `<name>.Timeouts` is a delayed table: never a
+    destination from data, even one shaped like a queue."""
+    d = backend.dialect
+    billing = backend.address(queues.billing)
+    lookalike = backend.create_queue(d.format_address(billing.with_table(f"{billing.table}.Timeouts")))
+    s = Sender(backend, queues.sales, error_queue=queues.error, delayed_rule=_rule(backend, suffix="Timeouts"))
+    result = s.send([msg("x", message_id="m1", destination=lookalike)])
+    assert (result.sent, result.failed) == (0, 1)
+    [(h, body)] = received(backend, queues.error)
+    assert (h[H.MESSAGE_ID], h[H.FAILED_Q], body) == ("m1", lookalike, b"x")
+    assert "table of the transport itself" in h["NServiceBus.ExceptionInfo.Message"]
+    assert backend.count(lookalike) == 0
 
 
 def test_a_dispatch_whose_connection_dies_is_retried_and_sends_once(pg: Backend, names: Any) -> None:

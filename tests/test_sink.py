@@ -119,6 +119,37 @@ def test_endpoint_replies_defers_and_publishes_exactly_once(spark: Any, pg: Back
     assert pg.count(e.sales) == 0 and pg.count(f'"{e.sales}.Staging"') == 0 and pg.count(f'"{e.sales}.Delayed"') == 0
 
 
+def test_delayed_table_option_is_where_the_sink_stores_and_the_reader_moves_from(
+    spark: Any, pg: Backend, endpoint: Any, checkpoint: str, names: Any,
+) -> None:
+    """`delayedTable` on the sink and on a reader of the endpoint's queue: deferred messages are
+    stored in that table (no `<endpoint>.Delayed` is made) and the reader's triggers move them."""
+    from pyspark.sql import functions as F
+
+    e, deferred = endpoint, names("Deferred")
+    pg.send_many(e.sales, [(nsb_headers(f"order-{i}"), b"{}") for i in range(3)])
+    out = source(spark, pg, e.sales, e.error, delayedTable=deferred).select(
+        F.lit("{}").alias("body"), F.lit(e.reminders).alias("destination"), F.lit("Sales.CheckPayment").alias("message_type"),
+        F.lit(3.0).alias("delay"), F.concat(F.col("message_id"), F.lit("-reminder")).alias("message_id"))
+    query = (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
+             .option("delayedTable", deferred).option("createQueues", "true")
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    finish(query)
+    assert pg.count(deferred) + pg.count(e.reminders) == 3
+    with pg.connect() as c:
+        assert c.execute("SELECT to_regclass(%s)", (f'"public"."{e.sales}.Delayed"',)).fetchone() == (None,)
+    mover = (source(spark, pg, e.sales, e.error, delayedTable=deferred).writeStream.format("noop")
+             .option("checkpointLocation", checkpoint + "-mover").trigger(processingTime="200 milliseconds").start())
+    try:
+        deadline = time.monotonic() + 60
+        while pg.count(e.reminders) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        mover.stop()
+    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(e.reminders)) == [f"order-{i}-reminder" for i in range(3)]
+    assert pg.count(deferred) == 0
+
+
 def test_foreach_batch_parquet_and_queues_stay_exactly_once_on_replay(
     spark: Any, pg: Backend, endpoint: Any, checkpoint: str, tmp_path: Path,
 ) -> None:

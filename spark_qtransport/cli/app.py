@@ -15,12 +15,15 @@ import click
 
 from .. import __version__
 from ..connections import ConnectionURL, parse_url
+from ..dialects import Dialect
 from ..dialects.base import one_line
 from ..errors import ConfigError, QTransportError
 from ..spark.options import URL_ENV
+from ..transport.delayed import DelayedTableRule
 from ..transport.routing import RoutingPolicy
 
-__all__ = ["Group", "main", "url_option", "allow_options", "routing_policy", "need_url", "usage_url", "command_what"]
+__all__ = ["Group", "main", "url_option", "allow_options", "routing_policy", "delayed_options", "delayed_rule",
+           "need_url", "usage_url", "command_what"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,6 +45,25 @@ def allow_options(f: F) -> F:
 
 def routing_policy(schemas: str | None, queues: str | None) -> RoutingPolicy:
     return RoutingPolicy.parse(schemas, queues, schemas_option="--allowed-schemas", queues_option="--allowed-queues")
+
+
+def delayed_options(f: F) -> F:
+    """Where an endpoint's delayed table is (as the Spark options delayedTable / delayedTableSuffix)."""
+    f = click.option("--delayed-table", metavar="ADDRESS",
+                     help="the endpoint's delayed table, where NServiceBus's is not <endpoint>.<suffix> beside "
+                     "its queue (one endpoint only)")(f)
+    return click.option("--delayed-suffix", envvar="SQLQUEUE_DELAYED_SUFFIX", metavar="SUFFIX",
+                        help="delayed tables are <endpoint>.<SUFFIX>: NServiceBus's DelayedDelivery.TableSuffix "
+                        "(default: Delayed)")(f)
+
+
+def delayed_rule(d: Dialect, table: str | None, suffix: str | None, *, names: int = 1) -> DelayedTableRule:
+    """The rule the --delayed-table / --delayed-suffix flags give; `table` as `db.resolve` read it.
+    A --delayed-table is one endpoint's: wrong usage with `names` other than one."""
+    if table is not None and names != 1:
+        raise click.UsageError("--delayed-table names one endpoint's delayed table: give one queue with it")
+    return DelayedTableRule.create(d, table=None if table is None else d.parse_address(table, option="--delayed-table"),
+                                   suffix=suffix, options=("--delayed-table", "--delayed-suffix"))
 
 
 def need_url(url: str | None) -> ConnectionURL:

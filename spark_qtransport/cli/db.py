@@ -14,8 +14,9 @@ import click
 from ..dialects import Dialect, QueueAddress, Statement, dialect_named
 from ..errors import QueueNotFoundError
 from ..transport import session as db
+from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
 from ..transport.session import Session
-from .app import command_what, need_url
+from .app import command_what, delayed_rule, need_url
 
 __all__ = ["CommandDb", "Peeked", "open_db", "resolve"]
 
@@ -25,7 +26,7 @@ T = TypeVar("T")
 _ENDPOINT_NAME = re.compile(r"[\w-]+(?:\.[\w-]+)+")
 
 #: the tables a dotted name may already stand for, besides the queue itself
-_COMPANIONS = ("Staging", "Outbox", "Delayed", "Claims")
+_COMPANIONS = ("Staging", "Outbox", DEFAULT_DELAYED_SUFFIX, "Claims")
 
 
 class Peeked(NamedTuple):
@@ -79,6 +80,11 @@ class CommandDb:
     def address(self, text: str, option: str = "QUEUE") -> QueueAddress:
         """A queue or endpoint name from the command line, dotted endpoint names included (`resolve`)."""
         return self.d.parse_address(resolve(self.d, text, option=option, facts=self.one), option=option)
+
+    def delayed_rule(self, table: str | None, suffix: str | None, *, names: int = 1) -> DelayedTableRule:
+        """The rule of the --delayed-table / --delayed-suffix flags (the table read as `address` reads names)."""
+        resolved = None if table is None else resolve(self.d, table, option="--delayed-table", facts=self.one)
+        return delayed_rule(self.d, resolved, suffix, names=names)
 
     def queue(self, text: str, option: str = "QUEUE") -> QueueAddress:
         """An existing queue's address."""

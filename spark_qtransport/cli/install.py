@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 from ..dialects import Dialect, QueueAddress, Statement, dialect_named
+from ..transport.delayed import DelayedTableRule
 from ..transport.operations import privileges
-from .app import main, url_option, usage_url
+from .app import delayed_options, delayed_rule, main, url_option, usage_url
 from .db import open_db, resolve
 from .output import json_option, show
 
@@ -29,26 +30,33 @@ def _ready(d: Dialect, tables: list[QueueAddress]) -> list[dict[str, Any]]:
 @click.argument("names", nargs=-1, required=True)
 @click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True,
               help="width of the queue's sequence (NServiceBus creates 32)")
-@click.option("--delayed", is_flag=True, help="also create each queue's <name>.Delayed table")
+@click.option("--delayed", is_flag=True, help="also create each queue's delayed table (<name>.Delayed)")
+@delayed_options
 @url_option
 @json_option
-def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, url: str | None, as_json: bool) -> None:
+def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, delayed_suffix: str | None,
+                 delayed_table: str | None, url: str | None, as_json: bool) -> None:
     """Create queue tables (idempotent; safe to run beside NServiceBus installers).
 
     \b
-    Example:
+    Examples:
       sqlqueue create-queue Sales Shop.Web '"billing"."Invoices"' --delayed
+      sqlqueue create-queue Sales --delayed --delayed-suffix Timeouts   # "Sales.Timeouts"
     """
+    if delayed_table is not None and not delayed:
+        raise click.UsageError("--delayed-table goes with --delayed")
     rows = []
     with open_db(url) as s:
         d = s.d
+        rule = s.delayed_rule(delayed_table, delayed_suffix, names=len(names))
         for name in names:
             address = s.address(name, option="NAME")
             stmts = [*d.create_queue(address, seq_bits=int(seq_bits))]
             tables = [address]
             if delayed:
-                stmts += d.create_delayed(d.companion(address, "Delayed"))
-                tables.append(d.companion(address, "Delayed"))
+                rule.check(d, address, {})
+                stmts += d.create_delayed(rule.table_for(d, address))
+                tables.append(rule.table_for(d, address))
             s.execute_all(stmts)
             rows += _ready(d, tables)
     show(rows, as_json)
@@ -104,9 +112,11 @@ def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
 @click.option("--destination", "destinations", multiple=True, metavar="QUEUE",
               help="with --grant-to: a queue the sending endpoint sends to (repeatable)")
 @click.option("--error-queue", default="error", show_default=True, help="with --grant-to: the error queue")
+@delayed_options
 @url_option
 def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, role: str | None,
-        kinds: tuple[str, ...], destinations: tuple[str, ...], error_queue: str, url: str | None) -> None:
+        kinds: tuple[str, ...], destinations: tuple[str, ...], error_queue: str, delayed_suffix: str | None,
+        delayed_table: str | None, url: str | None) -> None:
     """Print the exact DDL the connector runs, for review by a DBA, or with --grant-to the grants
     a role needs to run once the tables exist (no DDL runs then). Needs no connection, so a dotted
     name such as Shop.Web is one table ("public"."Shop.Web"); quote a schema: '"billing"."Invoices"'.
@@ -123,40 +133,44 @@ def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: 
         return d.parse_address(resolve(d, text, option=option, facts=None), option=option)
 
     address = offline(queue, "--queue")
+    rule = delayed_rule(d, None if delayed_table is None else resolve(d, delayed_table, option="--delayed-table",
+                                                                       facts=None), delayed_suffix)
+    rule.check(d, address, {})
     if role is not None:
         _print_grants(d, role, address, kinds=kinds or ("receiving", "sending"), parts=parts or DDL_PARTS,
                       destinations=[offline(q, "--destination") for q in destinations],
-                      error_queue=offline(error_queue, "--error-queue"))
+                      error_queue=offline(error_queue, "--error-queue"), delayed=rule)
         return
     if kinds or destinations:
         raise click.UsageError("--for and --destination go with --grant-to")
-    makers = _ddl_makers(d, address, seq_bits=int(seq_bits))
+    makers = _ddl_makers(d, address, seq_bits=int(seq_bits), delayed=rule)
     for part in parts or DDL_PARTS:
         click.echo(f"-- {part}: {d.name}")
         click.echo(d.script(makers[part]()))
 
 
-def _ddl_makers(d: Dialect, address: QueueAddress, *, seq_bits: int) -> dict[str, Callable[[], list[Statement]]]:
+def _ddl_makers(d: Dialect, address: QueueAddress, *, seq_bits: int,
+                delayed: DelayedTableRule) -> dict[str, Callable[[], list[Statement]]]:
     """The statements of each part of `sqlqueue ddl`, made when printed."""
     return {
         "queue": lambda: d.create_queue(address, seq_bits=seq_bits),
         "claims": lambda: d.create_claims(d.claims_table(address)),
         "sender": lambda: [*d.create_staging(d.companion(address, "Staging")),
                            *d.create_outbox(d.companion(address, "Outbox"))],
-        "delayed": lambda: d.create_delayed(d.companion(address, "Delayed")),
+        "delayed": lambda: d.create_delayed(delayed.table_for(d, address)),
         "subscriptions": lambda: d.create_subscriptions(d.parse_address(SUBSCRIPTIONS)),
     }
 
 
 def _print_grants(d: Dialect, role: str, endpoint: QueueAddress, *, kinds: tuple[str, ...], parts: tuple[str, ...],
-                  destinations: list[QueueAddress], error_queue: QueueAddress) -> None:
+                  destinations: list[QueueAddress], error_queue: QueueAddress, delayed: DelayedTableRule) -> None:
     """The grants of `role` for each endpoint kind, limited to the tables of `parts`."""
     for kind in dict.fromkeys(kinds):
         if kind == "receiving":
-            needs = privileges.receiving(d, endpoint, error_queue=error_queue)
+            needs = privileges.receiving(d, endpoint, error_queue=error_queue, delayed=delayed)
         else:
             needs = privileges.sending(d, endpoint, destinations=destinations, error_queue=error_queue,
-                                       subscriptions=d.parse_address(SUBSCRIPTIONS))
+                                       subscriptions=d.parse_address(SUBSCRIPTIONS), delayed=delayed)
         needs = [n for n in needs if n.part in parts]
         if not needs:
             continue

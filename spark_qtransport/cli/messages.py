@@ -9,13 +9,13 @@ from typing import Any, TypeVar
 
 import click
 
-from ..dialects import QueueAddress
+from ..dialects import QueueAddress, dialect_for
 from ..errors import QueueNotFoundError
 from ..spark.options import parse_duration
 from ..transport.sending.dispatch import Dispatcher, DispatchResult, set_up_sender
 from ..transport.sending.staging import stage_partition
 from ..transport.settings import SendSettings
-from .app import allow_options, main, need_url, routing_policy, url_option
+from .app import allow_options, delayed_options, delayed_rule, main, need_url, routing_policy, url_option
 from .db import CommandDb, open_db, resolve
 from .install import SUBSCRIPTIONS
 from .output import json_option, show
@@ -27,10 +27,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def send_settings(url: str | None, *, endpoint: str, error_queue: str, destination: str | None = None,
                   create_queues: bool = False, allowed_schemas: str | None = None,
-                  allowed_queues: str | None = None) -> SendSettings:
-    """The sender's settings for a command that sends as `endpoint`."""
-    return SendSettings.create(need_url(url), endpoint, destination=destination, error_queue=error_queue,
-                               create_queues=create_queues, routing=routing_policy(allowed_schemas, allowed_queues))
+                  allowed_queues: str | None = None, delayed_table: str | None = None,
+                  delayed_suffix: str | None = None) -> SendSettings:
+    """The sender's settings for a command that sends as `endpoint` (names as `resolve` read them)."""
+    parsed = need_url(url)
+    return SendSettings.create(parsed, endpoint, destination=destination, error_queue=error_queue,
+                               create_queues=create_queues, routing=routing_policy(allowed_schemas, allowed_queues),
+                               delayed_rule=delayed_rule(dialect_for(parsed), delayed_table, delayed_suffix))
 
 
 def _header(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -72,16 +75,17 @@ def _resolved(url: str | None, names: dict[str, str]) -> dict[str, str]:
 @click.option("--intent", type=click.Choice(["send", "publish", "reply"]), default="send", show_default=True)
 @click.option("--delay", help="deliver after this long (30s, 5m, 2h)")
 @click.option("--ttbr", help="time to be received (30s, 5m, 2h): becomes Expires")
-@click.option("--create-queues", is_flag=True, help="create the queue (and the endpoint's .Delayed) when missing")
+@click.option("--create-queues", is_flag=True, help="create the queue (and the endpoint's delayed table) when missing")
 @click.option("--error-queue", default="error", show_default=True,
               help="where a message goes that cannot be delivered (e.g. a subscriber that is not a queue)")
+@delayed_options
 @allow_options
 @url_option
 @json_option
 def send(queue: str | None, body: str, endpoint: str, message_type: str | None, headers: dict[str, str],
          message_id: str | None, intent: str, delay: str | None, ttbr: str | None, create_queues: bool,
-         error_queue: str, allowed_schemas: str | None, allowed_queues: str | None, url: str | None,
-         as_json: bool) -> None:
+         error_queue: str, delayed_suffix: str | None, delayed_table: str | None, allowed_schemas: str | None,
+         allowed_queues: str | None, url: str | None, as_json: bool) -> None:
     """Send one message as an NServiceBus endpoint would (headers filled in), exactly once.
 
     \b
@@ -97,11 +101,13 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
         raise click.UsageError("QUEUE is required (only --intent publish sends to the subscribers instead)")
     data = _read_body(body)
     names = _resolved(url, {"--endpoint": endpoint, "--error-queue": error_queue,
-                            **({"QUEUE": queue} if queue is not None else {})})
+                            **({"QUEUE": queue} if queue is not None else {}),
+                            **({"--delayed-table": delayed_table} if delayed_table is not None else {})})
     destination = None if intent == "publish" else names.get("QUEUE")
     options = send_settings(url, endpoint=names["--endpoint"], error_queue=names["--error-queue"],
                              destination=destination, create_queues=create_queues,
-                             allowed_schemas=allowed_schemas, allowed_queues=allowed_queues)
+                             allowed_schemas=allowed_schemas, allowed_queues=allowed_queues,
+                             delayed_table=names.get("--delayed-table"), delayed_suffix=delayed_suffix)
     row: dict[str, Any] = {"body": data, "message_id": message_id, "message_type": message_type, "headers": headers,
                            "intent": intent, "destination": destination}
     if delay:
@@ -137,21 +143,25 @@ def _sent_rows(options: SendSettings, result: DispatchResult) -> list[dict[str, 
 @main.command("move-delayed")
 @click.argument("endpoint")
 @click.option("--error-queue", default="error", show_default=True, help="where undeliverable messages go")
+@delayed_options
 @allow_options
 @url_option
 @json_option
-def move_delayed(endpoint: str, error_queue: str, allowed_schemas: str | None, allowed_queues: str | None,
-                 url: str | None, as_json: bool) -> None:
+def move_delayed(endpoint: str, error_queue: str, delayed_suffix: str | None, delayed_table: str | None,
+                 allowed_schemas: str | None, allowed_queues: str | None, url: str | None, as_json: bool) -> None:
     """Deliver the endpoint's due delayed messages now (one mover at a time per table).
 
     \b
-    Example:
+    Examples:
       sqlqueue move-delayed Sales
+      sqlqueue move-delayed Sales --delayed-table '"public"."Sales.Delayed"'
     """
     need_url(url)
-    names = _resolved(url, {"ENDPOINT": endpoint, "--error-queue": error_queue})
+    names = _resolved(url, {"ENDPOINT": endpoint, "--error-queue": error_queue,
+                            **({"--delayed-table": delayed_table} if delayed_table is not None else {})})
     options = send_settings(url, endpoint=names["ENDPOINT"], error_queue=names["--error-queue"],
-                             allowed_schemas=allowed_schemas, allowed_queues=allowed_queues)
+                             allowed_schemas=allowed_schemas, allowed_queues=allowed_queues,
+                             delayed_table=names.get("--delayed-table"), delayed_suffix=delayed_suffix)
     dispatcher = Dispatcher(options)
     try:
         result = dispatcher.move_due()

@@ -10,9 +10,11 @@ from typing import Any
 import click
 
 from ..dialects import QueueAddress
+from ..errors import ConfigError
+from ..transport.delayed import DelayedTableRule
 from ..transport.operations.doctor import check_queue, check_server
 from ..wire import H, decode_headers, parse_time
-from .app import main, url_option
+from .app import delayed_options, main, url_option
 from .db import CommandDb, open_db
 from .output import json_option, show, show_json_line
 
@@ -66,9 +68,11 @@ def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
 @click.argument("queues", nargs=-1)
 @click.option("--watch", type=click.FloatRange(min=0.1), metavar="SECONDS",
               help="refresh every SECONDS until interrupted, with the time and each queue's rate")
+@delayed_options
 @url_option
 @json_option
-def stats(queues: tuple[str, ...], watch: float | None, url: str | None, as_json: bool) -> None:
+def stats(queues: tuple[str, ...], watch: float | None, delayed_suffix: str | None, delayed_table: str | None,
+          url: str | None, as_json: bool) -> None:
     """Counts per queue: messages (counted), backlog span, expired, oldest age, delayed due/pending,
     claimed-but-unacknowledged per endpoint, outbox records. Without QUEUE: every queue table of
     the database. The columns are always these, in this order; - where a queue has no .Delayed,
@@ -82,28 +86,29 @@ def stats(queues: tuple[str, ...], watch: float | None, url: str | None, as_json
       sqlqueue stats Sales --watch 2
     """
     with open_db(url) as s:
+        rule = s.delayed_rule(delayed_table, delayed_suffix, names=len(queues))
         if not watch:
-            rows = _all_stats(s, queues)
+            rows = _all_stats(s, queues, rule)
             show(rows if as_json else [_stats_text(r) for r in rows], as_json)
             return
         try:
-            _watch(s, queues, watch, as_json)
+            _watch(s, queues, rule, watch, as_json)
         except KeyboardInterrupt:
             return
 
 
-def _all_stats(s: CommandDb, queues: tuple[str, ...]) -> list[dict[str, Any]]:
+def _all_stats(s: CommandDb, queues: tuple[str, ...], rule: DelayedTableRule) -> list[dict[str, Any]]:
     """A stats row per queue given, or per queue table of the database when none is."""
     names = queues or [s.d.format_address(QueueAddress(str(table), str(schema)))
                        for schema, table in s.all(s.d.list_queues())]
-    return [_queue_stats(s, q) for q in names]
+    return [_queue_stats(s, q, rule) for q in names]
 
 
-def _watch(s: CommandDb, queues: tuple[str, ...], every: float, as_json: bool) -> None:
+def _watch(s: CommandDb, queues: tuple[str, ...], rule: DelayedTableRule, every: float, as_json: bool) -> None:
     """Stats every `every` seconds, with the time and each queue's rate, until interrupted."""
     before: dict[str, tuple[float, int]] = {}  # queue -> (when, messages) at the previous refresh
     while True:
-        rows = _all_stats(s, queues)
+        rows = _all_stats(s, queues, rule)
         now, at = time.monotonic(), datetime.now(timezone.utc)
         for r in rows:
             last = before.get(r["queue"])
@@ -127,7 +132,7 @@ def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "claimed": text, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
 
 
-def _queue_stats(s: CommandDb, text: str) -> dict[str, Any]:
+def _queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, Any]:
     """One queue's stats row: every column of STATS_COLUMNS, None where it has no such table."""
     address = s.queue(text)
     messages, expired, low, high = s.one(s.d.queue_stats(address))
@@ -143,8 +148,11 @@ def _queue_stats(s: CommandDb, text: str) -> dict[str, Any]:
         sent = parse_time((decode_headers(oldest[0].headers) or {}).get(H.TIME_SENT))
         if sent is not None:
             record["oldest_age_s"] = round((datetime.now(timezone.utc) - sent).total_seconds(), 1)
-    delayed = s.d.companion(address, "Delayed")
-    if s.exists(delayed):
+    try:
+        delayed: QueueAddress | None = rule.table_for(s.d, address)
+    except ConfigError:  # a queue name too long to have one
+        delayed = None
+    if delayed is not None and s.exists(delayed):
         due, pending, _ = s.one(s.d.delayed_stats(delayed))
         record["delayed_due"], record["delayed_pending"] = int(due or 0), int(pending or 0)
     claims = s.d.claims_table(address)
@@ -183,9 +191,11 @@ def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> Non
 
 @main.command("doctor")
 @click.argument("queues", nargs=-1, required=True)
+@delayed_options
 @url_option
 @json_option
-def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
+def doctor(queues: tuple[str, ...], delayed_suffix: str | None, delayed_table: str | None, url: str | None,
+           as_json: bool) -> None:
     """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
     RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them, and what the server
     must offer (SQL Server: database compatibility level 130). Exit 1 on errors.
@@ -196,8 +206,9 @@ def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
     """
     with open_db(url) as s:
         addresses = [s.address(q, option="QUEUE") for q in queues]
+        rule = s.delayed_rule(delayed_table, delayed_suffix, names=len(queues))
         findings = s.run(lambda conn: check_server(conn.cursor(), s.d, addresses)
-                         + [f for a in addresses for f in check_queue(conn.cursor(), s.d, a)])
+                         + [f for a in addresses for f in check_queue(conn.cursor(), s.d, a, delayed=rule)])
     show([{"level": f.level, "table": f.table, "finding": f.message} for f in findings], as_json)
     if any(f.level == "error" for f in findings):
         sys.exit(1)

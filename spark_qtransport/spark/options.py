@@ -12,9 +12,10 @@ import re
 from collections.abc import Mapping
 
 from ..connections import ConnectionURL, parse_url
-from ..dialects import dialect_for
+from ..dialects import Dialect, dialect_for
 from ..errors import ConfigError
 from ..transport import settings as defaults
+from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
 from ..transport.routing import RoutingPolicy
 from ..transport.settings import ReceiveSettings, SendSettings
 
@@ -34,6 +35,14 @@ OPT_NUM_PARTITIONS = "numpartitions"
 OPT_CREATE_QUEUES = "createqueues"
 OPT_ACK_BATCH = "ackbatchsize"
 OPT_CLAIM_AHEAD = "claimahead"
+OPT_DELAYED_TABLE = "delayedtable"
+OPT_DELAYED_SUFFIX = "delayedtablesuffix"
+
+#: where NServiceBus puts a delayed table that the default (`<queue>.<suffix>` beside the queue) misses
+_DELAYED_ELSEWHERE = ("when NServiceBus's differs: an input queue not named after its endpoint, or one placed by "
+                      "`UseSchemaForQueue` (the delayed table stays in the default schema); e.g. `public.\"Sales.Delayed\"`")
+_DELAYED_SUFFIX = ("NServiceBus's `DelayedDelivery.TableSuffix`: the delayed table is `<{}>.<suffix>`; "
+                   "no destination from data may name a table `*.<suffix>`")
 
 #: the allow-list for queue addresses that come from message data (see `transport.routing`)
 ALLOW_OPTIONS: dict[str, tuple[str, str]] = {
@@ -54,6 +63,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": (str(defaults.DEFAULT_ACK_BATCH), "claims deleted per statement when a batch is acknowledged"),
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
+    "delayedTable": ("`<queue>.<delayedTableSuffix>`", f"address of the delayed table of the queue's endpoint, whose due messages the reader moves each trigger, {_DELAYED_ELSEWHERE}"),
+    "delayedTableSuffix": (DEFAULT_DELAYED_SUFFIX, _DELAYED_SUFFIX.format("queue")),
     **{k: (v[0], v[1].replace("ADDRESSES", "ForwardDestination headers")) for k, v in ALLOW_OPTIONS.items()},
 }
 _KNOWN = {k.lower() for k in OPTIONS}
@@ -114,6 +125,17 @@ def routing_policy(opts: Mapping[str, str]) -> RoutingPolicy:
     return RoutingPolicy.parse(opts.get("allowedschemas"), opts.get("allowedqueues"))
 
 
+def delayed_rule(opts: Mapping[str, str], dialect: Dialect) -> DelayedTableRule:
+    """The delayed-table options (keys already lower-cased), checked."""
+    table = opts.get(OPT_DELAYED_TABLE)
+    suffix = opts.get(OPT_DELAYED_SUFFIX)
+    return DelayedTableRule.create(
+        dialect,
+        table=None if table is None else dialect.parse_address(table, option="delayedTable"),
+        suffix=None if suffix is None else str(suffix),
+    )
+
+
 def resolve_url(opts: Mapping[str, str]) -> ConnectionURL:
     raw = opts.get(OPT_URL) or os.environ.get(URL_ENV)
     if not raw:
@@ -152,6 +174,7 @@ class ReaderOptions:
                            maximum=MAX_ACK_BATCH) or defaults.DEFAULT_ACK_BATCH,
             claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
             routing=routing_policy(opts),
+            delayed_rule=delayed_rule(opts, dialect),
         )
 
 
@@ -162,14 +185,16 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
     "url": (f"${URL_ENV}", "as for reading"),
     "user": ("from url", "as for reading"),
     "password": ("from url", "as for reading"),
-    "endpoint": ("required", "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and `.Delayed`"),
+    "endpoint": ("required", "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and its delayed table (`<endpoint>.Delayed`)"),
     "destination": ("none", "queue address for rows whose `destination` column is null or absent"),
     "sinkName": (defaults.DEFAULT_SINK, "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),
     "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "where messages go that cannot be delivered: a destination from data that is missing, not a queue or not allowed; due delayed messages likewise"),
-    "createQueues": ("false", "create the `destination` and `errorQueue` queues, `<endpoint>.Delayed` and `SubscriptionRouting` if missing; never a queue named by message data"),
+    "createQueues": ("false", "create the `destination` and `errorQueue` queues, the endpoint's delayed table and `SubscriptionRouting` if missing; never a queue named by message data"),
     "subscriptionTable": (defaults.DEFAULT_SUBSCRIPTIONS, "table that routes published events to subscriber queues"),
     "deduplicationRetention": ("7d", "how long outbox records are kept (`30s`, `12h`, `7d`); replays older than this are sent again"),
     "contentType": (defaults.DEFAULT_CONTENT_TYPE, "`NServiceBus.ContentType` of messages without one"),
+    "delayedTable": ("`<endpoint>.<delayedTableSuffix>`", f"address of the endpoint's delayed table, where deferred messages go and due ones move from, {_DELAYED_ELSEWHERE}"),
+    "delayedTableSuffix": (DEFAULT_DELAYED_SUFFIX, _DELAYED_SUFFIX.format("endpoint")),
     "inlineBytes": (f"{defaults.DEFAULT_INLINE_BYTES:,} (256 MiB)", f"most bytes of messages a micro-batch's tasks hand to the driver, which writes them straight into their queues (PostgreSQL): each of the first {defaults.INLINE_TASKS} tasks hands its messages over when they total at most a {defaults.INLINE_TASKS}th of it; the others stage theirs. 0: every task stages. The driver holds them, and Spark counts them in `spark.driver.maxResultSize`"),
     **{k: (v[0], v[1].replace("ADDRESSES", "`destination` values (so replies' ReplyToAddress) and subscription rows")) for k, v in ALLOW_OPTIONS.items()},
 }
@@ -229,4 +254,5 @@ class WriterOptions:
             routing=routing_policy(opts),
             inline_bytes=_int(opts, "inlinebytes", "inlineBytes", defaults.DEFAULT_INLINE_BYTES, minimum=0,
                               maximum=MAX_INLINE_BYTES) or 0,
+            delayed_rule=delayed_rule(opts, dialect),
         )

@@ -1,4 +1,5 @@
-"""Delayed delivery: move due messages from ``<endpoint>.Delayed`` to their destinations.
+"""Delayed delivery: which table holds an endpoint's delayed messages (`DelayedTableRule`), and
+moving its due messages to their destinations (`DelayedMover`).
 
 NServiceBus stores a deferred message in the sending endpoint's delayed table with the header
 ``NServiceBus.SqlServer.ForwardDestination``; every endpoint instance polls it with a back-off of
@@ -17,16 +18,106 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
+from ..errors import ConfigError
 from ..wire import H, decode_headers
 from . import session as db
 from .routing import Item, Router, RoutingPolicy, route_rows
 
-__all__ = ["DelayedMover", "MoveResult", "MOVE_BATCH"]
+__all__ = ["DEFAULT_DELAYED_SUFFIX", "NSERVICEBUS_DELAYED", "DelayedMover", "DelayedTableRule", "MoveResult", "MOVE_BATCH"]
 
 log = logging.getLogger("spark_qtransport.delayed")
 
 #: rows moved per transaction
 MOVE_BATCH = 1000
+
+#: NServiceBus's default `DelayedDelivery.TableSuffix` (both transports)
+DEFAULT_DELAYED_SUFFIX = "Delayed"
+#: the other tables of ours beside a queue: a delayed table must never be one of them
+_OURS = ("Claims", "Staging", "Outbox")
+
+
+@dataclass(frozen=True)
+class DelayedTableRule:
+    """Which table holds an endpoint's delayed messages: the one place that decides it, for the
+    sink, the reader's mover, the installers and every command.
+
+    NServiceBus (both transports) names it ``<endpoint name>.<TableSuffix>`` (suffix ``Delayed``
+    unless ``DelayedDelivery.TableSuffix`` says otherwise) and resolves it like a queue name of its
+    own: in the transport's default schema and, on SQL Server, default catalog. NServiceBus refuses
+    a schema for the local endpoint and points to ``DefaultSchema`` instead, which moves its queue
+    and delayed table together. An endpoint is given here as its input queue's address, whose
+    schema and catalog stand for those defaults, so the table is ``<input queue table>.<suffix>``
+    beside the input queue. `table` names it outright
+    (option ``delayedTable``) where NServiceBus's differs from that: an input queue not named
+    after its endpoint (``OverrideLocalAddress``), or one moved by ``UseSchemaForQueue``, whose
+    delayed table stays in the default schema.
+
+    `options` are the names errors give the table and the suffix (Spark's, or a command's flags).
+    """
+
+    suffix: str = DEFAULT_DELAYED_SUFFIX
+    table: QueueAddress | None = None
+    options: tuple[str, str] = field(default=("delayedTable", "delayedTableSuffix"), compare=False, repr=False)
+
+    @classmethod
+    def create(cls, dialect: Dialect, *, table: QueueAddress | None = None, suffix: str | None = None,
+               options: tuple[str, str] = ("delayedTable", "delayedTableSuffix")) -> DelayedTableRule:
+        """A rule from an explicit table (parsed already) and/or a suffix, checked: a suffix is
+        one identifier part, never one of the other tables of ours (``Claims``, ...)."""
+        if suffix is None:
+            suffix = DEFAULT_DELAYED_SUFFIX
+        else:
+            option = options[1]
+            try:
+                dialect.check_name("delayed table suffix", suffix, option=option)
+            except ConfigError as exc:
+                raise ConfigError(f"option '{option}': {exc}", option=option) from None
+            if dialect.fold_name(suffix) in {dialect.fold_name(o) for o in _OURS}:
+                raise ConfigError(f"option '{option}': {suffix!r} names a table of the transport's own "
+                                  f"(<queue>.{suffix}), not a delayed table", option=option)
+        return cls(suffix, table, options)
+
+    @property
+    def custom_suffix(self) -> bool:
+        return self.suffix != DEFAULT_DELAYED_SUFFIX
+
+    def table_for(self, dialect: Dialect, endpoint: QueueAddress) -> QueueAddress:
+        """The delayed table of the endpoint whose input queue is `endpoint`. A name too long for
+        the database fails, naming the suffix option when the suffix is not the default."""
+        if self.table is not None:
+            return self.table
+        try:
+            return dialect.companion(endpoint, self.suffix)
+        except ConfigError as exc:
+            if not self.custom_suffix:
+                raise
+            raise ConfigError(f"option '{self.options[1]}': {exc}", option=self.options[1]) from None
+
+    def check(self, dialect: Dialect, endpoint: QueueAddress, others: dict[str, QueueAddress]) -> None:
+        """Refuse an explicit table that is another table of the endpoint: its queue, its tables
+        of ours beside it, or one of `others` (option name -> address: errorQueue, ...)."""
+        if self.table is None:
+            return
+
+        def key(a: QueueAddress) -> str:
+            return dialect.fold_name(dialect.qualified(a))
+
+        mine = key(self.table)
+        taken: dict[str, str] = {key(endpoint): "the endpoint's queue"}
+        for suffix in _OURS:
+            try:
+                taken.setdefault(key(dialect.companion(endpoint, suffix)), f"the endpoint's .{suffix} table")
+            except ConfigError:
+                continue
+        for option, address in others.items():
+            taken.setdefault(key(address), f"option '{option}'")
+        if mine in taken:
+            raise ConfigError(f"option '{self.options[0]}': {dialect.qualified(self.table)} is {taken[mine]}, "
+                              "not a delayed table", option=self.options[0])
+
+
+#: NServiceBus's rule with its defaults: ``<endpoint>.Delayed`` beside the endpoint's queue
+NSERVICEBUS_DELAYED = DelayedTableRule()
 
 
 @dataclass

@@ -9,7 +9,8 @@ that the target
 - parses as a queue address of the dialect;
 - is outside the system schemas (``pg_catalog``, ``information_schema``, ``pg_toast``; ``sys``,
   ``INFORMATION_SCHEMA``) and is not one of our companion tables (``.Claims``, ``.Staging``,
-  ``.Outbox``, ``.Delayed``);
+  ``.Outbox``, ``.Delayed``, or the delayed table the options name: ``.<delayedTableSuffix>``,
+  ``delayedTable``);
 - passes the optional allow-list (options ``allowedSchemas`` / ``allowedQueues``);
 - exists as an ordinary table with the columns NServiceBus needs (the reader's own check).
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress, Statement
@@ -48,7 +49,8 @@ __all__ = [
 
 log = logging.getLogger("spark_qtransport.routing")
 
-#: tables of ours (and NServiceBus's delayed store) beside a queue: never a destination from data
+#: tables of ours (and NServiceBus's delayed store, by its default suffix) beside a queue: never a
+#: destination from data; a custom delayed suffix or table comes from the options (`RoutingPolicy.reserving`)
 COMPANION_SUFFIXES = ("Claims", "Staging", "Outbox", "Delayed")
 #: columns every queue table has (lower case), besides its sequence column
 QUEUE_COLUMNS = ("id", "headers", "body", "expires")
@@ -76,10 +78,30 @@ class RoutingPolicy:
 
     ``schemas``: the schemas a target may be in (None: any schema but the system ones).
     ``queues``: glob patterns (``fnmatch``) a target's table name must match (empty: any).
+    ``own_suffixes``, ``own_tables``: tables of the transport's own besides `COMPANION_SUFFIXES`
+    (a delayed table's custom suffix, an explicit delayed table), never a target (`reserving`).
     """
 
     schemas: tuple[str, ...] | None = None
     queues: tuple[str, ...] = ()
+    own_suffixes: tuple[str, ...] = ()
+    own_tables: tuple[QueueAddress, ...] = ()
+
+    def reserving(self, *, suffix: str, table: QueueAddress | None) -> RoutingPolicy:
+        """This policy, refusing also tables named ``<anything>.<suffix>`` and `table`."""
+        suffixes = self.own_suffixes if suffix in (*COMPANION_SUFFIXES, *self.own_suffixes) else (*self.own_suffixes, suffix)
+        tables = self.own_tables if table is None or table in self.own_tables else (*self.own_tables, table)
+        return self if (suffixes, tables) == (self.own_suffixes, self.own_tables) else replace(
+            self, own_suffixes=suffixes, own_tables=tables)
+
+    def is_own_table(self, dialect: Dialect, address: QueueAddress) -> bool:
+        """A table of the transport itself: a companion by its suffix, or one the options name."""
+        fold = dialect.fold_name
+        table = fold(address.table)
+        if any(table.endswith("." + fold(s)) for s in (*COMPANION_SUFFIXES, *self.own_suffixes)):
+            return True
+        name = fold(dialect.qualified(address))
+        return any(fold(dialect.qualified(t)) == name for t in self.own_tables)
 
     @classmethod
     def parse(cls, schemas: str | None, queues: str | None, *, schemas_option: str = "allowedSchemas",
@@ -200,7 +222,7 @@ class Router:
         schema = address.schema or d.default_schema
         if d.is_system_schema(schema) or (address.catalog is not None and d.is_system_catalog(address.catalog)):
             return Refusal(text, f"{name} is a system table, not a queue")
-        if any(address.table.endswith("." + suffix) for suffix in COMPANION_SUFFIXES):
+        if self.policy.is_own_table(d, address):
             return Refusal(text, f"{name} is a table of the transport itself, not a queue")
         problem = self.policy.problem(d, address)
         if problem is not None:

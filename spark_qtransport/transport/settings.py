@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect, QueueAddress, dialect_for
 from ..errors import ConfigError
+from .delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 from .routing import RoutingPolicy
 
 __all__ = ["ReceiveSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_ACK_BATCH", "DEFAULT_RETENTION_SECONDS"]
@@ -51,16 +52,24 @@ class ReceiveSettings:
     ack_batch: int = DEFAULT_ACK_BATCH
     claim_ahead: bool = True
     routing: RoutingPolicy = RoutingPolicy()
+    #: which table holds the delayed messages of the queue's endpoint (the reader moves due ones)
+    delayed_rule: DelayedTableRule = NSERVICEBUS_DELAYED
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dialect", dialect_for(self.url))
-        if self.dialect.qualified(self.error_queue) == self.dialect.qualified(self.queue):
+        d = dialect_for(self.url)
+        object.__setattr__(self, "dialect", d)
+        if d.qualified(self.error_queue) == d.qualified(self.queue):
             raise ConfigError("option 'errorQueue' must name another queue than option 'queue'", option="errorQueue")
         try:
-            self.dialect.claims_table(self.queue)  # fails early when the claim table name would be too long
+            d.claims_table(self.queue)  # fails early when the claim table name would be too long
         except ConfigError as exc:
             raise ConfigError(f"option 'queue': {exc}", option="queue") from None
+        rule = self.delayed_rule
+        if rule.table is not None or rule.custom_suffix:  # a table asked for must be one (see `delayed`)
+            rule.table_for(d, self.queue)
+        rule.check(d, self.queue, {"errorQueue": self.error_queue})
+        object.__setattr__(self, "routing", self.routing.reserving(suffix=rule.suffix, table=rule.table))
 
     @classmethod
     def create(cls, url: ConnectionURL | str, queue: str, *, error_queue: str = DEFAULT_ERROR_QUEUE,
@@ -72,6 +81,15 @@ class ReceiveSettings:
         return cls(url=url, queue=address, error_queue=d.parse_address(error_queue, option="errorQueue"),
                    consumer=consumer or address.table, **values)  # type: ignore[arg-type]
 
+    @property
+    def delayed(self) -> QueueAddress | None:
+        """The delayed table of the queue's endpoint (`DelayedTableRule`); None for a queue whose
+        name is too long to have ``<queue>.Delayed`` (NServiceBus allows 55 bytes on PostgreSQL)."""
+        try:
+            return self.delayed_rule.table_for(self.dialect, self.queue)
+        except ConfigError:
+            return None
+
     def partitions_for(self, rows: int) -> int:
         if self.num_partitions:
             return self.num_partitions
@@ -80,8 +98,8 @@ class ReceiveSettings:
 
 @dataclass(frozen=True)
 class SendSettings:
-    """A sender: the sending endpoint (owner of `<endpoint>.Staging`, `.Outbox`, `.Delayed`), where
-    rows without a destination go, and how long outbox records are kept."""
+    """A sender: the sending endpoint (owner of `<endpoint>.Staging`, `.Outbox` and its delayed
+    table, `delayed`), where rows without a destination go, and how long outbox records are kept."""
 
     url: ConnectionURL
     endpoint: QueueAddress
@@ -96,16 +114,30 @@ class SendSettings:
     query_id: str | None = None
     routing: RoutingPolicy = RoutingPolicy()
     inline_bytes: int = DEFAULT_INLINE_BYTES  # per batch; 0: every task stages its rows
+    #: which table holds the endpoint's delayed messages
+    delayed_rule: DelayedTableRule = NSERVICEBUS_DELAYED
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = dialect_for(self.url)
         object.__setattr__(self, "dialect", d)
-        for suffix in ("Staging", "Outbox", "Delayed"):  # fail early when a name would be too long
+        rule = self.delayed_rule
+        for suffix in ("Staging", "Outbox"):  # fail early when a name would be too long
             try:
                 d.companion(self.endpoint, suffix)  # (index names are derived to fit: `index_name`)
             except ConfigError as exc:
                 raise ConfigError(f"option 'endpoint': {exc}", option="endpoint") from None
+        try:
+            rule.table_for(d, self.endpoint)
+        except ConfigError as exc:
+            if exc.option is not None and exc.option != "endpoint":
+                raise
+            raise ConfigError(f"option 'endpoint': {exc}", option="endpoint") from None
+        others = {"errorQueue": self.error_queue, "subscriptionTable": self.subscriptions}
+        if self.destination is not None:
+            others["destination"] = self.destination
+        rule.check(d, self.endpoint, others)
+        object.__setattr__(self, "routing", self.routing.reserving(suffix=rule.suffix, table=rule.table))
 
     @classmethod
     def create(cls, url: ConnectionURL | str, endpoint: str, *, destination: str | None = None,
@@ -136,4 +168,5 @@ class SendSettings:
 
     @property
     def delayed(self) -> QueueAddress:
-        return self.dialect.companion(self.endpoint, "Delayed")
+        """The endpoint's delayed table (`DelayedTableRule`)."""
+        return self.delayed_rule.table_for(self.dialect, self.endpoint)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...dialects import Dialect, QueueAddress
 from .. import session as db
+from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 from ..routing import QUEUE_COLUMNS
 from ..server import database_problems
 from .privileges import DML
@@ -50,8 +51,9 @@ def check_server(cur: Any, d: Dialect, queues: list[QueueAddress]) -> list[Findi
     return [Finding("error", "(server)", problem) for problem in database_problems(cur, d, queues)]
 
 
-def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
-    """Check one queue table and the tables of ours beside it."""
+def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
+                delayed: DelayedTableRule = NSERVICEBUS_DELAYED) -> list[Finding]:
+    """Check one queue table, the tables of ours beside it and its endpoint's delayed table."""
     name = d.qualified(queue)
     missing = _missing(cur, d, queue)
     schema = [m for m in missing if m.startswith("USAGE ON SCHEMA")]
@@ -70,7 +72,7 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
     companions_missing = []
     for suffix in ("Claims", "Delayed", "Staging", "Outbox"):
         try:
-            companion = d.companion(queue, suffix)
+            companion = delayed.table_for(d, queue) if suffix == "Delayed" else d.companion(queue, suffix)
         except Exception:  # noqa: BLE001 - a name too long for the companion: it cannot exist
             continue
         if cols and db.columns(cur, d.queue_columns(companion)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...dialects import Dialect, QueueAddress, Statement
+from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 
 __all__ = ["DML", "WRITE", "READ", "Need", "receiving", "sending", "grant_statements"]
 
@@ -33,25 +34,26 @@ class Need:
     why: str = ""
 
 
-def receiving(d: Dialect, queue: QueueAddress, *, error_queue: QueueAddress) -> list[Need]:
+def receiving(d: Dialect, queue: QueueAddress, *, error_queue: QueueAddress,
+              delayed: DelayedTableRule = NSERVICEBUS_DELAYED) -> list[Need]:
     """A receiving endpoint (the source): its queue, the queue's claim table, the error queue
-    (poison messages) and the queue's delayed table (the reader moves due messages)."""
+    (poison messages) and the delayed table of the queue's endpoint (the reader moves due messages)."""
     return [
         Need(queue, DML, "queue", True, "claims messages (deletes them), the delayed mover inserts"),
         Need(d.claims_table(queue), DML, "claims", False, "claimed messages until their batch commits"),
         Need(error_queue, WRITE, "queue", True, "poison messages"),
-        Need(d.companion(queue, "Delayed"), DML, "delayed", False, "moves due delayed messages"),
+        Need(delayed.table_for(d, queue), DML, "delayed", False, "moves due delayed messages"),
     ]
 
 
 def sending(d: Dialect, endpoint: QueueAddress, *, destinations: list[QueueAddress], error_queue: QueueAddress,
-            subscriptions: QueueAddress) -> list[Need]:
+            subscriptions: QueueAddress, delayed: DelayedTableRule = NSERVICEBUS_DELAYED) -> list[Need]:
     """A sending endpoint (the sink, ``sqlqueue send``): its staging, outbox and delayed tables,
     the destination queues, the subscription table (publish) and the error queue."""
     return [
         Need(d.companion(endpoint, "Staging"), DML, "sender", False, "staged rows until their batch is dispatched"),
         Need(d.companion(endpoint, "Outbox"), DML, "sender", False, "one record per dispatched batch"),
-        Need(d.companion(endpoint, "Delayed"), DML, "delayed", False, "delayed messages; moves due ones"),
+        Need(delayed.table_for(d, endpoint), DML, "delayed", False, "delayed messages; moves due ones"),
         *(Need(q, WRITE, "queue", True, "destination") for q in destinations),
         Need(subscriptions, READ, "subscriptions", False, "subscribers of published events"),
         Need(error_queue, WRITE, "queue", True, "messages that cannot be delivered"),

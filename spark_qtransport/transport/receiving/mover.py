@@ -1,5 +1,6 @@
-"""The endpoint's delayed messages: NServiceBus's convention is that the endpoint receiving from
-queue Q owns ``Q.Delayed``, so a reader delivers its due messages every trigger."""
+"""The endpoint's delayed messages: the endpoint receiving from queue Q owns a delayed table
+(``Q.Delayed`` unless the options say otherwise: `DelayedTableRule`), so a reader delivers its due
+messages every trigger."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import time
 from collections.abc import Callable
 
 from ...dialects import QueueAddress
-from ...errors import ConfigError
 from .. import session as db
 from ..delayed import DelayedMover
 from ..session import Session
@@ -23,16 +23,12 @@ DELAYED_RECHECK = 30.0
 
 
 class DueDelayed:
-    """Moves the due messages of ``<queue>.Delayed`` on the main session, if that table exists."""
+    """Moves the due messages of the queue's delayed table on the main session, if it exists."""
 
     def __init__(self, endpoint: Endpoint, main: Session, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.endpoint, self._main, self._clock = endpoint, main, clock
-        self._delayed: QueueAddress | None = None
-        o = endpoint.options
-        try:
-            self._delayed = endpoint.dialect.companion(o.queue, "Delayed")
-        except ConfigError:  # a queue name too long to have a delayed table (NServiceBus allows 55 bytes)
-            pass
+        # None: a queue name too long to have a delayed table (NServiceBus allows 55 bytes)
+        self._delayed: QueueAddress | None = endpoint.options.delayed
         self._checked_at: float | None = None
         self._mover: DelayedMover | None = None  # made once the table is found: with the set-up dialect
 
