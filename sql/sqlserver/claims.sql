@@ -30,7 +30,7 @@ BEGIN
         IF NOT EXISTS (SELECT * FROM sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
         BEGIN
             CREATE TABLE [dbo].[Sales.Claims] (
-                Consumer nvarchar(200) NOT NULL,
+                Consumer nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL,
                 ClaimSeq bigint IDENTITY(1,1) NOT NULL,
                 Id uniqueidentifier NOT NULL,
                 Expires datetime NULL,

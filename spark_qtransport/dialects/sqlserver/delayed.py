@@ -14,7 +14,7 @@ from typing import NamedTuple
 from ...errors import QTransportError
 from ..base import DelayedSql, QueueAddress, Statement
 from .addressing import SqlServerAddressing
-from .statements import CHUNK, Params, bounded, insert_messages, json_keys, json_list, key_rows, resource
+from .statements import CHUNK, QNAME, Params, bounded, insert_messages, json_keys, json_list, key_rows
 
 
 class DelayedKey(NamedTuple):
@@ -55,18 +55,24 @@ class SqlServerDelayed(SqlServerAddressing, DelayedSql):
         # A Transaction-owned applock needs an open transaction. pyodbc without autocommit runs
         # in implicit transaction mode, where EXEC opens none but a SELECT from a table does:
         # one opens it if this is the first statement. LockTimeout 0: a busy mover is reported
-        # at once (return code -1). The lock is taken in the delayed table own database.
+        # at once (return code -1). The lock is taken in the delayed table own database and keyed
+        # by the table identity, not its spelling: `Sales.Delayed`, `SALES.DELAYED@[dbo]` and a
+        # three-part name are one table, so one mover.
+        db_id, params = ("DB_ID(?)", (delayed.catalog,)) if delayed.catalog else ("DB_ID()", ())
         return Statement(
             "SET NOCOUNT ON;\n"
+            f"DECLARE @table {QNAME} = ?;\n"
             "DECLARE @rc int;\n"
             "IF @@TRANCOUNT = 0\n"
             f"    SELECT TOP (1) @rc = 0 FROM {d} WITH (READPAST, READCOMMITTEDLOCK);\n"
             "IF @@TRANCOUNT = 0\n"
             "    THROW 51000, N'sqlqueue: the delayed mover lock needs a transaction, not autocommit', 1;\n"
-            f"EXEC @rc = {self._sys(delayed)}sp_getapplock @Resource = ?, @LockMode = N'Exclusive',"
+            f"DECLARE @resource nvarchar(255) = N'sqlqueue mover ' + CAST({db_id} AS nvarchar(11)) + N'.'"
+            " + CAST(OBJECT_ID(@table) AS nvarchar(11));\n"
+            f"EXEC @rc = {self._sys(delayed)}sp_getapplock @Resource = @resource, @LockMode = N'Exclusive',"
             " @LockOwner = N'Transaction', @LockTimeout = 0;\n"
             "SELECT CAST(CASE WHEN @rc >= 0 THEN 1 ELSE 0 END AS bit)",
-            (resource("mover", d),),
+            (d, *params),
         )
 
     def due_delayed(self, delayed: QueueAddress, *, limit: int) -> Statement:

@@ -97,6 +97,12 @@ class SqlServerDriver(DriverSupport):
             # Set on every connection: a pooled connection keeps its previous isolation level.
             cur = conn.cursor()
             cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            # The server's `user options` may start sessions with NOCOUNT or XACT_ABORT on
+            # (NServiceBus's statements expect that and restore it). Ours read row counts (the
+            # outbox insert: 0 means a replay, so NOCOUNT would skip every batch) and roll a
+            # failed insert back to a savepoint (XACT_ABORT would doom the transaction): off for
+            # the session. Batches that want them on say so, and it ends with the batch.
+            cur.execute("SET NOCOUNT OFF; SET XACT_ABORT OFF;")
             cur.close()
             conn.commit()
         except BaseException:

@@ -127,7 +127,7 @@ CREATE NONCLUSTERED INDEX [Index_Expires] ON {t} (Expires) INCLUDE (Id, RowVersi
         # table lock that blocks executors reading the previous batch.
         ddl = f"""
 CREATE TABLE {t} (
-    Consumer nvarchar({MAX_CONSUMER_CHARS}) NOT NULL,
+    Consumer nvarchar({MAX_CONSUMER_CHARS}) {EXACT} NOT NULL,
     ClaimSeq bigint IDENTITY(1,1) NOT NULL,
     Id uniqueidentifier NOT NULL,
     Expires datetime NULL,

@@ -53,6 +53,10 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
         if not any(keys and keys[0] == "expires" for keys, _ in index_keys):
             out.append(("warning", "no index on Expires: purging expired messages scans the table "
                         "(NServiceBus creates Index_Expires; see sqlqueue ddl --dialect sqlserver)"))
+        if not any(not clustered and keys and keys[0] == "rowversion" for keys, clustered in index_keys):
+            # NServiceBus's CheckIfNonClusteredRowVersionIndexIsPresent (SchemaVerification)
+            out.append(("warning", "no nonclustered index on RowVersion: every receive and claim scans and "
+                        "sorts the table (NServiceBus creates Index_RowVersion; see sqlqueue ddl --dialect sqlserver)"))
         if any(clustered and keys and keys[0] == "rowversion" for keys, clustered in index_keys):
             out.append(("warning", "clustered index on RowVersion: a latch hot spot under load; current "
                         "NServiceBus installers make a heap with a nonclustered Index_RowVersion"))
@@ -209,9 +213,12 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
         # receiver (or ServiceControl, on an error queue) holds are skipped, never waited for, and
         # no one else takes the rows locked here until the transaction ends. Oldest first through
         # Index_RowVersion. Any number of ids travels as one JSON parameter; none selects nothing.
+        # At most ROW_BOUND rows: a statement holding about 5,000 locks on the queue escalates to
+        # a table lock, which READPAST cannot skip (callers go on while rows are moved).
         limit = int(limit)
         if limit < 0:
             raise ConfigError(f"limit must not be negative, not {limit}", option="limit")
+        limit = min(limit, ROW_BOUND)
         sql = (
             "SELECT TOP (?) CAST(RowVersion AS varchar(20)), LOWER(CAST(Id AS varchar(36))), Headers"
             f" FROM {self.qualified(queue)} WITH (UPDLOCK, READPAST, ROWLOCK)"

@@ -201,9 +201,13 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         """
         self._check_consumer(consumer)
         prefix = len("sqlqueue consumer ") + _MAX_IDS_CHARS + 1
-        part = consumer
-        if prefix + len(consumer.encode("utf-16-le")) // 2 > MAX_RESOURCE:
-            part = hashlib.sha256(consumer.encode()).hexdigest()
+        # Folded (upper case, no trailing spaces): sp_getapplock compares resources in binary, a
+        # claim table made before its Consumer column compared exactly (BIN2) compares as the
+        # database does, by default without case and trailing spaces. `Sales` and `sales` must
+        # meet on one lock, or both would receive into one claim table and take each other's rows.
+        part = consumer.rstrip(" ").upper()
+        if prefix + len(part.encode("utf-16-le")) // 2 > MAX_RESOURCE:
+            part = hashlib.sha256(part.encode()).hexdigest()
         db_id, params = ("DB_ID(?)", (claims.catalog,)) if claims.catalog else ("DB_ID()", ())
         sql = (
             f"DECLARE @{table} {QNAME} = ?;\n"

@@ -1,7 +1,8 @@
 """Schema checks for ``sqlqueue doctor``: what NServiceBus warns about at start-up, and ours.
 
 NServiceBus.SqlServer checks a queue's Headers type (varchar loses non-ASCII text), its
-`Index_Expires` (the expired-message purge scans without it) and a clustered RowVersion index
+`Index_Expires` (the expired-message purge scans without it) and its nonclustered
+`Index_RowVersion` (every receive scans without it); ours besides: a clustered RowVersion index
 (a latch hot spot); int4 sequences of PostgreSQL tables stop accepting messages after about 2.1
 billion inserts. Ours: the current role's privileges on the queue, its sequence and the tables of
 ours beside it (what ``sqlqueue ddl --grant-to`` grants). A finding is an error (the connector
