@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from backends import Backend
@@ -152,6 +154,20 @@ class TestStatements:
         assert "FOR UPDATE SKIP LOCKED" in claim.sql and "ORDER BY seq" in claim.sql
         assert "AS MATERIALIZED" in claim.sql
         assert "work_mem" not in claim.sql  # bodies are never materialized: no spill to tune away
+
+
+    def test_delayed_due_is_the_one_nservicebus_stores_and_compares(self) -> None:
+        """Due is NServiceBus's (StoreDelayedMessageText: the UTC wall clock read in the session's
+        TimeZone) and due means `Due < now() AT TIME ZONE 'UTC'` (MoveDueDelayedMessageText) in
+        every statement on it: a bare now() is an instant, an hour off on a Berlin server."""
+        delayed = QueueAddress("Sales.Delayed")
+        store = D.dispatch_delayed(QueueAddress("Sales.Staging"), delayed, attempts=["a"]).sql
+        assert "timestamptz (now() AT TIME ZONE 'UTC') + (m.delay_ms / 86400000) * interval '1 day'" in store
+        assert "timestamptz (m.due AT TIME ZONE 'UTC')" in store
+        reads = [D.any_due(delayed).sql, D.due_delayed(delayed, limit=5).sql, D.delayed_stats(delayed).sql]
+        assert all("due < (now() AT TIME ZONE 'UTC')" in sql for sql in reads)
+        for sql in [store, *reads]:
+            assert "now()" not in re.sub(r"now\(\) AT TIME ZONE 'UTC'", "", sql), sql
 
 
 class TestScripts:

@@ -364,8 +364,10 @@ def test_delayed_rows_carry_forward_destination_and_a_server_due_time(backend: B
     s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True)
     s.send([msg(delay=3600)])
     delayed = backend.dialect.qualified(s.options.delayed)
+    # PostgreSQL's Due is NServiceBus's UTC wall clock read in the session's TimeZone: its instant
+    due = "(due::timestamp AT TIME ZONE 'UTC')" if backend.name == "postgres" else "due"
     with backend.connect() as conn:
-        [(headers, due)] = conn.cursor().execute(f"SELECT headers, due FROM {delayed}").fetchall()
+        [(headers, due)] = conn.cursor().execute(f"SELECT headers, {due} FROM {delayed}").fetchall()
     assert json.loads(headers)[H.FORWARD_DESTINATION] == backend.dialect.format_address(backend.address(queues.billing))
     due = due if due.tzinfo else due.replace(tzinfo=timezone.utc)
     assert timedelta(minutes=59) < due - datetime.now(timezone.utc) < timedelta(minutes=61)

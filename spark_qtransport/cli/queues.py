@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..dialects import QueueAddress
-from ..transport.operations.doctor import check_queue
+from ..transport.operations.doctor import check_queue, check_server
 from ..wire import H, decode_headers, parse_time
 from .app import main, url_option
 from .db import CommandDb, open_db
@@ -187,7 +187,8 @@ def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> Non
 @json_option
 def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
     """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
-    RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them. Exit 1 on errors.
+    RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them, and the server's
+    TimeZone (PostgreSQL: a zone other than UTC shifts delayed messages' Due). Exit 1 on errors.
 
     \b
     Example:
@@ -195,7 +196,8 @@ def doctor(queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
     """
     with open_db(url) as s:
         addresses = [s.address(q, option="QUEUE") for q in queues]
-        findings = s.run(lambda conn: [f for a in addresses for f in check_queue(conn.cursor(), s.d, a)])
+        findings = s.run(lambda conn: [*check_server(conn.cursor(), s.d),
+                                       *(f for a in addresses for f in check_queue(conn.cursor(), s.d, a))])
     show([{"level": f.level, "table": f.table, "finding": f.message} for f in findings], as_json)
     if any(f.level == "error" for f in findings):
         sys.exit(1)

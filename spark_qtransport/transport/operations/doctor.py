@@ -18,7 +18,7 @@ from .. import session as db
 from ..routing import QUEUE_COLUMNS
 from .privileges import DML
 
-__all__ = ["Finding", "TableFacts", "assess", "check_queue"]
+__all__ = ["Finding", "TableFacts", "assess", "check_queue", "check_server"]
 
 INT4_MAX = 2**31 - 1
 
@@ -41,6 +41,24 @@ class TableFacts:
     companions: tuple[str, ...] = ()  # our tables found beside it (quoted names)
     missing: tuple[str, ...] = ()  # privileges the current role lacks on the queue (and its sequence)
     companions_missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (quoted name, lacking), ours beside it
+
+
+def check_server(cur: Any, d: Dialect) -> list[Finding]:
+    """What the server's settings mean for NServiceBus's tables: a PostgreSQL TimeZone that is not
+    UTC (NServiceBus stores a delayed message's Due as the UTC wall clock read in the session's
+    TimeZone, and so do we: both movers agree while every session uses one zone, but a session in
+    another zone, or a daylight-saving change while a message waits, moves it early or late)."""
+    stmt = d.server_time_zone()
+    if stmt is None:
+        return []
+    zone, now_offset, later_offset = db.one(cur, stmt)
+    if not now_offset and not later_offset:
+        return []
+    return [Finding("warning", "(server)", (
+        f"TimeZone is {zone!r}, not UTC: NServiceBus stores a delayed message's Due as UTC wall-clock time read in the "
+        "session's TimeZone (and so does sqlqueue, to agree with it), so a session in another zone, or a "
+        "daylight-saving change while a message waits, delivers it early or late by the difference; "
+        "set TimeZone = 'UTC' (ALTER DATABASE ... SET TimeZone = 'UTC')"))]
 
 
 def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:

@@ -1,0 +1,218 @@
+"""Live runs beside NServiceBus's own PostgreSQL SQL, copied verbatim from
+NServiceBus.Transport.PostgreSql (PostgreSqlConstants.cs, QueueCreator.cs), on the embedded server.
+
+Delayed delivery on a server whose TimeZone is not UTC: NServiceBus stores `Due` (timestamptz) as
+the UTC wall clock read in the session's TimeZone and moves rows whose `Due < now() AT TIME ZONE
+'UTC'`. Messages stored by either side must be moved on time by the other's mover.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from backends import Backend, Sender, nsb_headers
+from spark_qtransport.transport.delayed import DelayedMover
+from spark_qtransport.wire import H
+
+# NServiceBus's texts below are verbatim but for trailing blanks; Npgsql's @Name parameters become
+# psycopg's in `npgsql`.
+
+# PostgreSqlConstants.StoreDelayedMessageText ({0} the delayed table)
+NSB_STORE_DELAYED = """
+WITH params (DueDate) as (
+   values (timestamptz (now() AT TIME ZONE 'UTC') + (@DueAfterDays || ' days ')::INTERVAL + (@DueAfterHours || ' hours ')::INTERVAL + (@DueAfterMinutes || ' mins ')::INTERVAL + (@DueAfterSeconds || ' s ')::INTERVAL + (@DueAfterMilliseconds || ' ms')::INTERVAL)
+)
+INSERT INTO {0} (
+    Headers,
+    Body,
+    Due)
+SELECT @Headers, @Body, DueDate
+FROM params;"""
+
+# PostgreSqlConstants.MoveDueDelayedMessageText ({0} the delayed table, {1} the input queue)
+NSB_MOVE_DUE = """
+WITH message as (DELETE FROM {0} WHERE id in (SELECT id from {0} WHERE {0}.Due < now() AT TIME ZONE 'UTC' LIMIT @BatchSize)
+RETURNING id, headers, body)
+INSERT into {1} (id, expires, headers, body) SELECT id, NULL, headers, body FROM message;
+
+SELECT now() AT TIME ZONE 'UTC' as UtcNow, Due as NextDue
+FROM {0}
+ORDER BY Due LIMIT 1 FOR UPDATE SKIP LOCKED"""
+
+# PostgreSqlConstants.CreateDelayedMessageStoreText ({0} the table, {1} its name)
+NSB_CREATE_DELAYED = """
+CREATE TABLE IF NOT EXISTS {0} (
+    Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    Headers text NOT NULL,
+    Body bytea,
+    Due timestamptz NOT NULL
+) WITH (fillfactor=100);
+
+CREATE INDEX IF NOT EXISTS  "{1}_Due" on {0}(Due);
+"""
+
+
+def npgsql(sql: str) -> str:
+    """Npgsql's `@Name` parameters as psycopg's `%(Name)s`."""
+    return re.sub(r"@(\w+)", r"%(\1)s", sql)
+
+
+def run_nsb(backend: Backend, sql: str, params: dict[str, Any]) -> None:
+    """NServiceBus's text as Npgsql sends it: several statements, parameters bound (client side)."""
+    import psycopg
+
+    with backend.connect() as conn, psycopg.ClientCursor(conn) as cur:
+        cur.execute(npgsql(sql), params)
+
+
+def nsb_store_delayed(backend: Backend, delayed: str, destination: str, delay: timedelta, body: bytes) -> None:
+    """NServiceBus's DelayedMessageTable.Store: the ForwardDestination header added, the delay cut
+    into TimeSpan's Days, Hours, Minutes, Seconds and Milliseconds."""
+    headers = nsb_headers(**{H.FORWARD_DESTINATION: destination})
+    whole_ms = int(delay / timedelta(milliseconds=1))
+    days, rest = divmod(whole_ms, 86_400_000)
+    hours, rest = divmod(rest, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds, ms = divmod(rest, 1000)
+    run_nsb(backend, NSB_STORE_DELAYED.format(backend.q(delayed)), {
+        "Headers": json.dumps(headers), "Body": body, "DueAfterDays": days, "DueAfterHours": hours,
+        "DueAfterMinutes": minutes, "DueAfterSeconds": seconds, "DueAfterMilliseconds": ms,
+    })
+
+
+def nsb_move_due(backend: Backend, delayed: str, input_queue: str) -> None:
+    run_nsb(backend, NSB_MOVE_DUE.format(backend.q(delayed), backend.q(input_queue)), {"BatchSize": 100})
+
+
+@pytest.fixture(scope="module")
+def berlin(pg_url: str) -> Iterator[Backend]:
+    """A database whose sessions run in Europe/Berlin, as a server a DBA set up in Germany:
+    `ALTER DATABASE ... SET TimeZone`, so every session (ours, NServiceBus's) gets it by default."""
+    import psycopg
+
+    name = f"sqlqueue_berlin_{uuid.uuid4().hex[:8]}"
+    admin = Backend(pg_url)
+    with admin.connect() as conn:
+        try:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        except psycopg.errors.InsufficientPrivilege:
+            pytest.skip("the test role may not create a database")
+        conn.execute(f"ALTER DATABASE \"{name}\" SET TimeZone = 'Europe/Berlin'")
+    url = urlsplit(pg_url)._replace(path=f"/{name}").geturl()
+    try:
+        yield Backend(url)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_berlin_sessions_are_not_utc(berlin: Backend) -> None:
+    with berlin.connect() as conn:
+        (zone, offset) = conn.execute("SELECT current_setting('TimeZone'), extract(timezone FROM now())").fetchone()
+        conn2 = berlin.dialect.connect(berlin.parsed)  # the connector's own sessions too
+        try:
+            (ours,) = conn2.execute("SELECT current_setting('TimeZone')").fetchone()
+        finally:
+            conn2.close()
+    assert zone == ours == "Europe/Berlin" and offset in (3600, 7200)
+
+
+def _landed(backend: Backend, queue: str) -> list[str]:
+    return sorted(json.loads(h)[H.MESSAGE_ID] for _, h, _ in backend.rows(queue))
+
+
+DELAY = 1.5
+
+
+def test_our_delayed_messages_are_moved_on_time_by_nservicebus(berlin: Backend) -> None:
+    """We store (delay and deliver_at); NServiceBus's mover, verbatim, moves them: not an hour
+    late (our Due was now() + delay, which its `Due < now() AT TIME ZONE 'UTC'` reached an hour
+    after), and not early either."""
+    tag = uuid.uuid4().hex[:8]
+    sales, billing = berlin.create_queue(f"Sales_{tag}"), berlin.create_queue(f"Billing_{tag}")
+    s = Sender(berlin, sales, destination=billing, create_queues=True)
+    delayed = berlin.dialect.format_address(s.options.delayed)
+    start = time.monotonic()
+    result = s.send([
+        {"body": b"by delay", "message_type": "T, A", "message_id": "delay", "delay": DELAY},
+        {"body": b"by time", "message_type": "T, A", "message_id": "deliver-at",
+         "deliver_at": datetime.now(timezone.utc) + timedelta(seconds=DELAY)},
+    ])
+    assert result.delayed == 2
+    nsb_move_due(berlin, delayed, sales)
+    assert berlin.count(delayed) == 2 and berlin.count(sales) == 0, "NServiceBus moved them early"
+    time.sleep(max(DELAY + 0.3 - (time.monotonic() - start), 0))
+    nsb_move_due(berlin, delayed, sales)
+    assert berlin.count(delayed) == 0, "NServiceBus's mover did not see them due (an hour late)"
+    assert _landed(berlin, sales) == ["delay", "deliver-at"]
+
+
+def test_nservicebus_delayed_messages_are_moved_on_time_by_ours(berlin: Backend) -> None:
+    """NServiceBus stores (its delayed retries go this way too); our mover moves them on time,
+    not an hour early (its Due, read as an instant, is an hour before the time it means)."""
+    tag = uuid.uuid4().hex[:8]
+    sales, billing = berlin.create_queue(f"Sales_{tag}"), berlin.create_queue(f"Billing_{tag}")
+    error = berlin.create_queue(f"error_{tag}")
+    d = berlin.dialect
+    delayed_address = d.companion(d.parse_address(sales), "Delayed")
+    delayed = d.format_address(delayed_address)
+    with berlin.connect() as conn:
+        conn.execute(NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
+    start = time.monotonic()
+    nsb_store_delayed(berlin, delayed, d.format_address(d.parse_address(billing)), timedelta(seconds=DELAY), b"soon")
+    nsb_store_delayed(berlin, delayed, billing, timedelta(minutes=30), b"later")
+    mover = DelayedMover(d, delayed_address, d.parse_address(sales), d.parse_address(error))
+    conn = d.connect(berlin.parsed)
+    try:
+        assert mover.move(conn).moved == 0, "our mover moved NServiceBus's delayed messages early"
+        time.sleep(max(DELAY + 0.3 - (time.monotonic() - start), 0))
+        assert mover.move(conn).moved == 1
+    finally:
+        conn.close()
+    assert [b for _, _, b in berlin.rows(billing)] == [b"soon"]
+    assert berlin.count(delayed) == 1
+
+
+def test_stats_of_a_delayed_table_read_nservicebus_due_times(berlin: Backend) -> None:
+    """`sqlqueue stats` counts due and pending delayed messages, and the next due time is the
+    instant NServiceBus means."""
+    tag = uuid.uuid4().hex[:8]
+    sales = berlin.create_queue(f"Sales_{tag}")
+    d = berlin.dialect
+    delayed_address = d.companion(d.parse_address(sales), "Delayed")
+    delayed = d.format_address(delayed_address)
+    with berlin.connect() as conn:
+        conn.execute(NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
+    nsb_store_delayed(berlin, delayed, sales, timedelta(minutes=30), b"pending")
+    nsb_store_delayed(berlin, delayed, sales, timedelta(seconds=-1), b"due")
+    stmt = d.delayed_stats(delayed_address)
+    with berlin.connect() as conn:
+        due, pending, next_due = conn.execute(stmt.sql, stmt.params).fetchone()
+    assert (due, pending) == (1, 1)
+    assert abs(next_due - (datetime.now(timezone.utc) + timedelta(minutes=30))) < timedelta(minutes=1)
+
+
+def test_doctor_names_a_server_time_zone_that_is_not_utc(berlin: Backend, pg: Backend) -> None:
+    from click.testing import CliRunner
+
+    from spark_qtransport.cli import main
+
+    def doctor(backend: Backend) -> list[dict[str, str]]:
+        queue = backend.create_queue(f"Sales_{uuid.uuid4().hex[:8]}")
+        result = CliRunner().invoke(main, ["doctor", queue, "--json"], env={"SQLQUEUE_URL": backend.url})
+        assert result.exit_code == 0, result.output
+        return list(json.loads(result.output))
+
+    [zone, table] = doctor(berlin)
+    assert zone["level"] == "warning" and zone["table"] == "(server)"
+    assert "'Europe/Berlin', not UTC" in zone["finding"] and table["level"] == "ok"
+    assert [f["level"] for f in doctor(pg)] == ["ok"]
