@@ -1,5 +1,5 @@
 """Live runs beside NServiceBus's own PostgreSQL SQL, copied verbatim from
-NServiceBus.Transport.PostgreSql (PostgreSqlConstants.cs, QueueCreator.cs), on the embedded server.
+NServiceBus.Transport.PostgreSql (PostgreSqlConstants.cs), on the embedded server.
 
 Delayed delivery on a server whose TimeZone is not UTC: NServiceBus stores `Due` (timestamptz) as
 the UTC wall clock read in the session's TimeZone and moves rows whose `Due < now() AT TIME ZONE
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from backends import Backend, Sender, nsb_headers
+from backends import PG_NSB_CREATE_DELAYED, Backend, Sender, nsb_headers
 from spark_qtransport.transport.delayed import DelayedMover
 from spark_qtransport.wire import H
 
@@ -48,17 +48,6 @@ SELECT now() AT TIME ZONE 'UTC' as UtcNow, Due as NextDue
 FROM {0}
 ORDER BY Due LIMIT 1 FOR UPDATE SKIP LOCKED"""
 
-# PostgreSqlConstants.CreateDelayedMessageStoreText ({0} the table, {1} its name)
-NSB_CREATE_DELAYED = """
-CREATE TABLE IF NOT EXISTS {0} (
-    Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
-    Headers text NOT NULL,
-    Body bytea,
-    Due timestamptz NOT NULL
-) WITH (fillfactor=100);
-
-CREATE INDEX IF NOT EXISTS  "{1}_Due" on {0}(Due);
-"""
 
 
 def npgsql(sql: str) -> str:
@@ -166,7 +155,7 @@ def test_nservicebus_delayed_messages_are_moved_on_time_by_ours(berlin: Backend)
     delayed_address = d.companion(d.parse_address(sales), "Delayed")
     delayed = d.format_address(delayed_address)
     with berlin.connect() as conn:
-        conn.execute(NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
+        conn.execute(PG_NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
     start = time.monotonic()
     nsb_store_delayed(berlin, delayed, d.format_address(d.parse_address(billing)), timedelta(seconds=DELAY), b"soon")
     nsb_store_delayed(berlin, delayed, billing, timedelta(minutes=30), b"later")
@@ -191,7 +180,7 @@ def test_stats_of_a_delayed_table_read_nservicebus_due_times(berlin: Backend) ->
     delayed_address = d.companion(d.parse_address(sales), "Delayed")
     delayed = d.format_address(delayed_address)
     with berlin.connect() as conn:
-        conn.execute(NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
+        conn.execute(PG_NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
     nsb_store_delayed(berlin, delayed, sales, timedelta(minutes=30), b"pending")
     nsb_store_delayed(berlin, delayed, sales, timedelta(seconds=-1), b"due")
     stmt = d.delayed_stats(delayed_address)

@@ -568,7 +568,8 @@ def test_a_claim_spark_waits_for_starts_small(pg: Backend, queues) -> None:  # t
 def test_forward_destination_header_is_honoured(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
     """NServiceBus's mover puts due delayed messages into the endpoint's own input queue with
     NServiceBus.SqlServer.ForwardDestination on; the receiver forwards them in its receive
-    transaction (same native id, header removed, no expiry), keeps those addressed to itself
+    transaction (header removed, no expiry; on PostgreSQL a new native id, as NServiceBus's
+    forward sends a new MessageRow), keeps those addressed to itself
     (header removed) and sends those whose destination is missing to the error queue."""
     q, e, billing = names("Sales"), names("error"), names("Billing")
     for t in (q, e, billing):
@@ -590,7 +591,11 @@ def test_forward_destination_header_is_honoured(backend: Backend, names) -> None
 
         ((nid, text, body),) = backend.rows(billing)
         headers = json.loads(text)
-        assert (nid, body, headers["NServiceBus.MessageId"]) == (str(to_billing), b"b", "to-billing")
+        assert (body, headers["NServiceBus.MessageId"]) == (b"b", "to-billing")
+        if backend.name == "postgres":  # MessageRow.From: Guid.NewGuid()
+            assert uuid.UUID(nid) != to_billing
+        else:
+            assert nid == str(to_billing)
         assert fwd not in headers
         assert backend.count(billing, "WHERE expires IS NULL") == 1
 

@@ -165,12 +165,12 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         headers: list[str],
     ) -> Statement:
         d = self.qualified(destination)
-        # Same native id, as NServiceBus forwards; a new one only where the destination holds that
-        # id already (its primary key would otherwise fail every claim and stall the stream).
+        # A new native id, as NServiceBus forwards: its receiver sends the message on as a new row
+        # (ProcessStrategy.TryHandleDelayedMessage -> TableBasedQueue.Send -> MessageRow.From,
+        # Guid.NewGuid()); no expiry (TimeSpan.MaxValue).
         sql = (
             f"INSERT INTO {d} (id, expires, headers, body)"
-            f" SELECT CASE WHEN EXISTS (SELECT 1 FROM {d} AS x WHERE x.id = c.id) THEN gen_random_uuid() ELSE c.id END,"
-            " NULL, v.headers, c.body"
+            " SELECT gen_random_uuid(), NULL, v.headers, c.body"
             " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
             f" JOIN {self.qualified(claims)} AS c ON c.consumer = %(consumer)s AND c.claim_seq = v.seq ORDER BY v.n"
         )

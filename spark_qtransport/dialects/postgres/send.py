@@ -156,17 +156,16 @@ ORDER BY first.seq"""
         # Due as NServiceBus's StoreDelayedMessageText computes it (`statements.DUE_NOW`): the UTC
         # wall clock in the session's TimeZone, plus the delay with whole days added as days (its
         # DueAfterDays; the hours, minutes, seconds and milliseconds are one span of time). A
-        # deliver_at time becomes the Due NServiceBus stores for that instant.
-        # `n` microseconds apart within a batch: tables NServiceBus created have a UNIQUE index on
-        # Due, and every row of one transaction sees the same now().
+        # deliver_at time becomes the Due NServiceBus stores for that instant. Rows of one batch
+        # may share a Due (one now() per transaction): NServiceBus's index on Due is not unique.
+        # The staged rows are picked by their small columns, then read by key in staging order.
         sql = f"""
 INSERT INTO {d} (headers, body, due)
 SELECT m.headers, m.body,
        COALESCE({due_of("m.due")},
                 {DUE_NOW} + (m.delay_ms / 86400000) * interval '1 day'
-                + mod(m.delay_ms, 86400000) * interval '1 millisecond') + k.n * interval '1 microsecond'
-FROM (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS n FROM {s}
-      WHERE kind = 'd' AND attempt = ANY(%(attempts)s)) AS k
+                + mod(m.delay_ms, 86400000) * interval '1 millisecond')
+FROM (SELECT seq FROM {s} WHERE kind = 'd' AND attempt = ANY(%(attempts)s)) AS k
 JOIN {s} AS m ON m.seq = k.seq
 ORDER BY k.seq"""
         return Statement(sql.strip(), {"attempts": list(attempts)})
