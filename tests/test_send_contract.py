@@ -27,6 +27,7 @@ from spark_qtransport.errors import (
 )
 from spark_qtransport.transport.delayed import DelayedMover
 from spark_qtransport.transport.sending.dispatch import Dispatcher
+from spark_qtransport.transport.sending.messages import topics_of
 from spark_qtransport.wire import H, decode_headers, parse_time
 
 
@@ -329,6 +330,41 @@ def test_native_publish_reaches_each_subscriber_once(backend: Backend, queues: A
         [(h, body)] = received(backend, queue)
         assert (h[H.MESSAGE_ID], h[H.MESSAGE_INTENT], body) == ("e1", "Publish", b"placed")
     assert result.published == 1 and result.sent == 2
+
+
+GENERIC_EVENT = ("Sales.Events.Envelope`1[[Sales.Events.OrderPlaced, Sales.Events, Version=1.0.0.0, Culture=neutral, "
+                 "PublicKeyToken=null]]")
+
+
+@staged_only
+@pytest.mark.parametrize(("types", "topics"), [
+    ("Sales.Events.OrderPlaced, Sales.Events, Version=1.0.0.0", ["Sales.Events.OrderPlaced"]),
+    ("Sales.Events.OrderPlaced", ["Sales.Events.OrderPlaced"]),
+    # Type.FullName of a generic type holds its arguments' assembly-qualified names
+    (f"{GENERIC_EVENT}, Sales.Events, Version=1.0.0.0, Culture=neutral, PublicKeyToken=null;Sales.Events.IEvent, S",
+     [GENERIC_EVENT, "Sales.Events.IEvent"]),
+    ("Outer`2[[A, X],[B`1[[C, Y]], Z]], Asm", ["Outer`2[[A, X],[B`1[[C, Y]], Z]]"]),
+    ("Sales.Outer+Inner, Sales ; Sales.Outer+Inner, Sales", ["Sales.Outer+Inner"]),
+    ("Odd\\,Name\\[x, Asm", ["Odd\\,Name\\[x"]),  # escaped by .NET's type name syntax
+])
+def test_topics_are_type_full_names(types: str, topics: list[str]) -> None:
+    """SubscriptionRouting's Topic is Type.FullName (NServiceBus TopicName.From), the
+    EnclosedMessageTypes entry without its assembly: cut at the first comma outside brackets."""
+    assert topics_of(types) == topics
+
+
+def test_native_publish_of_a_generic_event_type(backend: Backend, queues: Any, names: Any) -> None:
+    table = names("SubscriptionRouting")
+    s = Sender(backend, queues.sales, subscriptions=table, create_queues=True)
+    s.send([msg(intent="publish", message_id="creates-the-table", message_type="Sales.Events.Unknown")], batch_id=0)
+    subscribe(backend, table, queues.billing, "Billing", GENERIC_EVENT)
+    subscribe(backend, table, queues.shipping, "Shipping", "Sales.Events.Envelope`1[[Sales.Events.OrderPlaced")
+    event_type = f"{GENERIC_EVENT}, Sales.Events, Version=1.0.0.0, Culture=neutral, PublicKeyToken=null"
+    result = s.send([msg("placed", intent="publish", message_id="e1", message_type=event_type)], batch_id=1)
+    [(h, body)] = received(backend, queues.billing)
+    assert (h[H.MESSAGE_ID], h[H.ENCLOSED_MESSAGE_TYPES], body) == ("e1", event_type, b"placed")
+    assert received(backend, queues.shipping) == []
+    assert result.sent == 1
 
 
 def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, queues: Any, names: Any) -> None:
