@@ -205,3 +205,65 @@ def test_doctor_names_a_server_time_zone_that_is_not_utc(berlin: Backend, pg: Ba
     assert zone["level"] == "warning" and zone["table"] == "(server)"
     assert "'Europe/Berlin', not UTC" in zone["finding"] and table["level"] == "ok"
     assert [f["level"] for f in doctor(pg)] == ["ok"]
+
+
+def _wait_for_a_lock_wait(backend: Backend, other_than: int, timeout: float = 20.0) -> None:
+    """Until a session other than `other_than` waits on a lock (ours, behind NServiceBus's DDL)."""
+    deadline = time.monotonic() + timeout
+    with backend.connect() as conn:
+        while time.monotonic() < deadline:
+            (n,) = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s",
+                                (other_than,)).fetchone()
+            if n:
+                return
+            time.sleep(0.02)
+    raise AssertionError("our installer never waited for NServiceBus's")
+
+
+@pytest.mark.parametrize("table", ["queue", "delayed"])
+def test_installers_racing_nservicebus_installers(pg: Backend, table: str) -> None:
+    """NServiceBus's installers run CREATE ... IF NOT EXISTS without a lock and swallow the
+    "already exists" errors (42P07, 42710, 23505) a concurrent installer causes (QueueCreator,
+    SubscriptionTableCreator). Ours, started while one of theirs holds the same table uncommitted,
+    waits, then finds it made and goes on: no error."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from backends import PG_NSB_CREATE_QUEUE
+    from spark_qtransport.cli import main
+    from spark_qtransport.transport.operations.install import create_queues
+
+    name = f"Race_{uuid.uuid4().hex[:8]}"
+    d = pg.dialect
+    failures: list[BaseException | str] = []
+
+    def ours() -> None:
+        try:
+            if table == "queue":
+                create_queues(pg.parsed, name)
+            else:  # the CLI's installer: the queue, then its .Delayed, in one transaction
+                result = CliRunner().invoke(main, ["create-queue", name, "--delayed"], env={"SQLQUEUE_URL": pg.url})
+                if result.exit_code != 0:
+                    failures.append(result.output)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            failures.append(exc)
+
+    nsb = pg.connect(autocommit=False)
+    try:
+        if table == "queue":
+            nsb.execute(PG_NSB_CREATE_QUEUE.format(pg.q(name)))
+        else:
+            delayed = d.companion(d.parse_address(name), "Delayed")
+            nsb.execute(PG_NSB_CREATE_DELAYED.format(d.qualified(delayed), delayed.table))
+        thread = threading.Thread(target=ours)
+        thread.start()
+        _wait_for_a_lock_wait(pg, nsb.info.backend_pid)
+        nsb.commit()
+        thread.join(30)
+    finally:
+        nsb.close()
+    assert not thread.is_alive() and failures == []
+    assert pg.count(name) == 0
+    if table == "delayed":
+        assert pg.count(d.format_address(d.companion(d.parse_address(name), "Delayed"))) == 0

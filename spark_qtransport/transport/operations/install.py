@@ -10,15 +10,15 @@ __all__ = ["create_queues"]
 
 
 def create_queues(url: ConnectionURL, *addresses: str, seq_bits: int = 64) -> list[str]:
-    """Create each queue if missing; return their canonical addresses. Safe to run concurrently."""
+    """Create each queue if missing; return their canonical addresses. Safe to run concurrently,
+    with each other and with NServiceBus's installers (`session.install`)."""
     dialect = dialect_for(url)
     parsed = [dialect.parse_address(a) for a in addresses]
     conn = dialect.connect(url)
     try:
         cur = conn.cursor()
         for address in parsed:
-            for stmt in dialect.create_queue(address, seq_bits=seq_bits):
-                db.execute(cur, stmt)
+            db.install(dialect, cur, dialect.create_queue(address, seq_bits=seq_bits))
             conn.commit()
     finally:
         conn.close()

@@ -82,8 +82,7 @@ class EndpointSetUp:
         d = self.endpoint.dialect
         cols = db.columns(cur, d.queue_columns(address))
         if not cols and self.endpoint.options.create_queues:
-            for stmt in d.create_queue(address):
-                db.execute(cur, stmt)
+            db.install(d, cur, d.create_queue(address))
             conn.commit()
             cols = db.columns(cur, d.queue_columns(address))
         text = d.format_address(address)
@@ -104,8 +103,7 @@ class EndpointSetUp:
         helpers = d.helpers_exist(claims)
         if helpers is not None and not db.one(cur, helpers)[0]:
             ddl += d.create_helpers(claims)
-        for stmt in ddl:
-            db.execute(cur, stmt)
+        db.install(d, cur, ddl)
         conn.commit()
 
     def _lock_consumer(self, conn: Any, cur: Any) -> None:

@@ -74,8 +74,7 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         cur = conn.cursor()
         for table, create in tables:
             if not db.columns(cur, d.queue_columns(table)):
-                for stmt in create(table):  # idempotent installers: safe to run again after a fault
-                    db.execute(cur, stmt)
+                db.install(d, cur, create(table))  # idempotent: safe to run again after a fault
         conn.commit()
         if options.destination is not None:  # a wrong static destination fails at start, named
             Router(d, options.routing).configured(cur, options.destination, option="destination")
@@ -291,8 +290,7 @@ class Dispatcher:
         if db.columns(cur, d.queue_columns(o.delayed)):
             return
         if o.create_queues:
-            for stmt in d.create_delayed(o.delayed):
-                db.execute(cur, stmt)
+            db.install(d, cur, d.create_delayed(o.delayed))
             return
         raise QueueNotFoundError(
             f"this batch has delayed messages but delayed delivery is not set up for endpoint {o.endpoint}: "
