@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ..dialects import QueueAddress
+from ..errors import ConfigError
 from ..transport.operations.doctor import check_queue, check_server
 from ..wire import H, decode_headers, parse_time
 from .app import main, url_option
@@ -127,6 +128,15 @@ def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "claimed": text, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
 
 
+def _companion(s: CommandDb, address: QueueAddress, suffix: str) -> QueueAddress | None:
+    """``<queue>.<suffix>``, or None where that name would be too long for the database (a queue
+    name within a few bytes of its limit): such a table cannot exist."""
+    try:
+        return s.d.companion(address, suffix)
+    except ConfigError:
+        return None
+
+
 def _queue_stats(s: CommandDb, text: str) -> dict[str, Any]:
     """One queue's stats row: every column of STATS_COLUMNS, None where it has no such table."""
     address = s.queue(text)
@@ -143,15 +153,15 @@ def _queue_stats(s: CommandDb, text: str) -> dict[str, Any]:
         sent = parse_time((decode_headers(oldest[0].headers) or {}).get(H.TIME_SENT))
         if sent is not None:
             record["oldest_age_s"] = round((datetime.now(timezone.utc) - sent).total_seconds(), 1)
-    delayed = s.d.companion(address, "Delayed")
-    if s.exists(delayed):
+    delayed = _companion(s, address, "Delayed")
+    if delayed is not None and s.exists(delayed):
         due, pending, _ = s.one(s.d.delayed_stats(delayed))
         record["delayed_due"], record["delayed_pending"] = int(due or 0), int(pending or 0)
-    claims = s.d.claims_table(address)
-    if s.exists(claims):
+    claims = _companion(s, address, "Claims")
+    if claims is not None and s.exists(claims):
         record["claimed"] = {str(consumer): int(n) for consumer, n, _ in s.all(s.d.claim_stats(claims))}
-    outbox = s.d.companion(address, "Outbox")
-    if s.exists(outbox):
+    outbox = _companion(s, address, "Outbox")
+    if outbox is not None and s.exists(outbox):
         (outbox_rows,) = s.one(s.d.count_rows(outbox))
         record["outbox"] = int(outbox_rows)
     return record
