@@ -1,9 +1,11 @@
 """Live runs beside NServiceBus's own PostgreSQL SQL, copied verbatim from
 NServiceBus.Transport.PostgreSql (PostgreSqlConstants.cs), on the embedded server.
 
-Delayed delivery on a server whose TimeZone is not UTC: NServiceBus stores `Due` (timestamptz) as
-the UTC wall clock read in the session's TimeZone and moves rows whose `Due < now() AT TIME ZONE
-'UTC'`. Messages stored by either side must be moved on time by the other's mover.
+- Delayed delivery on a server whose TimeZone is not UTC: NServiceBus stores `Due` (timestamptz)
+  as the UTC wall clock read in the session's TimeZone and moves rows whose `Due < now() AT TIME
+  ZONE 'UTC'`. Messages stored by either side must be moved on time by the other's mover.
+- Installers racing NServiceBus's (QueueCreator): its unlocked DDL must not fail ours.
+- Names NServiceBus refuses (PostgreSqlTransportInfrastructure.TableQueueNameLimit, 55 bytes).
 """
 
 from __future__ import annotations
@@ -267,3 +269,20 @@ def test_installers_racing_nservicebus_installers(pg: Backend, table: str) -> No
     assert pg.count(name) == 0
     if table == "delayed":
         assert pg.count(d.format_address(d.companion(d.parse_address(name), "Delayed"))) == 0
+
+
+def test_creating_a_queue_nservicebus_refuses_is_a_warning(pg: Backend, caplog: Any) -> None:
+    """PostgreSqlTransportInfrastructure: over 55 bytes (TableQueueNameLimit), an endpoint whose
+    installers run refuses to start. Our installers (create_queues, createQueues) create it, with
+    a warning that names the table and the rule; 55 bytes is fine."""
+    import logging
+
+    from spark_qtransport.transport.operations.install import create_queues
+
+    tag = uuid.uuid4().hex[:8]
+    fits, too_long = f"Fits_{tag}_" + "x" * 41, f"Long_{tag}_" + "x" * 42
+    with caplog.at_level(logging.WARNING, logger="spark_qtransport.install"):
+        create_queues(pg.parsed, fits, too_long)
+    [record] = caplog.records
+    assert too_long in record.getMessage() and "over 55 bytes" in record.getMessage()
+    assert pg.count(fits) == pg.count(too_long) == 0

@@ -89,6 +89,13 @@ class TestAddresses:
         assert err.value.option == "queue"
         assert err.value.queue == (text.strip() or None)
 
+    def test_nservicebus_name_limit(self) -> None:
+        """PostgreSqlTransportInfrastructure.TableQueueNameLimit: the table part of a queue or
+        <endpoint>.Delayed address, in UTF-8 bytes, over 55 stops an endpoint whose installers run."""
+        assert D.nservicebus_name_problem(QueueAddress("x" * 55, "s" * 63)) is None
+        problem = D.nservicebus_name_problem(QueueAddress("é" * 28))
+        assert problem is not None and "56 bytes" in problem and "55 bytes" in problem and "é" * 28 in problem
+
     def test_claim_table_name_too_long(self) -> None:
         with pytest.raises(ConfigError, match="its table .*Claims"):
             D.claims_table(QueueAddress("x" * 60))

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..dialects import Dialect, QueueAddress, Statement, dialect_named
+from ..errors import ConfigError
 from ..transport.operations import privileges
 from .app import main, url_option, usage_url
 from .db import open_db, resolve
@@ -30,10 +31,15 @@ def _ready(d: Dialect, tables: list[QueueAddress]) -> list[dict[str, Any]]:
 @click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True,
               help="width of the queue's sequence (NServiceBus creates 32)")
 @click.option("--delayed", is_flag=True, help="also create each queue's <name>.Delayed table")
+@click.option("--allow-long-names", is_flag=True,
+              help="create tables whose names NServiceBus refuses at start-up (PostgreSQL: over 55 bytes), with a warning")
 @url_option
 @json_option
-def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, url: str | None, as_json: bool) -> None:
-    """Create queue tables (idempotent; safe to run beside NServiceBus installers).
+def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, allow_long_names: bool, url: str | None,
+                 as_json: bool) -> None:
+    """Create queue tables (idempotent; safe to run beside NServiceBus installers). A name an
+    NServiceBus endpoint would refuse to start with (PostgreSQL: a queue or <name>.Delayed table
+    over 55 bytes) is refused, nothing created, unless --allow-long-names.
 
     \b
     Example:
@@ -42,15 +48,23 @@ def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, url: str 
     rows = []
     with open_db(url) as s:
         d = s.d
+        plans = []
         for name in names:
             address = s.address(name, option="NAME")
+            plans.append([address, *([d.companion(address, "Delayed")] if delayed else [])])
+        problems = [f"{d.qualified(t)}: {p}" for tables in plans for t in tables
+                    if (p := d.nservicebus_name_problem(t)) is not None]
+        if problems and not allow_long_names:
+            raise ConfigError("; ".join(problems) + "; use a shorter name, or --allow-long-names to create it anyway",
+                              option="--allow-long-names")
+        for problem in problems:
+            click.echo(f"warning: {problem}", err=True)
+        for address, *companions in plans:
             stmts = [*d.create_queue(address, seq_bits=int(seq_bits))]
-            tables = [address]
-            if delayed:
-                stmts += d.create_delayed(d.companion(address, "Delayed"))
-                tables.append(d.companion(address, "Delayed"))
+            for table in companions:
+                stmts += d.create_delayed(table)
             s.execute_all(stmts)
-            rows += _ready(d, tables)
+            rows += _ready(d, [address, *companions])
     show(rows, as_json)
 
 

@@ -41,6 +41,7 @@ class TableFacts:
     companions: tuple[str, ...] = ()  # our tables found beside it (quoted names)
     missing: tuple[str, ...] = ()  # privileges the current role lacks on the queue (and its sequence)
     companions_missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (quoted name, lacking), ours beside it
+    long_names: tuple[tuple[str, str], ...] = ()  # (quoted name, why): the queue or its .Delayed, refused by NServiceBus
 
 
 def check_server(cur: Any, d: Dialect) -> list[Finding]:
@@ -79,6 +80,7 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
         keys = tuple((tuple(str(r[1] or "").split(",")), bool(r[2])) for r in rows)
     companions = []
     companions_missing = []
+    long_names = [(name, problem)] if (problem := d.nservicebus_name_problem(queue)) is not None else []
     for suffix in ("Claims", "Delayed", "Staging", "Outbox"):
         try:
             companion = d.companion(queue, suffix)
@@ -87,11 +89,13 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress) -> list[Finding]:
         if cols and db.columns(cur, d.queue_columns(companion)):
             if suffix in ("Claims", "Delayed"):
                 companions.append(d.qualified(companion))
+            if suffix == "Delayed" and (problem := d.nservicebus_name_problem(companion)) is not None:
+                long_names.append((d.qualified(companion), problem))
             lacking = _missing(cur, d, companion)
             if lacking:
                 companions_missing.append((d.qualified(companion), tuple(lacking)))
     return assess(TableFacts(name, cols, None if high is None else int(high), keys, tuple(companions),
-                             tuple(missing) if cols else (), tuple(companions_missing)), d)
+                             tuple(missing) if cols else (), tuple(companions_missing), tuple(long_names)), d)
 
 
 def _missing(cur: Any, d: Dialect, table: QueueAddress) -> list[str]:
@@ -129,6 +133,7 @@ def assess(t: TableFacts, d: Dialect) -> list[Finding]:
         out.append(Finding(level, name, f"{d.int32_sequence} (NServiceBus's installer), {used:.1%} used; "
                            "inserts fail once it reaches 2,147,483,647 (ALTER it to bigint)"))
     out += [Finding(level, name, text) for level, text in found if level != "warning"]
+    out += [Finding("warning", table, problem) for table, problem in t.long_names]
     if "bodystring" in cols:
         out.append(Finding("info", name, "computed BodyString column present (columns are always named: no effect)"))
     if t.missing:

@@ -31,7 +31,7 @@ class DueDelayed:
         o = endpoint.options
         try:
             self._delayed = endpoint.dialect.companion(o.queue, "Delayed")
-        except ConfigError:  # a queue name too long to have a delayed table (NServiceBus allows 55 bytes)
+        except ConfigError:  # a queue name too long to have a delayed table (its name would pass the database's limit)
             pass
         self._checked_at: float | None = None
         self._mover: DelayedMover | None = None  # made once the table is found: with the set-up dialect

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...dialects import Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
 from .. import session as db
+from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class EndpointSetUp:
         d = self.endpoint.dialect
         cols = db.columns(cur, d.queue_columns(address))
         if not cols and self.endpoint.options.create_queues:
+            warn_about_name(d, address)
             db.install(d, cur, d.create_queue(address))
             conn.commit()
             cols = db.columns(cur, d.queue_columns(address))
