@@ -56,12 +56,16 @@ RESERVED = (H.FORWARD_DESTINATION, H.CONTROL_MESSAGE)
 
 def decode_headers(text: str | None) -> dict[str, str | None] | None:
     """Parse the Headers column; None when it is not a flat JSON object of strings (or nulls).
+    ``''`` is no headers (``{}``), as NServiceBus reads it (`Message`: ``string.IsNullOrEmpty``);
+    white space alone is not JSON, so None.
 
     The claim transaction already sends such rows to the error queue; this is the same rule in
     Python, for rows read by other paths (peek, CLI) and for tests.
     """
     if text is None:
         return None
+    if text == "":
+        return {}
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):

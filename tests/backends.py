@@ -29,6 +29,18 @@ CREATE TABLE IF NOT EXISTS {0} (
     Body BYTEA,
     Seq serial NOT NULL UNIQUE
 )"""
+# PostgreSqlConstants.CreateDelayedMessageStoreText ({0} the quoted table, {1} its name): the
+# index on Due is not unique
+PG_NSB_CREATE_DELAYED = """
+CREATE TABLE IF NOT EXISTS {0} (
+    Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    Headers text NOT NULL,
+    Body bytea,
+    Due timestamptz NOT NULL
+) WITH (fillfactor=100);
+
+CREATE INDEX IF NOT EXISTS  "{1}_Due" on {0}(Due);
+"""
 PG_NSB_SEND = "INSERT INTO {0} (Id, Expires, Headers, Body) VALUES (%s, NULL, %s, %s)"
 PG_NSB_SEND_TTBR = (
     "INSERT INTO {0} (Id, Expires, Headers, Body) "

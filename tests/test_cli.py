@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -251,6 +252,37 @@ def test_doctor_on_our_tables_and_on_nservicebus_created_ones(pg: Backend, names
     failing = run("doctor", ours, bad, names("Missing"), ok=False)
     assert failing.exit_code == 1
     assert "missing column(s) body, expires, seq / RowVersion" in failing.output and "does not exist" in failing.output
+
+
+def test_create_queue_refuses_names_nservicebus_refuses(pg: Backend, run: Any) -> None:
+    """NServiceBus's PostgreSQL transport will not start (installers on) when one of its queues or
+    its <endpoint>.Delayed table is named with more than 55 bytes (TableQueueNameLimit); we allow
+    PostgreSQL's 63, so create-queue refuses unless told, naming the table and the rule."""
+    tag = uuid.uuid4().hex[:8]
+    long_name = f"Long_{tag}_" + "x" * (56 - 14)  # 56 bytes
+    assert len(long_name.encode()) == 56
+    refused = run("create-queue", long_name, ok=False)
+    assert refused.exit_code == 1 and long_name in refused.output and "55 bytes" in refused.output
+    assert "--allow-long-names" in refused.output
+    endpoint = f"Ep_{tag}_" + "é" * 18  # 48 bytes; its .Delayed has 56
+    refused = run("create-queue", endpoint, "--delayed", ok=False)
+    assert f"{endpoint}.Delayed" in refused.output and "55 bytes" in refused.output
+    with pg.connect() as conn:  # nothing was created, not even the names that fit
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname IN (%s, %s)",
+                            (long_name, endpoint)).fetchone() == (0,)
+    fits = f"Fits_{tag}_" + "x" * (55 - 14)
+    assert json.loads(run("create-queue", fits, "--json").output) == [{"table": f'"public"."{fits}"', "status": "ready"}]
+    allowed = run("create-queue", long_name, "--allow-long-names")
+    assert "warning:" in allowed.output and "55 bytes" in allowed.output
+    run("create-queue", endpoint, "--delayed", "--allow-long-names")
+    assert pg.count(long_name) == 0 and pg.count(f'"{endpoint}.Delayed"') == 0
+
+
+def test_doctor_warns_about_names_nservicebus_refuses(pg: Backend, run: Any) -> None:
+    name = f"Long_{uuid.uuid4().hex[:8]}_" + "x" * 42
+    run("create-queue", name, "--allow-long-names")
+    findings = json.loads(run("doctor", name, "--json").output)
+    assert any(f["level"] == "warning" and "55 bytes" in f["finding"] for f in findings)
 
 
 def test_create_outbox_creates_the_sender_tables(pg: Backend, names: Any, run: Any) -> None:

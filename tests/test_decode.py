@@ -63,6 +63,14 @@ def test_odd_values_are_kept_or_null_never_fatal() -> None:
     assert dict(got[1]["headers"]) == {"a": "b"}
 
 
+def test_empty_headers_text_is_an_empty_header_set() -> None:
+    """NServiceBus's Message reads Headers '' (string.IsNullOrEmpty) as no headers, not as
+    corrupted; white space alone is corrupted there (the claim sends it to the error queue)."""
+    got = rows_batch("q", [row(1, ""), row(2, {"NServiceBus.MessageId": "m"}), row(3, "", native="abc")]).to_pylist()
+    assert [dict(r["headers"]) for r in got] == [{}, {"NServiceBus.MessageId": "m"}, {}]
+    assert [r["message_id"] for r in got] == ["6570f854-c422-43da-9292-affa46998cba", "m", "abc"]
+
+
 def test_a_large_body_alone_is_not_copied() -> None:
     body = bytes(range(256)) * 4096
     column = rows_batch("q", [row(1, {}, body=body)]).column("body")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from backends import Backend
@@ -22,7 +24,9 @@ HEADER = """\
 -- SQLQUEUE_WRITE_SQL=1 pytest tests/test_postgres_sql.py -k script_files).
 --
 -- Idempotent: CREATE ... IF NOT EXISTS under a transaction-scoped advisory lock, so concurrent
--- installers never race. Run it inside a transaction (psql -1 -f ...).
+-- runs of it never race. NServiceBus's installers take no lock: run at the same moment as one of
+-- theirs it may fail with "already exists" (42P07, 42710, 23505); run it again. Run it inside a
+-- transaction (psql -1 -f ...).
 """
 SCRIPTS = {
     "queue.sql": (
@@ -84,6 +88,13 @@ class TestAddresses:
             D.parse_address(text)
         assert err.value.option == "queue"
         assert err.value.queue == (text.strip() or None)
+
+    def test_nservicebus_name_limit(self) -> None:
+        """PostgreSqlTransportInfrastructure.TableQueueNameLimit: the table part of a queue or
+        <endpoint>.Delayed address, in UTF-8 bytes, over 55 stops an endpoint whose installers run."""
+        assert D.nservicebus_name_problem(QueueAddress("x" * 55, "s" * 63)) is None
+        problem = D.nservicebus_name_problem(QueueAddress("é" * 28))
+        assert problem is not None and "56 bytes" in problem and "55 bytes" in problem and "é" * 28 in problem
 
     def test_claim_table_name_too_long(self) -> None:
         with pytest.raises(ConfigError, match="its table .*Claims"):
@@ -152,6 +163,20 @@ class TestStatements:
         assert "FOR UPDATE SKIP LOCKED" in claim.sql and "ORDER BY seq" in claim.sql
         assert "AS MATERIALIZED" in claim.sql
         assert "work_mem" not in claim.sql  # bodies are never materialized: no spill to tune away
+
+
+    def test_delayed_due_is_the_one_nservicebus_stores_and_compares(self) -> None:
+        """Due is NServiceBus's (StoreDelayedMessageText: the UTC wall clock read in the session's
+        TimeZone) and due means `Due < now() AT TIME ZONE 'UTC'` (MoveDueDelayedMessageText) in
+        every statement on it: a bare now() is an instant, an hour off on a Berlin server."""
+        delayed = QueueAddress("Sales.Delayed")
+        store = D.dispatch_delayed(QueueAddress("Sales.Staging"), delayed, attempts=["a"]).sql
+        assert "timestamptz (now() AT TIME ZONE 'UTC') + (m.delay_ms / 86400000) * interval '1 day'" in store
+        assert "timestamptz (m.due AT TIME ZONE 'UTC')" in store
+        reads = [D.any_due(delayed).sql, D.due_delayed(delayed, limit=5).sql, D.delayed_stats(delayed).sql]
+        assert all("due < (now() AT TIME ZONE 'UTC')" in sql for sql in reads)
+        for sql in [store, *reads]:
+            assert "now()" not in re.sub(r"now\(\) AT TIME ZONE 'UTC'", "", sql), sql
 
 
 class TestScripts:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from backends import Backend, Sender
+from backends import PG_NSB_CREATE_DELAYED, Backend, Sender
 from spark_qtransport.errors import (
     ConfigError,
     DispatchError,
@@ -29,6 +29,7 @@ from spark_qtransport.transport import session as db
 from spark_qtransport.transport.delayed import DelayedMover
 from spark_qtransport.transport.receiving.receiver import Receiver
 from spark_qtransport.transport.sending.dispatch import Dispatcher
+from spark_qtransport.transport.sending.messages import topics_of
 from spark_qtransport.transport.settings import ReceiveSettings
 from spark_qtransport.wire import H, decode_headers, parse_time
 
@@ -362,6 +363,41 @@ def test_publish_reaches_the_subscribers_the_database_matches_as_nservicebus_doe
         assert [h[H.MESSAGE_ID] for h, _ in received(backend, queue)] == (["e1"] if queue in nsb else [])
 
 
+GENERIC_EVENT = ("Sales.Events.Envelope`1[[Sales.Events.OrderPlaced, Sales.Events, Version=1.0.0.0, Culture=neutral, "
+                 "PublicKeyToken=null]]")
+
+
+@staged_only
+@pytest.mark.parametrize(("types", "topics"), [
+    ("Sales.Events.OrderPlaced, Sales.Events, Version=1.0.0.0", ["Sales.Events.OrderPlaced"]),
+    ("Sales.Events.OrderPlaced", ["Sales.Events.OrderPlaced"]),
+    # Type.FullName of a generic type holds its arguments' assembly-qualified names
+    (f"{GENERIC_EVENT}, Sales.Events, Version=1.0.0.0, Culture=neutral, PublicKeyToken=null;Sales.Events.IEvent, S",
+     [GENERIC_EVENT, "Sales.Events.IEvent"]),
+    ("Outer`2[[A, X],[B`1[[C, Y]], Z]], Asm", ["Outer`2[[A, X],[B`1[[C, Y]], Z]]"]),
+    ("Sales.Outer+Inner, Sales ; Sales.Outer+Inner, Sales", ["Sales.Outer+Inner"]),
+    ("Odd\\,Name\\[x, Asm", ["Odd\\,Name\\[x"]),  # escaped by .NET's type name syntax
+])
+def test_topics_are_type_full_names(types: str, topics: list[str]) -> None:
+    """SubscriptionRouting's Topic is Type.FullName (NServiceBus TopicName.From), the
+    EnclosedMessageTypes entry without its assembly: cut at the first comma outside brackets."""
+    assert topics_of(types) == topics
+
+
+def test_native_publish_of_a_generic_event_type(backend: Backend, queues: Any, names: Any) -> None:
+    table = names("SubscriptionRouting")
+    s = Sender(backend, queues.sales, subscriptions=table, create_queues=True)
+    s.send([msg(intent="publish", message_id="creates-the-table", message_type="Sales.Events.Unknown")], batch_id=0)
+    subscribe(backend, table, queues.billing, "Billing", GENERIC_EVENT)
+    subscribe(backend, table, queues.shipping, "Shipping", "Sales.Events.Envelope`1[[Sales.Events.OrderPlaced")
+    event_type = f"{GENERIC_EVENT}, Sales.Events, Version=1.0.0.0, Culture=neutral, PublicKeyToken=null"
+    result = s.send([msg("placed", intent="publish", message_id="e1", message_type=event_type)], batch_id=1)
+    [(h, body)] = received(backend, queues.billing)
+    assert (h[H.MESSAGE_ID], h[H.ENCLOSED_MESSAGE_TYPES], body) == ("e1", event_type, b"placed")
+    assert received(backend, queues.shipping) == []
+    assert result.sent == 1
+
+
 def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, queues: Any, names: Any) -> None:
     s = Sender(backend, queues.sales, subscriptions=names("NoSubs"))
     with pytest.raises(QueueNotFoundError, match="subscription table .* does not exist"):
@@ -395,8 +431,10 @@ def test_delayed_rows_carry_forward_destination_and_a_server_due_time(backend: B
     s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True)
     s.send([msg(delay=3600)])
     delayed = backend.dialect.qualified(s.options.delayed)
+    # PostgreSQL's Due is NServiceBus's UTC wall clock read in the session's TimeZone: its instant
+    due = "(due::timestamp AT TIME ZONE 'UTC')" if backend.name == "postgres" else "due"
     with backend.connect() as conn:
-        [(headers, due)] = conn.cursor().execute(f"SELECT headers, due FROM {delayed}").fetchall()
+        [(headers, due)] = conn.cursor().execute(f"SELECT headers, {due} FROM {delayed}").fetchall()
     assert json.loads(headers)[H.FORWARD_DESTINATION] == backend.dialect.format_address(backend.address(queues.billing))
     due = due if due.tzinfo else due.replace(tzinfo=timezone.utc)
     assert timedelta(minutes=59) < due - datetime.now(timezone.utc) < timedelta(minutes=61)
@@ -460,19 +498,19 @@ def test_two_movers_never_deliver_one_row_twice(backend: Backend, queues: Any) -
     assert sum(results) == n
 
 
-def test_nservicebus_created_delayed_table_with_unique_due_index(backend: Backend, queues: Any) -> None:
-    """NServiceBus's PostgreSQL installer makes Due unique; a batch of equal delays still stores."""
+def test_nservicebus_created_delayed_table(backend: Backend, queues: Any) -> None:
+    """A delayed table made by NServiceBus's PostgreSQL installer (CreateDelayedMessageStoreText:
+    its index on Due is not unique) takes a batch of equal delays with one Due, as NServiceBus
+    stores them (now() is the transaction's time)."""
     if backend.name != "postgres":
-        pytest.skip("the unique Due index is PostgreSQL's installer")
+        pytest.skip("NServiceBus's PostgreSQL installer")
     s = Sender(backend, queues.sales, destination=queues.billing)
     t = backend.dialect.qualified(s.options.delayed)
-    with backend.connect() as conn:  # NServiceBus.Transport.PostgreSql CreateDelayedMessageStoreText
-        conn.cursor().execute(
-            f"CREATE TABLE IF NOT EXISTS {t} (Id uuid NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,"
-            " Headers text NOT NULL, Body bytea, Due timestamptz NOT NULL)"
-            " WITH (fillfactor=100, autovacuum_enabled=off, toast.autovacuum_enabled=off)")
-        conn.cursor().execute(f'CREATE UNIQUE INDEX "{s.options.delayed.table}_Due" ON {t}(Due)')
+    with backend.connect() as conn:
+        conn.cursor().execute(PG_NSB_CREATE_DELAYED.format(t, s.options.delayed.table))
     assert s.send([msg(message_id=f"d{i}", delay=30) for i in range(50)]).delayed == 50
+    with backend.connect() as conn:
+        assert conn.execute(f"SELECT count(*), count(DISTINCT due) FROM {t}").fetchone() == (50, 1)
 
 
 def test_outbox_cleanup_is_bounded(backend: Backend, queues: Any) -> None:

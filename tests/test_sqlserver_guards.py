@@ -45,7 +45,7 @@ def every_statement() -> dict[str, list[Statement]]:
         "server_check": D.server_check(), "release_savepoint": D.release_savepoint("sqlqueue_route"),
         "helpers_exist": D.helpers_exist(c), "vacuum": D.vacuum(c),
         "vacuum_due": D.vacuum_due(c, every_seconds=60, min_rows=1000),
-        "schema_and_tables": D.schema_and_tables("dbo", ["Sales"]),
+        "schema_and_tables": D.schema_and_tables("dbo", ["Sales"]), "server_time_zone": D.server_time_zone(),
     }
     out.update({name: [s] if s is not None else [] for name, s in optional.items()})
     out["savepoint"] = [D.savepoint("sqlqueue_route")]

@@ -61,14 +61,9 @@ class CommandDb:
         return self.run(lambda conn: db.rowcount(conn.cursor(), stmt))
 
     def execute_all(self, stmts: list[Statement]) -> None:
-        """Statements in one transaction (installers: idempotent, safe to run again after a fault)."""
-
-        def install(conn: Any) -> None:
-            cur = conn.cursor()
-            for stmt in stmts:
-                db.execute(cur, stmt)
-
-        self.run(install)
+        """Installers in one transaction: idempotent, safe to run again after a fault and beside
+        another installer creating the same tables (`session.install`)."""
+        self.run(lambda conn: db.install(self.d, conn.cursor(), stmts))
 
     def peek(self, address: QueueAddress, limit: int) -> list[Peeked]:
         """The oldest `limit` messages of a queue, left where they are."""

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..dialects import Dialect, QueueAddress, Statement, dialect_named
+from ..errors import ConfigError
 from ..transport.delayed import DelayedTableRule
 from ..transport.operations import privileges
 from .app import delayed_options, delayed_rule, main, url_option, usage_url
@@ -31,12 +32,16 @@ def _ready(d: Dialect, tables: list[QueueAddress]) -> list[dict[str, Any]]:
 @click.option("--seq-bits", type=click.Choice(["32", "64"]), default="64", show_default=True,
               help="width of the queue's sequence (NServiceBus creates 32)")
 @click.option("--delayed", is_flag=True, help="also create each queue's delayed table (<name>.Delayed)")
+@click.option("--allow-long-names", is_flag=True,
+              help="create tables whose names NServiceBus refuses at start-up (PostgreSQL: over 55 bytes), with a warning")
 @delayed_options
 @url_option
 @json_option
-def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, delayed_suffix: str | None,
-                 delayed_table: str | None, url: str | None, as_json: bool) -> None:
-    """Create queue tables (idempotent; safe to run beside NServiceBus installers).
+def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, allow_long_names: bool,
+                 delayed_suffix: str | None, delayed_table: str | None, url: str | None, as_json: bool) -> None:
+    """Create queue tables (idempotent; safe to run beside NServiceBus installers). A name an
+    NServiceBus endpoint would refuse to start with (PostgreSQL: a queue or delayed table over 55
+    bytes) is refused, nothing created, unless --allow-long-names.
 
     \b
     Examples:
@@ -49,16 +54,25 @@ def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, delayed_s
     with open_db(url) as s:
         d = s.d
         rule = s.delayed_rule(delayed_table, delayed_suffix, names=len(names))
+        plans = []
         for name in names:
             address = s.address(name, option="NAME")
-            stmts = [*d.create_queue(address, seq_bits=int(seq_bits))]
-            tables = [address]
             if delayed:
                 rule.check(d, address, {})
-                stmts += d.create_delayed(rule.table_for(d, address))
-                tables.append(rule.table_for(d, address))
+            plans.append([address, *([rule.table_for(d, address)] if delayed else [])])
+        problems = [f"{d.qualified(t)}: {p}" for tables in plans for t in tables
+                    if (p := d.nservicebus_name_problem(t)) is not None]
+        if problems and not allow_long_names:
+            raise ConfigError("; ".join(problems) + "; use a shorter name, or --allow-long-names to create it anyway",
+                              option="--allow-long-names")
+        for problem in problems:
+            click.echo(f"warning: {problem}", err=True)
+        for address, *companions in plans:
+            stmts = [*d.create_queue(address, seq_bits=int(seq_bits))]
+            for table in companions:
+                stmts += d.create_delayed(table)
             s.execute_all(stmts)
-            rows += _ready(d, tables)
+            rows += _ready(d, [address, *companions])
     show(rows, as_json)
 
 

@@ -132,6 +132,15 @@ def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "claimed": text, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
 
 
+def _companion(s: CommandDb, address: QueueAddress, suffix: str) -> QueueAddress | None:
+    """``<queue>.<suffix>``, or None where that name would be too long for the database (a queue
+    name within a few bytes of its limit): such a table cannot exist."""
+    try:
+        return s.d.companion(address, suffix)
+    except ConfigError:
+        return None
+
+
 def _queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, Any]:
     """One queue's stats row: every column of STATS_COLUMNS, None where it has no such table."""
     address = s.queue(text)
@@ -155,11 +164,11 @@ def _queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, A
     if delayed is not None and s.exists(delayed):
         due, pending, _ = s.one(s.d.delayed_stats(delayed))
         record["delayed_due"], record["delayed_pending"] = int(due or 0), int(pending or 0)
-    claims = s.d.claims_table(address)
-    if s.exists(claims):
+    claims = _companion(s, address, "Claims")
+    if claims is not None and s.exists(claims):
         record["claimed"] = {str(consumer): int(n) for consumer, n, _ in s.all(s.d.claim_stats(claims))}
-    outbox = s.d.companion(address, "Outbox")
-    if s.exists(outbox):
+    outbox = _companion(s, address, "Outbox")
+    if outbox is not None and s.exists(outbox):
         (outbox_rows,) = s.one(s.d.count_rows(outbox))
         record["outbox"] = int(outbox_rows)
     return record
@@ -198,7 +207,8 @@ def doctor(queues: tuple[str, ...], delayed_suffix: str | None, delayed_table: s
            as_json: bool) -> None:
     """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
     RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them, and what the server
-    must offer (SQL Server: database compatibility level 130). Exit 1 on errors.
+    must offer (SQL Server: database compatibility level 130, an error below; PostgreSQL: a
+    TimeZone other than UTC, a warning: it shifts delayed messages' Due). Exit 1 on errors.
 
     \b
     Example:

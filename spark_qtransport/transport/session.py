@@ -23,7 +23,7 @@ from ..dialects import Dialect, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 
 __all__ = ["Backoff", "Session", "with_retries", "args", "execute", "results", "first", "one", "rows", "columns", "rowcount",
-           "rollback", "close", "describe", "explain", "retrying"]
+           "rollback", "close", "describe", "explain", "retrying", "install"]
 
 log = logging.getLogger("spark_qtransport.db")
 
@@ -144,6 +144,42 @@ def close(conn: Any) -> None:
         conn.close()
     except Exception:  # noqa: BLE001 - see _rollback
         pass
+
+
+#: attempts of idempotent DDL that a concurrent installer made fail with "already exists"
+INSTALL_ATTEMPTS = 3
+
+
+def install(dialect: Dialect, cur: Any, statements: list[Statement]) -> None:
+    """Run idempotent DDL (CREATE ... IF NOT EXISTS) in the caller's transaction.
+
+    Another installer creating the same objects at the same moment (NServiceBus's installers take
+    no lock) can make it fail with "already exists" (`Dialect.is_concurrent_ddl`). NServiceBus
+    swallows those errors; here the statements are rolled back to a savepoint and run again, and
+    IF NOT EXISTS then finds what the other installer made. Any other error propagates."""
+    if not statements:
+        return
+    if not dialect.ddl_race_states:
+        for stmt in statements:
+            execute(cur, stmt)
+        return
+    savepoint = "sqlqueue_install"
+    for n in range(1, INSTALL_ATTEMPTS + 1):
+        execute(cur, dialect.savepoint(savepoint))
+        try:
+            for stmt in statements:
+                execute(cur, stmt)
+        except Exception as exc:
+            if n == INSTALL_ATTEMPTS or not dialect.is_concurrent_ddl(exc):
+                raise
+            execute(cur, dialect.rollback_to_savepoint(savepoint))
+            log.info("another installer created the same table meanwhile (%s); checking again",
+                     dialect.error_text(exc))
+            continue
+        release = dialect.release_savepoint(savepoint)
+        if release is not None:
+            execute(cur, release)
+        return
 
 
 def describe(dialect: Dialect, exc: BaseException) -> str:

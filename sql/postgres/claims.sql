@@ -6,7 +6,9 @@
 -- SQLQUEUE_WRITE_SQL=1 pytest tests/test_postgres_sql.py -k script_files).
 --
 -- Idempotent: CREATE ... IF NOT EXISTS under a transaction-scoped advisory lock, so concurrent
--- installers never race. Run it inside a transaction (psql -1 -f ...).
+-- runs of it never race. NServiceBus's installers take no lock: run at the same moment as one of
+-- theirs it may fail with "already exists" (42P07, 42710, 23505); run it again. Run it inside a
+-- transaction (psql -1 -f ...).
 
 SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('sqlqueue ddl "public"."Sales.Claims"', 0));
 

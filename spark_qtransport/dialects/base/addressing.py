@@ -37,6 +37,12 @@ class AddressingSql(ABC):
                               option=option)
         return name
 
+    def nservicebus_name_problem(self, table: QueueAddress) -> str | None:
+        """Why an NServiceBus endpoint of this transport would refuse to start with `table` as one
+        of its queues or as its ``<endpoint>.Delayed`` table (a name the database takes but
+        NServiceBus does not), or None."""
+        return None
+
     #: a valid address, named in the error about an empty one
     address_example: str
     #: whether white space around an address is dropped (NServiceBus's SQL Server parser keeps it)

@@ -45,6 +45,15 @@ class DriverSupport(ABC):
     def is_undefined_table(self, exc: BaseException) -> bool:
         """True when the error says a table does not exist."""
 
+    #: SQLSTATEs of "already exists" that idempotent DDL (CREATE ... IF NOT EXISTS) meets when
+    #: another installer creates the same object at the same moment; empty: none is expected
+    ddl_race_states: frozenset[str] = frozenset()
+
+    def is_concurrent_ddl(self, exc: BaseException) -> bool:
+        """True when idempotent DDL failed only because a concurrent installer created the object
+        first (see `ddl_race_states`): running it again finds the object and does nothing."""
+        return self.is_driver_error(exc) and self.sqlstate(exc) in self.ddl_race_states
+
     def error_text(self, exc: BaseException) -> str:
         """The driver's primary message on one line, for our errors and logs: never the lines a
         database adds that may copy row contents (PostgreSQL's DETAIL, CONTEXT, HINT), never a

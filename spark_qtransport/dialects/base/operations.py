@@ -25,6 +25,11 @@ class OperationsSql(AddressingSql):
         clustered). None unless the dialect knows some."""
         return []
 
+    def server_time_zone(self) -> Statement | None:
+        """One row: (the session's time zone setting, its UTC offset in seconds now, six months
+        from now), where stored times depend on it (PostgreSQL's delayed Due); None elsewhere."""
+        return None
+
     @abstractmethod
     def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
         """At most `limit` rows (native id text, expires, headers, body, sequence), oldest first.

@@ -63,8 +63,8 @@ class ReceiveSql(AddressingSql):
         headers: list[str],
     ) -> Statement:
         """Insert the consumer's claims `keys` (claim sequences) into `destination` with the given
-        headers, in that order: same native id (a new one where it would clash with the
-        destination's key), no expiry, body copied server-side. NServiceBus forwards so."""
+        headers, in that order: a new native id, no expiry, body copied server-side. NServiceBus
+        forwards so (its receiver sends a new row: MessageRow.From, Guid.NewGuid())."""
 
     @abstractmethod
     def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:

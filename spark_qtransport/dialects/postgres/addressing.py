@@ -14,6 +14,9 @@ class PostgresAddressing(AddressingSql):
     dot_splits_schema = True
     default_schema = "public"
     max_table_bytes = 63
+    #: NServiceBus's PostgreSQL transport keeps 8 of the 63 bytes for its suffixes ("_Seq_seq" of a
+    #: queue's sequence, ".Delayed"): PostgreSqlTransportInfrastructure.TableQueueNameLimit
+    nservicebus_max_table_bytes = 55
     system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
     address_example = "'Sales'"
 
@@ -21,6 +24,17 @@ class PostgresAddressing(AddressingSql):
         # pg_temp_N, pg_toast_temp_N and any future pg_ schema are the server's (names starting
         # with pg_ are reserved: CREATE SCHEMA refuses them)
         return super().is_system_schema(schema) or schema.lower().startswith("pg_")
+
+    def nservicebus_name_problem(self, table: QueueAddress) -> str | None:
+        # PostgreSqlTransportInfrastructure, when installers run (SetupInfrastructure) on an
+        # endpoint that receives: the table part (UTF-8 bytes) of every queue it creates (its
+        # receive and sending addresses) and of its delayed table, over 55, throws at start-up.
+        size, limit = self.name_length(table.table), self.nservicebus_max_table_bytes
+        if size <= limit:
+            return None
+        return (f"table name {table.table!r} is {size} bytes; an NServiceBus PostgreSQL endpoint whose installers run "
+                f"refuses to start with a queue or <endpoint>.Delayed table name over {limit} bytes "
+                "(TableQueueNameLimit)")
 
     def quote(self, name: str) -> str:
         self.check_name("table", name)

@@ -1,16 +1,21 @@
-"""PostgreSQL delayed delivery: due rows of ``<endpoint>.Delayed`` moved by one mover at a time."""
+"""PostgreSQL delayed delivery: due rows of ``<endpoint>.Delayed`` moved by one mover at a time.
+
+A row is due as NServiceBus's MoveDueDelayedMessageText judges it, `Due < now() AT TIME ZONE
+'UTC'` (see `statements.DUE_NOW`): the same rows whichever mover runs, on any server TimeZone.
+"""
 
 from __future__ import annotations
 
 from ..base import DelayedSql, QueueAddress, Statement
 from .operations import PostgresOperations
+from .statements import UTC_NOW
 
 
 class PostgresDelayed(PostgresOperations, DelayedSql):
     """The PostgreSQL delayed delivery of the dialect."""
 
     def any_due(self, delayed: QueueAddress) -> Statement:
-        return Statement(f"SELECT 1 FROM {self.qualified(delayed)} WHERE due <= now() LIMIT 1")
+        return Statement(f"SELECT 1 FROM {self.qualified(delayed)} WHERE due < {UTC_NOW} LIMIT 1")
 
     def lock_mover(self, delayed: QueueAddress) -> Statement:
         return Statement(
@@ -20,7 +25,7 @@ class PostgresDelayed(PostgresOperations, DelayedSql):
 
     def due_delayed(self, delayed: QueueAddress, *, limit: int) -> Statement:
         return Statement(
-            f"SELECT id::text, headers FROM {self.qualified(delayed)} WHERE due <= now()"
+            f"SELECT id::text, headers FROM {self.qualified(delayed)} WHERE due < {UTC_NOW}"
             " ORDER BY due LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
             {"limit": int(limit)},
         )

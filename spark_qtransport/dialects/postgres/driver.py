@@ -105,6 +105,13 @@ def _classify(exc: BaseException) -> str:
 class PostgresDriver(DriverSupport):
     """The PostgreSQL connections and errors of the dialect."""
 
+    # CREATE ... IF NOT EXISTS checks the catalog, then inserts into it: two sessions creating one
+    # table both see it missing and the second fails on the catalog's unique indexes (23505, on
+    # pg_type or pg_class) or with 42P07 / 42710. Our installers serialise on an advisory lock;
+    # NServiceBus's take none and swallow exactly these three (QueueCreator.CreateQueue,
+    # SubscriptionTableCreator.CreateIfNecessary: DuplicateTable, DuplicateObject, UniqueViolation).
+    ddl_race_states = frozenset({"42P07", "42710", "23505"})
+
     def streaming_cursor(self, conn: Any) -> Any:
         # A server-side cursor: a slice of large bodies never sits whole in an executor's memory.
         # Binary results: bytea bodies arrive as bytes, not as hex text twice their size.

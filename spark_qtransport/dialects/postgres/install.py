@@ -124,8 +124,9 @@ class PostgresInstall(InstallSql):
         ]
 
     def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
-        # NServiceBus's CreateDelayedMessageStoreText, except that the index on Due is not unique
-        # (theirs is: two messages due in the same microsecond cannot both be stored).
+        # NServiceBus's CreateDelayedMessageStoreText: the same columns and index (not unique) on
+        # Due, named as its "<table>_Due" (shortened only past PostgreSQL's 63 bytes); without its
+        # fillfactor=100, which is already a table's default.
         t = self.qualified(delayed)
         return [
             self._ddl_lock(delayed),

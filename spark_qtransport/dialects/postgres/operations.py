@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from ..base import OperationsSql, QueueAddress, Statement, check_privileges
 from .addressing import PostgresAddressing
-from .statements import ROWS_OF, UTC_NOW, literal
+from .statements import ROWS_OF, UTC_NOW, instant_of, literal
 
 
 class PostgresOperations(PostgresAddressing, OperationsSql):
@@ -14,6 +14,14 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
     int32_sequence = "seq is a 32-bit serial"
 
     """The PostgreSQL operations of the dialect."""
+
+    def server_time_zone(self) -> Statement | None:
+        # The TimeZone this session got from the server (its postgresql.conf, ALTER DATABASE or
+        # ALTER ROLE), unless the URL set one; two offsets, so a zone with daylight saving shows.
+        return Statement(
+            "SELECT pg_catalog.current_setting('TimeZone'), pg_catalog.date_part('timezone', pg_catalog.now())::int,"
+            " pg_catalog.date_part('timezone', pg_catalog.now() + interval '6 months')::int"
+        )
 
     def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
         # A plain SELECT: MVCC never waits for other sessions and takes no row lock.
@@ -38,9 +46,10 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
         )
 
     def delayed_stats(self, delayed: QueueAddress) -> Statement:
+        # due as the movers judge it (delayed.py); the next due time as the instant it means
         return Statement(
-            "SELECT count(*) FILTER (WHERE due <= now()), count(*) FILTER (WHERE due > now()),"
-            f" min(due) FILTER (WHERE due > now()) FROM {self.qualified(delayed)}"
+            f"SELECT count(*) FILTER (WHERE due < {UTC_NOW}), count(*) FILTER (WHERE due >= {UTC_NOW}),"
+            f" {instant_of(f'min(due) FILTER (WHERE due >= {UTC_NOW})')} FROM {self.qualified(delayed)}"
         )
 
     def claim_stats(self, claims: QueueAddress) -> Statement:

@@ -37,9 +37,11 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
     helper_schema: str | None
 
     def _poison(self, col: str) -> str:
-        if self.helper_schema is None:
-            return _is_poison(col)
-        return f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}({col})"
+        # '' is no headers, not corrupted: NServiceBus's Message parses only a non-empty text
+        # (string.IsNullOrEmpty; white space alone fails its JSON parse, so it is poison). Checked
+        # here, not in the helper, so helpers already installed on PostgreSQL 13-15 agree.
+        check = _is_poison(col) if self.helper_schema is None else f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}({col})"
+        return f"({col} <> '' AND {check})"
 
     def table_id(self, table: QueueAddress) -> Statement:
         expr, params = self._regclass(table)
@@ -104,6 +106,9 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
         # One statement, one transaction, same snapshot for every part. `picked` locks the oldest
         # unlocked rows and classifies them from their small columns; it is MATERIALIZED so it
         # runs once (a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for).
+        # Poison rows go to the error queue whether expired or not: NServiceBus dead-letters a row
+        # whose headers it cannot read before it looks at Expires (MessageRow.TryParse, then
+        # ProcessWithNativeTransaction's IsPoison); only readable expired rows are dropped.
         # The INSERTs read id/headers/body straight from the queue rows that `gone` deletes in
         # the same statement (all parts see the rows as they were when it began), joined in
         # seq order, so bodies are never copied into CTE storage nor sorted.
@@ -122,7 +127,7 @@ WITH picked AS MATERIALIZED (
     -- (its primary key would otherwise fail every claim and stall the stream)
     SELECT CASE WHEN EXISTS (SELECT 1 FROM {e} AS x WHERE x.id = m.id) THEN gen_random_uuid() ELSE m.id END,
            NULL, m.headers, m.body
-    FROM (SELECT seq FROM picked WHERE poison AND NOT expired ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    FROM (SELECT seq FROM picked WHERE poison ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
     ORDER BY p.seq
     RETURNING 1
 ), claimed AS (
@@ -133,7 +138,7 @@ WITH picked AS MATERIALIZED (
     RETURNING claim_seq
 )
 SELECT (SELECT count(*) FROM gone) AS deleted,
-       (SELECT count(*) FROM picked WHERE expired) AS expired,
+       (SELECT count(*) FROM picked WHERE expired AND NOT poison) AS expired,
        (SELECT count(*) FROM to_error) AS poison,
        (SELECT count(*) FROM claimed) AS claimed,
        (SELECT max(claim_seq) FROM claimed) AS max_claim,
@@ -160,12 +165,12 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         headers: list[str],
     ) -> Statement:
         d = self.qualified(destination)
-        # Same native id, as NServiceBus forwards; a new one only where the destination holds that
-        # id already (its primary key would otherwise fail every claim and stall the stream).
+        # A new native id, as NServiceBus forwards: its receiver sends the message on as a new row
+        # (ProcessStrategy.TryHandleDelayedMessage -> TableBasedQueue.Send -> MessageRow.From,
+        # Guid.NewGuid()); no expiry (TimeSpan.MaxValue).
         sql = (
             f"INSERT INTO {d} (id, expires, headers, body)"
-            f" SELECT CASE WHEN EXISTS (SELECT 1 FROM {d} AS x WHERE x.id = c.id) THEN gen_random_uuid() ELSE c.id END,"
-            " NULL, v.headers, c.body"
+            " SELECT gen_random_uuid(), NULL, v.headers, c.body"
             " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
             f" JOIN {self.qualified(claims)} AS c ON c.consumer = %(consumer)s AND c.claim_seq = v.seq ORDER BY v.n"
         )

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
-from .statements import ROWS_OF, UTC_NOW
+from .statements import DUE_NOW, ROWS_OF, UTC_NOW, due_of
 
 
 @functools.cache
@@ -158,14 +158,19 @@ ORDER BY first.seq"""
 
     def dispatch_delayed(self, staging: QueueAddress, delayed: QueueAddress, *, attempts: list[str]) -> Statement:
         s, d = self.qualified(staging), self.qualified(delayed)
-        # `n` microseconds apart within a batch: tables NServiceBus created have a UNIQUE index on
-        # Due, and every row of one transaction sees the same now().
+        # Due as NServiceBus's StoreDelayedMessageText computes it (`statements.DUE_NOW`): the UTC
+        # wall clock in the session's TimeZone, plus the delay with whole days added as days (its
+        # DueAfterDays; the hours, minutes, seconds and milliseconds are one span of time). A
+        # deliver_at time becomes the Due NServiceBus stores for that instant. Rows of one batch
+        # may share a Due (one now() per transaction): NServiceBus's index on Due is not unique.
+        # The staged rows are picked by their small columns, then read by key in staging order.
         sql = f"""
 INSERT INTO {d} (headers, body, due)
 SELECT m.headers, m.body,
-       COALESCE(m.due, now() + m.delay_ms * interval '1 millisecond') + k.n * interval '1 microsecond'
-FROM (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS n FROM {s}
-      WHERE kind = 'd' AND attempt = ANY(%(attempts)s)) AS k
+       COALESCE({due_of("m.due")},
+                {DUE_NOW} + (m.delay_ms / 86400000) * interval '1 day'
+                + mod(m.delay_ms, 86400000) * interval '1 millisecond')
+FROM (SELECT seq FROM {s} WHERE kind = 'd' AND attempt = ANY(%(attempts)s)) AS k
 JOIN {s} AS m ON m.seq = k.seq
 ORDER BY k.seq"""
         return Statement(sql.strip(), {"attempts": list(attempts)})

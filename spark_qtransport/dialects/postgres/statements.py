@@ -1,5 +1,5 @@
-"""What the PostgreSQL statements of several features share: the UTC clock of Expires, bounded
-deletes, and literals for scripts people read."""
+"""What the PostgreSQL statements of several features share: the UTC clocks of Expires and Due,
+bounded deletes, and literals for scripts people read."""
 
 from __future__ import annotations
 
@@ -7,6 +7,24 @@ from typing import Any
 
 #: the current time as the wall-clock UTC ``timestamp`` NServiceBus writes into Expires
 UTC_NOW = "(now() AT TIME ZONE 'UTC')"
+
+#: "now" as NServiceBus writes it into a delayed table's Due (timestamptz): the UTC wall clock read
+#: back as a time in the session's TimeZone (StoreDelayedMessageText: `timestamptz (now() AT TIME
+#: ZONE 'UTC') + ...`). Its mover compares `Due < now() AT TIME ZONE 'UTC'`, where the timestamp is
+#: converted the same way, so stored and compared values agree whatever the TimeZone, as long as
+#: the sessions share it. On a server whose TimeZone is not UTC such a Due, read as an instant, is
+#: off by the zone's offset: every statement on Due uses these expressions, never now().
+DUE_NOW = f"timestamptz {UTC_NOW}"
+
+
+def due_of(instant: str) -> str:
+    """The Due NServiceBus would store for a given instant (a timestamptz expression)."""
+    return f"timestamptz ({instant} AT TIME ZONE 'UTC')"
+
+
+def instant_of(due: str) -> str:
+    """The instant a Due means (the inverse of `due_of`): its wall clock, read as UTC."""
+    return f"(({due})::timestamp AT TIME ZONE 'UTC')"
 
 
 def literal(value: Any) -> str:

@@ -44,12 +44,28 @@ class TableFacts:
     companions: tuple[str, ...] = ()  # our tables found beside it (quoted names)
     missing: tuple[str, ...] = ()  # privileges the current role lacks on the queue (and its sequence)
     companions_missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (quoted name, lacking), ours beside it
+    long_names: tuple[tuple[str, str], ...] = ()  # (quoted name, why): the queue or its .Delayed, refused by NServiceBus
 
 
 def check_server(cur: Any, d: Dialect, queues: list[QueueAddress]) -> list[Finding]:
-    """What the server must offer besides the tables (SQL Server: compatibility level 130 for
-    OPENJSON), checked once for the databases of `queues` and the connection's own."""
-    return [Finding("error", "(server)", problem) for problem in database_problems(cur, d, queues)]
+    """What the server must offer besides the tables, for the databases of `queues` and the
+    connection's own: SQL Server's compatibility level 130 (OPENJSON), an error below it; a
+    PostgreSQL TimeZone that is not UTC, a warning (NServiceBus stores a delayed message's Due as
+    the UTC wall clock read in the session's TimeZone, and so do we: both movers agree while every
+    session uses one zone, but a session in another zone, or a daylight-saving change while a
+    message waits, moves it early or late)."""
+    out = [Finding("error", "(server)", problem) for problem in database_problems(cur, d, queues)]
+    stmt = d.server_time_zone()
+    if stmt is None:
+        return out
+    zone, now_offset, later_offset = db.one(cur, stmt)
+    if not now_offset and not later_offset:
+        return out
+    return [*out, Finding("warning", "(server)", (
+        f"TimeZone is {zone!r}, not UTC: NServiceBus stores a delayed message's Due as UTC wall-clock time read in the "
+        "session's TimeZone (and so does sqlqueue, to agree with it), so a session in another zone, or a "
+        "daylight-saving change while a message waits, delivers it early or late by the difference; "
+        "set TimeZone = 'UTC' (ALTER DATABASE ... SET TimeZone = 'UTC')"))]
 
 
 def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
@@ -71,6 +87,7 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
         keys = tuple((tuple(str(r[1] or "").split(",")), bool(r[2])) for r in rows)
     companions = []
     companions_missing = []
+    long_names = [(name, problem)] if (problem := d.nservicebus_name_problem(queue)) is not None else []
     for suffix in ("Claims", "Delayed", "Staging", "Outbox"):
         try:
             companion = delayed.table_for(d, queue) if suffix == "Delayed" else d.companion(queue, suffix)
@@ -79,11 +96,13 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
         if cols and db.columns(cur, d.queue_columns(companion)):
             if suffix in ("Claims", "Delayed"):
                 companions.append(d.qualified(companion))
+            if suffix == "Delayed" and (problem := d.nservicebus_name_problem(companion)) is not None:
+                long_names.append((d.qualified(companion), problem))
             lacking = _missing(cur, d, companion)
             if lacking:
                 companions_missing.append((d.qualified(companion), tuple(lacking)))
     return assess(TableFacts(name, cols, None if high is None else int(high), keys, tuple(companions),
-                             tuple(missing) if cols else (), tuple(companions_missing)), d)
+                             tuple(missing) if cols else (), tuple(companions_missing), tuple(long_names)), d)
 
 
 def _missing(cur: Any, d: Dialect, table: QueueAddress) -> list[str]:
@@ -121,6 +140,7 @@ def assess(t: TableFacts, d: Dialect) -> list[Finding]:
         out.append(Finding(level, name, f"{d.int32_sequence} (NServiceBus's installer), {used:.1%} used; "
                            "inserts fail once it reaches 2,147,483,647 (ALTER it to bigint)"))
     out += [Finding(level, name, text) for level, text in found if level != "warning"]
+    out += [Finding("warning", table, problem) for table, problem in t.long_names]
     if "bodystring" in cols:
         out.append(Finding("info", name, "computed BodyString column present (columns are always named: no effect)"))
     if t.missing:

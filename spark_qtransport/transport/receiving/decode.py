@@ -84,9 +84,11 @@ _FROM_HEADERS = {
 
 
 def _loads(text: str, row: int, claim_seq: pa.Array, native_id: pa.Array) -> dict[str, Any]:
-    """One row's headers, for a fetch orjson refused (none is known to: the claim accepted each
-    row's headers as a flat JSON object of strings): the standard library decides, and an error
-    names the row."""
+    """One row's headers, for a fetch orjson refused (the claim accepted each row's headers as a
+    flat JSON object of strings, or as '', no headers): the standard library decides, and an
+    error names the row."""
+    if text == "":  # NServiceBus's Message: string.IsNullOrEmpty(headers) -> no headers
+        return {}
     try:
         return orjson.loads(text)
     except (TypeError, ValueError):
@@ -104,7 +106,7 @@ def _headers(texts: Sequence[str], claim_seq: pa.Array, native_id: pa.Array) -> 
     loads = orjson.loads
     try:
         dicts = [loads(text) for text in texts]
-    except (TypeError, ValueError):  # rare: row by row, with the standard library where orjson refuses
+    except (TypeError, ValueError):  # rare ('' headers): row by row, with the standard library where orjson refuses
         dicts = [_loads(text, row, claim_seq, native_id) for row, text in enumerate(texts)]
     keys: list[str] = []
     values: list[str | None] = []

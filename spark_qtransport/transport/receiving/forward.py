@@ -2,7 +2,7 @@
 
 NServiceBus's delayed-message mover puts due messages into the *endpoint's own* input queue with
 that header still on; the receiving endpoint then forwards each to the queue the header names, in
-its receive transaction, with the header removed, the same native id and no expiry. A message
+its receive transaction, with the header removed, a new native id and no expiry. A message
 whose header names the input queue itself just loses the header and is processed; one whose
 destination does not exist goes to the error queue with the failure headers and ``FailedQ`` set
 to that destination (NServiceBus's ``ProcessStrategy.TryHandleDelayedMessage``). Destinations go

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...dialects import Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
 from .. import session as db
+from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
 from ..server import database_problems
 
@@ -86,8 +87,8 @@ class EndpointSetUp:
         d = self.endpoint.dialect
         cols = db.columns(cur, d.queue_columns(address))
         if not cols and self.endpoint.options.create_queues:
-            for stmt in d.create_queue(address):
-                db.execute(cur, stmt)
+            warn_about_name(d, address)
+            db.install(d, cur, d.create_queue(address))
             conn.commit()
             cols = db.columns(cur, d.queue_columns(address))
         text = d.format_address(address)
@@ -108,8 +109,7 @@ class EndpointSetUp:
         helpers = d.helpers_exist(claims)
         if helpers is not None and not db.one(cur, helpers)[0]:
             ddl += d.create_helpers(claims)
-        for stmt in ddl:
-            db.execute(cur, stmt)
+        db.install(d, cur, ddl)
         conn.commit()
 
     def _lock_consumer(self, conn: Any, cur: Any) -> None:

@@ -28,6 +28,7 @@ from ...errors import DispatchError, QueueNotFoundError, SchemaError
 from ...wire import decode_headers
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
+from ..operations.install import warn_about_name
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..server import database_problems
@@ -65,20 +66,22 @@ def set_up_sender(options: SendSettings) -> SendPlan:
     its delayed table, error queue and default destination, each only if missing (once they exist, table
     privileges are enough); find its input queue for ReplyToAddress. Returns the executors' plan."""
     d = options.dialect
-    tables = [(options.staging, d.create_staging), (options.outbox, d.create_outbox)]
+    # (table, its DDL, whether NServiceBus uses it too: a queue or the delayed table)
+    tables = [(options.staging, d.create_staging, False), (options.outbox, d.create_outbox, False)]
     if options.create_queues:  # names from options only, never names from message data
-        tables += [(options.delayed, d.create_delayed), (options.error_queue, d.create_queue)]
+        tables += [(options.delayed, d.create_delayed, True), (options.error_queue, d.create_queue, True)]
         if options.destination is not None:
-            tables.append((options.destination, d.create_queue))
+            tables.append((options.destination, d.create_queue, True))
 
     def set_up(conn: Any) -> bool:
         cur = conn.cursor()
-        for problem in database_problems(cur, d, [t for t, _ in tables]):
+        for problem in database_problems(cur, d, [t for t, _, _ in tables]):
             raise SchemaError(f"option 'url': {problem}", option="url")
-        for table, create in tables:
+        for table, create, shared in tables:
             if not db.columns(cur, d.queue_columns(table)):
-                for stmt in create(table):  # idempotent installers: safe to run again after a fault
-                    db.execute(cur, stmt)
+                if shared:
+                    warn_about_name(d, table)
+                db.install(d, cur, create(table))  # idempotent: safe to run again after a fault
         conn.commit()
         if options.destination is not None:  # a wrong static destination fails at start, named
             Router(d, options.routing).configured(cur, options.destination, option="destination")
@@ -294,8 +297,8 @@ class Dispatcher:
         if db.columns(cur, d.queue_columns(o.delayed)):
             return
         if o.create_queues:
-            for stmt in d.create_delayed(o.delayed):
-                db.execute(cur, stmt)
+            warn_about_name(d, o.delayed)
+            db.install(d, cur, d.create_delayed(o.delayed))
             return
         raise QueueNotFoundError(
             f"this batch has delayed messages but delayed delivery is not set up for endpoint {o.endpoint}: "

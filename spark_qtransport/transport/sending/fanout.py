@@ -37,8 +37,7 @@ def add_subscribers(cur: Any, dialect: Dialect, router: Router, subscriptions: Q
                 "does not exist; create it (option 'createQueues', or the DDL in sql/)",
                 queue=d.format_address(subscriptions), option="subscriptionTable",
             )
-        for stmt in d.create_subscriptions(subscriptions):
-            db.execute(cur, stmt)
+        db.install(d, cur, d.create_subscriptions(subscriptions))
     by_topic: dict[str, list[str]] = {}
     for types in published:
         for topic in topics_of(types):

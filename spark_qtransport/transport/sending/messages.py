@@ -79,12 +79,34 @@ def check_columns(fields: Sequence[tuple[str, str]]) -> None:
             raise ConfigError(f"column {name!r} has type {typ}; expected {' or '.join(INPUT_COLUMNS[name])}")
 
 
+def _full_name(type_name: str) -> str:
+    """A .NET type's FullName from its assembly-qualified name: the text before the first comma
+    outside square brackets. A generic type's FullName holds its arguments' assembly-qualified
+    names (``Envelope`1[[Sales.OrderPlaced, Sales, Version=1.0.0.0]]``); a backslash escapes the
+    next character (.NET's type name syntax: ``\\,``, ``\\[``)."""
+    depth = 0
+    escaped = False
+    for i, ch in enumerate(type_name):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            return type_name[:i].strip()
+    return type_name.strip()
+
+
 def topics_of(message_types: str) -> list[str]:
-    """Subscription topics of an EnclosedMessageTypes value: each type's full name, without its
-    assembly (``Sales.OrderPlaced, Sales, Version=1.0.0.0`` -> ``Sales.OrderPlaced``)."""
+    """Subscription topics of an EnclosedMessageTypes value: each type's FullName (NServiceBus's
+    TopicName.From), its assembly cut off (``Sales.OrderPlaced, Sales, Version=1.0.0.0`` ->
+    ``Sales.OrderPlaced``; a generic type keeps its bracketed arguments whole)."""
     out = []
     for entry in message_types.split(";"):
-        name = entry.split(",", 1)[0].strip()
+        name = _full_name(entry)
         if name and name not in out:
             out.append(name)
     return out
