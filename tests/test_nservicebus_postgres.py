@@ -147,6 +147,16 @@ def test_our_delayed_messages_are_moved_on_time_by_nservicebus(berlin: Backend) 
     assert _landed(berlin, sales) == ["delay", "deliver-at"]
 
 
+def nsb_delayed_table(backend: Backend, queue: str) -> tuple[Any, str]:
+    """The delayed table of the endpoint whose queue is `queue`, made by NServiceBus's own DDL:
+    its address and its text."""
+    d = backend.dialect
+    address = d.companion(d.parse_address(queue), "Delayed")
+    with backend.connect() as conn:
+        conn.execute(PG_NSB_CREATE_DELAYED.format(d.qualified(address), address.table))
+    return address, d.format_address(address)
+
+
 def test_nservicebus_delayed_messages_are_moved_on_time_by_ours(berlin: Backend) -> None:
     """NServiceBus stores (its delayed retries go this way too); our mover moves them on time,
     not an hour early (its Due, read as an instant, is an hour before the time it means)."""
@@ -154,10 +164,7 @@ def test_nservicebus_delayed_messages_are_moved_on_time_by_ours(berlin: Backend)
     sales, billing = berlin.create_queue(f"Sales_{tag}"), berlin.create_queue(f"Billing_{tag}")
     error = berlin.create_queue(f"error_{tag}")
     d = berlin.dialect
-    delayed_address = d.companion(d.parse_address(sales), "Delayed")
-    delayed = d.format_address(delayed_address)
-    with berlin.connect() as conn:
-        conn.execute(PG_NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
+    delayed_address, delayed = nsb_delayed_table(berlin, sales)
     start = time.monotonic()
     nsb_store_delayed(berlin, delayed, d.format_address(d.parse_address(billing)), timedelta(seconds=DELAY), b"soon")
     nsb_store_delayed(berlin, delayed, billing, timedelta(minutes=30), b"later")
@@ -179,10 +186,7 @@ def test_stats_of_a_delayed_table_read_nservicebus_due_times(berlin: Backend) ->
     tag = uuid.uuid4().hex[:8]
     sales = berlin.create_queue(f"Sales_{tag}")
     d = berlin.dialect
-    delayed_address = d.companion(d.parse_address(sales), "Delayed")
-    delayed = d.format_address(delayed_address)
-    with berlin.connect() as conn:
-        conn.execute(PG_NSB_CREATE_DELAYED.format(d.qualified(delayed_address), delayed_address.table))
+    delayed_address, delayed = nsb_delayed_table(berlin, sales)
     nsb_store_delayed(berlin, delayed, sales, timedelta(minutes=30), b"pending")
     nsb_store_delayed(berlin, delayed, sales, timedelta(seconds=-1), b"due")
     stmt = d.delayed_stats(delayed_address)

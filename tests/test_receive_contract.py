@@ -185,6 +185,25 @@ def test_empty_headers_are_an_empty_header_set(backend: Backend, queues, helper:
     assert backend.count(e) == 0 and backend.count(q) == 0
 
 
+@pytest.mark.parametrize("helper", [False, True], ids=["builtin", "plpgsql-helper"])
+def test_an_escaped_nul_in_headers_is_no_poison(backend: Backend, queues, helper: bool) -> None:  # type: ignore[no-untyped-def]
+    """NServiceBus writes a NUL in a header value as the escape \\u0000 and reads it back
+    (System.Text.Json); PostgreSQL's jsonb refuses that escape. The message is delivered with the
+    NUL in its header, not dead-lettered."""
+    q, e = queues
+    if helper and backend.name != "postgres":
+        pytest.skip("PostgreSQL only")
+    text = '{"NServiceBus.MessageId":"nul","Note":"a\\u0000b","K\\u0000":"\\\\u0000"}'
+    backend.send(q, text, b"body")
+    with receiving(backend, q, e) as r:
+        r.endpoint.dialect = PostgresDialect(force_helper=helper) if backend.name == "postgres" else r.endpoint.dialect
+        rows, _ = drain(r)
+        assert r.stats.poison == 0
+    assert [(row[0], row[2]) for row in rows] == [
+        ("nul", {"NServiceBus.MessageId": "nul", "Note": "a\x00b", "K\x00": "\\u0000"})]
+    assert backend.count(e) == 0 and backend.count(q) == 0
+
+
 def test_starting_again_with_new_messages(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     q, e = queues
     backend.send(q, nsb_headers("first"))

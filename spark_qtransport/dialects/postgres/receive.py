@@ -14,15 +14,25 @@ FORWARD_LIKE = "%NServiceBus.SqlServer.ForwardDestination%"
 POISON_PATH = "'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")'"
 
 
-def _is_poison(col: str) -> str:
+def _is_poison(text: str) -> str:
     # Poison unless the text is a flat JSON object whose values are strings or null. The text is
     # parsed once (OFFSET 0 keeps the planner from copying the cast into each test); the cast only
     # runs on valid JSON and the silent jsonpath never raises, so no evaluation order matters.
     return (
         "(SELECT j IS NULL OR jsonb_typeof(j) <> 'object'"
         f" OR jsonb_path_exists(j, {POISON_PATH}, '{{}}', true)"
-        f" FROM (SELECT CASE WHEN pg_input_is_valid({col}, 'jsonb') THEN {col}::jsonb END AS j OFFSET 0) AS parsed)"
+        " FROM (SELECT CASE WHEN pg_input_is_valid(t.h, 'jsonb') THEN t.h::jsonb END AS j"
+        f" FROM (SELECT {text} AS h) AS t OFFSET 0) AS parsed)"
     )
+
+
+def _jsonb_checkable(col: str) -> str:
+    """`col` as jsonb can judge it: the escape \\u0000 (a NUL, which NServiceBus writes and reads
+    back, but jsonb refuses: text cannot hold it) read as \\u0001. That changes no structure and
+    no type: what was a NUL in a string stays a character in that string; an escaped backslash
+    before "u0000" stays a backslash and plain characters. chr(92), not a backslash literal, so
+    standard_conforming_strings does not matter."""
+    return f"replace({col}, chr(92) || 'u0000', chr(92) || 'u0001')"
 
 
 #: PostgreSQL 13 to 15 have no pg_input_is_valid: a PL/pgSQL helper catches the cast's error
@@ -40,7 +50,8 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
         # '' is no headers, not corrupted: NServiceBus's Message parses only a non-empty text
         # (string.IsNullOrEmpty; white space alone fails its JSON parse, so it is poison). Checked
         # here, not in the helper, so helpers already installed on PostgreSQL 13-15 agree.
-        check = _is_poison(col) if self.helper_schema is None else f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}({col})"
+        text = _jsonb_checkable(col)
+        check = _is_poison(text) if self.helper_schema is None else f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}({text})"
         return f"({col} <> '' AND {check})"
 
     def table_id(self, table: QueueAddress) -> Statement:
