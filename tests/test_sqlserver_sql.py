@@ -586,17 +586,22 @@ class TestNoUserTextInSql:
             D.read_claims(c, "x" * 201, after=0, upto=1)
         with pytest.raises(ConfigError, match="option 'endpoint'"):
             D.try_lock_consumer(c, "")
+        # nvarchar(200) counts UTF-16 code units: 101 emoji are 202 of them, and would be cut
+        with pytest.raises(ConfigError, match="option 'endpoint'"):
+            D.claim(c, c, c, consumer="\U0001f600" * 101, limit=1, after=0, upto=None)
+        D.read_claims(c, "\U0001f600" * 100, after=0, upto=1)
 
     def test_lock_resource_fits_and_stays_distinct(self) -> None:
         c = D.claims_table(QueueAddress("q" * 100, "s" * 100))
         a, b = D.try_lock_consumer(c, "x" * 199 + "a"), D.try_lock_consumer(c, "x" * 199 + "b")
         assert a.params != b.params
         # "sqlqueue consumer " + two ints as text + " " + the consumer: within nvarchar(255)
-        for consumer in ("x" * 200, "\U0001f600" * 200, "\U0001f600" * 199 + "a"):
+        for consumer in ("x" * 200, "\U0001f600" * 100, "\U0001f600" * 99 + "a", "\u00df" * 200):
             part = D.try_lock_consumer(c, consumer).params[1]
             assert len("sqlqueue consumer ") + 23 + 1 + len(part.encode("utf-16-le")) // 2 <= 255
-        x, y = (D.try_lock_consumer(c, "\U0001f600" * 199 + t).params[1] for t in "ab")
-        assert x != y and re.fullmatch("[0-9a-f]{64}", x)  # too long: a digest, never truncated
+        # folded longer than the resource holds ("\u00df" upper-cases to "SS"): a digest, never truncated
+        x, y = (D.try_lock_consumer(c, "\u00df" * 199 + t).params[1] for t in "ab")
+        assert x != y and re.fullmatch("[0-9a-f]{64}", x)
         short = D.try_lock_consumer(D.claims_table(QueueAddress("Sales")), "Billing")
         assert short.params == ("[dbo].[Sales.Claims]", "BILLING")
         assert D.unlock_consumer(D.claims_table(QueueAddress("Sales")), "Billing").params == short.params

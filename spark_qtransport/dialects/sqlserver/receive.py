@@ -179,10 +179,12 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
     """The SQL Server receive of the dialect."""
 
     def _check_consumer(self, consumer: str) -> str:
-        if not consumer or "\x00" in consumer or len(consumer) > MAX_CONSUMER_CHARS:
+        # nvarchar counts UTF-16 code units: a character beyond the BMP takes two. A longer name
+        # would be cut by the claim's nvarchar(200) variable, and its claims never read back.
+        if not consumer or "\x00" in consumer or len(consumer.encode("utf-16-le")) // 2 > MAX_CONSUMER_CHARS:
             raise ConfigError(
                 f"option 'endpoint': consumer name {consumer!r} must be 1 to {MAX_CONSUMER_CHARS} characters "
-                "without NUL (the Consumer column of the claim table)",
+                "(UTF-16 code units) without NUL (the Consumer column of the claim table)",
                 option="endpoint",
             )
         return consumer
