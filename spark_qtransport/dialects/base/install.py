@@ -20,7 +20,8 @@ class InstallSql(AddressingSql):
     seq_types: Mapping[int, str]
 
     def seq_type(self, seq_bits: int) -> str:
-        """The sequence column type of a new queue table `seq_bits` wide (32 as NServiceBus makes them)."""
+        """The sequence column type of a new queue table `seq_bits` wide (32: PostgreSQL's serial, as
+        NServiceBus makes it there; NServiceBus's SQL Server RowVersion is always bigint)."""
         seq_type = self.seq_types.get(seq_bits)
         if seq_type is None:
             raise ConfigError(f"seq_bits must be 32 or 64, not {seq_bits!r}", option="--seq-bits")
