@@ -1,9 +1,9 @@
 """What the SQL Server statements of every feature share: column widths, literals, parameter
-markers, list parameters, application lock names, and the INSERT of new messages into a queue."""
+markers, list parameters, and the bounded writes into tables that are not ours (`bounded`,
+`insert_messages`: at most `ROW_BOUND` rows per statement)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -74,15 +74,6 @@ def placeholders(sql: str) -> list[int]:
             found.append(i)
         i += 1
     return found
-
-
-def resource(kind: str, *parts: str) -> str:
-    """An application lock resource ``sqlqueue <kind> <parts>``. Resources are nvarchar(255):
-    longer names get a digest, so two long names never share a lock by truncation."""
-    text = f"sqlqueue {kind} " + " ".join(parts)
-    if len(text) <= MAX_RESOURCE:
-        return text
-    return f"sqlqueue {kind} " + hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def json_list(values: list[Any]) -> str:
