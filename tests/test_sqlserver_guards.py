@@ -315,8 +315,10 @@ def test_every_entry_point_checks_the_level() -> None:
     (finding,) = check_server(_Levels([("Shop", 110)]), D, queues)
     assert finding.level == "error" and "ALTER DATABASE [Shop] SET COMPATIBILITY_LEVEL = 130" in finding.message
     assert check_server(_Levels([("Shop", 130)]), D, queues) == []
-    for module in ("transport/receiving/setup.py", "transport/sending/dispatch.py", "transport/operations/doctor.py"):
-        assert "database_problems(" in (ROOT / "spark_qtransport" / module).read_text(), module
+    for module, seam in (("transport/receiving/setup.py", "require_databases("),
+                         ("transport/sending/dispatch.py", "require_databases("),
+                         ("transport/operations/doctor.py", "database_problems(")):
+        assert seam in (ROOT / "spark_qtransport" / module).read_text(), module
 
 
 def test_receiver_start_refuses_a_low_level() -> None:

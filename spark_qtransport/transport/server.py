@@ -7,9 +7,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
+from ..errors import SchemaError
 from . import session as db
 
-__all__ = ["database_problems"]
+__all__ = ["database_problems", "require_databases"]
 
 
 def database_problems(cur: Any, d: Dialect, tables: Iterable[QueueAddress]) -> list[str]:
@@ -21,3 +22,10 @@ def database_problems(cur: Any, d: Dialect, tables: Iterable[QueueAddress]) -> l
         return []
     found = (d.level_problem(str(name), int(level)) for name, level in db.rows(cur, stmt))
     return [p for p in found if p]
+
+
+def require_databases(cur: Any, d: Dialect, tables: Iterable[QueueAddress], *, queue: str | None = None) -> None:
+    """`database_problems`, refused at start: a `SchemaError` naming option 'url' and the first
+    problem (a receiver names its queue)."""
+    for problem in database_problems(cur, d, tables):
+        raise SchemaError(f"option 'url': {problem}", option="url", queue=queue)

@@ -15,7 +15,7 @@ from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
 from .. import session as db
 from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
-from ..server import database_problems
+from ..server import require_databases
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
@@ -80,8 +80,7 @@ class EndpointSetUp:
             if problem:
                 raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
         o = self.endpoint.options
-        for problem in database_problems(cur, self.endpoint.dialect, (o.queue, o.error_queue)):
-            raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
+        require_databases(cur, self.endpoint.dialect, (o.queue, o.error_queue), queue=self.endpoint.queue_text)
 
     def _check_queue(self, conn: Any, cur: Any, option: str, address: QueueAddress) -> None:
         d = self.endpoint.dialect

@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ...dialects import Dialect
-from ...errors import DispatchError, QueueNotFoundError, SchemaError
+from ...errors import DispatchError, QueueNotFoundError
 from ...wire import decode_headers
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
 from ..operations.install import warn_about_name
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
-from ..server import database_problems
+from ..server import require_databases
 from ..settings import SendSettings
 from .fanout import Destination, add_subscribers
 from .inline import InlineRows, RowGroup, by_route
@@ -75,8 +75,7 @@ def set_up_sender(options: SendSettings) -> SendPlan:
 
     def set_up(conn: Any) -> bool:
         cur = conn.cursor()
-        for problem in database_problems(cur, d, [t for t, _, _ in tables]):
-            raise SchemaError(f"option 'url': {problem}", option="url")
+        require_databases(cur, d, [t for t, _, _ in tables])
         for table, create, shared in tables:
             if not db.columns(cur, d.queue_columns(table)):
                 if shared:
