@@ -102,11 +102,11 @@ class SqlServerDelayed(SqlServerAddressing, DelayedSql):
                                new_id="NEWID()", select="NULL, k.Headers, d.Body", joins=joins, params=params)
 
     def delete_delayed(self, delayed: QueueAddress, *, keys: list[str]) -> Statement:
-        rows = [[k.row, k.due, ""] for k in map(_delayed_key, keys)]  # [RowVersion, Due, (no headers)]
+        rows = [[k.row, k.due] for k in map(_delayed_key, keys)]  # [RowVersion, Due]
         params = Params(named=True)
         marker = params.add("rows", "nvarchar(max)", json_list(rows))
         # NServiceBus's delayed table: bounded statements (see `bounded`).
         step = (f"DELETE d FROM {params.table('delayed', self.qualified(delayed))} AS d WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)\n"
                 f"JOIN #sqlqueue_keys AS k ON {_KEY_MATCH.format(d='d.', k='k.')}\n"
                 f"WHERE {CHUNK};\nSET @n = @@ROWCOUNT;")
-        return bounded(params, keys=json_keys(marker, due=True), step=step)
+        return bounded(params, keys=json_keys(marker, due=True, headers=False), step=step)

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from ...errors import ConfigError, QTransportError
 from ..base import OperationsSql, QueueAddress, Statement, check_privileges
 from .addressing import SqlServerAddressing
-from .statements import CHUNK, ROW_BOUND, Params, bounded, copy_rows, json_list, literal
+from .statements import CHUNK, ROW_BOUND, Params, bounded, copy_rows, json_keys, json_list, literal
 
 
 def _message_key(key: str) -> int:
@@ -243,9 +243,8 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
         # Seeks Index_RowVersion per key. The rows are this transaction own (see move_messages).
         # A queue is NServiceBus's: bounded statements (see `bounded`).
         params = Params(named=True)
-        marker = params.add("rows", "nvarchar(max)", json_list([_message_key(k) for k in keys]))
-        keys_sql = (f"INSERT INTO #sqlqueue_keys (Pos, KeyRow)\n"
-                    f"SELECT CAST(o.[key] AS bigint) + 1, CAST(o.value AS bigint) FROM OPENJSON({marker}) AS o")
+        marker = params.add("rows", "nvarchar(max)", json_list([[_message_key(k)] for k in keys]))
+        keys_sql = json_keys(marker, headers=False)
         step = (f"DELETE m FROM {params.table('queue', self.qualified(queue))} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)\n"
                 f"JOIN #sqlqueue_keys AS k ON m.RowVersion = k.KeyRow\nWHERE {CHUNK};\nSET @n = @@ROWCOUNT;")
         return bounded(params, keys=keys_sql, step=step)

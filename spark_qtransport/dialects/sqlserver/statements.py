@@ -230,15 +230,18 @@ def insert_messages(table: str, sys_: str, *, keys: str, new_id: str, select: st
     return bounded(into, keys=keys, step=step(False), recoverable=(sys_, step(True)))
 
 
-def json_keys(marker: str, *, due: bool = False) -> str:
-    """Fill ``#sqlqueue_keys`` from a JSON array of ``[key, (due,) headers]`` (`key_rows`): Pos is
-    the array position, so the order of the keys is the order written."""
-    due_col, due_def = (", KeyDue", ", KeyDue varchar(23) '$[1]'") if due else ("", "")
-    at = 2 if due else 1
-    return (f"INSERT INTO #sqlqueue_keys (Pos, KeyRow{due_col}, Headers)\n"
-            f"SELECT CAST(o.[key] AS bigint) + 1, k.KeyRow{', k.KeyDue' if due else ''}, k.Headers\n"
+def json_keys(marker: str, *, due: bool = False, headers: bool = True) -> str:
+    """Fill ``#sqlqueue_keys`` from a JSON array of ``[key, (due,) (headers)]`` (`key_rows`): Pos
+    is the array position, so the order of the keys is the order written."""
+    parts = [("KeyRow", "bigint"), *([("KeyDue", "varchar(23)")] if due else []),
+             *([("Headers", "nvarchar(max)")] if headers else [])]
+    columns = ", ".join(name for name, _ in parts)
+    values = ", ".join(f"k.{name}" for name, _ in parts)
+    defs = ", ".join(f"{name} {sqltype} '$[{i}]'" for i, (name, sqltype) in enumerate(parts))
+    return (f"INSERT INTO #sqlqueue_keys (Pos, {columns})\n"
+            f"SELECT CAST(o.[key] AS bigint) + 1, {values}\n"
             f"FROM OPENJSON({marker}) AS o\n"
-            f"CROSS APPLY OPENJSON(o.value) WITH (KeyRow bigint '$[0]'{due_def}, Headers nvarchar(max) '$[{at}]') AS k")
+            f"CROSS APPLY OPENJSON(o.value) WITH ({defs}) AS k")
 
 
 def copy_rows(table: str, sys_: str, keys: list[int], headers: list[str], *, source: str, on: str) -> Statement:
