@@ -165,3 +165,20 @@ def test_error_lines_escape_control_characters_piped(pg: Backend) -> None:
     assert usage.returncode == 2 and f"Got unexpected extra argument ({HOSTILE_ESCAPED})".encode() in usage.stderr, \
         usage.stderr
     assert b"\x1b" not in usage.stderr and b"\x07" not in usage.stderr
+
+
+def test_warnings_logged_while_a_command_runs_are_escaped(pg: Backend, names: Any) -> None:
+    """A delayed message whose ForwardDestination (from data) is a hostile missing queue: move-delayed
+    sends it to the error queue, and the package's warning naming that address prints escaped."""
+    sales, error = names("Sales"), pg.create_queue(names("error"))
+    assert _process(pg, "create-queue", sales, "--delayed").returncode == 0
+    headers = nsb_headers("m1", **{"NServiceBus.SqlServer.ForwardDestination": HOSTILE})
+    delayed = pg.q(f'"{sales}.Delayed"')
+    with pg.connect() as conn:
+        conn.cursor().execute(f"INSERT INTO {delayed} (headers, body, due) VALUES (%s, %s, now())",
+                              (json.dumps(headers), b"{}"))
+    done = _process(pg, "move-delayed", sales, "--error-queue", error)
+    err = done.stderr.decode()
+    assert done.returncode == 0 and pg.count(error) == 1, err
+    assert "warning: " in err and HOSTILE_ESCAPED in err, err
+    assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 for c in err), repr(err)
