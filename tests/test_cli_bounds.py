@@ -182,3 +182,24 @@ def test_warnings_logged_while_a_command_runs_are_escaped(pg: Backend, names: An
     assert done.returncode == 0 and pg.count(error) == 1, err
     assert "warning: " in err and HOSTILE_ESCAPED in err, err
     assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 for c in err), repr(err)
+
+
+def test_every_line_goes_through_output_echo() -> None:
+    """Nothing in the CLI prints around the one escaping path (output.echo)."""
+    import re
+    from pathlib import Path
+
+    import spark_qtransport.cli as cli
+
+    for path in Path(cli.__file__).parent.glob("*.py"):
+        if path.name in ("output.py", "embedded.py"):  # the path itself; embedded: its own `python -m` entry point
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\bclick\.(echo|secho)\(|\bprint\(|sys\.std(out|err)\.write", text), path.name
+
+
+def test_ddl_refuses_a_name_it_cannot_print_as_sql(run: Any) -> None:
+    """Escaping would change the table a script creates: a name with a control character is refused."""
+    result = run("ddl", "--queue", HOSTILE, ok=False)
+    assert result.exit_code == 2 and "holds a control character" in result.output, result.output
+    assert "\x1b" not in result.output
