@@ -54,8 +54,8 @@ def echo_script(text: str) -> None:
 
 def escaped_usage_error(exc: click.ClickException) -> None:
     """Click's own error (a usage error, a bad value), its message escaped: click quotes what was
-    typed (``No such option: --...``), and would strip only some escape sequences, and only when
-    piped."""
+    typed (``Got unexpected extra argument (...)``) and strips only CSI sequences, and only when
+    piped (naming something else than was typed, and passing OSC sequences on)."""
     exc.message = escape(exc.message)  # type: ignore[misc] # the text click prints after "Error: "
 
 
