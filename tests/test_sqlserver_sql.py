@@ -250,7 +250,7 @@ def operation_statements(
         "move_messages_none": [D.move_messages(e, q, keys=[], headers=[])],
         "delete_messages": [D.delete_messages(e, keys=MESSAGE_KEYS)],
         "delete_messages_none": [D.delete_messages(e, keys=[])],
-        "peek_messages": [D.peek_messages(q, limit=10)],
+        "peek_messages": [D.peek_messages(q, limit=10, preview=240)],
         "queue_stats": [D.queue_stats(q)],
         "delayed_stats": [D.delayed_stats(dl)],
         "claim_stats": [D.claim_stats(c)],
@@ -1708,7 +1708,7 @@ class TestOperationStatements:
 
     def reads(self) -> dict[str, Statement]:
         return {
-            "peek_messages": D.peek_messages(self.Q, limit=10),
+            "peek_messages": D.peek_messages(self.Q, limit=10, preview=240),
             "queue_stats": D.queue_stats(self.Q),
             "delayed_stats": D.delayed_stats(self.DL),
             "claim_stats": D.claim_stats(self.C),
@@ -1716,13 +1716,19 @@ class TestOperationStatements:
         }
 
     def test_peek_messages(self) -> None:
-        assert D.peek_messages(self.Q, limit=25) == Statement(
-            "SELECT TOP (?) CAST(Id AS varchar(36)), Expires, Headers, Body, RowVersion"
+        """Only the start of each body is read, with its length (a 50 MB body is not fetched)."""
+        assert D.peek_messages(self.Q, limit=25, preview=240) == Statement(
+            "SELECT TOP (?) CAST(Id AS varchar(36)), Expires, CAST(NULL AS nvarchar(40)), Headers,"
+            " CAST(SUBSTRING(Body, 1, ?) AS varbinary(8000)), DATALENGTH(Body), RowVersion"
             " FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion",
-            (25,),
+            (25, 240),
         )
-        (tree,) = parse_all(D.peek_messages(self.Q, limit=1).sql)
-        assert len(tree.expressions) == 5  # native id text, expires, headers, body, sequence
+        (tree,) = parse_all(D.peek_messages(self.Q, limit=1, preview=1).sql)
+        # native id text, expires, expires text, headers, body start, body length, sequence
+        assert len(tree.expressions) == 7
+        for preview in (0, 8001):
+            with pytest.raises(ConfigError, match="body preview"):
+                D.peek_messages(self.Q, limit=1, preview=preview)
 
     def test_queue_stats(self) -> None:
         s = D.queue_stats(self.Q)
@@ -1771,7 +1777,7 @@ class TestOperationStatements:
 
     def test_columns_are_the_tables_own(self) -> None:
         queue = _columns_of(D.create_queue(self.Q))
-        assert _used_columns(D.peek_messages(self.Q, limit=1)) <= queue
+        assert _used_columns(D.peek_messages(self.Q, limit=1, preview=240)) <= queue
         assert _used_columns(D.queue_stats(self.Q)) <= queue
         (purge,) = [t for t in parse_all(D.purge_expired(self.Q, limit=1).sql) if isinstance(t, exp.Delete)]
         assert {c.name for c in purge.find_all(exp.Column) if not c.table} <= queue
@@ -1801,7 +1807,7 @@ class TestOperationStatements:
     @pytest.mark.parametrize("limit", [0, -1])
     def test_limits_are_positive(self, limit: int) -> None:
         with pytest.raises(ValueError, match="limit must be at least 1"):
-            D.peek_messages(self.Q, limit=limit)
+            D.peek_messages(self.Q, limit=limit, preview=240)
         with pytest.raises(ValueError, match="limit must be at least 1"):
             D.purge_expired(self.Q, limit=limit)
 
@@ -2781,10 +2787,11 @@ class TestSqlServerLive:
 
             messages, expired, low, high = self.run(db.conn, D.queue_stats(db.q)).fetchone()
             assert (messages, expired, high - low) == (3, 1, 2)
-            rows = self.run(db.conn, D.peek_messages(db.q, limit=2)).fetchall()
-            assert [(r[2], None if r[3] is None else bytes(r[3]), r[4]) for r in rows] == [
-                (_headers(1), b"one", low), (_headers(2), b"expired", low + 1)]
+            rows = self.run(db.conn, D.peek_messages(db.q, limit=2, preview=2)).fetchall()
+            assert [(r[3], None if r[4] is None else bytes(r[4]), r[5], r[6]) for r in rows] == [
+                (_headers(1), b"on", 3, low), (_headers(2), b"ex", 7, low + 1)]  # a body's start, its length
             assert len(rows[0][0]) == 36 and rows[0][1] is None and rows[1][1] is not None
+            assert rows[0][2] is None and rows[1][2] is None  # Expires text: only for values a datetime cannot hold
             db.conn.commit()
 
             # a row another session holds is skipped, never waited for
@@ -2793,7 +2800,7 @@ class TestSqlServerLive:
                 other.cursor().execute(NSB_SEND.format(q), (_headers(4), b"uncommitted"))
                 cur = db.conn.cursor()
                 cur.execute("SET LOCK_TIMEOUT 5000")
-                assert len(self.run(db.conn, D.peek_messages(db.q, limit=10)).fetchall()) == 3
+                assert len(self.run(db.conn, D.peek_messages(db.q, limit=10, preview=240)).fetchall()) == 3
                 assert self.run(db.conn, D.queue_stats(db.q)).fetchone()[0] == 3
                 db.conn.commit()
                 other.rollback()
@@ -2846,7 +2853,7 @@ class TestSqlServerLive:
         for n in range(4):
             cur.execute(NSB_SEND.format(e), (_headers(n), f"b{n}".encode()))
         db.conn.commit()
-        ids = [r[0] for r in self.run(db.conn, D.peek_messages(db.e, limit=10)).fetchall()]
+        ids = [r[0] for r in self.run(db.conn, D.peek_messages(db.e, limit=10, preview=240)).fetchall()]
         db.conn.commit()
         assert len(ids) == 4
 

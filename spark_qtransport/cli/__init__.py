@@ -3,10 +3,10 @@
 Every command takes ``--url`` (or ``$SQLQUEUE_URL``), prints tables for people or ``--json`` for
 scripts, and turns errors into one line on stderr with exit code 1 (2 for wrong usage).
 
-Modules: `app` (the group, shared options, errors and exit codes), `output` (tables, JSON), `db`
-(a command's session, names from the command line), and the commands: `install` (create-*, ddl),
-`queues` (peek, stats, purge-expired, doctor), `messages` (send, move-delayed, subscribe,
-unsubscribe), `error_queue` (error list/retry), `dev` (dev-db).
+Modules: `app` (the group, shared options, errors and exit codes), `output` (tables, JSON,
+every line printed, escaped), `db` (a command's session, names from the command line), and the
+commands: `install` (create-*, ddl), `queues` (peek, stats, purge-expired, doctor), `messages`
+(send, move-delayed, subscribe, unsubscribe), `error_queue` (error list/retry), `dev` (dev-db).
 """
 
 from __future__ import annotations

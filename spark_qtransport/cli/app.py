@@ -1,7 +1,8 @@
 """The ``sqlqueue`` group: its options shared by commands (URL, allow-lists) and how errors end a command.
 
 Our errors and the driver's become one line on stderr and exit code 1; wrong usage (a malformed
-URL, id or option) is click's usage error, exit code 2; a closed pipe is quiet (exit 141).
+URL, id or option) is click's usage error, exit code 2; a closed pipe is quiet (exit 141). Every
+error line, click's included, has its control characters escaped (`output.escape`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..errors import ConfigError, QTransportError
 from ..spark.options import URL_ENV
 from ..transport.delayed import DelayedTableRule
 from ..transport.routing import RoutingPolicy
+from .output import echo, escape, escaped_logging, escaped_usage_error
 
 __all__ = ["Group", "main", "url_option", "allow_options", "routing_policy", "delayed_options", "delayed_rule",
            "need_url", "usage_url", "command_what"]
@@ -103,26 +105,37 @@ class Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
             try:
-                return super().main(*args, **kwargs)
+                with escaped_logging():
+                    return super().main(*args, **kwargs)
             finally:
                 sys.stdout.flush()  # here, where a closed pipe can still be quieted
         except BrokenPipeError:
             _quiet_broken_pipe()
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as exc:  # the group's own options
+            escaped_usage_error(exc)
+            raise
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except click.ClickException as exc:  # a command's arguments, or its own usage error
+            escaped_usage_error(exc)
+            raise
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:
             _quiet_broken_pipe()
         except QTransportError as exc:
-            click.echo(f"error: {exc}", err=True)
+            echo(f"error: {escape(exc)}", err=True)  # one line, whatever a name in it holds
             sys.exit(1)
         except Exception as exc:  # noqa: BLE001 - a driver error: its first line, passwords masked
             # (later lines may quote a row; a dialect's error_text knows more, none is at hand)
             text = one_line(str(exc)) or type(exc).__name__
-            click.echo(f"error: {type(exc).__name__}: {text}", err=True)
+            echo(f"error: {type(exc).__name__}: {escape(text)}", err=True)
             sys.exit(1)
 
 

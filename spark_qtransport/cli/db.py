@@ -29,14 +29,43 @@ _ENDPOINT_NAME = re.compile(r"[\w-]+(?:\.[\w-]+)+")
 _COMPANIONS = ("Staging", "Outbox", DEFAULT_DELAYED_SUFFIX, "Claims")
 
 
+#: the bytes of each body `peek` reads: enough for PREVIEW_CHARS characters of UTF-8 text
+PREVIEW_CHARS = 60
+PREVIEW_BYTES = 4 * PREVIEW_CHARS
+
+
 class Peeked(NamedTuple):
-    """A message as `Dialect.peek_messages` reads it, oldest first."""
+    """A message as `Dialect.peek_messages` reads it, oldest first: the start of its body only."""
 
     native_id: Any
-    expires: Any
+    expires_value: Any  # a datetime, or None where it is NULL or `expires_text` says what it is
+    expires_text: str | None
     headers: str | None
-    body: bytes | None
+    body_start: bytes | None
+    body_bytes: int | None
     seq: int
+
+    @property
+    def expires(self) -> Any:
+        """Expires as it may be shown: a datetime, or text such as ``infinity``, or None."""
+        return self.expires_value if self.expires_text is None else self.expires_text
+
+    @property
+    def preview(self) -> str:
+        """The body's first PREVIEW_CHARS characters (UTF-8, others replaced), ``...`` where it goes
+        on; ``(null)`` for a NULL body."""
+        if self.body_start is None:
+            return "(null)"
+        text = bytes(self.body_start).decode("utf-8", errors="replace")
+        return text[:PREVIEW_CHARS] + ("..." if self.cut else "")
+
+    @property
+    def cut(self) -> bool:
+        """Whether the body goes on beyond `preview`."""
+        if self.body_start is None:
+            return False
+        start = bytes(self.body_start)
+        return int(self.body_bytes or 0) > len(start) or len(start.decode("utf-8", errors="replace")) > PREVIEW_CHARS
 
 
 class CommandDb:
@@ -66,8 +95,8 @@ class CommandDb:
         self.run(lambda conn: db.install(self.d, conn.cursor(), stmts))
 
     def peek(self, address: QueueAddress, limit: int) -> list[Peeked]:
-        """The oldest `limit` messages of a queue, left where they are."""
-        return [Peeked(*row) for row in self.all(self.d.peek_messages(address, limit=limit))]
+        """The oldest `limit` messages of a queue, left where they are (the start of each body)."""
+        return [Peeked(*row) for row in self.all(self.d.peek_messages(address, limit=limit, preview=PREVIEW_BYTES))]
 
     def exists(self, address: QueueAddress) -> bool:
         return bool(self.all(self.d.queue_columns(address)))

@@ -7,6 +7,7 @@ import sys
 import click
 
 from .app import main
+from .output import echo
 
 __all__ = ["dev_db"]
 
@@ -25,4 +26,4 @@ def dev_db(data_dir: str | None, port: int | None) -> None:
     """
     from .embedded import serve  # only this command needs it
 
-    sys.exit(serve(data_dir=data_dir, port=port, echo=click.echo))  # click.echo flushes
+    sys.exit(serve(data_dir=data_dir, port=port, echo=echo))  # click.echo flushes; escaped like every line

@@ -13,7 +13,7 @@ from ..transport.delayed import DelayedTableRule
 from ..transport.operations import privileges
 from .app import delayed_options, delayed_rule, main, url_option, usage_url
 from .db import open_db, resolve
-from .output import json_option, show
+from .output import echo, echo_script, escape, json_option, show
 
 __all__ = ["DDL_PARTS", "create_queue", "create_outbox", "create_subscriptions", "ddl"]
 
@@ -66,7 +66,7 @@ def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, allow_lon
             raise ConfigError("; ".join(problems) + "; use a shorter name, or --allow-long-names to create it anyway",
                               option="--allow-long-names")
         for problem in problems:
-            click.echo(f"warning: {problem}", err=True)
+            echo(f"warning: {escape(problem)}", err=True)
         for address, *companions in plans:
             stmts = [*d.create_queue(address, seq_bits=int(seq_bits))]
             for table in companions:
@@ -159,8 +159,8 @@ def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: 
         raise click.UsageError("--for and --destination go with --grant-to")
     makers = _ddl_makers(d, address, seq_bits=int(seq_bits), delayed=rule)
     for part in parts or DDL_PARTS:
-        click.echo(f"-- {part}: {d.name}")
-        click.echo(d.script(makers[part]()))
+        echo(f"-- {part}: {d.name}")
+        echo_script(d.script(makers[part]()))
 
 
 def _ddl_makers(d: Dialect, address: QueueAddress, *, seq_bits: int,
@@ -189,7 +189,7 @@ def _print_grants(d: Dialect, role: str, endpoint: QueueAddress, *, kinds: tuple
         if not needs:
             continue
         # one line each: a name with a line break must not end the comment
-        click.echo(" ".join(f"-- grants for role {role}: {kind} endpoint {d.format_address(endpoint)} ({d.name})".split()))
+        echo_script(" ".join(f"-- grants for role {role}: {kind} endpoint {d.format_address(endpoint)} ({d.name})".split()))
         for n in needs:
-            click.echo("--   " + " ".join(f"{d.qualified(n.table)}: {', '.join(n.privileges)} ({n.why})".split()))
-        click.echo(d.script(privileges.grant_statements(d, role, needs)))
+            echo_script("--   " + " ".join(f"{d.qualified(n.table)}: {', '.join(n.privileges)} ({n.why})".split()))
+        echo_script(d.script(privileges.grant_statements(d, role, needs)))

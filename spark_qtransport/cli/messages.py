@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import click
 
@@ -20,7 +22,7 @@ from .db import CommandDb, open_db, resolve
 from .install import SUBSCRIPTIONS
 from .output import json_option, show
 
-__all__ = ["send", "move_delayed", "subscribe", "unsubscribe", "send_settings"]
+__all__ = ["MAX_BODY_BYTES", "send", "move_delayed", "subscribe", "unsubscribe", "send_settings"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,16 +48,37 @@ def _header(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
     return out
 
 
+#: the largest body `send` reads from a file or stdin (it holds the body in memory whole)
+MAX_BODY_BYTES = 256 * 2**20
+
+
 def _read_body(body: str) -> bytes:
+    """The --body text, or what @FILE or - (stdin) holds: at most MAX_BODY_BYTES, refused before
+    more is read (a device or a pipe may never end)."""
     if body == "-":
-        return sys.stdin.buffer.read()
+        return _bounded(sys.stdin.buffer, "stdin")
     if body.startswith("@"):
         try:
             with open(body[1:], "rb") as f:
-                return f.read()
+                return _bounded(f, repr(body[1:]))
         except OSError as exc:
             raise click.BadParameter(f"cannot read {body[1:]!r}: {exc.strerror or exc}", param_hint="'--body'") from None
     return body.encode("utf-8")
+
+
+def _bounded(f: BinaryIO, what: str) -> bytes:
+    """All of `f`, or a usage error naming --body once it holds more than MAX_BODY_BYTES (a file
+    by its size, without reading it; a device or a pipe after reading one byte more)."""
+    try:
+        info = os.fstat(f.fileno())
+        too_large = stat.S_ISREG(info.st_mode) and info.st_size > MAX_BODY_BYTES
+    except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (a test runner's stdin)
+        too_large = False
+    data = b"" if too_large else f.read(MAX_BODY_BYTES + 1)
+    if too_large or len(data) > MAX_BODY_BYTES:
+        raise click.BadParameter(f"{what} holds more than {MAX_BODY_BYTES // 2**20} MB, the largest body "
+                                 "sqlqueue send takes", param_hint="'--body'")
+    return data
 
 
 def _resolved(url: str | None, names: dict[str, str]) -> dict[str, str]:
@@ -66,7 +89,8 @@ def _resolved(url: str | None, names: dict[str, str]) -> dict[str, str]:
 
 @main.command("send")
 @click.argument("queue", required=False)
-@click.option("--body", required=True, help="message body; @FILE reads a file, - reads stdin")
+@click.option("--body", required=True,
+              help=f"message body; @FILE reads a file, - reads stdin (at most {MAX_BODY_BYTES // 2**20} MB)")
 @click.option("--endpoint", required=True, envvar="SQLQUEUE_ENDPOINT",
               help="sending endpoint (OriginatingEndpoint; its .Staging/.Outbox are created on first use)")
 @click.option("--type", "message_type", help="NServiceBus.EnclosedMessageTypes (a .NET type name)")

@@ -16,7 +16,7 @@ from ..transport.operations.doctor import check_queue, check_server
 from ..wire import H, decode_headers, parse_time
 from .app import delayed_options, main, url_option
 from .db import CommandDb, open_db
-from .output import json_option, show, show_json_line
+from .output import echo, json_option, show, show_json_line
 
 __all__ = ["STATS_COLUMNS", "peek", "stats", "purge_expired", "doctor"]
 
@@ -25,20 +25,15 @@ STATS_COLUMNS = ("queue", "messages", "backlog_span", "expired", "oldest_age_s",
                  "claimed", "outbox")
 
 
-def _preview(body: bytes | None, size: int = 60) -> str:
-    if body is None:
-        return "(null)"
-    text = bytes(body)[:size].decode("utf-8", errors="replace")
-    return text + ("..." if len(body) > size else "")
-
-
 @main.command("peek")
 @click.argument("queue")
 @click.option("-n", "--count", default=10, show_default=True, type=click.IntRange(1, 10_000), help="messages to show")
 @url_option
 @json_option
 def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
-    """Show the oldest messages of a queue without taking them (decoded headers, body preview).
+    """Show the oldest messages of a queue without taking them: ids, type, CorrelationId,
+    Expires, the first 60 characters of the body (--json: all headers, the body's length in bytes
+    and whether the preview is cut). Only the start of each body is read from the database.
 
     \b
     Example:
@@ -54,12 +49,14 @@ def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
             "native_id": str(m.native_id).lower(),
             "message_id": (headers or {}).get(H.MESSAGE_ID),
             "type": (headers or {}).get(H.ENCLOSED_MESSAGE_TYPES),
+            "correlation_id": (headers or {}).get(H.CORRELATION_ID),
             "expires": m.expires,
-            "body": _preview(m.body),
+            "body": m.preview,
         }
         if as_json:
             record["headers"] = headers if headers is not None else {"(not a flat JSON object)": m.headers}
-            record["body_bytes"] = None if m.body is None else len(m.body)
+            record["body_bytes"] = m.body_bytes
+            record["body_truncated"] = m.cut
         out.append(record)
     show(out, as_json)
 
@@ -119,7 +116,7 @@ def _watch(s: CommandDb, queues: tuple[str, ...], rule: DelayedTableRule, every:
             show_json_line({"time": stamp, "queues": rows})
         else:
             click.clear()
-            click.echo(f"{stamp}  every {every:g}s (Ctrl-C stops)")
+            echo(f"{stamp}  every {every:g}s (Ctrl-C stops)")
             show([_stats_text(r) for r in rows], as_json)
         time.sleep(every)
 

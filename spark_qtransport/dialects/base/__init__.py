@@ -14,7 +14,7 @@ from .addressing import AddressingSql
 from .delayed import DelayedSql
 from .driver import DriverSupport
 from .install import InstallSql
-from .operations import OperationsSql
+from .operations import PEEK_PREVIEW_MAX, OperationsSql, check_preview
 from .receive import ReceiveSql
 from .send import SendSql
 from .values import STAGED_COLUMNS, TABLE_PRIVILEGES, ClaimResult, QueueAddress, Statement, check_privileges, one_line
@@ -22,7 +22,7 @@ from .values import STAGED_COLUMNS, TABLE_PRIVILEGES, ClaimResult, QueueAddress,
 __all__ = [
     "QueueAddress", "Statement", "Dialect", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
-    "DriverSupport",
+    "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
 ]
 
 

@@ -5,8 +5,20 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 
+from ...errors import ConfigError
 from .addressing import AddressingSql
 from .values import QueueAddress, Statement
+
+#: the most bytes of a body `peek_messages` reads (SQL Server's largest non-max varbinary)
+PEEK_PREVIEW_MAX = 8000
+
+
+def check_preview(preview: int) -> int:
+    """How many bytes of each body `peek_messages` reads: 1 to PEEK_PREVIEW_MAX."""
+    preview = int(preview)
+    if not 1 <= preview <= PEEK_PREVIEW_MAX:
+        raise ConfigError(f"a body preview is 1 to {PEEK_PREVIEW_MAX} bytes, not {preview}", option="preview")
+    return preview
 
 
 class OperationsSql(AddressingSql):
@@ -31,9 +43,13 @@ class OperationsSql(AddressingSql):
         return None
 
     @abstractmethod
-    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
-        """At most `limit` rows (native id text, expires, headers, body, sequence), oldest first.
-        Changes nothing, takes no lock, never waits for other sessions' rows."""
+    def peek_messages(self, queue: QueueAddress, *, limit: int, preview: int) -> Statement:
+        """At most `limit` rows (native id text, expires, expires text, headers, the first
+        `preview` bytes of the body, the body's length in bytes, sequence), oldest first: a body is
+        never fetched whole. `expires` is NULL and `expires text` says what it holds where the
+        value is one a driver's datetime cannot hold (PostgreSQL ``infinity``, a year past 9999 or
+        BC); else `expires text` is NULL. Changes nothing, takes no lock, never waits for other
+        sessions' rows."""
 
     @abstractmethod
     def list_queues(self) -> Statement:

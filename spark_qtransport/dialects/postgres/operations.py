@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from ..base import OperationsSql, QueueAddress, Statement, check_privileges
+from ..base import OperationsSql, QueueAddress, Statement, check_preview, check_privileges
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW, instant_of, literal
 
@@ -23,11 +23,17 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
             " pg_catalog.date_part('timezone', pg_catalog.now() + interval '6 months')::int"
         )
 
-    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
-        # A plain SELECT: MVCC never waits for other sessions and takes no row lock.
+    def peek_messages(self, queue: QueueAddress, *, limit: int, preview: int) -> Statement:
+        # A plain SELECT: MVCC never waits for other sessions and takes no row lock. substring of
+        # a bytea reads only the TOAST chunks it needs. Expires a day inside Python's datetime
+        # range loads as a datetime whatever the session's time zone (a timestamptz column);
+        # beyond it, and infinity, come as text.
+        fits = "expires >= '0001-01-02' AND expires < '9999-12-31'"
         return Statement(
-            f"SELECT id::text, expires, headers, body, seq FROM {self.qualified(queue)} ORDER BY seq LIMIT %(limit)s",
-            {"limit": int(limit)},
+            f"SELECT id::text, CASE WHEN {fits} THEN expires END, CASE WHEN {fits} THEN NULL ELSE expires::text END,"
+            " headers, substring(body from 1 for %(preview)s), octet_length(body), seq"
+            f" FROM {self.qualified(queue)} ORDER BY seq LIMIT %(limit)s",
+            {"limit": int(limit), "preview": check_preview(preview)},
         )
 
     def list_queues(self) -> Statement:

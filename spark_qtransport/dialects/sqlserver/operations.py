@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 
 from ...errors import ConfigError, QTransportError
-from ..base import OperationsSql, QueueAddress, Statement, check_privileges
+from ..base import OperationsSql, QueueAddress, Statement, check_preview, check_privileges
 from .addressing import SqlServerAddressing
 from .statements import CHUNK, ROW_BOUND, Params, bounded, copy_rows, json_keys, json_list, literal
 
@@ -81,13 +81,17 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
                               option=option)
         return value
 
-    def peek_messages(self, queue: QueueAddress, *, limit: int) -> Statement:
-        # Oldest first through Index_RowVersion, like a receive, but without UPDLOCK: nothing is
-        # taken, and a receiver or claim running now is neither blocked nor disturbed.
+    def peek_messages(self, queue: QueueAddress, *, limit: int, preview: int) -> Statement:
+        # Oldest first through Index_RowVersion, like a receive (NServiceBus's ReceiveText: TOP,
+        # READPAST, ORDER BY RowVersion), but without UPDLOCK: nothing is taken, and a receiver or
+        # claim running now is neither blocked nor disturbed. Only the first bytes of a body are
+        # read (SUBSTRING of varbinary(max)); DATALENGTH is its length. Expires is datetime
+        # (1753-9999): every value fits a driver's datetime, so its text column is NULL.
         return Statement(
-            "SELECT TOP (?) CAST(Id AS varchar(36)), Expires, Headers, Body, RowVersion"
+            "SELECT TOP (?) CAST(Id AS varchar(36)), Expires, CAST(NULL AS nvarchar(40)), Headers,"
+            " CAST(SUBSTRING(Body, 1, ?) AS varbinary(8000)), DATALENGTH(Body), RowVersion"
             f" FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion",
-            (self._check_limit(limit),),
+            (self._check_limit(limit), check_preview(preview)),
         )
 
     def list_queues(self) -> Statement:
