@@ -152,9 +152,9 @@ def _queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, A
         "backlog_span": int(high - low + 1) if low is not None else 0,
         "expired": int(expired or 0),
     })
-    oldest = s.peek(address, limit=1)
+    oldest = s.all(s.d.oldest_headers(address))
     if oldest:
-        sent = parse_time((decode_headers(oldest[0].headers) or {}).get(H.TIME_SENT))
+        sent = parse_time((decode_headers(oldest[0][0]) or {}).get(H.TIME_SENT))
         if sent is not None:
             record["oldest_age_s"] = round((datetime.now(timezone.utc) - sent).total_seconds(), 1)
     try:

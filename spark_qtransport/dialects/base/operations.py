@@ -46,6 +46,11 @@ class OperationsSql(AddressingSql):
         (SQL Server skips rows other sessions hold at that moment)."""
 
     @abstractmethod
+    def oldest_headers(self, queue: QueueAddress) -> Statement:
+        """At most one row, one column: the headers text of the oldest row (for its TimeSent).
+        Reads no other column: no body, and no Expires, whatever it holds."""
+
+    @abstractmethod
     def delayed_stats(self, delayed: QueueAddress) -> Statement:
         """One row: (due now, not yet due, next due time or NULL) of a delayed table."""
 

@@ -45,6 +45,9 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
             f" FROM {self.qualified(queue)}"
         )
 
+    def oldest_headers(self, queue: QueueAddress) -> Statement:
+        return Statement(f"SELECT headers FROM {self.qualified(queue)} ORDER BY seq LIMIT 1")
+
     def delayed_stats(self, delayed: QueueAddress) -> Statement:
         # due as the movers judge it (delayed.py); the next due time as the instant it means
         return Statement(

@@ -98,6 +98,11 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
             " ORDER BY s.name, t.name"
         )
 
+    def oldest_headers(self, queue: QueueAddress) -> Statement:
+        # as peek_messages reads: through Index_RowVersion, nothing taken, no one disturbed
+        return Statement(
+            f"SELECT TOP (1) Headers FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion")
+
     def queue_stats(self, queue: QueueAddress) -> Statement:
         q = self.qualified(queue)
         # Exact counts of the committed rows no one holds right now (see above): a queue that
