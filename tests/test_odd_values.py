@@ -150,3 +150,34 @@ def test_null_headers_and_null_id_in_a_hand_made_table(pg: Backend, hand_made: t
     assert {k: v for k, v in dead[0][1].items() if not k.startswith("NServiceBus.") or k == H.MESSAGE_ID} == {
         "NServiceBus.MessageId": "no-id", "Note": "a\x00b", "K\\u0000": "\\\x00"}
     assert pg.count(q) == 0 and claimed(pg, q) == 0
+
+
+def test_doctor_names_nullable_columns_and_companion_names_too_long(pg: Backend, hand_made: tuple[str, str],
+                                                                     names: Any) -> None:
+    """A hand-made table whose id and headers allow NULL does not "fit the transport"; a queue
+    whose `.Claims`, `.Staging`, `.Outbox` or delayed table name would pass 63 bytes is named."""
+    q, _ = hand_made
+    long_name = f"L{uuid.uuid4().hex[:8]}_" + "x" * 48  # 58 bytes: every companion would be 65 or more
+    with pg.connect() as conn:
+        conn.cursor().execute(
+            f'CREATE TABLE "{long_name}" (id uuid NOT NULL PRIMARY KEY, expires timestamp, headers text NOT NULL,'
+            " body bytea, seq bigserial NOT NULL UNIQUE)")
+    try:
+        runner = CliRunner()
+        out = runner.invoke(main, ["doctor", q, long_name, "--delayed-suffix", "Timeouts", "--json"],
+                            env={"SQLQUEUE_URL": pg.url})
+        assert out.exit_code == 0, out.output
+        findings = json.loads(out.output)
+        mine = [(f["level"], f["finding"]) for f in findings if f["table"] == f'"public"."{q}"']
+        assert not [m for level, m in mine if level == "ok"]  # no longer "fits the transport"
+        [nullable] = [m for level, m in mine if level == "warning" and "allow NULL" in m]
+        assert nullable.startswith("column(s) id, headers allow NULL, where NServiceBus's queue table declares NOT NULL")
+        long = [f["finding"] for f in findings if f["table"] == f'"public"."{long_name}"' and f["level"] == "warning"]
+        for suffix, without in (("Claims", "no stream can receive"), ("Staging", "no sink can send"),
+                                ("Outbox", "no sink can send"), ("Timeouts", "cannot defer")):
+            [finding] = [m for m in long if f"{long_name}.{suffix}" in m]
+            assert "more than the 63 the database allows" in finding and without in finding
+        table = runner.invoke(main, ["doctor", long_name], env={"SQLQUEUE_URL": pg.url}).output
+        assert f"{long_name}.Claims" in table
+    finally:
+        pg.drop(long_name)

@@ -211,6 +211,7 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "table_id": [D.table_id(c)],
         "queue_columns": [D.queue_columns(e)],
         "indexes": [D.indexes(q), D.indexes(e)],
+        "nullable_columns": [D.nullable_columns(q)],
         "try_lock_consumer": [D.try_lock_consumer(c, consumer)],
         "unlock_consumer": [D.unlock_consumer(c, consumer)],
         "peek": [D.peek(q, after=0, upto=None)],
@@ -2476,6 +2477,24 @@ class TestDoctor:
         findings = self.assess(columns=cols)
         assert ("info", "no Recoverable column: sends leave it out") in findings
         assert any(m.startswith("computed BodyString column present") for _, m in findings)
+
+    def test_columns_nservicebus_declares_not_null(self) -> None:
+        # NServiceBus's CreateQueueText: Id, Recoverable, Headers, RowVersion NOT NULL
+        findings = self.assess(nullable=("id", "correlationid", "recoverable", "expires", "headers", "body"))
+        [(level, message)] = [f for f in findings if "allow NULL" in f[1]]
+        assert level == "warning" and message.startswith("column(s) id, recoverable, headers allow NULL")
+        assert findings[0][0] != "ok"
+        assert not [f for f in self.assess(nullable=("correlationid", "replytoaddress", "expires", "body"))
+                    if "allow NULL" in f[1]]
+        assert D.nullable_columns(QueueAddress("Sales", "s", "cat")) == Statement(
+            "SELECT LOWER(c.name) FROM [cat].sys.columns AS c WHERE c.object_id = OBJECT_ID(?) AND c.is_nullable = 1"
+            " ORDER BY c.column_id", ("[cat].[s].[Sales]",))
+
+    def test_companion_names_too_long(self) -> None:
+        name = "x" * 122  # .Claims: 129 characters, one more than a name may have
+        findings = self.assess(too_long=(("Claims", f"{name}.Claims", 129),))
+        assert ("warning", f"table '{name}.Claims' would be named with 129 characters, more than the 128 the "
+                "database allows: no stream can receive from this queue (a shorter queue name fits)") in findings
 
     def test_not_a_queue_table(self) -> None:
         assert self.assess(columns={"id": "int", "name": "nvarchar(50)"}) == [

@@ -206,7 +206,8 @@ def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> Non
 def doctor(queues: tuple[str, ...], delayed_suffix: str | None, delayed_table: str | None, url: str | None,
            as_json: bool) -> None:
     """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
-    RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them, and what the server
+    RowVersion, int4 seq near exhaustion, Recoverable), columns that allow NULL where NServiceBus
+    declares NOT NULL, names too long for the tables of ours beside a queue, and those tables, and what the server
     must offer (SQL Server: database compatibility level 130, an error below; PostgreSQL: a
     TimeZone other than UTC, a warning: it shifts delayed messages' Due). Exit 1 on errors.
 

@@ -16,6 +16,8 @@ class OperationsSql(AddressingSql):
     #: it when it is 32 bits wide
     sequence_column: str
     int32_sequence: str
+    #: the queue table's columns (lower case) NServiceBus's installer declares NOT NULL
+    not_null_columns: tuple[str, ...]
 
     def table_findings(
         self, columns: Mapping[str, str], index_keys: Sequence[tuple[tuple[str, ...], bool]]
@@ -44,6 +46,10 @@ class OperationsSql(AddressingSql):
     def queue_stats(self, queue: QueueAddress) -> Statement:
         """One row: (messages, expired, lowest sequence, highest sequence): counted, not estimated
         (SQL Server skips rows other sessions hold at that moment)."""
+
+    @abstractmethod
+    def nullable_columns(self, table: QueueAddress) -> Statement:
+        """Rows of one column: the lower-cased names of the table's columns that allow NULL."""
 
     @abstractmethod
     def oldest_headers(self, queue: QueueAddress) -> Statement:

@@ -12,6 +12,7 @@ from .statements import ROWS_OF, UTC_NOW, instant_of, literal
 class PostgresOperations(PostgresAddressing, OperationsSql):
     sequence_column = "seq"
     int32_sequence = "seq is a 32-bit serial"
+    not_null_columns = ("id", "headers", "seq")  # NServiceBus's CreateQueueText
 
     """The PostgreSQL operations of the dialect."""
 
@@ -43,6 +44,14 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
         return Statement(
             f"SELECT count(*), count(*) FILTER (WHERE expires <= {UTC_NOW}), min(seq), max(seq)"
             f" FROM {self.qualified(queue)}"
+        )
+
+    def nullable_columns(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        return Statement(
+            "SELECT lower(a.attname) FROM pg_attribute a"
+            f" WHERE a.attrelid = {expr} AND a.attnum > 0 AND NOT a.attisdropped AND NOT a.attnotnull ORDER BY a.attnum",
+            params,
         )
 
     def oldest_headers(self, queue: QueueAddress) -> Statement:
