@@ -124,7 +124,8 @@ def hand_made(pg: Backend, names: Any) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("helper", [False, True], ids=["builtin", "plpgsql-helper"])
-def test_null_headers_and_null_id_in_a_hand_made_table(pg: Backend, hand_made: tuple[str, str], helper: bool) -> None:
+def test_null_headers_and_null_id_in_a_hand_made_table(pg: Backend, hand_made: tuple[str, str], helper: bool,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     """NULL headers are no headers (NServiceBus: DBNull -> null -> an empty set): delivered. A
     NULL id goes to the error queue with a new id and failure headers naming id, its own headers
     (a NUL escape among them, which jsonb refuses) kept as they were. Nothing stays behind."""
@@ -140,6 +141,8 @@ def test_null_headers_and_null_id_in_a_hand_made_table(pg: Backend, hand_made: t
         got = [(m.message_id, m.headers, m.body) for part in r.slices(start, end) for m in read_slice(part)]
         r.ack(end)
         assert r.stats.dead_lettered == 2 and r.report()["deadLettered"] == 2
+        [warning] = [m.getMessage() for m in caplog.records if "failure headers" in m.getMessage()]
+        assert f'moved 2 message(s) to "public"."{e}"' in warning and "2 without an id (id is NULL)" in warning
     finally:
         r.close()
     assert [g[0] for g in got] == ["first", got[1][0], "last"]
