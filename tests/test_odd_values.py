@@ -84,9 +84,10 @@ def test_odd_expires_never_stop_a_stream(spark: Any, pg: Backend, names: Any, ch
     assert headers["NServiceBus.ExceptionInfo.ExceptionType"] == "spark_qtransport.MessageError"
     assert headers[H.TIME_OF_FAILURE] and headers["NServiceBus.ProcessingEndpoint"]
     after = stats(pg, q)[0]
-    assert after["messages"] == 0 and sum((after["claimed"] or {}).values()) > 0  # the last batch, unacknowledged
+    assert after["messages"] == 0 and sum((after["claimed"] or {}).values()) == claimed(pg, q)
 
-    run_available_now(spark, reader(spark, pg, q, e), checkpoint, sink)  # acknowledges the last batch
+    # a run's last batch may stay claimed until the checkpoint's next run acknowledges it
+    run_available_now(spark, reader(spark, pg, q, e), checkpoint, sink)
     assert sorted(sink.ids()) == sorted(ids) and claimed(pg, q) == 0 and pg.count(q) == 0
 
 
