@@ -85,3 +85,10 @@ def test_no_rows_no_columns() -> None:
 def test_unreadable_headers_name_the_message_and_claim() -> None:
     with pytest.raises(QTransportError, match=r"claimed message 6570f854-c422-43da-9292-affa46998cba \(claim 9\)"):
         rows_batch("q", [row(8, {}), row(9, "{not json")])
+
+
+def test_a_lone_surrogate_escape_never_fails_the_read() -> None:
+    """SQL Server's ISJSON accepts the escape \\ud800 alone (PostgreSQL's claim dead-letters it):
+    read as U+FFFD, as a UTF-8 decoder reads what it cannot, not a failure of every read."""
+    got = rows_batch("q", [row(1, '{"NServiceBus.MessageId":"m","a\\udc00":"x\\ud800y"}')]).to_pylist()
+    assert dict(got[0]["headers"]) == {"NServiceBus.MessageId": "m", "a\ufffd": "x\ufffdy"}

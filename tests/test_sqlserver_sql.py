@@ -30,10 +30,11 @@ from sqlglot.tokens import TokenType
 
 from dba_scripts import SQL_ROOT, assert_matches_file, endpoint_scripts, render
 from spark_qtransport.dialects import dialect_named
-from spark_qtransport.dialects.base import QueueAddress, Statement
+from spark_qtransport.dialects.base import ClaimFailures, ClaimResult, QueueAddress, Statement
 from spark_qtransport.dialects.sqlserver import CLAIM_CHUNK, SqlServerDialect, placeholders
 from spark_qtransport.dialects.sqlserver.statements import ROW_BOUND
 from spark_qtransport.errors import ConfigError, QTransportError
+from spark_qtransport.wire import FAILURE_HEADERS
 
 ROOT = Path(__file__).resolve().parent.parent
 D = SqlServerDialect()
@@ -210,6 +211,7 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "table_id": [D.table_id(c)],
         "queue_columns": [D.queue_columns(e)],
         "indexes": [D.indexes(q), D.indexes(e)],
+        "nullable_columns": [D.nullable_columns(q)],
         "try_lock_consumer": [D.try_lock_consumer(c, consumer)],
         "unlock_consumer": [D.unlock_consumer(c, consumer)],
         "peek": [D.peek(q, after=0, upto=None)],
@@ -252,6 +254,7 @@ def operation_statements(
         "delete_messages_none": [D.delete_messages(e, keys=[])],
         "peek_messages": [D.peek_messages(q, limit=10, preview=240)],
         "queue_stats": [D.queue_stats(q)],
+        "oldest_headers": [D.oldest_headers(q)],
         "delayed_stats": [D.delayed_stats(dl)],
         "claim_stats": [D.claim_stats(c)],
         "count_rows": [D.count_rows(o)],
@@ -690,8 +693,11 @@ class TestReceiveStatements:
 
     def test_claim_params_in_marker_order(self) -> None:
         lock = ("[dbo].[Sales.Claims]", "BILLING")  # the consumer lock the claim checks first
-        assert self.claim().params == (*lock, 100, 0, "Billing", "[dbo].[error]")  # the lock's name folded
-        assert self.claim(after=5, upto=9).params == (*lock, 100, 5, 9, "Billing", "[dbo].[error]")
+        assert self.claim().params[:6] == (*lock, 100, 0, "Billing", "[dbo].[error]")  # the lock's name folded
+        assert self.claim(after=5, upto=9).params[:7] == (*lock, 100, 5, 9, "Billing", "[dbo].[error]")
+        # then the failure headers of a row without an Id, one variable each, in FAILURE_HEADERS order
+        failure = self.claim().params[6:]
+        assert len(failure) == len(FAILURE_HEADERS) and failure[0] == "Sales@[dbo]"
         flat = _flat(self.claim(after=5, upto=9).sql)
         assert flat.index("@limit bigint = ?") < flat.index("@after bigint = ?") < flat.index("@upto bigint = ?") \
             < flat.index("@consumer nvarchar(200) = ?") < flat.index("@error nvarchar(776) = ?")
@@ -716,7 +722,8 @@ class TestReceiveStatements:
         assert ("WITH picked AS ( SELECT TOP (@chunk) Id, Expires, Headers, Body, RowVersion"
                 " FROM [dbo].[Sales] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion > @after"
                 " ORDER BY RowVersion )") in flat
-        assert ("DELETE FROM picked OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion"
+        assert ("DELETE FROM picked OUTPUT deleted.Id, deleted.Expires, ISNULL(deleted.Headers, N''), deleted.Body,"
+                " deleted.RowVersion"
                 " INTO #sqlqueue_moved (Id, Expires, Headers, Body, RowVersion);") in flat
         assert "RowVersion <= @upto" not in flat
         assert "WHERE RowVersion > @after AND RowVersion <= @upto ORDER BY RowVersion" in _flat(self.claim(upto=9).sql)
@@ -769,25 +776,58 @@ class TestReceiveStatements:
                                 " ORDER BY PoisonPos")
         assert "EXEC sys.sp_executesql @insertError, N'@from int', @from = @from;" in flat
         # numbered in queue order, one chunk per call, every chunk
-        assert "ROW_NUMBER() OVER (ORDER BY RowVersion) AS Pos FROM #sqlqueue_moved WHERE Poison = 1" in flat
-        assert "WHILE @from < @poison BEGIN EXEC sys.sp_executesql" in flat
+        assert "ROW_NUMBER() OVER (ORDER BY RowVersion) AS Pos FROM #sqlqueue_moved WHERE Poison = 1 OR NullId = 1" in flat
+        assert "SET @toError = @poison + @nullId; IF @toError > 0 BEGIN" in flat
+        assert "WHILE @from < @toError BEGIN EXEC sys.sp_executesql" in flat
         assert f"SET @from = @from + {CLAIM_CHUNK}; END" in flat
         other_catalog = _flat(one(D.claim(self.Q, self.C, QueueAddress("error", "ops", "cat"), consumer="B",
                                           limit=1, after=0, upto=None)).sql)
         assert "FROM [cat].sys.columns WHERE object_id = OBJECT_ID(@error)" in other_catalog
+
+    def test_null_headers_and_null_ids_never_fail_a_claim(self) -> None:
+        """NULL Headers are no headers (MessageRow.GetHeaders: DBNull -> null; Message: IsNullOrEmpty
+        -> an empty set); a row without an Id, which the receive of NServiceBus fails on at every
+        attempt, goes to the error queue with a new Id and the failure headers merged into its own."""
+        flat = _flat(self.claim().sql)
+        assert "CREATE TABLE #sqlqueue_moved ( Id uniqueidentifier NULL," in flat
+        assert ("UPDATE #sqlqueue_moved SET NullId = CASE WHEN Id IS NULL AND Poison = 0 AND Expired = 0"
+                " THEN 1 ELSE 0 END;") in flat
+        assert "UPDATE #sqlqueue_moved SET Id = NEWID() WHERE Id IS NULL AND (Poison = 1 OR NullId = 1);" in flat
+        merge = re.search(r"IF @nullId > 0 UPDATE #sqlqueue_moved SET Headers = (.*) WHERE NullId = 1;", flat)
+        assert merge
+        # one JSON_MODIFY per failure header, on the row's headers ('' read as {}), values bound
+        expr = sqlglot.parse_one(merge[1], read="tsql")
+        assert merge[1].count("JSON_MODIFY(") == len(FAILURE_HEADERS)
+        assert merge[1].startswith("JSON_MODIFY(" * len(FAILURE_HEADERS)
+                                   + "CASE WHEN DATALENGTH(Headers) = 0 THEN N'{}' ELSE Headers END,")
+        for n, name in enumerate(FAILURE_HEADERS):
+            assert f"N'$.\"{name}\"', @failure{n})" in merge[1]
+            assert f"DECLARE @failure{n} nvarchar(max) = ?;" in flat
+        assert expr is not None
+        failures = ClaimFailures.build(failed_q="Sales@[dbo]", endpoint="Billing")
+        params = one(D.claim(self.Q, self.C, self.E, consumer="Billing", limit=1, after=0, upto=None,
+                             failures=failures)).params
+        assert dict(zip(FAILURE_HEADERS, params[6:], strict=True)) == json.loads(failures.null_id)
+        assert "column id is NULL" in params[8]
+
+    def test_failure_header_names_must_be_plain_to_enter_a_json_path(self) -> None:
+        bad = ClaimFailures(null_id=json.dumps({"x'] DROP": "1"}), far_expires="{}", slot="s")
+        with pytest.raises(QTransportError, match="cannot be merged"):
+            D.claim(self.Q, self.C, self.E, consumer="B", limit=1, after=0, upto=None, failures=bad)
 
     def test_claimed_in_queue_order(self) -> None:
         flat = _flat(self.claim().sql)
         assert ("INSERT INTO [dbo].[Sales.Claims] (Consumer, Id, Expires, Headers, Body, SourceSeq)"
                 " OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)"
                 " SELECT @consumer, Id, Expires, Headers, Body, RowVersion FROM #sqlqueue_moved"
-                " WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;") in flat
+                " WHERE Poison = 0 AND Expired = 0 AND NullId = 0 ORDER BY RowVersion;") in flat
 
     def test_claim_result_row(self) -> None:
         last = parse_all(self.claim().sql)[-1]
         assert isinstance(last, exp.Select)
-        assert [e.alias for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "max_claim", "max_source", "min_claim", "forward"]
-        assert [e.this.name for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "maxClaim", "maxSource", "minClaim", "forward"]
+        assert [e.alias for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "max_claim", "max_source", "min_claim", "forward", "null_id"]
+        assert [e.this.name for e in last.expressions] == ["deleted", "expired", "poison", "claimed", "maxClaim", "maxSource", "minClaim", "forward", "nullId"]
+        assert set(e.alias for e in last.expressions) <= set(ClaimResult.__dataclass_fields__)
         # the only statement returning rows: every other SELECT of the batch assigns variables
         selects = [part for kind, part in simple_statements(self.claim().sql)
                    if kind == "statement" and part.startswith("SELECT")]
@@ -797,7 +837,7 @@ class TestReceiveStatements:
 
     def test_claim_flags_forwarded_rows(self) -> None:
         flat = _flat(self.claim().sql)
-        assert ("SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0"
+        assert ("SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND NullId = 0"
                 " AND Headers LIKE N'%NServiceBus.SqlServer.ForwardDestination%';") in flat
         assert "SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;" in flat
 
@@ -1710,6 +1750,7 @@ class TestOperationStatements:
         return {
             "peek_messages": D.peek_messages(self.Q, limit=10, preview=240),
             "queue_stats": D.queue_stats(self.Q),
+            "oldest_headers": D.oldest_headers(self.Q),
             "delayed_stats": D.delayed_stats(self.DL),
             "claim_stats": D.claim_stats(self.C),
             "count_rows": D.count_rows(self.OUTBOX),
@@ -1779,6 +1820,7 @@ class TestOperationStatements:
         queue = _columns_of(D.create_queue(self.Q))
         assert _used_columns(D.peek_messages(self.Q, limit=1, preview=240)) <= queue
         assert _used_columns(D.queue_stats(self.Q)) <= queue
+        assert _used_columns(D.oldest_headers(self.Q)) == {"Headers", "RowVersion"}  # no Expires, no Body
         (purge,) = [t for t in parse_all(D.purge_expired(self.Q, limit=1).sql) if isinstance(t, exp.Delete)]
         assert {c.name for c in purge.find_all(exp.Column) if not c.table} <= queue
         assert _used_columns(D.delayed_stats(self.DL)) <= _columns_of(D.create_delayed(self.DL))
@@ -2441,6 +2483,24 @@ class TestDoctor:
         findings = self.assess(columns=cols)
         assert ("info", "no Recoverable column: sends leave it out") in findings
         assert any(m.startswith("computed BodyString column present") for _, m in findings)
+
+    def test_columns_nservicebus_declares_not_null(self) -> None:
+        # NServiceBus's CreateQueueText: Id, Recoverable, Headers, RowVersion NOT NULL
+        findings = self.assess(nullable=("id", "correlationid", "recoverable", "expires", "headers", "body"))
+        [(level, message)] = [f for f in findings if "allow NULL" in f[1]]
+        assert level == "warning" and message.startswith("column(s) id, recoverable, headers allow NULL")
+        assert findings[0][0] != "ok"
+        assert not [f for f in self.assess(nullable=("correlationid", "replytoaddress", "expires", "body"))
+                    if "allow NULL" in f[1]]
+        assert D.nullable_columns(QueueAddress("Sales", "s", "cat")) == Statement(
+            "SELECT LOWER(c.name) FROM [cat].sys.columns AS c WHERE c.object_id = OBJECT_ID(?) AND c.is_nullable = 1"
+            " ORDER BY c.column_id", ("[cat].[s].[Sales]",))
+
+    def test_companion_names_too_long(self) -> None:
+        name = "x" * 122  # .Claims: 129 characters, one more than a name may have
+        findings = self.assess(too_long=(("Claims", f"{name}.Claims", 129),))
+        assert ("warning", f"table '{name}.Claims' would be named with 129 characters, more than the 128 the "
+                "database allows: no stream can receive from this queue (a shorter queue name fits)") in findings
 
     def test_not_a_queue_table(self) -> None:
         assert self.assess(columns={"id": "int", "name": "nvarchar(50)"}) == [

@@ -149,9 +149,9 @@ def _queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, A
         "backlog_span": int(high - low + 1) if low is not None else 0,
         "expired": int(expired or 0),
     })
-    oldest = s.peek(address, limit=1)
+    oldest = s.all(s.d.oldest_headers(address))
     if oldest:
-        sent = parse_time((decode_headers(oldest[0].headers) or {}).get(H.TIME_SENT))
+        sent = parse_time((decode_headers(oldest[0][0]) or {}).get(H.TIME_SENT))
         if sent is not None:
             record["oldest_age_s"] = round((datetime.now(timezone.utc) - sent).total_seconds(), 1)
     try:
@@ -203,7 +203,8 @@ def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> Non
 def doctor(queues: tuple[str, ...], delayed_suffix: str | None, delayed_table: str | None, url: str | None,
            as_json: bool) -> None:
     """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
-    RowVersion, int4 seq near exhaustion, Recoverable) and ours beside them, and what the server
+    RowVersion, int4 seq near exhaustion, Recoverable), columns that allow NULL where NServiceBus
+    declares NOT NULL, names too long for the tables of ours beside a queue, and those tables, and what the server
     must offer (SQL Server: database compatibility level 130, an error below; PostgreSQL: a
     TimeZone other than UTC, a warning: it shifts delayed messages' Due). Exit 1 on errors.
 

@@ -17,10 +17,20 @@ from .install import InstallSql
 from .operations import PEEK_PREVIEW_MAX, OperationsSql, check_preview
 from .receive import ReceiveSql
 from .send import SendSql
-from .values import STAGED_COLUMNS, TABLE_PRIVILEGES, ClaimResult, QueueAddress, Statement, check_privileges, one_line
+from .values import (
+    LATEST_TIME,
+    STAGED_COLUMNS,
+    TABLE_PRIVILEGES,
+    ClaimFailures,
+    ClaimResult,
+    QueueAddress,
+    Statement,
+    check_privileges,
+    one_line,
+)
 
 __all__ = [
-    "QueueAddress", "Statement", "Dialect", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimResult", "LATEST_TIME", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
     "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
 ]

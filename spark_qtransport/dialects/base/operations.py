@@ -28,6 +28,8 @@ class OperationsSql(AddressingSql):
     #: it when it is 32 bits wide
     sequence_column: str
     int32_sequence: str
+    #: the queue table's columns (lower case) NServiceBus's installer declares NOT NULL
+    not_null_columns: tuple[str, ...]
 
     def table_findings(
         self, columns: Mapping[str, str], index_keys: Sequence[tuple[tuple[str, ...], bool]]
@@ -60,6 +62,15 @@ class OperationsSql(AddressingSql):
     def queue_stats(self, queue: QueueAddress) -> Statement:
         """One row: (messages, expired, lowest sequence, highest sequence): counted, not estimated
         (SQL Server skips rows other sessions hold at that moment)."""
+
+    @abstractmethod
+    def nullable_columns(self, table: QueueAddress) -> Statement:
+        """Rows of one column: the lower-cased names of the table's columns that allow NULL."""
+
+    @abstractmethod
+    def oldest_headers(self, queue: QueueAddress) -> Statement:
+        """At most one row, one column: the headers text of the oldest row (for its TimeSent).
+        Reads no other column: no body, and no Expires, whatever it holds."""
 
     @abstractmethod
     def delayed_stats(self, delayed: QueueAddress) -> Statement:

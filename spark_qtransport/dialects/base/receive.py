@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from .addressing import AddressingSql
-from .values import QueueAddress, Statement
+from .values import ClaimFailures, QueueAddress, Statement
 
 
 class ReceiveSql(AddressingSql):
@@ -47,9 +47,14 @@ class ReceiveSql(AddressingSql):
         limit: int,
         after: int,
         upto: int | None,
+        failures: ClaimFailures | None = None,
     ) -> list[Statement]:
         """Move at most `limit` of the oldest unlocked queue rows (sequence > after, <= upto) into
         the claim table, dropping expired ones and moving poison ones raw to the error queue.
+        Nothing odd is claimed and no value fails the claim: NULL headers are claimed as '' (no
+        headers, as NServiceBus reads them); a row without an id, or whose Expires is beyond
+        `LATEST_TIME`, goes to the error queue with `failures`' headers merged into its own (None:
+        built for `queue`); an Expires of infinity is claimed as NULL (never expires).
         The LAST statement returns one row whose columns are named as `ClaimResult`'s fields."""
 
     @abstractmethod
@@ -89,7 +94,9 @@ class ReceiveSql(AddressingSql):
     @abstractmethod
     def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
         """Rows (claim_seq, native_id text, expires, headers, body, source_seq, claimed_at) ordered
-        by claim_seq, for claim_seq in (after, upto]."""
+        by claim_seq, for claim_seq in (after, upto]. No value the driver cannot load reaches it:
+        an expires beyond `LATEST_TIME` (infinity, as claims of older versions may hold) is NULL,
+        one before year 1 is year 1."""
 
     @abstractmethod
     def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:

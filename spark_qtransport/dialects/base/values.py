@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ConfigError
 
-__all__ = ["QueueAddress", "Statement", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+__all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
            "one_line"]
 
 
@@ -71,6 +72,53 @@ class ClaimResult:
     max_source: int | None  # highest queue sequence seen, None if none
     min_claim: int | None = None  # lowest claim sequence inserted, None if none
     forward: int = 0  # claimed rows whose headers may name a ForwardDestination (text match)
+    null_id: int = 0  # of which moved to the error queue with failure headers: no native id
+    far_expires: int = 0  # of which moved to the error queue with failure headers: Expires beyond LATEST_TIME
+
+    @property
+    def dead_lettered(self) -> dict[str, int]:
+        """Rows moved to the error queue with failure headers, per reason (column): none when empty."""
+        return {k: v for k, v in (("id", self.null_id), ("expires", self.far_expires)) if v}
+
+
+#: the latest time Python's datetime (and so a Spark timestamp handed to Python) can hold; a queue
+#: row's Expires after it (PostgreSQL's timestamp goes to year 294276) cannot be delivered
+LATEST_TIME = "9999-12-31 23:59:59.999999"
+
+#: the exception type in the failure headers of a queue row the claim could not accept for a value
+ODD_VALUE_TYPE = "spark_qtransport.MessageError"
+
+
+@dataclass(frozen=True)
+class ClaimFailures:
+    """The failure headers (JSON text of a flat object) a claim merges, server-side, into the
+    headers of a row it moves to the error queue because of a value: built once per claim, in
+    Python, by `wire.failure_headers` (the one builder). `slot` stands, in `far_expires`, for the
+    row's Expires, which the server writes in."""
+
+    null_id: str
+    far_expires: str
+    slot: str
+
+    @classmethod
+    def build(cls, *, failed_q: str, endpoint: str) -> ClaimFailures:
+        from ...wire import encode_headers, failure_headers
+
+        slot = f"{{expires:{uuid.uuid4().hex}}}"
+
+        def headers(message: str) -> str:
+            return encode_headers(failure_headers({}, failed_q=failed_q, exception_type=ODD_VALUE_TYPE,
+                                                  message=message, source="spark_qtransport.claim", endpoint=endpoint))
+
+        return cls(
+            null_id=headers(
+                f"column id is NULL: a queue row needs its native id (NServiceBus's queue table declares id NOT NULL);"
+                f" the message was moved to the error queue with a new id when {failed_q} was received"),
+            far_expires=headers(
+                f"column expires holds {slot}, after {LATEST_TIME}, the latest time Python and Spark can hold;"
+                f" the message was moved to the error queue without an expiry when {failed_q} was received"),
+            slot=slot,
+        )
 
 
 def one_line(text: str) -> str:

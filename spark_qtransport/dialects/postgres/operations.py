@@ -12,6 +12,7 @@ from .statements import ROWS_OF, UTC_NOW, instant_of, literal
 class PostgresOperations(PostgresAddressing, OperationsSql):
     sequence_column = "seq"
     int32_sequence = "seq is a 32-bit serial"
+    not_null_columns = ("id", "headers", "seq")  # NServiceBus's CreateQueueText
 
     """The PostgreSQL operations of the dialect."""
 
@@ -50,6 +51,17 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
             f"SELECT count(*), count(*) FILTER (WHERE expires <= {UTC_NOW}), min(seq), max(seq)"
             f" FROM {self.qualified(queue)}"
         )
+
+    def nullable_columns(self, table: QueueAddress) -> Statement:
+        expr, params = self._regclass(table)
+        return Statement(
+            "SELECT lower(a.attname) FROM pg_attribute a"
+            f" WHERE a.attrelid = {expr} AND a.attnum > 0 AND NOT a.attisdropped AND NOT a.attnotnull ORDER BY a.attnum",
+            params,
+        )
+
+    def oldest_headers(self, queue: QueueAddress) -> Statement:
+        return Statement(f"SELECT headers FROM {self.qualified(queue)} ORDER BY seq LIMIT 1")
 
     def delayed_stats(self, delayed: QueueAddress) -> Statement:
         # due as the movers judge it (delayed.py); the next due time as the instant it means

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from ..base import QueueAddress, ReceiveSql, Statement
+from ..base import LATEST_TIME, ClaimFailures, QueueAddress, ReceiveSql, Statement
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW
 
@@ -50,9 +51,10 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
         # '' is no headers, not corrupted: NServiceBus's Message parses only a non-empty text
         # (string.IsNullOrEmpty; white space alone fails its JSON parse, so it is poison). Checked
         # here, not in the helper, so helpers already installed on PostgreSQL 13-15 agree.
+        # NULL is no headers too (MessageRow.GetHeaders: DBNull -> null -> []): never NULL here.
         text = _jsonb_checkable(col)
         check = _is_poison(text) if self.helper_schema is None else f"{self.quote(self.helper_schema)}.{HELPER_FUNCTION}({text})"
-        return f"({col} <> '' AND {check})"
+        return f"({col} IS NOT NULL AND {col} <> '' AND {check})"
 
     def table_id(self, table: QueueAddress) -> Statement:
         expr, params = self._regclass(table)
@@ -110,41 +112,62 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
         limit: int,
         after: int,
         upto: int | None,
+        failures: ClaimFailures | None = None,
     ) -> list[Statement]:
         q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
+        failures = failures or ClaimFailures.build(failed_q=self.format_address(queue), endpoint=queue.table)
         cond, params = self._range(after, upto)
-        params = {**params, "limit": int(limit), "consumer": consumer, "forward_like": FORWARD_LIKE}
+        params = {**params, "limit": int(limit), "consumer": consumer, "forward_like": FORWARD_LIKE,
+                  "fail_id": failures.null_id, "fail_expires": failures.far_expires, "slot": failures.slot,
+                  "nul_mark": uuid.uuid4().hex}
         # One statement, one transaction, same snapshot for every part. `picked` locks the oldest
         # unlocked rows and classifies them from their small columns; it is MATERIALIZED so it
         # runs once (a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for).
         # Poison rows go to the error queue whether expired or not: NServiceBus dead-letters a row
         # whose headers it cannot read before it looks at Expires (MessageRow.TryParse, then
-        # ProcessWithNativeTransaction's IsPoison); only readable expired rows are dropped.
+        # ProcessWithNativeTransaction's IsPoison); only readable expired rows are dropped
+        # (-infinity and years BC among them). Of the rest, a row no reader could take (`odd`: no
+        # id, or an Expires after LATEST_TIME that Python and Spark cannot hold) goes to the
+        # error queue with failure headers naming the column; NServiceBus itself would fail its
+        # receive on a NULL id at every attempt. An Expires of infinity never expires: claimed as
+        # NULL. NULL headers are no headers, claimed as ''.
         # The INSERTs read id/headers/body straight from the queue rows that `gone` deletes in
         # the same statement (all parts see the rows as they were when it began), joined in
         # seq order, so bodies are never copied into CTE storage nor sorted.
         sql = f"""
 WITH picked AS MATERIALIZED (
-    SELECT seq,
-           (expires IS NOT NULL AND expires <= {UTC_NOW}) AS expired,
-           {self._poison("headers")} AS poison,
-           (headers LIKE %(forward_like)s) AS forward
-    FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    SELECT seq, poison, expired,
+           CASE WHEN poison OR expired THEN NULL WHEN id IS NULL THEN 'id' WHEN far THEN 'expires' END AS odd,
+           forward
+    FROM (
+        SELECT seq, id,
+               (expires IS NOT NULL AND expires <= {UTC_NOW}) AS expired,
+               (expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(expires)) AS far,
+               {self._poison("headers")} AS poison,
+               (headers LIKE %(forward_like)s) AS forward
+        FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS r
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
 ), to_error AS (
     INSERT INTO {e} (id, expires, headers, body)
-    -- same id, as NServiceBus does; a new one only if the error queue holds that id already
-    -- (its primary key would otherwise fail every claim and stall the stream)
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM {e} AS x WHERE x.id = m.id) THEN gen_random_uuid() ELSE m.id END,
-           NULL, m.headers, m.body
+    -- same id, as NServiceBus does; a new one if there is none, or if the error queue holds that
+    -- id already (its primary key would otherwise fail every claim and stall the stream)
+    SELECT {self._error_id(e)}, NULL, m.headers, m.body
     FROM (SELECT seq FROM picked WHERE poison ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING 1
+), to_dead AS (
+    INSERT INTO {e} (id, expires, headers, body)
+    SELECT {self._error_id(e)}, NULL, {self._with_failure("m.headers", "p.odd", "m.expires")}, m.body
+    FROM (SELECT seq, odd FROM picked WHERE odd IS NOT NULL ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
     ORDER BY p.seq
     RETURNING 1
 ), claimed AS (
     INSERT INTO {c} (consumer, id, expires, headers, body, source_seq)
-    SELECT %(consumer)s, m.id, m.expires, m.headers, m.body, m.seq
-    FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    SELECT %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'), COALESCE(m.headers, ''), m.body, m.seq
+    FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL ORDER BY seq) AS p
+    JOIN {q} AS m ON m.seq = p.seq
     ORDER BY p.seq
     RETURNING claim_seq
 )
@@ -155,7 +178,9 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
        (SELECT max(claim_seq) FROM claimed) AS max_claim,
        (SELECT max(seq) FROM picked) AS max_source,
        (SELECT min(claim_seq) FROM claimed) AS min_claim,
-       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired) AS forward"""
+       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired AND odd IS NULL) AS forward,
+       (SELECT count(*) FROM picked WHERE odd = 'id') AS null_id,
+       (SELECT count(*) FROM picked WHERE odd = 'expires') AS far_expires"""
         # The queue's statistics lag its backlog (a queue last analyzed empty and now holding a
         # million rows is estimated at a few thousand): left alone, the planner may then read and
         # classify every row above `after` and sort them, seconds per claim. Without bitmap and
@@ -163,6 +188,23 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         # transaction only.
         return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
                 Statement(sql.strip(), params)]
+
+    @staticmethod
+    def _error_id(e: str) -> str:
+        return f"CASE WHEN m.id IS NULL OR EXISTS (SELECT 1 FROM {e} AS x WHERE x.id = m.id) THEN gen_random_uuid() ELSE m.id END"
+
+    @staticmethod
+    def _with_failure(headers: str, reason: str, expires: str) -> str:
+        """A row's headers (NULL or '': none) with the failure headers of `reason` merged in, as
+        text. Merged as jsonb (a key the row has already is replaced): the claim found the text a
+        flat JSON object of strings. jsonb refuses the escape \\u0000 (a NUL, which NServiceBus
+        writes and reads back), so each is marked first with a text no header holds (a random
+        %(nul_mark)s after \\u0001) and put back after: no header is lost or changed."""
+        nul, marked = "chr(92) || 'u0000'", "chr(92) || 'u0001' || %(nul_mark)s"
+        failure = (f"CASE WHEN {reason} = 'id' THEN %(fail_id)s"
+                   f" ELSE replace(%(fail_expires)s, %(slot)s, {expires}::text) END::jsonb")
+        own = f"CASE WHEN COALESCE({headers}, '') = '' THEN '{{}}' ELSE replace({headers}, {nul}, {marked}) END::jsonb"
+        return f"replace(({own} || {failure})::text, {marked}, {nul})"
 
     def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
         return Statement(
@@ -225,8 +267,12 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         )
 
     def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        # Claims made by older versions may hold an Expires of infinity (never expires): psycopg
+        # cannot load it nor anything after year 9999 or before year 1, so those are mapped.
+        expires = (f"CASE WHEN expires > TIMESTAMP '{LATEST_TIME}' THEN NULL"
+                   " WHEN expires < TIMESTAMP '0001-01-01' THEN TIMESTAMP '0001-01-01' ELSE expires END")
         return Statement(
-            "SELECT claim_seq, id::text, expires, headers, body, source_seq, claimed_at"
+            f"SELECT claim_seq, id::text, {expires}, headers, body, source_seq, claimed_at"
             f" FROM {self.qualified(claims)}"
             " WHERE consumer = %(consumer)s AND claim_seq > %(after)s AND claim_seq <= %(upto)s"
             " ORDER BY claim_seq",

@@ -40,6 +40,7 @@ def _native_id(value: str) -> str:
 class SqlServerOperations(SqlServerAddressing, OperationsSql):
     sequence_column = "rowversion"
     int32_sequence = "RowVersion is a 32-bit int IDENTITY"
+    not_null_columns = ("id", "recoverable", "headers", "rowversion")  # NServiceBus's CreateQueueText
 
     def table_findings(
         self, columns: Mapping[str, str], index_keys: Sequence[tuple[tuple[str, ...], bool]]
@@ -101,6 +102,18 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
             " AND LOWER(c.name) IN (N'id', N'headers', N'body', N'expires', N'rowversion')) = 5"
             " ORDER BY s.name, t.name"
         )
+
+    def nullable_columns(self, table: QueueAddress) -> Statement:
+        return Statement(
+            f"SELECT LOWER(c.name) FROM {self._sys(table)}columns AS c"
+            " WHERE c.object_id = OBJECT_ID(?) AND c.is_nullable = 1 ORDER BY c.column_id",
+            (self.qualified(table),),
+        )
+
+    def oldest_headers(self, queue: QueueAddress) -> Statement:
+        # as peek_messages reads: through Index_RowVersion, nothing taken, no one disturbed
+        return Statement(
+            f"SELECT TOP (1) Headers FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion")
 
     def queue_stats(self, queue: QueueAddress) -> Statement:
         q = self.qualified(queue)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from typing import Any
 
 from ...errors import ConfigError, QTransportError
-from ..base import QueueAddress, ReceiveSql, Statement
+from ..base import ClaimFailures, QueueAddress, ReceiveSql, Statement
 from .addressing import SqlServerAddressing
 from .statements import (
     MAX_CONSUMER_CHARS,
@@ -91,25 +93,28 @@ DECLARE @limit bigint = ?;
 DECLARE @after bigint = ?;
 {declare_upto}DECLARE @consumer nvarchar({max_consumer}) = ?;
 DECLARE @error {qname} = ?;
-DECLARE @chunk bigint, @n bigint;
-DECLARE @deleted int, @expired int, @poison int, @claimed int, @maxClaim bigint, @maxSource bigint;
+{declare_failure}DECLARE @chunk bigint, @n bigint;
+DECLARE @deleted int, @expired int, @poison int, @nullId int, @toError int, @claimed int, @maxClaim bigint, @maxSource bigint;
 DECLARE @minClaim bigint, @forward int;
 DECLARE @claimedSeq TABLE (ClaimSeq bigint NOT NULL);
 IF OBJECT_ID(N'tempdb..#sqlqueue_moved') IS NOT NULL DROP TABLE #sqlqueue_moved;
 CREATE TABLE #sqlqueue_moved (
-    Id uniqueidentifier NOT NULL,
+    Id uniqueidentifier NULL,
     Expires datetime NULL,
     Headers nvarchar(max) NOT NULL,
     Body varbinary(max) NULL,
     RowVersion bigint NOT NULL,
     Expired bit NULL,
     Poison bit NULL,
+    NullId bit NULL,
     PoisonPos int NULL
 );
 -- Take the oldest rows, CLAIM_CHUNK per statement so no statement escalates to a table lock.
 -- UPDLOCK + READPAST: rows locked by competing consumers and NServiceBus endpoints are skipped,
 -- never waited for, never taken twice. ROWLOCK: lock only the rows taken. This is the receive
 -- of NServiceBus (TOP 1), batched. The rows are deleted from the queue and kept in the temp table.
+-- NULL Headers (a hand-made table) are no headers, as NServiceBus reads them (MessageRow.GetHeaders:
+-- DBNull -> null; Message: string.IsNullOrEmpty -> an empty set).
 WHILE @limit > 0
 BEGIN
     SET @chunk = CASE WHEN @limit < {chunk} THEN @limit ELSE {chunk} END;
@@ -120,7 +125,7 @@ BEGIN
         ORDER BY RowVersion
     )
     DELETE FROM picked
-    OUTPUT deleted.Id, deleted.Expires, deleted.Headers, deleted.Body, deleted.RowVersion
+    OUTPUT deleted.Id, deleted.Expires, ISNULL(deleted.Headers, N''), deleted.Body, deleted.RowVersion
     INTO #sqlqueue_moved (Id, Expires, Headers, Body, RowVersion);
     SET @n = @@ROWCOUNT;
     SET @limit = @limit - @n;
@@ -134,22 +139,32 @@ UPDATE #sqlqueue_moved SET
     Poison = {poison},
     Expired = CASE WHEN Expires IS NOT NULL AND Expires <= GETUTCDATE() THEN 1 ELSE 0 END;
 SELECT @poison = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 1;
-IF @poison > 0
+-- A row without an Id (a hand-made table) no reader can take (the receive of NServiceBus fails on
+-- it at every attempt): it goes to the error queue with a new Id and the failure headers merged into
+-- its own (they are a flat JSON object or empty, the poison check said so); expired ones are dropped.
+UPDATE #sqlqueue_moved SET NullId = CASE WHEN Id IS NULL AND Poison = 0 AND Expired = 0 THEN 1 ELSE 0 END;
+SELECT @nullId = COUNT(*) FROM #sqlqueue_moved WHERE NullId = 1;
+IF @nullId > 0
+    UPDATE #sqlqueue_moved SET Headers = {merge_failure} WHERE NullId = 1;
+UPDATE #sqlqueue_moved SET Id = NEWID() WHERE Id IS NULL AND (Poison = 1 OR NullId = 1);
+SET @toError = @poison + @nullId;
+IF @toError > 0
 BEGIN
     -- Poison rows go raw to the error queue, expired or not (NServiceBus dead-letters a corrupted
-    -- row before it looks at its expiry): same Id, Headers and Body, no expiry, Recoverable = 1
+    -- row before it looks at its expiry), rows without an Id with failure headers: same Id (a new
+    -- one where there was none), Headers and Body, no expiry, Recoverable = 1
     -- where the table has that legacy column (NServiceBus tables have it, with no default).
     -- At most {chunk} rows per INSERT into the error queue, numbered in queue order, so no
     -- statement escalates to a lock on the whole error queue.
     UPDATE m SET PoisonPos = p.Pos
     FROM #sqlqueue_moved AS m
     JOIN (SELECT RowVersion, ROW_NUMBER() OVER (ORDER BY RowVersion) AS Pos
-          FROM #sqlqueue_moved WHERE Poison = 1) AS p ON p.RowVersion = m.RowVersion;
+          FROM #sqlqueue_moved WHERE Poison = 1 OR NullId = 1) AS p ON p.RowVersion = m.RowVersion;
     DECLARE @insertError nvarchar(max) = {insert_poison_plain};
     IF EXISTS (SELECT 1 FROM {error_sys}columns WHERE object_id = OBJECT_ID(@error) AND name = N'Recoverable')
         SET @insertError = {insert_poison_recoverable};
     DECLARE @from int = 0;
-    WHILE @from < @poison
+    WHILE @from < @toError
     BEGIN
         EXEC sys.sp_executesql @insertError, N'@from int', @from = @from;
         SET @from = @from + {chunk};
@@ -160,19 +175,42 @@ END
 INSERT INTO {c} (Consumer, Id, Expires, Headers, Body, SourceSeq)
 OUTPUT inserted.ClaimSeq INTO @claimedSeq (ClaimSeq)
 SELECT @consumer, Id, Expires, Headers, Body, RowVersion
-FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 ORDER BY RowVersion;
+FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND NullId = 0 ORDER BY RowVersion;
 SET @claimed = @@ROWCOUNT;
 SELECT @maxClaim = MAX(ClaimSeq), @minClaim = MIN(ClaimSeq) FROM @claimedSeq;
 -- Rows that may carry the ForwardDestination header: the caller forwards them in this transaction.
-SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND Headers LIKE {forward_like};
+SELECT @forward = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 0 AND NullId = 0
+    AND Headers LIKE {forward_like};
 -- Counts by WHERE, never COUNT(<expression that may be NULL>): an aggregate that skips a NULL
 -- raises warning 8153, which ODBC reports as one more result before the row below.
 SELECT @expired = COUNT(*) FROM #sqlqueue_moved WHERE Poison = 0 AND Expired = 1;
 SELECT @deleted = COUNT(*), @maxSource = MAX(RowVersion) FROM #sqlqueue_moved;
 DROP TABLE #sqlqueue_moved;
 SELECT @deleted AS deleted, @expired AS expired, @poison AS poison, @claimed AS claimed,
-       @maxClaim AS max_claim, @maxSource AS max_source, @minClaim AS min_claim, @forward AS forward;
+       @maxClaim AS max_claim, @maxSource AS max_source, @minClaim AS min_claim, @forward AS forward,
+       @nullId AS null_id;
 """
+
+
+def _failure_merge(failure: str) -> tuple[str, str, list[str]]:
+    """The failure headers (JSON text of a flat object) as the claim batch merges them into a row's
+    headers: declarations of one bound nvarchar(max) variable per header, the expression (one
+    JSON_MODIFY per header: a key the row has is replaced, the rest of its text kept as it is), and
+    the values. Header names go into JSON paths, which SQL Server 2016 takes only as literals: they
+    are the transport's own constants, checked to be letters and dots."""
+    headers = json.loads(failure)
+    declare, merged, values = "", "CASE WHEN DATALENGTH(Headers) = 0 THEN N'{}' ELSE Headers END", []
+    for n, (name, value) in enumerate(headers.items()):
+        if not _HEADER_NAME.fullmatch(name) or not isinstance(value, str):
+            raise QTransportError(f"failure header {name!r} cannot be merged by the claim", operation="claim")
+        declare += f"DECLARE @failure{n} nvarchar(max) = ?;\n"
+        merged = f"JSON_MODIFY({merged}, N'$.\"{name}\"', @failure{n})"
+        values.append(value)
+    return declare, merged, values
+
+
+#: a failure header's name, as the claim writes it into a JSON path literal
+_HEADER_NAME = re.compile(r"[A-Za-z][A-Za-z.]*")
 
 
 class SqlServerReceive(SqlServerAddressing, ReceiveSql):
@@ -301,8 +339,10 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         limit: int,
         after: int,
         upto: int | None,
+        failures: ClaimFailures | None = None,
     ) -> list[Statement]:
         q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
+        failures = failures or ClaimFailures.build(failed_q=self.format_address(queue), endpoint=queue.table)
         limit = int(limit)
         if limit < 1:
             raise QTransportError(f"claim limit must be at least 1, not {limit}", operation="claim")
@@ -311,13 +351,14 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         if upto is not None:
             params.append(int(upto))
             declare_upto, cond_upto = "DECLARE @upto bigint = ?;\n", " AND RowVersion <= @upto"
-        params += [self._check_consumer(consumer), e]
+        declare_failure, merge_failure, failure_values = _failure_merge(failures.null_id)
+        params += [self._check_consumer(consumer), e, *failure_values]
         declare, lock_params = self._lock_resource(claims, consumer, table="lockTable", who="lockConsumer")
         params = [*lock_params, *params]
         sql = _CLAIM.format(
             lock=declare + _LOCK_HELD.format(sys_=self._sys(claims)),
             q=q, c=c, e=e, error_sys=self._sys(error), declare_upto=declare_upto, cond_upto=cond_upto,
-            max_consumer=MAX_CONSUMER_CHARS, qname=QNAME, chunk=CLAIM_CHUNK, poison=_POISON, forward_like=_FORWARD_LIKE,
+            declare_failure=declare_failure, merge_failure=merge_failure, max_consumer=MAX_CONSUMER_CHARS, qname=QNAME, chunk=CLAIM_CHUNK, poison=_POISON, forward_like=_FORWARD_LIKE,
             insert_poison_plain=_INSERT_POISON.format(recoverable="", one="", chunk=CLAIM_CHUNK),
             insert_poison_recoverable=_INSERT_POISON.format(recoverable=", Recoverable", one=", 1", chunk=CLAIM_CHUNK),
         )

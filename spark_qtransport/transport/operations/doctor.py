@@ -4,7 +4,9 @@ NServiceBus.SqlServer checks a queue's Headers type (varchar loses non-ASCII tex
 `Index_Expires` (the expired-message purge scans without it) and its nonclustered
 `Index_RowVersion` (every receive scans without it); ours besides: a clustered RowVersion index
 (a latch hot spot); int4 sequences of PostgreSQL tables stop accepting messages after about 2.1
-billion inserts. Ours: the current role's privileges on the queue, its sequence and the tables of
+billion inserts. Ours: columns NServiceBus declares NOT NULL that allow NULL (a hand-made table),
+a queue name too long for the tables of ours beside it (``.Claims``, ``.Staging``, ``.Outbox``,
+its delayed table), the current role's privileges on the queue, its sequence and the tables of
 ours beside it (what ``sqlqueue ddl --grant-to`` grants). A finding is an error (the connector
 cannot use the table), a warning (it works, but should be fixed) or information.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...dialects import Dialect, QueueAddress
+from ...errors import ConfigError
 from .. import session as db
 from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 from ..routing import QUEUE_COLUMNS
@@ -45,6 +48,8 @@ class TableFacts:
     missing: tuple[str, ...] = ()  # privileges the current role lacks on the queue (and its sequence)
     companions_missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (quoted name, lacking), ours beside it
     long_names: tuple[tuple[str, str], ...] = ()  # (quoted name, why): the queue or its .Delayed, refused by NServiceBus
+    nullable: tuple[str, ...] = ()  # lower-case names of the columns that allow NULL
+    too_long: tuple[tuple[str, str, int], ...] = ()  # (suffix, name, length): companions the database cannot name
 
 
 def check_server(cur: Any, d: Dialect, queues: list[QueueAddress]) -> list[Finding]:
@@ -87,11 +92,14 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
         keys = tuple((tuple(str(r[1] or "").split(",")), bool(r[2])) for r in rows)
     companions = []
     companions_missing = []
+    too_long = []
     long_names = [(name, problem)] if (problem := d.nservicebus_name_problem(queue)) is not None else []
     for suffix in ("Claims", "Delayed", "Staging", "Outbox"):
         try:
             companion = delayed.table_for(d, queue) if suffix == "Delayed" else d.companion(queue, suffix)
-        except Exception:  # noqa: BLE001 - a name too long for the companion: it cannot exist
+        except ConfigError:  # a name too long for the companion: it cannot exist
+            text = f"{queue.table}.{delayed.suffix if suffix == 'Delayed' else suffix}"
+            too_long.append((suffix, text, d.name_length(text)))
             continue
         if cols and db.columns(cur, d.queue_columns(companion)):
             if suffix in ("Claims", "Delayed"):
@@ -101,8 +109,10 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
             lacking = _missing(cur, d, companion)
             if lacking:
                 companions_missing.append((d.qualified(companion), tuple(lacking)))
+    nullable = tuple(str(r[0]) for r in db.rows(cur, d.nullable_columns(queue))) if cols else ()
     return assess(TableFacts(name, cols, None if high is None else int(high), keys, tuple(companions),
-                             tuple(missing) if cols else (), tuple(companions_missing), tuple(long_names)), d)
+                             tuple(missing) if cols else (), tuple(companions_missing), tuple(long_names),
+                             nullable, tuple(too_long)), d)
 
 
 def _missing(cur: Any, d: Dialect, table: QueueAddress) -> list[str]:
@@ -121,6 +131,33 @@ def _lacking(level: str, name: str, missing: tuple[str, ...] | list[str]) -> Fin
 _INT32_TYPES = ("integer", "int")
 
 
+#: what a companion table whose name the database cannot hold keeps the connector from doing
+_WITHOUT = {
+    "Claims": "no stream can receive from this queue",
+    "Staging": "no sink can send as this endpoint",
+    "Outbox": "no sink can send as this endpoint",
+    "Delayed": "this endpoint cannot defer messages",
+}
+
+
+def _nullable(t: TableFacts, d: Dialect) -> list[Finding]:
+    """Columns NServiceBus's installer declares NOT NULL that allow NULL here (a hand-made table)."""
+    loose = [c for c in d.not_null_columns if c in t.nullable and c in t.columns]
+    if not loose:
+        return []
+    return [Finding("warning", t.name, (
+        f"column(s) {', '.join(loose)} allow NULL, where NServiceBus's queue table declares NOT NULL: NServiceBus "
+        "fails to receive a row without an id at every attempt; sqlqueue moves such a row to the error queue and "
+        "reads NULL headers as none; ALTER the column(s) to NOT NULL"))]
+
+
+def _too_long(t: TableFacts, d: Dialect) -> list[Finding]:
+    """Companion tables (`<queue>.Claims`, ...) whose names the database cannot hold."""
+    return [Finding("warning", t.name, (
+        f"table {text!r} would be named with {length} {d.length_unit}, more than the {d.max_table_bytes} the database "
+        f"allows: {_WITHOUT[suffix]} (a shorter queue name fits)")) for suffix, text, length in t.too_long]
+
+
 def assess(t: TableFacts, d: Dialect) -> list[Finding]:
     """The findings for one queue table, as NServiceBus's start-up checks and ours judge it (the
     dialect adds what only its database's tables can show)."""
@@ -134,6 +171,7 @@ def assess(t: TableFacts, d: Dialect) -> list[Finding]:
         return [Finding("error", name, f"not a queue table: missing column(s) {', '.join(missing)}")]
     found = d.table_findings(cols, t.index_keys)
     out += [Finding(level, name, text) for level, text in found if level == "warning"]
+    out += _nullable(t, d) + _too_long(t, d)
     if cols[seq].lower() in _INT32_TYPES:
         used = (t.high_seq or 0) / INT4_MAX
         level = "error" if used >= 0.95 else "warning" if used >= 0.8 else "info"

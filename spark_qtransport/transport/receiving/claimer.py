@@ -1,7 +1,8 @@
 """Claim: one short READ COMMITTED transaction moves the oldest unlocked, unexpired queue rows into
 the claim table, tagged with this consumer, server-side (bodies never pass through the driver).
 Expired rows are deleted and counted; poison rows go raw to the error queue in the same
-transaction; rows carrying a ForwardDestination are forwarded before it commits."""
+transaction, rows with a value no reader could take (no id, an Expires beyond year 9999) with
+failure headers naming it; rows carrying a ForwardDestination are forwarded before it commits."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...dialects import ClaimResult
+from ...dialects import ClaimFailures, ClaimResult
 from .. import session as db
 from ..routing import Router
 from ..session import Session
@@ -78,8 +79,9 @@ class Claimer:
             if db.first(cur, d.peek(o.queue, after=0, upto=request.upto)) is None:
                 return ClaimOutcome(request)
         claims = self.endpoint.claims
+        failures = ClaimFailures.build(failed_q=d.format_address(o.queue), endpoint=o.consumer)
         for stmt in d.claim(o.queue, claims, o.error_queue, consumer=o.consumer,
-                            limit=request.limit, after=after, upto=request.upto):
+                            limit=request.limit, after=after, upto=request.upto, failures=failures):
             db.execute(cur, stmt)
         row = db.results(cur).fetchone()
         names = [str(column[0]).lower() for column in cur.description]

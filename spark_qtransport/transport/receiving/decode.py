@@ -94,11 +94,26 @@ def _loads(text: str, row: int, claim_seq: pa.Array, native_id: pa.Array) -> dic
     except (TypeError, ValueError):
         pass
     try:
-        return json.loads(text)
+        headers = json.loads(text)
     except (TypeError, ValueError) as exc:  # a bug, not a message fault: say which row
         raise QTransportError(
             f"claimed message {native_id[row]} (claim {claim_seq[row]}) has unreadable headers: {exc}"
         ) from exc
+    if not isinstance(headers, dict):
+        return headers
+    return {_utf8(k): v if v is None else _utf8(v) for k, v in headers.items()}
+
+
+def _utf8(text: str) -> str:
+    """`text`, each lone UTF-16 surrogate (an escape such as \\ud800 alone, which SQL Server's
+    ISJSON accepts, orjson refuses and the standard library reads) replaced by U+FFFD, as a UTF-8
+    decoder replaces what it cannot read: Arrow strings are UTF-8, and one such header must not
+    fail every read of its batch."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
 
 
 def _headers(texts: Sequence[str], claim_seq: pa.Array, native_id: pa.Array) -> tuple[list[dict[str, Any]], pa.Array]:

@@ -29,6 +29,8 @@ log = logging.getLogger("spark_qtransport.receive")
 LOW_WATER_TTL = 5.0
 #: smallest claim made while Spark waits (see Planner._foreground_size)
 STARTER_CLAIM = 1000
+#: why a claim moved a row to the error queue, by the column at fault (`ClaimResult.dead_lettered`)
+DEAD_REASONS = {"id": "without an id (id is NULL)", "expires": "with an Expires after year 9999"}
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class ReceiveStats:
     claimed: int = 0
     expired: int = 0
     poison: int = 0
+    dead_lettered: int = 0  # moved to the error queue with failure headers for a value (no id, Expires)
     forwarded: int = 0  # to the queue their ForwardDestination header names
     forward_failed: int = 0  # that destination missing: to the error queue
     empty_peeks: int = 0
@@ -210,6 +213,13 @@ class Planner:
             )
         else:
             log.info("queue %s: claimed %d", queue, r.claimed)
+        if r.dead_lettered:
+            s.dead_lettered += sum(r.dead_lettered.values())
+            log.warning(
+                "queue %s: moved %d message(s) to %s with failure headers, a value no reader could take: %s",
+                queue, sum(r.dead_lettered.values()), d.format_address(self.endpoint.options.error_queue),
+                ", ".join(f"{n} {DEAD_REASONS[column]}" for column, n in r.dead_lettered.items()),
+            )
 
     def _foreground_size(self, limit: int) -> int:
         """How much to claim while Spark waits. With claim-ahead, a large batch starts with a

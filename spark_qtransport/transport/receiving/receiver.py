@@ -150,7 +150,7 @@ class Receiver:
         end = ClaimOffset(self.planner.last_end or 0, self.table_id).to_dict()
         s = self.stats
         return {**end, "claimed": s.claimed, "expired": s.expired, "poison": s.poison,
-                "forwarded": s.forwarded, "forwardFailed": s.forward_failed}
+                "forwarded": s.forwarded, "forwardFailed": s.forward_failed, "deadLettered": s.dead_lettered}
 
     def reported_backlog(self) -> int:
         """The backlog for progress reports, without racing our own claim-ahead.
