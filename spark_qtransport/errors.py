@@ -92,7 +92,9 @@ class ConfigError(QTransportError, ValueError):
 
 class MessageError(QTransportError, ValueError):
     """A row given to the sink cannot be sent: a value out of range, a NUL byte, a bad intent.
-    Names the column and the message id; the batch fails and nothing of it is sent."""
+    Names the column and the message (its message_id, else for a reply the message it answers).
+    Raised with option invalidRows=fail (the batch fails and nothing of it is sent); by default
+    the row goes to the sink's error queue instead, this error's text in its failure headers."""
 
 
 class QueueNotFoundError(QTransportError):

@@ -126,13 +126,22 @@ FAILURE_HEADERS = (
 
 def failure_headers(
     headers: Mapping[str, str | None], *, failed_q: str, exception_type: str, message: str, source: str,
-    endpoint: str,
+    endpoint: str, data: Mapping[str, str] | None = None,
 ) -> dict[str, str | None]:
     """`headers` plus the failure headers NServiceBus's recoverability adds before it moves a
-    message to the error queue (FailedQ, ExceptionInfo.*, TimeOfFailure, Processing*)."""
+    message to the error queue (FailedQ, ExceptionInfo.*, TimeOfFailure, Processing*), and
+    `data` as ``NServiceBus.ExceptionInfo.Data.<key>`` (the exception's Data, as NServiceBus
+    writes it)."""
     values = (failed_q, exception_type, message[:MAX_EXCEPTION_MESSAGE], source, "",
               format_time(datetime.now(timezone.utc)), endpoint, socket.gethostname())
-    return {**headers, **dict(zip(FAILURE_HEADERS, values, strict=True))}
+    out = {**headers, **dict(zip(FAILURE_HEADERS, values, strict=True))}
+    for key, value in (data or {}).items():
+        out[f"{EXCEPTION_DATA}{key}"] = value
+    return out
+
+
+#: the prefix of the headers holding an exception's Data entries
+EXCEPTION_DATA = "NServiceBus.ExceptionInfo.Data."
 
 
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S:%f Z"

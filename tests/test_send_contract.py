@@ -224,14 +224,16 @@ def _args(stmt: Any) -> tuple[Any, ...]:
 
 
 def test_a_destination_that_is_not_an_address_goes_to_the_error_queue(backend: Backend, queues: Any) -> None:
+    loud = Sender(backend, queues.sales, error_queue=queues.error, invalid_rows="fail")
+    with pytest.raises(MessageError, match="no destination"):  # the job's own omission, with invalidRows=fail
+        loud.stage([msg(message_id="m2")], batch_id=0)
     s = Sender(backend, queues.sales, error_queue=queues.error)
-    with pytest.raises(MessageError, match="no destination"):  # the job's own omission fails loudly
-        s.stage([msg(message_id="m2")], batch_id=0)
-    result = s.send([msg(message_id="m1", destination="  "), msg(message_id="m3", intent="reply")])
-    assert (result.sent, result.failed) == (0, 2)
+    result = s.send([msg(message_id="m1", destination="  "), msg(message_id="m3", intent="reply"), msg(message_id="m2")])
+    assert (result.sent, result.failed, result.invalid) == (1, 2, 1)  # m2: an invalid row, its copy sent
     failed = {h[H.MESSAGE_ID]: h for h, _ in received(backend, queues.error)}
-    assert set(failed) == {"m1", "m3"}
+    assert set(failed) == {"m1", "m2", "m3"}
     assert "no destination" in failed["m3"]["NServiceBus.ExceptionInfo.Message"]
+    assert "column 'destination' of message 'm2': no destination" in failed["m2"]["NServiceBus.ExceptionInfo.Message"]
     assert s.staged() == 0
 
 
@@ -302,7 +304,7 @@ def test_replies_correlate_to_their_requests(backend: Backend, queues: Any) -> N
 
 
 def test_reserved_headers_are_refused(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales, destination=queues.billing)
+    s = Sender(backend, queues.sales, destination=queues.billing, invalid_rows="fail")
     with pytest.raises(MessageError, match="ForwardDestination.*reserved"):
         s.stage([msg(headers={H.FORWARD_DESTINATION: "x"})], batch_id=0)
 
@@ -399,7 +401,7 @@ def test_native_publish_of_a_generic_event_type(backend: Backend, queues: Any, n
 
 
 def test_publish_without_subscription_table_is_a_clear_error(backend: Backend, queues: Any, names: Any) -> None:
-    s = Sender(backend, queues.sales, subscriptions=names("NoSubs"))
+    s = Sender(backend, queues.sales, subscriptions=names("NoSubs"), invalid_rows="fail")
     with pytest.raises(QueueNotFoundError, match="subscription table .* does not exist"):
         s.send([msg(intent="publish")])
     with pytest.raises(MessageError, match="published and has a destination"):
@@ -441,7 +443,7 @@ def test_delayed_rows_carry_forward_destination_and_a_server_due_time(backend: B
 
 
 def test_delay_with_time_to_be_received_is_refused(backend: Backend, queues: Any) -> None:
-    s = Sender(backend, queues.sales, destination=queues.billing)
+    s = Sender(backend, queues.sales, destination=queues.billing, invalid_rows="fail")
     with pytest.raises(MessageError, match="delayed and has a time to be received"):
         s.stage([msg(delay=10, time_to_be_received=60)], batch_id=0)
 

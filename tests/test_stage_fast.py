@@ -1,7 +1,8 @@
 """Staging's hot path builds exactly what the general path builds: `MessageBuilder.build` (the
 fast path for plain rows) against `MessageBuilder._build` (every row, every check in order), on
-any row, good or bad: the same staged row, or the same error naming the same column. And the
-task's chunks are the same with the rows' sizes reckoned once (`TaskRows.chunks`)."""
+any row, good or bad: the same staged row, or the same error naming the same column. Any row a
+check refuses becomes, with an error queue, an error copy that can be written. And the task's
+chunks are the same with the rows' sizes reckoned once (`TaskRows.chunks`)."""
 
 from __future__ import annotations
 
@@ -87,10 +88,10 @@ GOOD_ROW = st.fixed_dictionaries({"body": st.one_of(st.binary(max_size=4), CLEAN
 })
 
 
-def _builder(dialect: str, reply_to: str | None, destination: str | None) -> MessageBuilder:
+def _builder(dialect: str, reply_to: str | None, destination: str | None, invalid_to: str | None = None) -> MessageBuilder:
     d = dialect_named(dialect)
     plan = SendPlan(dialect=dialect, endpoint="Sales", default_destination=None if destination is None else d.parse_address(destination),
-                    reply_to=reply_to, content_type="application/json", sink="default")
+                    reply_to=reply_to, content_type="application/json", sink="default", invalid_to=invalid_to)
     b = MessageBuilder(plan, batch_id=7, attempt="a1")
     b._ids = itertools.repeat(str(FIXED))  # the general path's uuid4 is fixed alike (below)
     return b
@@ -105,11 +106,22 @@ def _outcome(build: Any, row: dict[str, Any], now: Any) -> tuple[str, Any]:
         return "error", (type(exc), str(exc))
 
 
+def _general(b: MessageBuilder) -> Any:
+    """The general path alone, its refusals turned into the `MessageError` `build` raises."""
+    def build(row: dict[str, Any], now: Any) -> StagedRow:
+        try:
+            return b._build(row, now)
+        except builder._Refused as refused:
+            raise b.error(row, refused) from None
+
+    return build
+
+
 def _same(rows: list[dict[str, Any]], dialect: str, reply_to: str | None, destination: str | None, now: Any) -> None:
     fast, general = _builder(dialect, reply_to, destination), _builder(dialect, reply_to, destination)
     with mock.patch.object(uuid, "uuid4", lambda: FIXED):  # the general path's new ids
         for row in rows:
-            got, want = _outcome(fast.build, row, now), _outcome(general._build, row, now)
+            got, want = _outcome(fast.build, row, now), _outcome(_general(general), row, now)
             assert got == want, row
             if got[0] == "row":
                 assert type(got[1]) is StagedRow and got[1].headers == want[1].headers
@@ -131,6 +143,34 @@ def test_the_fast_path_builds_what_the_general_path_builds(rows: list[dict[str, 
 def test_the_fast_path_builds_what_the_general_path_builds_from_good_rows(
         rows: list[dict[str, Any]], dialect: str, reply_to: str | None, destination: str | None) -> None:
     _same(rows, dialect, reply_to, destination, "2026-11-23 15:00:00:123456 Z")
+
+
+@settings(max_examples=1000, deadline=None)
+@given(row=ROW, dialect=st.sampled_from(["postgres", "sqlserver"]), destination=st.sampled_from([None, "Billing"]))
+def test_a_refused_row_becomes_an_error_copy_that_can_be_written(row: dict[str, Any], dialect: str,
+                                                                  destination: str | None) -> None:
+    """With an error queue (invalidRows=error-queue), a row any check refuses is staged for it: a
+    flat object of text headers without NUL, naming the column and the reason, as it would fail."""
+    b = _builder(dialect, None, destination, invalid_to='"public"."error"')
+    with mock.patch.object(uuid, "uuid4", lambda: FIXED):  # the general path's new ids
+        failing = _outcome(_builder(dialect, None, destination).build, row, NOW)
+        got = _outcome(b.build, row, NOW)
+    if failing[0] != "refused":
+        assert got == failing
+        assert b.invalid == 0
+        return
+    assert got[0] == "row", got
+    copy: StagedRow = got[1]
+    headers = decode_headers(copy.headers)
+    assert headers is not None and "\x00" not in copy.headers and "\\u0000" not in copy.headers
+    assert (copy.kind, copy.route, copy.ttbr_ms, copy.delay_ms, copy.due) == ("s", '"public"."error"', None, None, None)
+    assert "\x00" not in copy.message_id and headers[H.MESSAGE_ID] == copy.message_id
+    assert headers[H.FAILED_Q] == "Sales" and headers["NServiceBus.ExceptionInfo.ExceptionType"] == builder.INVALID_TYPE
+    message, column, _ = failing[1]
+    assert headers["NServiceBus.ExceptionInfo.Message"] == message
+    assert headers["NServiceBus.ExceptionInfo.Data.Column"] == column
+    assert not set(RESERVED) & set(headers)
+    assert (b.invalid, b.invalid_reason, b.counts) == (1, message, {("s", '"public"."error"'): 1})
 
 
 def test_plain_rows_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ from ..errors import QueueNotFoundError
 from ..spark.options import parse_duration
 from ..transport.sending.dispatch import Dispatcher, DispatchResult, set_up_sender
 from ..transport.sending.staging import stage_partition
-from ..transport.settings import SendSettings
+from ..transport.settings import INVALID_FAIL, SendSettings
 from .app import allow_options, delayed_options, delayed_rule, main, need_url, routing_policy, url_option
 from .db import CommandDb, open_db, resolve
 from .install import SUBSCRIPTIONS
@@ -35,7 +35,8 @@ def send_settings(url: str | None, *, endpoint: str, error_queue: str, destinati
     parsed = need_url(url)
     return SendSettings.create(parsed, endpoint, destination=destination, error_queue=error_queue,
                                create_queues=create_queues, routing=routing_policy(allowed_schemas, allowed_queues),
-                               delayed_rule=delayed_rule(dialect_for(parsed), delayed_table, delayed_suffix))
+                               delayed_rule=delayed_rule(dialect_for(parsed), delayed_table, delayed_suffix),
+                               invalid_rows=INVALID_FAIL)  # a command's message: refused out loud
 
 
 def _header(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:

@@ -106,6 +106,16 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     raise ConfigError(f"option '{name}' must be true or false, not {raw!r}", option=name)
 
 
+def _choice(opts: Mapping[str, str], key: str, name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text not in choices:
+        raise ConfigError(f"option '{name}' must be {' or '.join(choices)}, not {str(raw)[:40]!r}", option=name)
+    return text
+
+
 def _known_options(options: Mapping[str, str], known: set[str], documented: Mapping[str, object],
                    what: str) -> dict[str, str]:
     """The options with lower-cased keys (Spark's are case-insensitive); an unknown one fails,
@@ -188,7 +198,8 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
     "endpoint": ("required", "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and its delayed table (`<endpoint>.Delayed`)"),
     "destination": ("none", "queue address for rows whose `destination` column is null or absent"),
     "sinkName": (defaults.DEFAULT_SINK, "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),
-    "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "where messages go that cannot be delivered: a destination from data that is missing, not a queue or not allowed; due delayed messages likewise"),
+    "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "where messages go that cannot be delivered: a destination from data that is missing, not a queue or not allowed; due delayed messages likewise; and rows the sink cannot build (`invalidRows`)"),
+    "invalidRows": (defaults.DEFAULT_INVALID_ROWS, "a row the sink cannot build into a message (a NaN or out-of-range `delay`, a NUL character, a bad `intent`, no destination): `error-queue` sends it, as the message it would have been, to `errorQueue` with NServiceBus's failure headers naming the column, the value and the reason, and sends the rest of the batch; `fail` fails the batch, naming the column and the message (for a reply, the message it answers)"),
     "createQueues": ("false", "create the `destination` and `errorQueue` queues, the endpoint's delayed table and `SubscriptionRouting` if missing; never a queue named by message data"),
     "subscriptionTable": (defaults.DEFAULT_SUBSCRIPTIONS, "table that routes published events to subscriber queues"),
     "deduplicationRetention": ("7d", "how long outbox records are kept (`30s`, `12h`, `7d`); replays older than this are sent again"),
@@ -255,4 +266,5 @@ class WriterOptions:
             inline_bytes=_int(opts, "inlinebytes", "inlineBytes", defaults.DEFAULT_INLINE_BYTES, minimum=0,
                               maximum=MAX_INLINE_BYTES) or 0,
             delayed_rule=delayed_rule(opts, dialect),
+            invalid_rows=_choice(opts, "invalidrows", "invalidRows", defaults.INVALID_ROWS, defaults.DEFAULT_INVALID_ROWS),
         )

@@ -15,7 +15,8 @@ from ..errors import ConfigError
 from .delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 from .routing import RoutingPolicy
 
-__all__ = ["ReceiveSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_ACK_BATCH", "DEFAULT_RETENTION_SECONDS"]
+__all__ = ["ReceiveSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_ACK_BATCH", "DEFAULT_RETENTION_SECONDS",
+           "INVALID_ROWS", "INVALID_FAIL", "INVALID_TO_ERROR_QUEUE"]
 
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_ACK_BATCH = 10_000
@@ -24,6 +25,13 @@ DEFAULT_ERROR_QUEUE = "error"
 DEFAULT_SUBSCRIPTIONS = "SubscriptionRouting"
 DEFAULT_CONTENT_TYPE = "application/json"
 DEFAULT_SINK = "default"
+#: what the sink does with a row it cannot build into a message (a NaN delay, a NUL byte, ...):
+#: send it, as the message it would have been, to the error queue with NServiceBus's failure
+#: headers (the rest of the batch is sent), or fail the batch naming the column and the message
+INVALID_TO_ERROR_QUEUE = "error-queue"
+INVALID_FAIL = "fail"
+INVALID_ROWS = (INVALID_TO_ERROR_QUEUE, INVALID_FAIL)
+DEFAULT_INVALID_ROWS = INVALID_TO_ERROR_QUEUE
 #: most bytes of messages (headers and bodies) a micro-batch's sink tasks hand to the driver, which
 #: writes them straight into their queues in the batch's dispatch transaction: each of the first
 #: INLINE_TASKS tasks (by partition) hands its messages over when they total at most its share
@@ -116,11 +124,16 @@ class SendSettings:
     inline_bytes: int = DEFAULT_INLINE_BYTES  # per batch; 0: every task stages its rows
     #: which table holds the endpoint's delayed messages
     delayed_rule: DelayedTableRule = NSERVICEBUS_DELAYED
+    #: rows the sink cannot build: `INVALID_TO_ERROR_QUEUE` (to `error_queue`) or `INVALID_FAIL`
+    invalid_rows: str = DEFAULT_INVALID_ROWS
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = dialect_for(self.url)
         object.__setattr__(self, "dialect", d)
+        if self.invalid_rows not in INVALID_ROWS:
+            raise ConfigError(f"option 'invalidRows' must be {' or '.join(INVALID_ROWS)}, not {self.invalid_rows[:40]!r}",
+                              option="invalidRows")
         rule = self.delayed_rule
         for suffix in ("Staging", "Outbox"):  # fail early when a name would be too long
             try:

@@ -1,6 +1,10 @@
 """Input rows -> staged rows with NServiceBus headers: one `MessageBuilder` per Spark task. Runs on
-executors; no SQL. Every check happens here, before anything is written, and every error
-(`MessageError`) names the column and the message at fault.
+executors; no SQL. Every check happens here, before anything is written. A row that fails one is
+refused with a `MessageError` naming the column, the value, the reason and the message (its
+``message_id``, else the message a reply answers: `MessageBuilder.error`); unless the sink fails
+on such rows (option invalidRows=fail), the row becomes an error copy instead: the message it would
+have been, with NServiceBus's failure headers, staged for the sink's error queue (`_error_copy`),
+so it travels, exactly once, with the rest of its batch.
 """
 
 from __future__ import annotations
@@ -13,12 +17,48 @@ from typing import Any, NamedTuple
 
 from ...dialects import dialect_named
 from ...errors import ConfigError, MessageError
-from ...wire import INTENTS, RESERVED, H, SentHeaderText, encode_headers, format_time, outgoing_headers, uuid4_texts
+from ...wire import (
+    INTENTS,
+    RESERVED,
+    H,
+    SentHeaderText,
+    encode_headers,
+    failure_headers,
+    format_time,
+    outgoing_headers,
+    uuid4_texts,
+)
 from .messages import DELAYED, PUBLISH, SEND, SendPlan, StagedRow
 
-__all__ = ["MessageBuilder"]
+__all__ = ["MessageBuilder", "INVALID_TYPE"]
 
 TTBR_HEADER = "NServiceBus.TimeToBeReceived"
+#: NServiceBus.ExceptionInfo.ExceptionType of the error copy of a row the sink could not build
+INVALID_TYPE = "spark_qtransport.MessageError"
+#: ExceptionInfo.Source of those error copies
+SOURCE = "spark_qtransport.send"
+#: how much of a refused value an error shows (its repr: control characters escaped)
+SHOWN_CHARS = 200
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: its repr (NUL and control characters escaped), at most
+    `SHOWN_CHARS` characters of it."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - an object without a usable repr
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
+class _Refused(Exception):  # noqa: N818 - internal: becomes a MessageError (`MessageBuilder.error`)
+    """A row refused by a check: the column (and the part of it, `field`), why, and the message
+    id the row was being built with (given, or generated for it)."""
+
+    def __init__(self, column: str, reason: str, message_id: Any, *, field: str | None = None,
+                 option: str | None = None) -> None:
+        super().__init__(reason)
+        self.column, self.reason, self.message_id, self.field, self.option = column, reason, message_id, field, option
 
 
 def _timespan(seconds: float) -> str:
@@ -48,17 +88,12 @@ def _seconds(value: Any, column: str, message_id: str, limit: float = MAX_SECOND
     try:
         seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     except (TypeError, ValueError, OverflowError):
-        raise MessageError(f"column {column!r} of message {message_id!r}: {value!r} is not a number of seconds",
-                           column=column) from None
+        raise _Refused(column, f"{_shown(value)} is not a number of seconds", message_id) from None
     if not math.isfinite(seconds):
-        raise MessageError(f"column {column!r} of message {message_id!r}: {value!r} is not a finite number of seconds",
-                           column=column)
+        raise _Refused(column, f"{_shown(value)} is not a finite number of seconds", message_id)
     if seconds > limit:
-        raise MessageError(
-            f"column {column!r} of message {message_id!r}: {value!r} is too long ({seconds:.0f} s; "
-            f"at most {limit:.0f} s, about {limit / (365.25 * 86_400):.0f} years)",
-            column=column,
-        )
+        raise _Refused(column, f"{_shown(value)} is too long ({seconds:.0f} s; at most {limit:.0f} s, about "
+                               f"{limit / (365.25 * 86_400):.0f} years)", message_id)
     return seconds
 
 
@@ -66,9 +101,7 @@ def _no_nul(value: Any, column: str, message_id: str, *, field: str | None = Non
     """PostgreSQL text cannot hold a NUL character: refuse it here, naming the message. `field`:
     the part of the column named in the message (a header), when not the whole column."""
     if isinstance(value, str) and "\x00" in value:
-        shown = repr(value) if len(value) <= 200 else repr(value[:200]) + "..."
-        raise MessageError(f"column {field or column!r} of message {message_id!r}: {shown} contains a NUL character (\\x00)",
-                           column=column)
+        raise _Refused(column, f"{_shown(value)} contains a NUL character (\\x00)", message_id, field=field)
 
 
 class MessageBuilder:
@@ -84,12 +117,14 @@ class MessageBuilder:
         self._max_seconds = min(MAX_SECONDS, self.dialect.max_interval_seconds)
         self._routes: dict[str | None, str] = {}
         self.counts: dict[tuple[str, str], int] = {}
+        self.invalid = 0  # rows refused and staged as error copies (counted in `counts` too)
+        self.invalid_reason: str | None = None  # the first one's error
         self._ids = uuid4_texts()
         self._text = SentHeaderText(endpoint=plan.endpoint, machine=self.machine, content_type=plan.content_type,
                                     new_id=lambda: next(self._ids))
-        # `build`'s fast path needs text for every header it fills in; else every row takes the
-        # general path (`_build`)
-        self._fast = all(type(v) is str for v in (plan.endpoint, plan.content_type, plan.sink, self.machine)) and (
+        # the fast path (`_fast`) needs text for every header it fills in; else every row takes
+        # the general path (`_build`)
+        self._plain = all(type(v) is str for v in (plan.endpoint, plan.content_type, plan.sink, self.machine)) and (
             plan.reply_to is None or type(plan.reply_to) is str)
 
     def route(self, destination: str | None, message_id: str) -> str:
@@ -100,11 +135,8 @@ class MessageBuilder:
         if route is None:
             if destination is None:
                 if self.plan.default_destination is None:
-                    raise MessageError(
-                        f"message {message_id} has no destination: fill the 'destination' column "
-                        "or set option 'destination'",
-                        column="destination", option="destination",
-                    )
+                    raise _Refused("destination", "no destination: fill the 'destination' column or set option "
+                                   "'destination'", message_id, option="destination")
                 address = self.plan.default_destination
             else:
                 try:
@@ -118,14 +150,84 @@ class MessageBuilder:
 
     def build(self, row: Mapping[str, Any], now: datetime | str) -> StagedRow:
         """One input row (column name -> Python value) -> one staged row. `now`: the send time
-        (or its text in NServiceBus's format, formatted once per task).
+        (or its text in NServiceBus's format, formatted once per task). A row refused by a check
+        becomes its error copy for the error queue (`_error_copy`), or with invalidRows=fail
+        (`SendPlan.invalid_to` None) raises the `MessageError` naming it (`error`)."""
+        try:
+            return self._fast(row, now)
+        except _Refused as refused:
+            error = self.error(row, refused)
+            if self.plan.invalid_to is None:
+                raise error from None
+            return self._error_copy(row, now, refused.message_id, error)
 
-        The staging hot path. A row whose text columns and headers are plain text without NUL,
-        with a known intent and a message type, is built here in few Python calls; any other row
-        (one that may be refused, or holds values of other types) takes `_build`, the general
-        path, which refuses it with the same `MessageError` (or builds the same staged row: the
-        two are kept equal by tests/test_stage_fast.py)."""
-        if not self._fast:
+    def error(self, row: Mapping[str, Any], refused: _Refused) -> MessageError:
+        """The error of a refused row: the column, the message, why. The message is named by
+        what stays the same when the batch runs again: its ``message_id`` if the row gives one;
+        else, for a reply (or any message carrying ``NServiceBus.RelatedTo``), the message it
+        answers; only else the id generated for it in this run."""
+        shown = refused.field or refused.column
+        given = row.get("message_id")
+        if given:
+            who = f"message {_shown(given)}"
+        else:
+            related = _related_to(row.get("headers"))
+            intent = row.get("intent")
+            if related is not None:
+                kind = "reply to" if isinstance(intent, str) and intent.strip().lower() == "reply" else "message related to"
+                who = f"the {kind} message {_shown(related)} (NServiceBus.RelatedTo)"
+            else:
+                who = f"message {_shown(refused.message_id)} (an id generated in this run: no message_id column)"
+        return MessageError(f"column {shown!r} of {who}: {refused.reason}", column=refused.column,
+                            option=refused.option)
+
+    def _error_copy(self, row: Mapping[str, Any], now: datetime | str, message_id: Any, error: MessageError) -> StagedRow:
+        """A refused row as the message it would have been (its body, the headers it would have
+        had as far as they can be built, NUL characters escaped as ``\\x00``) plus NServiceBus's
+        failure headers (ExceptionInfo.Message: `error`), staged for the error queue. Never raises."""
+        plan = self.plan
+        message_id = _clean(message_id) or next(self._ids)
+        given = _loose_headers(row.get("headers"))
+        raw_intent = row.get("intent")
+        intent = (raw_intent if isinstance(raw_intent, str) else "send").strip().lower() or "send"
+        try:
+            headers = outgoing_headers(
+                message_id=message_id, endpoint=plan.endpoint, machine=self.machine,
+                intent=intent if intent in INTENTS else "send", message_type=_clean(row.get("message_type")),
+                content_type=plan.content_type, correlation_id=_clean(row.get("correlation_id")),
+                reply_to_address=_clean(row.get("reply_to")) or plan.reply_to, headers=given, now=now,
+            )
+            if intent not in INTENTS and H.MESSAGE_INTENT not in given:
+                del headers[H.MESSAGE_INTENT]  # not known: not guessed
+        except ValueError:  # no message type: the headers given, and who sent it when
+            headers = {H.MESSAGE_ID: message_id, H.TIME_SENT: now if isinstance(now, str) else format_time(now),
+                       H.ORIGINATING_ENDPOINT: plan.endpoint, H.ORIGINATING_MACHINE: self.machine, **given}
+            headers[H.MESSAGE_ID] = message_id  # the row's id, whatever the headers say (as `outgoing_headers`)
+        headers = failure_headers(
+            headers, failed_q=plan.failed_q or plan.endpoint, exception_type=INVALID_TYPE, message=str(error),
+            source=SOURCE, endpoint=plan.endpoint, data={"Column": error.column or ""},
+        )
+        body = row.get("body")
+        if isinstance(body, str):
+            body = body.encode("utf-8", "surrogatepass")
+        elif body is not None and not isinstance(body, bytes):
+            body = bytes(body) if isinstance(body, (bytearray, memoryview)) else _shown(body).encode("utf-8")
+        route = plan.invalid_to or ""
+        self.counts[(SEND, route)] = self.counts.get((SEND, route), 0) + 1
+        self.invalid += 1
+        if self.invalid_reason is None:
+            self.invalid_reason = str(error)
+        return StagedRow(sink=plan.sink, batch_id=self.batch_id, attempt=self.attempt, kind=SEND, route=route,
+                         message_id=message_id, headers=encode_headers(headers), body=body, ttbr_ms=None,
+                         delay_ms=None, due=None)
+
+    def _fast(self, row: Mapping[str, Any], now: datetime | str) -> StagedRow:
+        """`build` without the error copies: the staging hot path. A row whose text columns and
+        headers are plain text without NUL, with a known intent and a message type, is built
+        here in few Python calls; any other row (one that may be refused, or holds values of
+        other types) takes `_build`, the general path, which refuses it the same way (or builds
+        the same staged row: the two are kept equal by tests/test_stage_fast.py)."""
+        if not self._plain:
             return self._build(row, now)
         get = row.get
         message_id = get("message_id") or next(self._ids)
@@ -214,8 +316,7 @@ class MessageBuilder:
             _no_nul(get(column), column, message_id)
         intent = (get("intent") or "send").strip().lower()
         if intent not in INTENTS:
-            raise MessageError(f"column 'intent' of message {message_id}: {get('intent')!r} is not one of send, "
-                               "publish, reply", column="intent")
+            raise _Refused("intent", f"{_shown(get('intent'))} is not one of send, publish, reply", message_id)
         body = get("body")
         if isinstance(body, str):
             body = body.encode("utf-8")
@@ -236,35 +337,32 @@ class MessageBuilder:
         )
 
     def _timing(self, row: Mapping[str, Any], message_id: str) -> _Timing:
-        """The row's time to be received, delay and deliver_at, checked."""
+        """The row's time to be received, delay and deliver_at, checked. A deliver_at in the past
+        (a minute or two thousand years ago) is due now: a delay of 0, counted from the
+        database's clock at dispatch, as a negative delay is."""
         ttbr = _seconds(row.get("time_to_be_received"), "time_to_be_received", message_id, self._max_seconds)
         delay = _seconds(row.get("delay"), "delay", message_id, self._max_seconds)
         if delay is not None and delay < 0:
             delay = 0.0  # a negative delay: due now
         deliver_at = row.get("deliver_at")
+        due_now = False
         if deliver_at is not None:
             if not isinstance(deliver_at, datetime):
-                raise MessageError(f"column 'deliver_at' of message {message_id!r}: {deliver_at!r} is not a timestamp",
-                                   column="deliver_at")
+                raise _Refused("deliver_at", f"{_shown(deliver_at)} is not a timestamp", message_id)
             if deliver_at.tzinfo is None:
                 deliver_at = deliver_at.replace(tzinfo=timezone.utc)
-            if abs((deliver_at - self._now).total_seconds()) > MAX_SECONDS:
-                raise MessageError(
-                    f"column 'deliver_at' of message {message_id!r}: {deliver_at.isoformat()} is more than 100 years "
-                    "from now",
-                    column="deliver_at",
-                )
-        timing = _Timing(ttbr, delay, deliver_at)
+            ahead = (deliver_at - self._now).total_seconds()
+            if ahead > MAX_SECONDS:
+                raise _Refused("deliver_at", f"{deliver_at.isoformat()} is more than 100 years from now", message_id)
+            if ahead <= 0:
+                deliver_at, delay, due_now = None, 0.0, True
+        timing = _Timing(ttbr, delay, deliver_at, due_now)
         if ttbr is not None:
             if ttbr <= 0:
-                raise MessageError(f"column 'time_to_be_received' of message {message_id} must be positive, not {ttbr}",
-                                   column="time_to_be_received")
+                raise _Refused("time_to_be_received", f"must be positive, not {ttbr}", message_id)
             if timing.deferred:
-                raise MessageError(
-                    f"message {message_id} is delayed and has a time to be received: NServiceBus refuses "
-                    "delayed messages that can expire; drop one of them",
-                    column="time_to_be_received",
-                )
+                raise _Refused("time_to_be_received", "it is delayed and has a time to be received: NServiceBus "
+                               "refuses delayed messages that can expire; drop one of them", message_id)
         return timing
 
     def _headers(self, row: Mapping[str, Any], message_id: str, intent: str, given: dict[str, Any],
@@ -285,21 +383,18 @@ class MessageBuilder:
             )
         except ValueError as exc:  # a reserved header given, or no message type in column or header
             column = "headers" if any(name in given for name in RESERVED) else "message_type"
-            raise MessageError(f"message {message_id}: {exc}", column=column) from None
+            raise _Refused(column, str(exc), message_id) from None
 
     def _kind_and_route(self, destination: str | None, message_id: str, intent: str, deferred: bool,
                         headers: dict[str, str | None]) -> tuple[str, str]:
         """Where the message goes: (SEND, DELAYED or PUBLISH, canonical address or published types)."""
         if intent == "publish":
             if destination is not None:
-                raise MessageError(
-                    f"message {message_id} is published and has a destination ({destination!r}): "
-                    "published events go to their subscribers; send it instead, or clear the destination",
-                    column="destination",
-                )
+                raise _Refused("destination", f"it is published and has a destination ({_shown(destination)}): "
+                               "published events go to their subscribers; send it instead, or clear the destination",
+                               message_id)
             if deferred:
-                raise MessageError(f"message {message_id}: delaying a published event is not supported; send it delayed",
-                                   column="intent")
+                raise _Refused("intent", "delaying a published event is not supported; send it delayed", message_id)
             return PUBLISH, headers[H.ENCLOSED_MESSAGE_TYPES] or ""
         # a reply to a message without a ReplyToAddress has no destination: route "" is refused at
         # dispatch, and the reply goes to the error queue
@@ -317,11 +412,12 @@ _new_row = tuple.__new__
 class _Timing(NamedTuple):
     ttbr: float | None  # seconds
     delay: float | None  # seconds, not negative
-    deliver_at: datetime | None  # aware
+    deliver_at: datetime | None  # aware, in the future
+    due_now: bool = False  # deliver_at was in the past: delayed by 0
 
     @property
     def deferred(self) -> bool:
-        return self.deliver_at is not None or (self.delay is not None and self.delay > 0)
+        return self.deliver_at is not None or self.due_now or (self.delay is not None and self.delay > 0)
 
 
 def _given_headers(given: Any, message_id: str) -> dict[str, Any]:
@@ -333,3 +429,35 @@ def _given_headers(given: Any, message_id: str) -> dict[str, Any]:
         _no_nul(key, "headers", message_id)
         _no_nul(value, "headers", message_id, field=f"headers[{key!r}]")
     return headers
+
+
+def _related_to(given: Any) -> str | None:
+    """The NServiceBus.RelatedTo header of a headers column, if it has one (text)."""
+    try:
+        value = (given if isinstance(given, Mapping) else dict(given or ())).get(H.RELATED_TO)
+    except Exception:  # noqa: BLE001 - not a map: no related message
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _clean(value: Any) -> str | None:
+    """Text a header of an error copy can hold: NUL escaped (PostgreSQL text cannot hold it);
+    None for no value."""
+    if value is None or value == "":
+        return None
+    return (value if isinstance(value, str) else _shown(value)).replace("\x00", "\\x00")
+
+
+def _loose_headers(given: Any) -> dict[str, str]:
+    """The headers column of a refused row, as an error copy carries them: text, NUL escaped,
+    without null values or the transport's reserved headers. Never raises."""
+    try:
+        pairs = list((given if isinstance(given, Mapping) else dict(given or ())).items())
+    except Exception:  # noqa: BLE001 - not a map: none
+        return {}
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        name, text = _clean(key), _clean(value)
+        if name is not None and text is not None and name not in RESERVED:
+            out[name] = text
+    return out

@@ -14,6 +14,11 @@ ReplyToAddress, subscription rows), so each goes through the routing path (`tran
 message whose destination is missing, not a queue or outside the allow-list goes to the endpoint's
 error queue with NServiceBus's failure headers, in the same transaction, and the rest is sent. A
 missing static ``destination`` option fails at start instead, naming it.
+
+Rows the tasks could not build into messages (a NaN delay, a NUL character: `builder`) arrive
+as error copies staged for the error queue (named by an option: trusted, like the endpoint's own
+queue, whatever the allow-list says); they are dispatched with the rest of the batch, exactly
+once, and the batch's log line counts them (a WARNING naming the first one's error).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from ..operations.install import warn_about_name
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..server import require_databases
-from ..settings import SendSettings
+from ..settings import INVALID_FAIL, SendSettings
 from .fanout import Destination, add_subscribers
 from .inline import InlineRows, RowGroup, by_route
 from .messages import DELAYED, PUBLISH, SEND, SendPlan
@@ -54,6 +59,7 @@ class DispatchResult:
     delayed: int = 0
     published: int = 0
     failed: int = 0  # refused by the routing path: to the endpoint's error queue instead
+    invalid: int = 0  # rows the tasks could not build: error copies to the error queue (counted in `sent`)
     destinations: dict[str, int] = field(default_factory=dict)
     moved: MoveResult | None = None
 
@@ -98,6 +104,8 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         reply_to=d.format_address(options.endpoint) if has_input else None,
         content_type=options.content_type,
         sink=options.sink,
+        invalid_to=None if options.invalid_rows == INVALID_FAIL else d.format_address(options.error_queue),
+        failed_q=d.format_address(options.endpoint),
     )
 
 
@@ -114,6 +122,8 @@ class _Batch:
     routes: dict[tuple[str, str], int]  # (kind, route) -> rows, staged and inline
     staged_routes: set[tuple[str, str]]  # (kind, route) that staged rows have
     handed: dict[tuple[str, str], list[RowGroup]]  # the rows tasks handed over, by (kind, route)
+    invalid: int = 0  # of `rows`: error copies of rows the tasks could not build
+    invalid_reason: str | None = None  # the first one's error
 
     @classmethod
     def of(cls, batch_id: int, reports: list[StageReport]) -> _Batch:
@@ -126,7 +136,8 @@ class _Batch:
                     staged_routes.add((r.kind, r.route))
         staged = [r for r in reports if r.inline is None]
         return cls(batch_id, [r.attempt for r in staged], sum(r.rows for r in staged), routes, staged_routes,
-                   by_route([r.inline for r in reports if r.inline is not None]))
+                   by_route([r.inline for r in reports if r.inline is not None]), sum(r.invalid for r in reports),
+                   next((r.invalid_reason for r in reports if r.invalid_reason), None))
 
     @property
     def rows(self) -> int:
@@ -162,8 +173,11 @@ class Dispatcher:
         if result.skipped:
             log.info("batch %d of endpoint %s was dispatched before; nothing sent again", batch_id, self.options.endpoint)
         else:
-            log.info("batch %d of endpoint %s: sent %d, delayed %d, published %d",
-                     batch_id, self.options.endpoint, result.sent, result.delayed, result.published)
+            log.info("batch %d of endpoint %s: sent %d, delayed %d, published %d%s",
+                     batch_id, self.options.endpoint, result.sent, result.delayed, result.published,
+                     f", of them {result.invalid} invalid rows to the error queue" if result.invalid else "")
+            if result.invalid:
+                self._warn_invalid(batch)
         try:
             result.moved = self.move_due()
             self.outbox.cleanup(self.session.connection(), self.options.retention_seconds)
@@ -179,7 +193,7 @@ class Dispatcher:
         """The dispatch transaction (see the module's docstring); committed by the caller."""
         d, o = self.dialect, self.options
         cur = conn.cursor()
-        result = DispatchResult(batch.batch_id)
+        result = DispatchResult(batch.batch_id, invalid=batch.invalid)
         if batch.rows == 0:
             self._delete_leftovers(cur, batch.batch_id)
             return result
@@ -224,9 +238,12 @@ class Dispatcher:
         the subscribers of the events it publishes."""
         o = self.options
         destinations: dict[str, Destination] = {}
+        error_queue = self.dialect.format_address(o.error_queue)
         for kind, route in batch.routes:
             if kind == SEND:
-                destinations[route] = Destination(router.resolve(cur, route, option="destination"), route)
+                to = (router.configured(cur, o.error_queue, option="errorQueue") if route == error_queue
+                      else router.resolve(cur, route, option="destination"))
+                destinations[route] = Destination(to, route)
         published = [route for (kind, route) in batch.routes if kind == PUBLISH]
         if published:
             add_subscribers(cur, self.dialect, router, o.subscriptions, create=o.create_queues, published=published,
@@ -267,6 +284,14 @@ class Dispatcher:
         if result.delayed != delayed:
             raise DispatchError(f"batch {batch.batch_id}: {delayed} delayed messages staged, {result.delayed} stored",
                                 queue=d.format_address(o.delayed), operation="dispatch")
+
+    def _warn_invalid(self, batch: _Batch) -> None:
+        """One WARNING per batch with rows the tasks could not build (sent to the error queue)."""
+        o = self.options
+        share = f"all {batch.rows} rows" if batch.invalid >= batch.rows else f"{batch.invalid} of {batch.rows} rows"
+        log.warning("batch %d of endpoint %s: %s could not be built into messages and went to the error queue %s "
+                    "(option invalidRows); the first: %s", batch.batch_id, o.endpoint, share,
+                    self.dialect.format_address(o.error_queue), batch.invalid_reason)
 
     def _delete_leftovers(self, cur: Any, batch_id: int) -> None:
         """Delete what failed attempts of a streaming batch staged (one-off writes have no batch

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from ...dialects import QueueAddress
-from ...errors import ConfigError
+from ...errors import ConfigError, MessageError
 
 __all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "StagedRow", "SendPlan", "check_columns",
            "topics_of"]
@@ -34,6 +34,9 @@ INPUT_COLUMNS: dict[str, tuple[str, ...]] = {
     "delay": ("int", "bigint", "smallint", "tinyint", "double", "float", "decimal", "interval"),
 }
 
+#: Spark's YearMonthIntervalType (simpleString without spaces: ``intervalyeartomonth``, ``intervalmonth``)
+_YEAR_MONTH = ("intervalyear", "intervalmonth")
+_DURATIONS = ("delay", "time_to_be_received")
 
 
 class StagedRow(NamedTuple):
@@ -72,11 +75,18 @@ def check_columns(fields: Sequence[tuple[str, str]]) -> None:
         raise ConfigError("the sqlqueue sink needs a 'body' column (binary or string)")
     if "deliver_at" in names and "delay" in names:
         raise ConfigError("columns 'deliver_at' and 'delay' both given: use one of them")
-    for name, typ in fields:
-        typ = typ.replace(" ", "").lower()
+    for name, given in fields:
+        typ = given.replace(" ", "").lower()
+        if name in _DURATIONS and typ.startswith(_YEAR_MONTH):
+            raise MessageError(
+                f"column {name!r} has type {given}: a year-month interval has no "
+                "fixed length in seconds; use a day-time interval (INTERVAL '30' DAY) or a number of seconds",
+                column=name,
+            )
         if not any(typ == t or typ.startswith(t + "(") or typ.startswith(t + " ") or (t == "interval" and "interval" in typ)
                    for t in INPUT_COLUMNS[name]):
-            raise ConfigError(f"column {name!r} has type {typ}; expected {' or '.join(INPUT_COLUMNS[name])}")
+            raise ConfigError(f"column {name!r} has type {typ}; expected {' or '.join(INPUT_COLUMNS[name])}",
+                              column=name)
 
 
 def _full_name(type_name: str) -> str:
@@ -122,3 +132,8 @@ class SendPlan:
     reply_to: str | None  # ReplyToAddress for messages without one (the endpoint's input queue)
     content_type: str
     sink: str
+    #: where rows the sink cannot build go, as error copies (the error queue's canonical address);
+    #: None: such a row fails the task (option invalidRows=fail)
+    invalid_to: str | None = None
+    #: the endpoint's address: NServiceBus.FailedQ of those error copies (default `endpoint`)
+    failed_q: str | None = None

@@ -120,6 +120,8 @@ class StageReport:
     batch_id: int
     query_id: str | None
     inline: list[RowGroup] | None = None  # a small task's rows, handed to the driver (nothing staged)
+    invalid: int = 0  # rows the builder refused, staged as error copies for the error queue (in `rows`)
+    invalid_reason: str | None = None  # the first one's error
 
 
 # -- the task ---------------------------------------------------------------------------
@@ -153,11 +155,12 @@ def stage_partition(
             inline = rows.within(limit)
             if inline is not None:
                 return StageReport(builder.attempt, len(inline), _routes(builder), batch_id, query_id,
-                                   hand_over(inline))
+                                   hand_over(inline), builder.invalid, builder.invalid_reason)
         staged = _stage(options, plan, builder, rows, batch_id)
     except InputFailed as failed:  # our input failed: not ours to retry, and no database fault
         raise failed.__cause__ from None  # type: ignore[misc]
-    return StageReport(builder.attempt, staged, _routes(builder), batch_id, query_id)
+    return StageReport(builder.attempt, staged, _routes(builder), batch_id, query_id, None, builder.invalid,
+                       builder.invalid_reason)
 
 
 def _stage(options: SendSettings, plan: SendPlan, builder: MessageBuilder, rows: TaskRows, batch_id: int) -> int:
