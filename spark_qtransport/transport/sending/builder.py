@@ -203,8 +203,19 @@ class MessageBuilder:
             headers = {H.MESSAGE_ID: message_id, H.TIME_SENT: now if isinstance(now, str) else format_time(now),
                        H.ORIGINATING_ENDPOINT: plan.endpoint, H.ORIGINATING_MACHINE: self.machine, **given}
             headers[H.MESSAGE_ID] = message_id  # the row's id, whatever the headers say (as `outgoing_headers`)
+        # FailedQ: where the message was going (as for a refused route), so that a retry from the
+        # error queue (ServicePulse, `sqlqueue error retry`) delivers it there; the endpoint's own
+        # queue only when the row names no destination or the destination is what was refused.
+        failed_q = plan.failed_q or plan.endpoint
+        destination = row.get("destination")
+        if error.column != "destination" and intent != "publish" and (destination is None or isinstance(destination, str)):
+            try:
+                failed_q = self.route(destination, message_id) or failed_q
+            except _Refused:  # no destination at all
+                pass
         headers = failure_headers(
-            headers, failed_q=plan.failed_q or plan.endpoint, exception_type=INVALID_TYPE, message=str(error),
+            headers, failed_q=failed_q, exception_type=INVALID_TYPE,
+            message=str(error),
             source=SOURCE, endpoint=plan.endpoint, data={"Column": error.column or ""},
         )
         body = row.get("body")
