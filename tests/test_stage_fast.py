@@ -171,7 +171,7 @@ def test_a_refused_row_becomes_an_error_copy_that_can_be_written(row: dict[str, 
     if column == "destination" or not (going is None or isinstance(going, str)) or (going is None and destination is None):
         assert headers[H.FAILED_Q] == "Sales"
     else:
-        assert headers[H.FAILED_Q] in ("Sales", b.route(going, "x").replace("\x00", "\\x00"))
+        assert headers[H.FAILED_Q] in ("Sales", b.route(going, "x"))
     assert headers["NServiceBus.ExceptionInfo.ExceptionType"] == builder.INVALID_TYPE
     assert headers["NServiceBus.ExceptionInfo.Message"] == message
     assert headers["NServiceBus.ExceptionInfo.Data.Column"] == column
