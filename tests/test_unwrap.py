@@ -17,7 +17,7 @@ from spark_qtransport.errors import (
     QueueNotFoundError,
     tagged,
 )
-from spark_qtransport.spark.options import ReaderOptions, WriterOptions
+from spark_qtransport.spark.options import WRITER_OPTIONS, ReaderOptions, WriterOptions
 
 TRACEBACK = "Traceback (most recent call last)"
 
@@ -70,6 +70,11 @@ def _source(spark: Any, url: str, queue: str, error: str, **options: str) -> Any
     return reader.load()
 
 
+#: a row that cannot be a message fails the batch: by default since option invalidRows exists, it
+#: goes to the error queue instead
+FAIL = {"invalidRows": "fail"} if "invalidRows" in WRITER_OPTIONS else {}
+
+
 def _nul_ids(received: Any) -> Any:
     return received.selectExpr("body", "concat(message_id, '\\u0000') AS message_id")
 
@@ -105,13 +110,13 @@ def _errors_surface(spark: Any, pg: Backend, names: Any, tmp_path: Any, *, conne
     pg.send_many(sales, [(nsb_headers(f"m{i}"), b"{}") for i in range(3)])
     exc, ours = _spark_error(lambda: _nul_ids(_source(spark, pg.url, sales, error)).writeStream.format("sqlqueue")
                              .option("url", pg.url).option("endpoint", sales).option("destination", billing)
-                             .option("checkpointLocation", str(tmp_path / "c1")).trigger(availableNow=True)
+                             .options(**FAIL).option("checkpointLocation", str(tmp_path / "c1")).trigger(availableNow=True)
                              .start().awaitTermination(120))
     assert type(ours) is MessageError and ours.column == "message_id"
     assert TRACEBACK not in str(exc)
 
     # foreachBatch: QueueSink raises our error itself (a function may catch it); Spark's text has it
-    sink = QueueSink(url=pg.url, endpoint=sales, destination=billing)
+    sink = QueueSink(url=pg.url, endpoint=sales, destination=billing, **FAIL)
     caught: list[BaseException] = []
 
     def handle(batch: Any, batch_id: int) -> None:
