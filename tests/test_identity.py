@@ -47,17 +47,24 @@ def test_taking_over_another_querys_claims_warns_and_a_finished_run_leaves_nothi
 ) -> None:
     q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
     pg.send_many(q, [(nsb_headers(f"m{i:02d}"), b"{}") for i in range(12)])
-    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    first, second, other = (str(tmp_path / n) for n in ("first", "second", "other"))
 
     # the first job dies in its first batch: 5 claimed, never acknowledged
     _fail_first_batch(spark, reader(spark, pg, q, e, maxMessagesPerTrigger="5", claimAhead="false"), first)
     assert pg.count(pg.claims(q)) == 5
 
-    # a second job, same endpoint, its own checkpoint: takes them over, and says so
+    # a job with its own endpoint (queue_to_delta's default: its job id) leaves those claims alone
+    bronze = Collect()
+    bronze_query = run_available_now(spark, reader(spark, pg, q, e, endpoint="queue_to_delta"), other, bronze)
+    assert _taken_over(bronze_query) == 0
+    assert sorted(bronze.ids()) == [f"m{i:02d}" for i in range(5, 12)]
+    assert pg.count(pg.claims(q)) == 5
+
+    # a job with the first one's endpoint and its own checkpoint takes them over, and says so
     taker = Collect()
     taker_query = run_available_now(spark, reader(spark, pg, q, e, maxMessagesPerTrigger="5"), second, taker)
     assert _taken_over(taker_query) == 5  # in its progress (the log line: the test below)
-    assert sorted(taker.ids()) == [f"m{i:02d}" for i in range(12)]
+    assert sorted(taker.ids()) == [f"m{i:02d}" for i in range(5)]  # none of the other job's
     # AvailableNow's last batch is acknowledged before the run ends: nothing stays claimed
     assert pg.count(pg.claims(q)) == 0 and pg.count(q) == 0
 

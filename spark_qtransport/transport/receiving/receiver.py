@@ -71,6 +71,7 @@ class Receiver:
         self._released = False  # claims up to the first planned start (a previous run's last batch)
         self._acked = 0  # the highest end acknowledged (or handed to the background thread)
         self._takeover_checked = False
+        self._available_now = False  # Trigger.AvailableNow: the run ends when nothing new is found
         self._backlog = 0
         self._backlog_refresh: Future[int | None] | None = None
 
@@ -107,10 +108,11 @@ class Receiver:
         self._release_previous_run(start, after)
         self._warn_of_takeover(start, after)
         end = self.planner.plan(after, limit)
-        if after and end == after and after > self._acked:
-            # Nothing new: Spark ends an AvailableNow run here, and an idle stream waits here,
-            # without sending commit(start). Spark asks for the next offset only once `start` is
-            # in its commit log, so its claims are processed: acknowledge them now, once.
+        if self._available_now and after and end == after and after > self._acked:
+            # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
+            # It asks for the next offset only once `start` is in its commit log, so those claims
+            # are processed: acknowledge them, so a finished run leaves nothing claimed. (A
+            # running stream keeps its last batch until the next: deleting `commits/N` replays it.)
             self.ack(ClaimOffset(after, self.table_id))
         return ClaimOffset(end, self.table_id)
 
@@ -141,9 +143,10 @@ class Receiver:
         stays claimed after it stops, and would stay so while the queue is empty. Spark asks for
         the next offset only once every batch up to ``start`` is in the commit log (a restart
         first replays an uncommitted batch), so this run's first planning may acknowledge up to
-        ``start``. `latest` acknowledges a later ``start`` when it finds nothing new (the end of an
-        AvailableNow run, an idle stream); while batches follow each other, Spark's ``commit``
-        does.
+        ``start``. In an AvailableNow run `latest` acknowledges a later ``start`` when it finds
+        nothing new (the run ends there); while batches follow each other, Spark's ``commit`` does.
+        Otherwise a run's own last batch stays replayable until the next run (a manual replay
+        after deleting ``commits/N`` finds its rows).
         """
         if self._released or start is None:
             return
@@ -158,6 +161,7 @@ class Receiver:
     def prepare_available_now(self) -> None:
         """Trigger.AvailableNow: take only what is in the queue now, then finish. Delayed
         messages due by now are moved in first: they are available now too."""
+        self._available_now = True
         self.move_delayed()
         stmt = self.dialect.max_source_seq(self.options.queue)
         (target,) = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("available-now target"))
