@@ -56,7 +56,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "user": ("from url", "database user; overrides the URL's"),
     "password": ("from url", "database password; overrides the URL's (Spark redacts options named password)"),
     "queue": ("required", "queue address to receive from, NServiceBus syntax"),
-    "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue"),
+    "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue; give each job its own (a new checkpoint takes over the claims its endpoint holds)"),
     "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "queue address that receives poison messages"),
     "maxMessagesPerTrigger": (str(defaults.DEFAULT_MAX_MESSAGES), "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size)"),
     "numPartitions": (f"one per {defaults.PARTITION_TARGET_ROWS:,} claimed, at most {defaults.MAX_AUTO_PARTITIONS}", "Spark partitions a micro-batch is read with"),
