@@ -131,9 +131,10 @@ class Receiver:
             self.stats.taken_over = held[0]
             log.warning(
                 "endpoint %r on queue %s: this query starts from a new checkpoint and takes over %d message(s) that "
-                "another query with the same endpoint claimed (oldest at %s) and never acknowledged; they are "
-                "delivered again. If that query handled them, they are handled twice: give each job its own "
-                ".option('endpoint', ...)", consumer, self.endpoint.queue_text, held[0], held[1],
+                "another query with the same endpoint (or this one, before its checkpoint logged a batch) claimed, "
+                "oldest at %s, and never acknowledged; they are delivered again. If that query handled them, they "
+                "are handled twice: give each job its own .option('endpoint', ...)",
+                consumer, self.endpoint.queue_text, held[0], held[1],
             )
 
     def _release_previous_run(self, start: ClaimOffset | None, after: int | None) -> None:
