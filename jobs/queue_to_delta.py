@@ -42,8 +42,15 @@ DEFAULTS: dict[str, Any] = {
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p = _config.stream_parser(__doc__, trigger="10s", job_id="queue_to_delta")
     p.add_argument("--queue", help="queue address to drain (NServiceBus syntax)")
-    p.add_argument("--endpoint", help="consumer identity (default: the queue's name)")
+    p.add_argument("--endpoint", help="consumer identity, its own per job (default: the job id)")
     return _config.parse(p, "queue_to_delta", DEFAULTS, argv)
+
+
+def endpoint(args: argparse.Namespace) -> str:
+    """The consumer identity: the job's own (its id) unless given. Not the queue's name, which is
+    the default of every other reader of the queue (the endpoint job, the README's quick start):
+    two jobs with one identity take over each other's unacknowledged claims."""
+    return str(args.endpoint or args.job_id)
 
 
 def bronze(messages: Any) -> Any:
@@ -78,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = session("sqlqueue-queue-to-delta")
     reader = (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", args.queue)
               .option("errorQueue", args.error_queue).option("maxMessagesPerTrigger", str(args.max_messages)))
-    if args.endpoint:
-        reader = reader.option("endpoint", args.endpoint)
+    reader = reader.option("endpoint", endpoint(args))
     query = (bronze(reader.load()).writeStream.foreachBatch(append_once(args.table, args.job_id))
              .option("checkpointLocation", args.checkpoint).trigger(**_config.trigger(args.trigger))
              .queryName("queue_to_delta").start())

@@ -19,11 +19,13 @@ from .errors import (
     ConsumerBusyError,
     DatabaseError,
     DispatchError,
+    MessageError,
     OffsetError,
     OutboxConflictError,
     QTransportError,
     QueueNotFoundError,
     SchemaError,
+    unwrap,
 )
 from .spark.columns import publish, reply
 
@@ -41,6 +43,8 @@ __all__ = [
     "QTransportError",
     "QueueNotFoundError",
     "SchemaError",
+    "MessageError",
+    "unwrap",
     "__version__",
 ]
 

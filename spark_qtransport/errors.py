@@ -19,13 +19,23 @@ Each error carries, besides its one-line message, the fields that say where it a
 apply; the others are None): ``queue`` (the queue or table, as written), ``option`` (the option at
 fault), ``column`` (an input column), ``sqlstate`` (the driver's code) and ``operation`` (what was
 being done). Code that handles errors reads the fields; people read the message.
+
+Through Spark the Python object does not arrive: Spark turns it into text inside its own exception
+(`AnalysisException`, `StreamingQueryException`, `PythonException`, or a Spark Connect error). So an
+error leaving a method Spark calls carries a tag at the end of its one line, ``[qtransport
+{"error":"ConfigError","option":"queue"}]`` (the class and the set fields, ASCII JSON), and
+`unwrap` reads it back: ``unwrap(exc)`` returns our error, with its class and fields, from any of
+those exceptions (their causes included), or None.
 """
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 __all__ = [
+    "unwrap",
+    "tagged",
     "QTransportError",
     "ConfigError",
     "MessageError",
@@ -130,3 +140,89 @@ class DispatchError(QTransportError):
 
 class DatabaseError(QTransportError):
     """A database call failed: a persistent fault, or a transient one that outlasted the retries."""
+
+
+# -- through Spark: the tag, and reading it back -------------------------------------------------
+
+#: what starts the tag at the end of an error's text (see the module's docstring)
+TAG = "[qtransport "
+
+
+def _classes() -> dict[str, type[QTransportError]]:
+    found: dict[str, type[QTransportError]] = {}
+    todo: list[type[QTransportError]] = [QTransportError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def _untag(text: str) -> str:
+    at = text.find(TAG)
+    return text if at < 0 else text[:at].rstrip()
+
+
+def tagged(exc: QTransportError) -> QTransportError:
+    """A copy of `exc` (same class and fields) whose message is one line ending with the tag
+    `unwrap` reads back from a Spark exception's text."""
+    if TAG in exc.message:
+        return exc
+    line = " ".join(exc.message.split("\n")).strip()
+    tag = json.dumps({"error": type(exc).__name__, **exc.fields()}, ensure_ascii=True, separators=(",", ":"))
+    return _rebuild(type(exc), (f"{line} {TAG}{tag}]",), exc.fields())
+
+
+def _from_text(text: str) -> QTransportError | None:
+    """Our error from the last well-formed tag in `text`; its message is the rest of the tag's line
+    after the class's name (as Python prints an exception), else the line before the tag."""
+    decoder = json.JSONDecoder()
+    at = text.rfind(TAG)
+    while at >= 0:
+        try:
+            data, _ = decoder.raw_decode(text, at + len(TAG))
+        except ValueError:
+            data = None
+        cls = _classes().get(str(data.get("error"))) if isinstance(data, dict) else None
+        if cls is not None and isinstance(data, dict):
+            line = text[text.rfind("\n", 0, at) + 1:at].rstrip()
+            name = f"{cls.__module__}.{cls.__qualname__}: "
+            message = line[line.rfind(name) + len(name):] if name in line else line
+            fields = {k: str(v) for k, v in data.items() if k in QTransportError.FIELDS and v is not None}
+            return _rebuild(cls, (message,), fields)
+        at = text.rfind(TAG, 0, at)
+    return None
+
+
+def _texts(exc: BaseException) -> list[str]:
+    texts = [str(exc)]
+    for name in ("getMessage", "desc"):  # pyspark's captured (classic) and Connect exceptions
+        value = getattr(exc, name, None)
+        try:
+            value = value() if callable(value) else value
+        except Exception:  # noqa: BLE001 - a JVM call that fails: the other texts remain
+            value = None
+        if isinstance(value, str):
+            texts.append(value)
+    return texts
+
+
+def unwrap(exc: BaseException | None) -> QTransportError | None:
+    """Our error behind `exc`: `exc` itself (or a cause) when it is one, else the one whose tag the
+    text of a Spark exception carries (classic or Spark Connect, causes included); None when
+    there is none. The returned error has its class, its message (without the tag) and fields."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, QTransportError):
+            return e if TAG not in e.message else _rebuild(type(e), (_untag(e.message),), e.fields())
+        for text in _texts(e):
+            found = _from_text(text)
+            if found is not None:
+                return found
+        todo += [e.__cause__, e.__context__]
+    return None

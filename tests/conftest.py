@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from backends import Backend
+from connect_server import connect, connect_session, connect_url  # noqa: F401 - fixtures for every file
 
 # Spark must bind to loopback and start its Python workers with this interpreter.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

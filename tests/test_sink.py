@@ -34,6 +34,15 @@ def finish(query: Any, timeout: float = 180) -> None:
     assert query.exception() is None, query.exception()
 
 
+def drained(query: Any) -> Any:
+    """Run a stream (a processing-time trigger) until it has processed what is there, then stop it:
+    its last batch stays claimed and replayable (an AvailableNow run acknowledges it as it ends)."""
+    query.processAllAvailable()
+    query.stop()
+    assert query.exception() is None, query.exception()
+    return query
+
+
 @pytest.fixture
 def endpoint(pg: Backend, names: Any) -> Any:
     class E:
@@ -169,17 +178,17 @@ def test_foreach_batch_parquet_and_queues_stay_exactly_once_on_replay(
         sink(batch.select(F.col("body"), F.lit("Billing.Messages.Invoice").alias("message_type"),
                           F.concat(F.col("message_id"), F.lit("-invoice")).alias("message_id")), batch_id)
 
-    def run() -> None:
-        finish(source(spark, pg, e.sales, e.error, maxMessagesPerTrigger="40").writeStream.foreachBatch(both)
-               .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    def run(**trigger: Any) -> Any:
+        return (source(spark, pg, e.sales, e.error, maxMessagesPerTrigger="40").writeStream.foreachBatch(both)
+                .option("checkpointLocation", checkpoint).trigger(**trigger).start())
 
-    run()
+    drained(run(processingTime="100 milliseconds"))
     last = max(calls)
     assert calls == [0, 1, 2]
     for name in (str(last), f".{last}.crc"):  # the commit and Hadoop's checksum of it
         (Path(checkpoint) / "commits" / name).unlink()
     calls.clear()
-    run()
+    finish(run(availableNow=True))
     assert calls == [last], "the batch whose commit was deleted ran again"
     ids = sorted(r.message_id for r in spark.read.parquet(str(out)).collect())
     assert ids == [f"m{i:03d}" for i in range(90)]
@@ -295,21 +304,20 @@ def test_stream_writer_replay_after_deleting_the_last_commit_sends_nothing_twice
     e = endpoint
     pg.send_many(e.sales, [(nsb_headers(f"m{i:03d}"), b"{}") for i in range(70)])
 
-    def run() -> Any:
+    def run(**trigger: Any) -> Any:
         out = source(spark, pg, e.sales, e.error, maxMessagesPerTrigger="30").select(
             "body", F.lit("Billing.Messages.Invoice").alias("message_type"),
             F.concat(F.col("message_id"), F.lit("-invoice")).alias("message_id"))
-        query = (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
-                 .option("destination", e.billing).option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start())
-        finish(query)
-        return query
+        return (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", e.sales)
+                .option("destination", e.billing).option("checkpointLocation", checkpoint)
+                .trigger(**trigger).start())
 
-    first = run()
+    first = drained(run(processingTime="100 milliseconds"))
     last = max(p["batchId"] for p in first.recentProgress if p["numInputRows"])
     for name in (str(last), f".{last}.crc"):
         (Path(checkpoint) / "commits" / name).unlink()
-    again = run()
+    again = run(availableNow=True)
+    finish(again)
     assert [p["batchId"] for p in again.recentProgress if p["numInputRows"]] == [last], "the last batch ran again"
     ids = sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(e.billing))
     assert ids == [f"m{i:03d}-invoice" for i in range(70)]

@@ -95,15 +95,15 @@ def test_starting_again_from_the_checkpoint(spark: Any, pg: Backend, queues: tup
     assert pg.count(q) == 0
 
 
-def test_a_restart_acknowledges_the_last_batch_of_the_previous_run(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
-    """Spark commits a batch to the source only when it plans the next one, so a run's last batch
-    stays claimed; the next run releases it at its first planning, even when the queue is empty."""
+def test_an_available_now_run_leaves_nothing_claimed(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
+    """Spark commits a batch to the source only when it plans the next one; an AvailableNow run
+    asks for the next offset once more after its last batch, finds nothing and acknowledges it."""
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"a{i}"), b"x") for i in range(9)])
     first = Collect()
     run_available_now(spark, reader(spark, pg, q, e, maxMessagesPerTrigger="4"), checkpoint, first)
     assert first.ids() == [f"a{i}" for i in range(9)]
-    assert pg.count(f'"{q}.Claims"') == 1  # batches of 4, 4, 1: the last one is still claimed
+    assert pg.count(f'"{q}.Claims"') == 0  # batches of 4, 4, 1: the last one acknowledged too
     second = Collect()
     run_available_now(spark, reader(spark, pg, q, e, maxMessagesPerTrigger="4"), checkpoint, second)
     assert second.rows == []

@@ -56,7 +56,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "user": ("from url", "database user; overrides the URL's"),
     "password": ("from url", "database password; overrides the URL's (Spark redacts options named password)"),
     "queue": ("required", "queue address to receive from, NServiceBus syntax"),
-    "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue"),
+    "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue; give each job its own (a new checkpoint takes over the claims its endpoint holds)"),
     "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "queue address that receives poison messages"),
     "maxMessagesPerTrigger": (str(defaults.DEFAULT_MAX_MESSAGES), "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size)"),
     "numPartitions": (f"one per {defaults.PARTITION_TARGET_ROWS:,} claimed, at most {defaults.MAX_AUTO_PARTITIONS}", "Spark partitions a micro-batch is read with"),
@@ -127,7 +127,28 @@ def _known_options(options: Mapping[str, str], known: set[str], documented: Mapp
             f"unknown option(s) {', '.join(repr(u) for u in unknown)} for {what}; known: {', '.join(documented)}",
             option=unknown[0],
         )
+    for name in documented:  # ours; not the ones Spark adds (checkpointLocation, path)
+        if name.lower() in opts:
+            _no_control(name, opts[name.lower()])
     return opts
+
+
+#: option values that are secrets (or may hold one): an error names the option, never a character
+_SECRET = {"password", "url"}
+_CONTROL_NAMES = {0: "NUL", 7: "BEL", 8: "BS", 9: "TAB", 10: "LF", 13: "CR", 27: "ESC", 127: "DEL"}
+
+
+def _no_control(name: str, value: object) -> None:
+    """No option value holds a control character (C0, DEL, C1: NUL, ESC, BEL, a newline...): each
+    ends up in an address, a header, an identity or a log line, where it would break or deceive."""
+    text = str(value)
+    bad = next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+    if bad is None:
+        return
+    code = ord(bad)
+    label = f"{_CONTROL_NAMES[code]}, " if code in _CONTROL_NAMES else ""
+    which = "" if name.lower() in _SECRET else f" ({label}U+{code:04X}, at position {text.index(bad)})"
+    raise ConfigError(f"option '{name}': the value contains a control character{which}", option=name)
 
 
 def routing_policy(opts: Mapping[str, str]) -> RoutingPolicy:

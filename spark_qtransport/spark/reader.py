@@ -23,6 +23,7 @@ from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, re
 from ..transport.settings import ReceiveSettings
 from .options import ReaderOptions
 from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
+from .surface import surfaced
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -52,25 +53,30 @@ class SqlQueueDataSource(DataSource):
     def name(cls) -> str:
         return "sqlqueue"
 
+    @surfaced
     def schema(self) -> StructType:
         # Spark asks for the schema at load(): validating here makes a bad option fail before
         # the query starts, with a message that names the option.
         ReaderOptions.parse(self.options)
         return SCHEMA
 
+    @surfaced
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return SqlQueueStreamReader(ReaderOptions.parse(self.options))
 
+    @surfaced
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         from .writer import SqlQueueStreamWriter, prepare
 
         return SqlQueueStreamWriter(*prepare(self.options, schema))
 
+    @surfaced
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         from .writer import SqlQueueWriter, prepare
 
         return SqlQueueWriter(*prepare(self.options, schema))
 
+    @surfaced
     def reader(self, schema: StructType) -> Any:
         # Receiving deletes messages, so it needs Spark's checkpoints to be safe.
         raise ConfigError(
@@ -110,12 +116,15 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- driver --------------------------------------------------------------------------------
 
+    @surfaced
     def initialOffset(self) -> dict[str, Any]:
         return self.receiver.initial_offset().to_dict()
 
+    @surfaced
     def getDefaultReadLimit(self) -> Any:
         return ReadMaxRows(self.options.max_messages)
 
+    @surfaced
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         begin = ClaimOffset.from_dict(start) if start is not None else None
         if not HAS_ADMISSION_CONTROL or limit is None:
@@ -128,9 +137,11 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows = self.options.max_messages
         return self.receiver.latest(begin, rows).to_dict()
 
+    @surfaced
     def prepareForTriggerAvailableNow(self) -> None:
         self.receiver.prepare_available_now()
 
+    @surfaced
     def reportLatestOffset(self) -> dict[str, Any] | None:
         # Shown as the source's latestOffset in query progress: the planned end plus the queue's
         # backlog and this run's expired/poison counts (the metric the Python API can report),
@@ -139,13 +150,16 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**r.report(), "backlog": r.reported_backlog(), "queue": r.dialect.format_address(self.options.queue),
                 "endpoint": self.options.consumer}
 
+    @surfaced
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return [_SlicePartition(p) for p in self.receiver.slices(ClaimOffset.from_dict(start), ClaimOffset.from_dict(end))]
 
+    @surfaced
     def commit(self, end: dict[str, Any]) -> None:
         # Acknowledging runs in the background: Spark's next batch does not wait for the deletes.
         self.receiver.ack(ClaimOffset.from_dict(end), background=True)
 
+    @surfaced
     def stop(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
@@ -153,6 +167,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executors -----------------------------------------------------------------------------
 
+    @surfaced
     def read(self, partition: InputPartition) -> Iterator[Any]:
         # Arrow record batches built column by column (transport.receiving.decode): Spark takes them
         # as they are. pyspark keeps the first batch a read yields referenced until the read ends:

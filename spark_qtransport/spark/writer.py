@@ -36,13 +36,14 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..errors import ConfigError
+from ..errors import ConfigError, tagged, unwrap
 from ..transport import session as db
 from ..transport.sending.dispatch import Dispatcher, set_up_sender
 from ..transport.sending.messages import SendPlan, check_columns
 from ..transport.sending.staging import StageReport, stage_partition
 from ..transport.settings import SendSettings
 from .options import WriterOptions
+from .surface import surfaced
 
 try:  # pyspark >= 4.1: writers that take Arrow record batches
     from pyspark.sql.datasource import DataSourceArrowWriter as _BatchWriter
@@ -161,6 +162,7 @@ class _Staging:
     options: SendSettings
     plan: SendPlan
 
+    @surfaced
     def write(self, iterator: Iterator[Any]) -> StagedMessage:
         batch, query, partition = _task_ids(self.options)
         return StagedMessage(stage_partition(self.options, self.plan, _rows(iterator), batch_id=batch, query_id=query,
@@ -182,6 +184,7 @@ class SqlQueueStreamWriter(_Staging, _StreamWriter):
         self.options = options
         self.plan = plan
 
+    @surfaced
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         dispatcher = Dispatcher(self.options)
         try:
@@ -189,6 +192,7 @@ class SqlQueueStreamWriter(_Staging, _StreamWriter):
         finally:
             dispatcher.close()
 
+    @surfaced
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
         _abort(self.options, messages)
 
@@ -200,6 +204,7 @@ class SqlQueueWriter(_Staging, _BatchWriter):
         self.options = options
         self.plan = plan
 
+    @surfaced
     def commit(self, messages: list[Any]) -> None:
         dispatcher = Dispatcher(self.options)
         try:
@@ -213,6 +218,7 @@ class SqlQueueWriter(_Staging, _BatchWriter):
         finally:
             dispatcher.close()
 
+    @surfaced
     def abort(self, messages: list[Any]) -> None:
         _abort(self.options, messages)
 
@@ -311,4 +317,12 @@ class QueueSink:
         writer = df.write.format("sqlqueue").mode("append").options(**self.options).option("_batchId", str(int(batch_id)))
         if query_id:
             writer = writer.option("_queryId", query_id)
-        writer.save()
+        try:
+            writer.save()
+        except Exception as exc:
+            # Spark's exception holds our error as text, traceback and all: raise our error itself
+            # (a foreachBatch function may catch it; Spark reports it in one line)
+            ours = unwrap(exc)
+            if ours is None:
+                raise
+            raise tagged(ours) from None

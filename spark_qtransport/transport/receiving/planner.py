@@ -87,6 +87,7 @@ class ReceiveStats:
     forward_failed: int = 0  # that destination missing: to the error queue
     empty_peeks: int = 0
     acked: int = 0
+    taken_over: int = 0  # claims another query of this endpoint left, found by a new checkpoint
 
 
 @dataclass

@@ -69,6 +69,9 @@ class Receiver:
         self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats)
         self.delayed = DueDelayed(self.endpoint, self.main, clock=clock)
         self._released = False  # claims up to the first planned start (a previous run's last batch)
+        self._acked = 0  # the highest end acknowledged (or handed to the background thread)
+        self._takeover_checked = False
+        self._available_now = False  # Trigger.AvailableNow: the run ends when nothing new is found
         self._backlog = 0
         self._backlog_refresh: Future[int | None] | None = None
 
@@ -103,7 +106,36 @@ class Receiver:
         self.move_delayed()
         after = self.planner.start_after(start, self.table_id)
         self._release_previous_run(start, after)
-        return ClaimOffset(self.planner.plan(after, limit), self.table_id)
+        self._warn_of_takeover(start, after)
+        end = self.planner.plan(after, limit)
+        if self._available_now and after and end == after and after > self._acked:
+            # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
+            # It asks for the next offset only once `start` is in its commit log, so those claims
+            # are processed: acknowledge them, so a finished run leaves nothing claimed. (A
+            # running stream keeps its last batch until the next: deleting `commits/N` replays it.)
+            self.ack(ClaimOffset(after, self.table_id))
+        return ClaimOffset(end, self.table_id)
+
+    def _warn_of_takeover(self, start: ClaimOffset | None, after: int | None) -> None:
+        """Once per run: a query planning its first batch from a new checkpoint (claim 0: nothing
+        logged yet) that finds claims of its endpoint takes over what another query claimed and
+        never acknowledged. They are delivered again, here; if that query handled them, twice."""
+        if self._takeover_checked or start is None or after != 0:
+            return
+        self._takeover_checked = True
+        consumer = self.options.consumer
+        stmt = self.dialect.claim_stats(self.claims)
+        rows = self.main.run(lambda c: db.rows(c.cursor(), stmt), self.endpoint.what("peek claims"))
+        held = next(((int(n), oldest) for who, n, oldest in rows if who == consumer and n), None)
+        if held is not None:
+            self.stats.taken_over = held[0]
+            log.warning(
+                "endpoint %r on queue %s: this query starts from a new checkpoint and takes over %d message(s) that "
+                "another query with the same endpoint (or this one, before its checkpoint logged a batch) claimed, "
+                "oldest at %s, and never acknowledged; they are delivered again. If that query handled them, they "
+                "are handled twice: give each job its own .option('endpoint', ...)",
+                consumer, self.endpoint.queue_text, held[0], held[1],
+            )
 
     def _release_previous_run(self, start: ClaimOffset | None, after: int | None) -> None:
         """Acknowledge the batch a previous run of this checkpoint ended with.
@@ -112,8 +144,10 @@ class Receiver:
         stays claimed after it stops, and would stay so while the queue is empty. Spark asks for
         the next offset only once every batch up to ``start`` is in the commit log (a restart
         first replays an uncommitted batch), so this run's first planning may acknowledge up to
-        ``start``. Only the first: this run's own last batch stays replayable until the next run
-        (a manual replay after deleting ``commits/N`` finds its rows).
+        ``start``. In an AvailableNow run `latest` acknowledges a later ``start`` when it finds
+        nothing new (the run ends there); while batches follow each other, Spark's ``commit`` does.
+        Otherwise a run's own last batch stays replayable until the next run (a manual replay
+        after deleting ``commits/N`` finds its rows).
         """
         if self._released or start is None:
             return
@@ -128,6 +162,7 @@ class Receiver:
     def prepare_available_now(self) -> None:
         """Trigger.AvailableNow: take only what is in the queue now, then finish. Delayed
         messages due by now are moved in first: they are available now too."""
+        self._available_now = True
         self.move_delayed()
         stmt = self.dialect.max_source_seq(self.options.queue)
         (target,) = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("available-now target"))
@@ -150,7 +185,8 @@ class Receiver:
         end = ClaimOffset(self.planner.last_end or 0, self.table_id).to_dict()
         s = self.stats
         return {**end, "claimed": s.claimed, "expired": s.expired, "poison": s.poison,
-                "forwarded": s.forwarded, "forwardFailed": s.forward_failed, "deadLettered": s.dead_lettered}
+                "forwarded": s.forwarded, "forwardFailed": s.forward_failed, "deadLettered": s.dead_lettered,
+                "takenOver": s.taken_over}
 
     def reported_backlog(self) -> int:
         """The backlog for progress reports, without racing our own claim-ahead.
@@ -190,6 +226,7 @@ class Receiver:
         if end.table != self.table_id:
             log.info("not acknowledging offset of a claim table that no longer exists: %s", end)
             return 0
+        self._acked = max(self._acked, end.claim)
         if background:
             self.acker.ack_in_background(end)
             return 0
