@@ -63,7 +63,7 @@ def test_replies_with_a_nan_delay_go_to_the_error_queue_once_and_the_rest_is_sen
     bad = {"order-85", "order-90", "order-97"}  # all in the last batch (40 + 40 + 20)
     pg.send_many(q.sales, [(nsb_headers(f"order-{i}", **{H.REPLY_TO_ADDRESS: web}), b"{}") for i in range(100)])
 
-    def start(ckpt: str, **options: str) -> Any:
+    def start(ckpt: str, trigger: dict[str, Any] | None = None, **options: str) -> Any:
         received = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q.sales)
                     .option("errorQueue", q.error).option("maxMessagesPerTrigger", "40").load())
         body = F.to_json(F.struct(F.col("message_id").alias("order")))
@@ -75,10 +75,14 @@ def test_replies_with_a_nan_delay_go_to_the_error_queue_once_and_the_rest_is_sen
                   .option("errorQueue", q.sink_error).option("checkpointLocation", ckpt))
         for k, v in options.items():
             writer = writer.option(k, v)
-        return writer.trigger(availableNow=True).start()
+        return writer.trigger(**(trigger or {"availableNow": True})).start()
 
-    first = start(checkpoint)
-    finish(first)
+    # a processing-time stream keeps its last batch claimed, so it can run again (an AvailableNow
+    # run acknowledges its last batch as it ends)
+    first = start(checkpoint, {"processingTime": "100 milliseconds"})
+    first.processAllAvailable()
+    first.stop()
+    assert first.exception() is None, first.exception()
     last = max(p["batchId"] for p in first.recentProgress if p["numInputRows"])
     for name in (str(last), f".{last}.crc"):  # the last batch runs again, under its batch id
         (Path(checkpoint) / "commits" / name).unlink()
@@ -153,7 +157,8 @@ def test_queue_sink_sends_invalid_rows_to_the_error_queue_and_past_deliver_at_at
 
 
 def test_deliver_at_in_year_1_and_1900_is_delivered_at_once(pg: Backend, queues: Any) -> None:
-    s = Sender(pg, queues.sales, destination=queues.billing, create_queues=True)
+    # its own error queue: create_queues would otherwise make the default `error` for every test after
+    s = Sender(pg, queues.sales, destination=queues.billing, error_queue=queues.sink_error, create_queues=True)
     result = s.send([{"body": b"{}", "message_type": TYPE, "message_id": f"d{i}", "deliver_at": at} for i, at in enumerate(
         [datetime(1, 1, 1, tzinfo=timezone.utc), datetime(1900, 1, 1), datetime.now(timezone.utc) - timedelta(minutes=1)])])
     assert result.delayed == 3 and result.moved is not None and result.moved.moved == 3  # moved after the dispatch

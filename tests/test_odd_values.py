@@ -41,6 +41,12 @@ def stats(pg: Backend, *queues: str) -> list[dict[str, Any]]:
     return json.loads(result.output)  # type: ignore[no-any-return]
 
 
+def peek(pg: Backend, queue: str) -> list[dict[str, Any]]:
+    result = CliRunner().invoke(main, ["peek", queue, "-n", "1000", "--json"], env={"SQLQUEUE_URL": pg.url})
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)  # type: ignore[no-any-return]
+
+
 def claimed(pg: Backend, queue: str) -> int:
     return pg.count(pg.claims(queue))
 
@@ -66,6 +72,7 @@ def test_odd_expires_never_stop_a_stream(spark: Any, pg: Backend, names: Any, ch
     before = stats(pg, q)[0]
     assert (before["messages"], before["expired"]) == (len(rows), len(EXPIRED))
     assert any(r["queue"] == f'"public"."{q}"' for r in stats(pg))  # every queue of the database
+    assert len(peek(pg, q)) == len(rows)
 
     sink = Collect()
     df = reader(spark, pg, q, e, maxMessagesPerTrigger="60")
@@ -84,9 +91,10 @@ def test_odd_expires_never_stop_a_stream(spark: Any, pg: Backend, names: Any, ch
     assert headers["NServiceBus.ExceptionInfo.ExceptionType"] == "spark_qtransport.MessageError"
     assert headers[H.TIME_OF_FAILURE] and headers["NServiceBus.ProcessingEndpoint"]
     after = stats(pg, q)[0]
-    assert after["messages"] == 0 and sum((after["claimed"] or {}).values()) == claimed(pg, q)
+    assert after["messages"] == 0 and sum((after["claimed"] or {}).values()) == claimed(pg, q) == 0
+    assert peek(pg, q) == [] and len(peek(pg, e)) == 1  # a finished AvailableNow run left nothing claimed
 
-    # a run's last batch may stay claimed until the checkpoint's next run acknowledges it
+    # the checkpoint's next run finds nothing and receives nothing twice
     run_available_now(spark, reader(spark, pg, q, e), checkpoint, sink)
     assert sorted(sink.ids()) == sorted(ids) and claimed(pg, q) == 0 and pg.count(q) == 0
 
