@@ -81,8 +81,10 @@ def test_two_queries_and_an_nsb_consumer_compete_under_a_producer(spark: Any, pg
                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / name))
                 .trigger(processingTime="100 milliseconds").start()
             )
-            deadline = time.monotonic() + 120  # each query has its first rows before the next starts
-            while not len(received) and time.monotonic() < deadline:
+            # each query has its first rows before the next starts, unless the others left none (then
+            # it waited out the deadline in vain: two minutes of a five-minute test)
+            deadline = time.monotonic() + 120
+            while not len(received) and pg.count(q) and time.monotonic() < deadline:
                 time.sleep(0.05)
         producer.start()
         sampler.start()
