@@ -135,5 +135,6 @@ class SendPlan:
     #: where rows the sink cannot build go, as error copies (the error queue's canonical address);
     #: None: such a row fails the task (option invalidRows=fail)
     invalid_to: str | None = None
-    #: the endpoint's address: NServiceBus.FailedQ of those error copies (default `endpoint`)
+    #: the endpoint's address: NServiceBus.FailedQ of an error copy whose row names no usable
+    #: destination (otherwise FailedQ is the destination, so a retry delivers it there; default `endpoint`)
     failed_q: str | None = None
