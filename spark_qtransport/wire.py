@@ -18,6 +18,9 @@ __all__ = [
     "FAILURE_HEADERS",
     "failure_headers",
     "format_time",
+    "host_id",
+    "machine",
+    "RETRY_COUNTERS",
     "outgoing_headers",
     "parse_time",
     "SentHeaderText",
@@ -45,6 +48,26 @@ class H:
     FAILED_Q = "NServiceBus.FailedQ"
     TIME_OF_FAILURE = "NServiceBus.TimeOfFailure"
     CONTROL_MESSAGE = "NServiceBus.ControlMessage"
+    DELIVER_AT = "NServiceBus.DeliverAt"
+    PROCESSING_STARTED = "NServiceBus.ProcessingStarted"
+    PROCESSING_ENDED = "NServiceBus.ProcessingEnded"
+    PROCESSING_ENDPOINT = "NServiceBus.ProcessingEndpoint"
+    PROCESSING_MACHINE = "NServiceBus.ProcessingMachine"
+    HOST_ID = "$.diagnostics.hostid"
+    HOST_DISPLAY_NAME = "$.diagnostics.hostdisplayname"
+    ORIGINATING_HOST_ID = "$.diagnostics.originating.hostid"
+    RETRIES = "NServiceBus.Retries"  # delayed retries performed (Headers.DelayedRetries)
+    RETRIES_TIMESTAMP = "NServiceBus.Retries.Timestamp"
+    FL_RETRIES = "NServiceBus.FLRetries"  # immediate retries (Headers.ImmediateRetries)
+    EXCEPTION_TYPE = "NServiceBus.ExceptionInfo.ExceptionType"
+    EXCEPTION_MESSAGE = "NServiceBus.ExceptionInfo.Message"
+    EXCEPTION_SOURCE = "NServiceBus.ExceptionInfo.Source"
+    EXCEPTION_STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
+    # ServiceControl's retries (NServiceBus.Core ServicePlatform/Retries)
+    RETRY_UNIQUE_MESSAGE_ID = "ServiceControl.Retry.UniqueMessageId"
+    RETRY_ACK_QUEUE = "ServiceControl.Retry.AcknowledgementQueue"
+    RETRY_SUCCESSFUL = "ServiceControl.Retry.Successful"
+    RETRY_ACK_SENT = "ServiceControl.Retry.AcknowledgementSent"
 
 
 #: intent column values -> the NServiceBus.MessageIntent header
@@ -118,23 +141,44 @@ MAX_EXCEPTION_MESSAGE = 16384
 
 #: the headers NServiceBus's recoverability adds to a message it moves to the error queue
 FAILURE_HEADERS = (
-    H.FAILED_Q, "NServiceBus.ExceptionInfo.ExceptionType", "NServiceBus.ExceptionInfo.Message",
-    "NServiceBus.ExceptionInfo.Source", "NServiceBus.ExceptionInfo.StackTrace", H.TIME_OF_FAILURE,
-    "NServiceBus.ProcessingEndpoint", "NServiceBus.ProcessingMachine",
+    H.FAILED_Q, H.EXCEPTION_TYPE, H.EXCEPTION_MESSAGE, H.EXCEPTION_SOURCE, H.EXCEPTION_STACK_TRACE,
+    H.TIME_OF_FAILURE, H.PROCESSING_ENDPOINT, H.PROCESSING_MACHINE, H.HOST_ID, H.HOST_DISPLAY_NAME,
 )
+
+#: headers NServiceBus removes from a message it moves to the error queue (MoveToError.cs)
+RETRY_COUNTERS = (H.RETRIES, H.FL_RETRIES)
+
+
+def machine() -> str:
+    """This host's name, as ProcessingMachine, OriginatingMachine and the host display name give it."""
+    return socket.gethostname()
+
+
+def host_id(endpoint: str) -> str:
+    """``$.diagnostics.hostid``: a Guid in "N" format, derived from the endpoint's name, so the same
+    endpoint is the same host in ServicePulse across restarts and whichever cluster node runs
+    its driver (NServiceBus derives its own from the process's path and machine name:
+    ``DeterministicGuid``; a Spark job's driver moves between machines, its endpoint does not)."""
+    return uuid.uuid5(_HOST_NAMESPACE, endpoint).hex
+
+
+_HOST_NAMESPACE = uuid.UUID("6f1c3b0e-7a52-4d0b-9d8e-2b8f3c5a9e41")
 
 
 def failure_headers(
     headers: Mapping[str, str | None], *, failed_q: str, exception_type: str, message: str, source: str,
-    endpoint: str, data: Mapping[str, str] | None = None,
+    endpoint: str, data: Mapping[str, str] | None = None, stack_trace: str = "",
 ) -> dict[str, str | None]:
-    """`headers` plus the failure headers NServiceBus's recoverability adds before it moves a
-    message to the error queue (FailedQ, ExceptionInfo.*, TimeOfFailure, Processing*), and
-    `data` as ``NServiceBus.ExceptionInfo.Data.<key>`` (the exception's Data, as NServiceBus
-    writes it)."""
-    values = (failed_q, exception_type, message[:MAX_EXCEPTION_MESSAGE], source, "",
-              format_time(datetime.now(timezone.utc)), endpoint, socket.gethostname())
-    out = {**headers, **dict(zip(FAILURE_HEADERS, values, strict=True))}
+    """`headers` as NServiceBus's recoverability moves a message to the error queue (MoveToError,
+    FaultMetadataExtractor): the retry counters removed (`RETRY_COUNTERS`), then FailedQ,
+    ExceptionInfo.* (the message cut at 16,384 characters), TimeOfFailure, Processing*, the host
+    ids, and `data` as ``NServiceBus.ExceptionInfo.Data.<key>`` (the exception's Data). The one
+    builder of failure headers: poison claims, routing refusals, invalid sink rows, fail(),
+    retry_later() past its maximum."""
+    values = (failed_q, exception_type, message[:MAX_EXCEPTION_MESSAGE], source, stack_trace,
+              format_time(datetime.now(timezone.utc)), endpoint, machine(), host_id(endpoint), machine())
+    out = {k: v for k, v in headers.items() if k not in RETRY_COUNTERS}
+    out.update(zip(FAILURE_HEADERS, values, strict=True))
     for key, value in (data or {}).items():
         out[f"{EXCEPTION_DATA}{key}"] = value
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect, dialect_for
@@ -65,7 +66,12 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
     "delayedTable": ("`<queue>.<delayedTableSuffix>`", f"address of the delayed table of the queue's endpoint, whose due messages the reader moves each trigger, {_DELAYED_ELSEWHERE}"),
     "delayedTableSuffix": (DEFAULT_DELAYED_SUFFIX, _DELAYED_SUFFIX.format("queue")),
-    **{k: (v[0], v[1].replace("ADDRESSES", "ForwardDestination headers")) for k, v in ALLOW_OPTIONS.items()},
+    **{k: (v[0], v[1].replace("ADDRESSES", "ForwardDestination headers and ServiceControl's retry acknowledgement queues")) for k, v in ALLOW_OPTIONS.items()},
+    "auditQueue": ("none (no auditing)", "queue address (ServiceControl Audit reads `audit`) that gets a copy of every message whose batch is acknowledged, with NServiceBus's audit headers (ProcessingStarted/Ended, ProcessingEndpoint/Machine, host ids), in the acknowledgement's transaction: exactly once"),
+    "auditTimeToBeReceived": ("none", "time to be received of the audit copies (`30s`, `12h`, `7d`): their Expires"),
+    "forwardTo": ("none", "queue address that gets an unchanged copy (headers and body) of every message whose batch is acknowledged, in the acknowledgement's transaction"),
+    "monitoringQueue": ("none (no monitoring)", "queue address of ServiceControl.Monitoring (`Particular.Monitoring`) to send ServicePulse's metrics to: processing time, critical time and retries per message type, and the endpoint's metadata; best-effort, outside any transaction"),
+    "monitoringInterval": (f"{defaults.DEFAULT_MONITORING_INTERVAL:.0f}s", "how often monitoring reports are sent"),
 }
 _KNOWN = {k.lower() for k in OPTIONS}
 
@@ -206,7 +212,26 @@ class ReaderOptions:
             claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
             routing=routing_policy(opts),
             delayed_rule=delayed_rule(opts, dialect),
+            **_platform(opts, dialect),
         )
+
+
+def _platform(opts: Mapping[str, str], dialect: Dialect) -> dict[str, Any]:
+    """The reader's Particular platform options (auditing, forwardTo, monitoring)."""
+    def address(key: str, option: str) -> Any:
+        raw = opts.get(key)
+        return None if raw is None or not str(raw).strip() else dialect.parse_address(str(raw), option=option)
+
+    ttbr = opts.get("audittimetobereceived")
+    interval = opts.get("monitoringinterval")
+    return {
+        "audit_queue": address("auditqueue", "auditQueue"),
+        "audit_ttbr_seconds": None if ttbr is None else parse_duration(ttbr, option="auditTimeToBeReceived"),
+        "forward_to": address("forwardto", "forwardTo"),
+        "monitoring_queue": address("monitoringqueue", "monitoringQueue"),
+        "monitoring_interval": (defaults.DEFAULT_MONITORING_INTERVAL if interval is None
+                                else parse_duration(interval, option="monitoringInterval")),
+    }
 
 
 # -- the sink: writeStream.format("sqlqueue") and QueueSink --------------------------------------

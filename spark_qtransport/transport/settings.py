@@ -20,6 +20,8 @@ __all__ = ["ReceiveSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_A
 
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_ACK_BATCH = 10_000
+#: how often ServicePulse monitoring reports are sent (NServiceBus.Metrics.ServiceControl's default)
+DEFAULT_MONITORING_INTERVAL = 10.0
 DEFAULT_RETENTION_SECONDS = 7 * 86400
 DEFAULT_ERROR_QUEUE = "error"
 DEFAULT_SUBSCRIPTIONS = "SubscriptionRouting"
@@ -62,6 +64,15 @@ class ReceiveSettings:
     routing: RoutingPolicy = RoutingPolicy()
     #: which table holds the delayed messages of the queue's endpoint (the reader moves due ones)
     delayed_rule: DelayedTableRule = NSERVICEBUS_DELAYED
+    #: the Particular platform (`transport.platform`): a copy of every acknowledged message with
+    #: NServiceBus's audit headers (None: no auditing, NServiceBus's default), its time to be received
+    audit_queue: QueueAddress | None = None
+    audit_ttbr_seconds: float | None = None
+    #: an unchanged copy of every acknowledged message (None: none)
+    forward_to: QueueAddress | None = None
+    #: ServicePulse monitoring reports (None: none) and how often they are sent, in seconds
+    monitoring_queue: QueueAddress | None = None
+    monitoring_interval: float = DEFAULT_MONITORING_INTERVAL
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +80,15 @@ class ReceiveSettings:
         object.__setattr__(self, "dialect", d)
         if d.qualified(self.error_queue) == d.qualified(self.queue):
             raise ConfigError("option 'errorQueue' must name another queue than option 'queue'", option="errorQueue")
+        for option, target in self.platform_queues().items():
+            if d.qualified(target) == d.qualified(self.queue):
+                raise ConfigError(f"option '{option}' must name another queue than option 'queue': every message "
+                                  "would come back", option=option)
+        if self.audit_ttbr_seconds is not None and not 0 < self.audit_ttbr_seconds <= d.max_interval_seconds:
+            raise ConfigError("option 'auditTimeToBeReceived' must be a positive duration of at most "
+                              f"{d.max_interval_seconds:.0f} seconds", option="auditTimeToBeReceived")
+        if not 0.1 <= self.monitoring_interval <= 86_400:
+            raise ConfigError("option 'monitoringInterval' must be between 100ms and 1d", option="monitoringInterval")
         try:
             d.claims_table(self.queue)  # fails early when the claim table name would be too long
         except ConfigError as exc:
@@ -97,6 +117,11 @@ class ReceiveSettings:
             return self.delayed_rule.table_for(self.dialect, self.queue)
         except ConfigError:
             return None
+
+    def platform_queues(self) -> dict[str, QueueAddress]:
+        """The queues the platform options name, by option: each must exist at start."""
+        named = {"auditQueue": self.audit_queue, "forwardTo": self.forward_to, "monitoringQueue": self.monitoring_queue}
+        return {option: address for option, address in named.items() if address is not None}
 
     def partitions_for(self, rows: int) -> int:
         if self.num_partitions:
