@@ -63,13 +63,30 @@ class ReceiveSql(AddressingSql):
         contains the ForwardDestination header name (decoded and checked by the caller)."""
 
     @abstractmethod
+    def claims_with_header(self, claims: QueueAddress, consumer: str, *, upto: int, header: str,
+                           limit: int) -> Statement:
+        """Rows (claim_seq, headers) of at most `limit` of the consumer's claims <= upto whose
+        headers text contains `header` (a header name of ours: letters and dots), by claim_seq."""
+
+    @abstractmethod
+    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        """Rows (claim_seq, headers, claimed_at as UTC) of the consumer's first `batch` claims <= upto,
+        by claim_seq: the chunk an acknowledgement with after-processing work copies and deletes."""
+
+    @abstractmethod
     def forward_claims(
         self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
-        headers: list[str],
+        headers: list[str] | None, ttbr_ms: int | None = None,
     ) -> Statement:
         """Insert the consumer's claims `keys` (claim sequences) into `destination` with the given
-        headers, in that order: a new native id, no expiry, body copied server-side. NServiceBus
-        forwards so (its receiver sends a new row: MessageRow.From, Guid.NewGuid())."""
+        headers (None: their own, unchanged), in that order: a new native id, body copied
+        server-side, Expires NULL or the database's UTC clock plus `ttbr_ms`. NServiceBus forwards
+        so (its receiver sends a new row: MessageRow.From, Guid.NewGuid()); audit copies likewise."""
+
+    @abstractmethod
+    def control_messages(self, destination: QueueAddress, *, headers: list[str]) -> Statement:
+        """Insert one control message per headers text into `destination`, in that order: a new
+        native id, no expiry, an empty body (NServiceBus's ServiceControl retry acknowledgement)."""
 
     @abstractmethod
     def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:

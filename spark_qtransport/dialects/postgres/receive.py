@@ -213,21 +213,52 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
             {"consumer": consumer, "lo": int(lo), "hi": int(hi), "forward_like": FORWARD_LIKE},
         )
 
+    def claims_with_header(self, claims: QueueAddress, consumer: str, *, upto: int, header: str,
+                           limit: int) -> Statement:
+        return Statement(
+            f"SELECT claim_seq, headers FROM {self.qualified(claims)} WHERE consumer = %(consumer)s"
+            " AND claim_seq <= %(upto)s AND strpos(headers, %(header)s) > 0 ORDER BY claim_seq LIMIT %(limit)s",
+            {"consumer": consumer, "upto": int(upto), "header": header, "limit": int(limit)},
+        )
+
+    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        return Statement(
+            f"SELECT claim_seq, headers, claimed_at FROM {self.qualified(claims)}"
+            " WHERE consumer = %(consumer)s AND claim_seq <= %(upto)s ORDER BY claim_seq LIMIT %(batch)s",
+            {"consumer": consumer, "upto": int(upto), "batch": int(batch)},
+        )
+
     def forward_claims(
         self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
-        headers: list[str],
+        headers: list[str] | None, ttbr_ms: int | None = None,
     ) -> Statement:
         d = self.qualified(destination)
         # A new native id, as NServiceBus forwards: its receiver sends the message on as a new row
         # (ProcessStrategy.TryHandleDelayedMessage -> TableBasedQueue.Send -> MessageRow.From,
-        # Guid.NewGuid()); no expiry (TimeSpan.MaxValue).
+        # Guid.NewGuid()); no expiry (TimeSpan.MaxValue) unless a time to be received is given.
+        expires = "NULL" if ttbr_ms is None else f"{UTC_NOW} + %(ttbr_ms)s * interval '1 millisecond'"
+        params: dict[str, Any] = {"consumer": consumer, "keys": [int(k) for k in keys], "ttbr_ms": ttbr_ms}
+        if headers is None:
+            source = "unnest(%(keys)s::bigint[]) WITH ORDINALITY AS v(seq, n)"
+            text = "c.headers"
+        else:
+            source = "unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
+            text = "v.headers"
+            params["headers"] = list(headers)
         sql = (
             f"INSERT INTO {d} (id, expires, headers, body)"
-            " SELECT gen_random_uuid(), NULL, v.headers, c.body"
-            " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
+            f" SELECT gen_random_uuid(), {expires}, {text}, c.body FROM {source}"
             f" JOIN {self.qualified(claims)} AS c ON c.consumer = %(consumer)s AND c.claim_seq = v.seq ORDER BY v.n"
         )
-        return Statement(sql, {"consumer": consumer, "keys": [int(k) for k in keys], "headers": list(headers)})
+        return Statement(sql, params)
+
+    def control_messages(self, destination: QueueAddress, *, headers: list[str]) -> Statement:
+        return Statement(
+            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
+            " SELECT gen_random_uuid(), NULL, v.headers, ''::bytea"
+            " FROM unnest(%(headers)s::text[]) WITH ORDINALITY AS v(headers, n) ORDER BY v.n",
+            {"headers": list(headers)},
+        )
 
     def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
         return Statement(

@@ -412,22 +412,57 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             (self._check_consumer(consumer), int(lo), int(hi)),
         )
 
+    def claims_with_header(self, claims: QueueAddress, consumer: str, *, upto: int, header: str,
+                           limit: int) -> Statement:
+        if not re.fullmatch(r"[A-Za-z.]+", header):  # a name of ours, never data: LIKE wildcards cannot appear
+            raise ValueError(f"not a header name of ours: {header!r}")
+        return Statement(
+            f"SELECT TOP (?) ClaimSeq, Headers FROM {self.qualified(claims)}"
+            " WHERE Consumer = ? AND ClaimSeq <= ? AND CHARINDEX(?, Headers) > 0 ORDER BY ClaimSeq",
+            (int(limit), self._check_consumer(consumer), int(upto), header),
+        )
+
+    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        return Statement(
+            f"SELECT TOP (?) ClaimSeq, Headers, ClaimedAt FROM {self.qualified(claims)}"
+            " WHERE Consumer = ? AND ClaimSeq <= ? ORDER BY ClaimSeq",
+            (int(batch), self._check_consumer(consumer), int(upto)),
+        )
+
     def forward_claims(
         self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
-        headers: list[str],
+        headers: list[str] | None, ttbr_ms: int | None = None,
     ) -> Statement:
-        # A new Id and no expiry, as NServiceBus forwards (MessageRow.From: Guid.NewGuid()). One
-        # JSON array of [ClaimSeq, Headers]; its positions keep the order of `keys`. Only this
-        # consumer's claims are forwarded: the keys of others' are dropped before the chunks.
+        # A new Id, as NServiceBus forwards (MessageRow.From: Guid.NewGuid()); no expiry unless a
+        # time to be received is given (then as its send computes Expires: the server's UTC clock;
+        # DATEADD takes an int, so seconds and the remaining milliseconds apart). One JSON array of
+        # [ClaimSeq(, Headers)]; its positions keep the order of `keys`. Only this consumer's claims
+        # are copied: the keys of others' are dropped before the chunks.
         params = Params(named=True)
-        rows = params.add("rows", "nvarchar(max)", json_list(key_rows([int(k) for k in keys], headers)))
+        ints = [int(k) for k in keys]
+        rows = params.add("rows", "nvarchar(max)",
+                          json_list([[k] for k in ints] if headers is None else key_rows(ints, headers)))
         who = params.add("consumer", f"nvarchar({MAX_CONSUMER_CHARS})", self._check_consumer(consumer))
+        expires = "NULL"
+        if ttbr_ms is not None:
+            # The chunk runs as dynamic SQL that sees only @lo and @n: the time to be received (an
+            # int of our own, from a parsed option) is written as two integer constants.
+            seconds, ms = divmod(int(ttbr_ms), 1000)
+            expires = f"DATEADD(second, {seconds:d}, DATEADD(ms, {ms:d}, GETUTCDATE()))"
         c = self.qualified(claims)
-        keys_sql = (json_keys(rows) + f"\nWHERE EXISTS (SELECT 1 FROM {c} AS c WHERE c.Consumer = {who}"
-                    " AND c.ClaimSeq = k.KeyRow)")
+        keys_sql = (json_keys(rows, headers=headers is not None)
+                    + f"\nWHERE EXISTS (SELECT 1 FROM {c} AS c WHERE c.Consumer = {who} AND c.ClaimSeq = k.KeyRow)")
+        text = "c.Headers" if headers is None else "k.Headers"
         return insert_messages(self.qualified(destination), self._sys(destination), keys=keys_sql, new_id="NEWID()",
-                               select="NULL, k.Headers, c.Body",
+                               select=f"{expires}, {text}, c.Body",
                                joins=f"JOIN {params.table('claims', c)} AS c ON c.ClaimSeq = k.KeyRow", params=params)
+
+    def control_messages(self, destination: QueueAddress, *, headers: list[str]) -> Statement:
+        # NServiceBus sends the acknowledgement with an empty body (Array.Empty<byte>()): 0x, not NULL.
+        params = Params(named=True)
+        rows = params.add("rows", "nvarchar(max)", json_list(key_rows(list(range(len(headers))), headers)))
+        return insert_messages(self.qualified(destination), self._sys(destination), keys=json_keys(rows),
+                               new_id="NEWID()", select="NULL, k.Headers, 0x", joins="", params=params)
 
     def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
         rows = key_rows([int(k) for k in keys], headers)

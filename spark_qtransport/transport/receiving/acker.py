@@ -1,5 +1,7 @@
-"""Acknowledge: once Spark commits a batch, its claims are deleted in bounded batches.
-Idempotent: a repeated acknowledgement deletes nothing."""
+"""Acknowledge: once Spark commits a batch, its claims are deleted in bounded batches, with the
+after-processing work of the Particular platform (audit and forwardTo copies, ServiceControl retry
+acknowledgements: `transport.platform.after`) in the same transactions. Idempotent: a repeated
+acknowledgement deletes nothing and copies nothing."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import logging
 import threading
 
 from .. import session as db
+from ..platform.after import AfterProcessing
 from ..session import Session
 from .background import Background
 from .planner import ClaimOffset, ReceiveStats
@@ -23,8 +26,8 @@ class Acker:
     one after any claim in flight."""
 
     def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background,
-                 stats: ReceiveStats) -> None:
-        self.endpoint, self.stats = endpoint, stats
+                 stats: ReceiveStats, after: AfterProcessing) -> None:
+        self.endpoint, self.stats, self.after = endpoint, stats, after
         self._main, self._ahead, self._background = main, ahead, background
         self._count = threading.Lock()  # stats.acked is added to from both threads
 
@@ -45,17 +48,39 @@ class Acker:
                         db.describe(self.endpoint.dialect, exc))
 
     def _ack(self, session: Session, end: ClaimOffset) -> int:
-        d, o = self.endpoint.dialect, self.endpoint.options
-        batch = o.ack_batch
-        stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
-        total = 0
-        while True:
-            n = session.run(lambda c: db.rowcount(c.cursor(), stmt), self.endpoint.what("acknowledge"))
-            total += n
-            if n < batch:
-                break
+        total = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
+        self.after.times.forget(end.claim)
         with self._count:
             self.stats.acked += total
         if total and session.connected:
-            vacuum_if_due(d, session.connection(), self.endpoint.claims)
+            vacuum_if_due(self.endpoint.dialect, session.connection(), self.endpoint.claims)
         return total
+
+    def _ack_with_copies(self, session: Session, end: ClaimOffset) -> int:
+        """Each chunk reads its claims' headers, writes the copies and deletes the claims, in one transaction."""
+        after, what = self.after, self.endpoint.what("acknowledge")
+        batch = after.chunk_size(self.endpoint.options.ack_batch)
+        total = 0
+        while True:
+            n = session.run(lambda c: after.ack_chunk(c.cursor(), upto=end.claim, batch=batch), what)
+            after.committed()
+            total += n
+            if n < batch:
+                return total
+
+    def _ack_plain(self, session: Session, end: ClaimOffset) -> int:
+        """ServicePulse retries first (their acknowledgements with their deletes), then plain deletes."""
+        d, o, what = self.endpoint.dialect, self.endpoint.options, self.endpoint.what("acknowledge")
+        batch = o.ack_batch
+        total = 0
+        while True:
+            deleted, seen = session.run(lambda c: self.after.ack_retried(c.cursor(), upto=end.claim, batch=batch), what)
+            total += deleted
+            if seen < batch:
+                break
+        stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
+        while True:
+            n = session.run(lambda c: db.rowcount(c.cursor(), stmt), what)
+            total += n
+            if n < batch:
+                return total

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...dialects import Dialect, QueueAddress
 from .. import session as db
+from ..platform.after import AfterProcessing, BatchTimes
 from ..session import Session
 from .acker import Acker
 from .background import Background
@@ -66,7 +67,9 @@ class Receiver:
         self.background = Background()
         self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background)
         self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock)
-        self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats)
+        self.times = BatchTimes()
+        self.after = AfterProcessing(self.endpoint, self.times)
+        self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats, self.after)
         self.delayed = DueDelayed(self.endpoint, self.main, clock=clock)
         self._released = False  # claims up to the first planned start (a previous run's last batch)
         self._acked = 0  # the highest end acknowledged (or handed to the background thread)
@@ -186,7 +189,18 @@ class Receiver:
         s = self.stats
         return {**end, "claimed": s.claimed, "expired": s.expired, "poison": s.poison,
                 "forwarded": s.forwarded, "forwardFailed": s.forward_failed, "deadLettered": s.dead_lettered,
-                "takenOver": s.taken_over}
+                "takenOver": s.taken_over, **self._platform_report()}
+
+    def _platform_report(self) -> dict[str, int]:
+        a, o = self.after.stats, self.options
+        report = {}
+        if o.audit_queue is not None:
+            report["audited"] = a.audited
+        if o.forward_to is not None:
+            report["forwardedTo"] = a.forwarded
+        if a.retry_acks or a.retry_acks_refused:
+            report.update(retryAcknowledged=a.retry_acks, retryAcknowledgementsRefused=a.retry_acks_refused)
+        return report
 
     def reported_backlog(self) -> int:
         """The backlog for progress reports, without racing our own claim-ahead.
@@ -214,6 +228,7 @@ class Receiver:
     # -- partitions and acknowledgement -------------------------------------------------------
 
     def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
+        self.times.planned(end.claim)  # the batch's planning: its messages' ProcessingStarted
         return self.planner.slices(start, end)
 
     def ack(self, end: ClaimOffset, *, background: bool = False) -> int:

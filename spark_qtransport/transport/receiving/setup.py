@@ -59,8 +59,8 @@ class EndpointSetUp:
         """Check the queues, create our claim table, take the consumer lock (once per connection)."""
         cur = conn.cursor()
         self._check_server(cur)
-        for option, address in (("queue", self.endpoint.options.queue),
-                                ("errorQueue", self.endpoint.options.error_queue)):
+        o = self.endpoint.options
+        for option, address in (("queue", o.queue), ("errorQueue", o.error_queue), *o.platform_queues().items()):
             self._check_queue(conn, cur, option, address)
         self._create_claims(conn, cur)
         self._lock_consumer(conn, cur)
@@ -80,10 +80,15 @@ class EndpointSetUp:
             if problem:
                 raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
         o = self.endpoint.options
-        require_databases(cur, self.endpoint.dialect, (o.queue, o.error_queue), queue=self.endpoint.queue_text)
+        require_databases(cur, self.endpoint.dialect, (o.queue, o.error_queue, *o.platform_queues().values()),
+                          queue=self.endpoint.queue_text)
 
     def _check_queue(self, conn: Any, cur: Any, option: str, address: QueueAddress) -> None:
         d = self.endpoint.dialect
+        if option != "queue" and self.endpoint.options.routing.is_own_table(d, address):
+            text = d.format_address(address)
+            raise SchemaError(f"option '{option}': {text} is a table of the transport itself, not a queue",
+                              option=option, queue=text)
         cols = db.columns(cur, d.queue_columns(address))
         if not cols and self.endpoint.options.create_queues:
             warn_about_name(d, address)

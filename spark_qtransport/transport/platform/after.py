@@ -1,0 +1,254 @@
+"""After processing: what an acknowledgement writes besides deleting claims. Dialect-free.
+
+A batch is processed when Spark commits it, and the reader learns that in ``commit(end)``. So, as
+an NServiceBus endpoint commits its outgoing messages with the receive (native transactions),
+everything "after processing" is written in the transaction that deletes the claims it concerns:
+
+- **audit copies** (option ``auditQueue``): each message with its body, its headers and
+  NServiceBus's audit headers (`audit_headers`), copied server-side from the claim table;
+- **forwardTo copies** (option ``forwardTo``): each message unchanged;
+- **ServiceControl retry acknowledgements**: a message that carries
+  ``ServiceControl.Retry.UniqueMessageId`` and ``ServiceControl.Retry.AcknowledgementQueue`` (a
+  ServicePulse retry) makes the control message NServiceBus's RetryAcknowledgementBehavior sends,
+  to that queue (an address from data: it goes through the routing path), and its audit copy
+  carries ``ServiceControl.Retry.AcknowledgementSent``. A refused queue sends no acknowledgement
+  (logged): ServiceControl Audit then acknowledges on the endpoint's behalf when it sees the audit
+  copy without that header.
+
+Each chunk of an acknowledgement reads its claims' headers (never bodies), writes the copies and
+deletes the claims in one transaction, so each message is audited, forwarded and acknowledged
+exactly once however the driver dies: a repeated acknowledgement finds no claims. Expired and
+poison messages never reach the claim table, so they are never audited.
+
+Monitoring (`monitoring.Monitor`) gets a `Processed` per message once its chunk has committed.
+
+**ProcessingStarted and ProcessingEnded for a micro-batch.** NServiceBus times one handler call.
+Here ``ProcessingStarted`` is when the batch that delivered the message was planned on the driver
+(`BatchTimes`: Spark asks for its partitions; a batch replayed after a restart counts from its
+replay), and never earlier than the message's claim. ``ProcessingEnded`` is when the
+acknowledgement's transaction is written. So processing time is the whole micro-batch's time
+(read, the pipeline, the sink, and the wait for Spark's commit), the same for every message of a
+batch, and critical time is from TimeSent (or DeliverAt) to that acknowledgement.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ...wire import H, decode_headers, encode_headers, format_time, host_id, machine, parse_time
+from .. import session as db
+from ..routing import Item, Router, route_rows
+from .processed import Processed
+
+if TYPE_CHECKING:
+    from ..receiving.setup import Endpoint
+
+__all__ = ["AfterProcessing", "BatchTimes", "audit_headers", "retry_acknowledgement"]
+
+log = logging.getLogger("spark_qtransport.platform")
+
+
+class BatchTimes:
+    """When each batch was planned, by its end claim sequence (the driver's clock, UTC).
+
+    Thread-safe: batches are planned on Spark's thread and acknowledged on ours."""
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self._clock = clock or (lambda: datetime.now(timezone.utc))
+        self._ends: list[int] = []
+        self._times: dict[int, datetime] = {}
+        self._lock = threading.Lock()
+
+    def planned(self, end: int) -> None:
+        """The batch ending at claim `end` is planned now (kept: a second call changes nothing)."""
+        with self._lock:
+            if end not in self._times:
+                self._times[end] = self._clock()
+                bisect.insort(self._ends, end)
+
+    def started(self, seq: int) -> datetime | None:
+        """When the batch delivering claim `seq` was planned; None when this process never planned it."""
+        with self._lock:
+            i = bisect.bisect_left(self._ends, seq)
+            return self._times[self._ends[i]] if i < len(self._ends) else None
+
+    def forget(self, upto: int) -> None:
+        """Batches ending at or below `upto` are acknowledged."""
+        with self._lock:
+            i = bisect.bisect_right(self._ends, upto)
+            for end in self._ends[:i]:
+                del self._times[end]
+            del self._ends[:i]
+
+
+def audit_headers(headers: dict[str, str | None], *, started: datetime, ended: datetime, endpoint: str,
+                  acknowledged: bool) -> dict[str, str | None]:
+    """A message's headers on its audit copy: every incoming header kept, NServiceBus's audit
+    metadata added or overwritten (AuditProcessingStatisticsBehavior, AuditHostInformationBehavior,
+    MarkAsAcknowledgedBehavior)."""
+    out = dict(headers)
+    out[H.PROCESSING_STARTED] = format_time(started)
+    out[H.PROCESSING_ENDED] = format_time(ended)
+    out[H.HOST_ID] = host_id(endpoint)
+    out[H.HOST_DISPLAY_NAME] = machine()
+    out[H.PROCESSING_MACHINE] = machine()
+    out[H.PROCESSING_ENDPOINT] = endpoint
+    if acknowledged:
+        out[H.RETRY_ACK_SENT] = "true"
+    return out
+
+
+def retry_acknowledgement(headers: dict[str, str | None], now: datetime) -> tuple[str, dict[str, str | None]] | None:
+    """(acknowledgement queue, control message headers) for a ServicePulse retry; None for any
+    other message. The headers are RetryAcknowledgementBehavior's, no more: its body is empty."""
+    unique = headers.get(H.RETRY_UNIQUE_MESSAGE_ID)
+    queue = headers.get(H.RETRY_ACK_QUEUE)
+    if unique is None or queue is None:
+        return None
+    return queue, {H.RETRY_SUCCESSFUL: format_time(now), H.RETRY_UNIQUE_MESSAGE_ID: unique, H.CONTROL_MESSAGE: "True"}
+
+
+@dataclass
+class AfterStats:
+    audited: int = 0
+    forwarded: int = 0  # forwardTo copies
+    retry_acks: int = 0
+    retry_acks_refused: int = 0
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+def _retries(text: str | None) -> int:
+    try:
+        return max(int(text or 0), 0)
+    except ValueError:
+        return 0
+
+
+class AfterProcessing:
+    """The acknowledgement's after-processing work for one receiver (see the module's text)."""
+
+    def __init__(self, endpoint: Endpoint, times: BatchTimes, *,
+                 observe: Callable[[Sequence[Processed]], None] | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.endpoint, self.times, self.stats = endpoint, times, AfterStats()
+        self._observe = observe
+        self._clock = clock or (lambda: datetime.now(timezone.utc))
+        self._processed: list[Processed] = []
+        self._count = threading.Lock()
+
+    @property
+    def copies(self) -> bool:
+        """Whether each acknowledged message's headers are read: to audit, forward or time it."""
+        o = self.endpoint.options
+        return o.audit_queue is not None or o.forward_to is not None or self._observe is not None
+
+    def chunk_size(self, ack_batch: int) -> int:
+        """Claims per chunk: the acknowledgement's batch, within what one transaction should copy."""
+        return max(1, min(ack_batch, 10_000))
+
+    # -- one chunk, in the caller's transaction ---------------------------------------------------
+
+    def ack_chunk(self, cur: Any, *, upto: int, batch: int) -> int:
+        """Copy and delete the consumer's first `batch` claims <= upto; the number deleted."""
+        d, e = self.endpoint.dialect, self.endpoint
+        o = e.options
+        rows = db.rows(cur, d.ack_rows(e.claims, o.consumer, upto=upto, batch=batch))
+        self._processed = []
+        if not rows:
+            return 0
+        ended = self._clock()
+        keys = [int(seq) for seq, _, _ in rows]
+        parsed = [decode_headers(text) for _, text, _ in rows]
+        acked = self._acknowledge_retries(cur, [(k, h) for k, h in zip(keys, parsed, strict=True) if h is not None], ended)
+        starts = [self._started(int(seq), claimed_at, ended) for seq, _, claimed_at in rows]
+        if o.audit_queue is not None:
+            texts = [
+                text if h is None else encode_headers(audit_headers(
+                    h, started=start, ended=ended, endpoint=o.consumer, acknowledged=key in acked))
+                for key, (_, text, _), h, start in zip(keys, rows, parsed, starts, strict=True)
+            ]
+            ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
+            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.audit_queue, keys=keys, headers=texts, ttbr_ms=ttbr))
+        if o.forward_to is not None:
+            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.forward_to, keys=keys, headers=None))
+        db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=keys))
+        if self._observe is not None:
+            self._processed = [self._timed(h or {}, start, ended) for h, start in zip(parsed, starts, strict=True)]
+        with self._count:
+            self.stats.audited += len(keys) if o.audit_queue is not None else 0
+            self.stats.forwarded += len(keys) if o.forward_to is not None else 0
+        return len(keys)
+
+    def committed(self) -> None:
+        """The last `ack_chunk` committed: hand its messages to monitoring."""
+        processed, self._processed = self._processed, []
+        if processed and self._observe is not None:
+            try:
+                self._observe(processed)
+            except Exception as exc:  # noqa: BLE001 - monitoring is best-effort
+                log.warning("monitoring could not take %d processed message(s): %s", len(processed), exc)
+
+    def ack_retried(self, cur: Any, *, upto: int, batch: int) -> tuple[int, int]:
+        """Without copies to make: acknowledge the ServicePulse retries among the first `batch`
+        of the consumer's claims <= upto whose headers mention one, and delete those claims.
+        (claims deleted, claims looked at): a full page means the caller asks again. The rest
+        are deleted by the plain acknowledgement."""
+        d, e = self.endpoint.dialect, self.endpoint
+        o = e.options
+        found = db.rows(cur, d.claims_with_header(e.claims, o.consumer, upto=upto, header=H.RETRY_ACK_QUEUE, limit=batch))
+        now = self._clock()
+        keyed = [(int(seq), h) for seq, text in found if (h := decode_headers(text)) is not None]
+        retried = [k for k, h in keyed if retry_acknowledgement(h, now) is not None]
+        if retried:
+            self._acknowledge_retries(cur, keyed, now)
+            db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=retried))
+        return len(retried), len(found)
+
+    # -- pieces -----------------------------------------------------------------------------------
+
+    def _started(self, seq: int, claimed_at: Any, ended: datetime) -> datetime:
+        claimed = _utc(claimed_at) if isinstance(claimed_at, datetime) else ended
+        planned = self.times.started(seq)
+        start = claimed if planned is None else max(claimed, planned)
+        return min(start, ended)
+
+    def _acknowledge_retries(self, cur: Any, rows: list[tuple[int, dict[str, str | None]]], now: datetime) -> set[int]:
+        """Send the retry acknowledgements of these claims; the claims whose acknowledgement went."""
+        items = []
+        for key, headers in rows:
+            ack = retry_acknowledgement(headers, now)
+            if ack is not None:
+                items.append(Item(key, ack[1], ack[0]))
+        if not items:
+            return set()
+        d, e = self.endpoint.dialect, self.endpoint
+        router = Router(d, e.options.routing)
+        routed = route_rows(
+            cur, router, items,
+            insert=lambda target, keys, headers: d.control_messages(target.address, headers=headers),
+            delete=None, error_queue=None, source="spark_qtransport.retry_acknowledgement", endpoint=e.options.consumer,
+        )
+        kept = {key for key, _ in routed.kept}
+        for key, reason in routed.kept[:1]:
+            log.warning("queue %s: no ServiceControl retry acknowledgement for %d message(s) (e.g. claim %s): %s; "
+                        "ServiceControl Audit acknowledges retries it sees audited without one",
+                        e.queue_text, len(routed.kept), key, reason)
+        with self._count:
+            self.stats.retry_acks += len(items) - len(kept)
+            self.stats.retry_acks_refused += len(kept)
+        return {i.key for i in items} - kept
+
+    def _timed(self, headers: dict[str, str | None], started: datetime, ended: datetime) -> Processed:
+        sent = parse_time(headers.get(H.DELIVER_AT)) or parse_time(headers.get(H.TIME_SENT))
+        return Processed(message_types=headers.get(H.ENCLOSED_MESSAGE_TYPES) or "", started=started, ended=ended,
+                         sent=sent, retries=_retries(headers.get(H.RETRIES)))
+
