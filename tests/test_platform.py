@@ -129,5 +129,5 @@ def test_platform_queues_are_checked_at_start(pg: Backend, names: Any) -> None:
             pg, q, e, audit_queue=pg.address(names("missing"))) as r:
         r.latest(r.initial_offset(), 10)
     with pytest.raises(SchemaError, match="option 'forwardTo'.*table of the transport itself"), receiving(
-            pg, q, e, forward_to=pg.address(pg.claims(q).strip('"'))) as r:
+            pg, q, e, forward_to=pg.dialect.claims_table(pg.address(q))) as r:
         r.latest(r.initial_offset(), 10)
