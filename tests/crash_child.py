@@ -7,8 +7,9 @@ variable CRASH_POINT makes the job stop dead at one point, after touching a mark
 - ``during_read``: a Python UDF sleeps while the executor reads the batch's claims;
 - ``after_sink``: the batch's rows are committed to the sink, the checkpoint's commit is not.
 
-(``during_claim`` needs no help from here: the test makes the claim transaction block on a
-database trigger and kills the job while it waits.)
+(``during_claim`` and ``during_ack`` need no help from here: the test makes the claim, or the
+audit copies of an acknowledgement, block on a database trigger and kills the job while it waits.)
+CRASH_AUDIT_QUEUE, when set, is the reader's ``auditQueue``.
 
 Usage: crash_child.py URL QUEUE ERROR CHECKPOINT SINK_TABLE MARKER_DIR [available-now]
 """
@@ -47,6 +48,7 @@ def main() -> None:
         .option("queue", queue)
         .option("errorQueue", error)
         .option("maxMessagesPerTrigger", "400")
+        .options(**({"auditQueue": os.environ["CRASH_AUDIT_QUEUE"]} if os.environ.get("CRASH_AUDIT_QUEUE") else {}))
         .load()
         .select(passthrough("message_id").alias("message_id"), "native_id", "claim_seq")
     )

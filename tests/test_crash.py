@@ -135,3 +135,85 @@ def test_killing_only_the_driver_process_and_restarting_at_once(pg: Backend, nam
         ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
     assert ids == [f"m{i:05d}" for i in range(2000)]
     assert pg.count(q) == 0
+
+
+def test_audit_copies_are_exactly_once_when_killed_during_acknowledgement(
+    pg: Backend, names: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,000 NServiceBus-written messages (a few expired, one poison) through a job with
+    ``auditQueue``, SIGKILLed while an acknowledgement writes its audit copies and at random
+    moments: every delivered message is audited exactly once, as it was, with NServiceBus's audit
+    headers in order; no expired or poison message is audited."""
+    import json
+
+    from spark_qtransport.wire import H, parse_time
+
+    q, e, audit = (pg.create_queue(names(n)) for n in ("Orders", "error", "audit"))
+    sink = names("sink")
+    with pg.connect() as c:
+        c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
+        c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint)')
+    markers, log = tmp_path / "markers", tmp_path / "job.log"
+    markers.mkdir()
+    monkeypatch.setenv("CRASH_AUDIT_QUEUE", audit)
+    url = pg.url + "?options=-c%20client_connection_check_interval%3D200"
+    args = [url, q, e, str(tmp_path / "ckpt"), sink, str(markers)]
+    sent: dict[str, tuple[dict[str, str], bytes]] = {}
+
+    def produce(n: int) -> None:
+        base = len(sent)
+        batch = [(nsb_headers(f"m{base + i:06d}"), f'{{"n": {base + i}, "s": "\u00e9\\/"}}'.encode()) for i in range(n)]
+        pg.send_many(q, batch)
+        sent.update((h["NServiceBus.MessageId"], (h, b)) for h, b in batch)
+
+    produce(1000)
+    for i in range(3):
+        pg.send(q, nsb_headers(f"expired{i}"), b"old", ttbr_ms=1)
+    pg.send(q, "{poison", b"p")
+    produce(600)
+
+    # 1. while an acknowledgement writes its audit copies: the copies and the deletes roll back together
+    with pg.connect() as c:
+        c.execute("CREATE OR REPLACE FUNCTION sqlqueue_test_stall() RETURNS trigger LANGUAGE plpgsql AS "
+                  "$$ BEGIN PERFORM pg_sleep(600); RETURN NEW; END $$")
+    job = Job(CHILD, args, log=log)
+    wait_for(lambda: any(markers.glob("batch-*")), 180, "a first batch", job)
+    with pg.connect() as c:
+        c.execute(f"CREATE TRIGGER stall BEFORE INSERT ON {pg.q(audit)} FOR EACH ROW EXECUTE FUNCTION sqlqueue_test_stall()")
+
+    def ack_stalled() -> bool:
+        with pg.connect() as c:
+            return bool(c.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+                                  " AND query LIKE '%%INSERT INTO%%'").fetchone()[0])
+
+    wait_for(ack_stalled, 120, "a stalled acknowledgement", job)
+    job.kill()
+    with pg.connect() as c:
+        c.execute(f"DROP TRIGGER stall ON {pg.q(audit)}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and ack_stalled():
+            time.sleep(0.1)
+    assert not ack_stalled()
+
+    # 2. at random moments while producers keep sending; then drain to the end
+    kill_at_random(CHILD, args, lambda: produce(200), log=log, markers=markers, times=1)
+    produce(200)
+    run_to_end(CHILD, args, log=log)
+
+    with pg.connect() as c:
+        delivered = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
+        rows = c.execute(f"SELECT headers, body FROM {pg.q(audit)}").fetchall()
+    assert delivered == sorted(sent)
+    audited = [(json.loads(h), bytes(b)) for h, b in rows]
+    ids = [h[H.MESSAGE_ID] for h, _ in audited]
+    # the run's last batch stays claimed until a next run acknowledges it (the crash test above)
+    left = pg.count(pg.claims(q))
+    assert len(ids) == len(set(ids)) == len(sent) - left, "each acknowledged message audited exactly once"
+    assert pg.count(e) == 1  # the poison message, raw
+    for headers, body in audited:
+        original, original_body = sent[headers[H.MESSAGE_ID]]
+        assert body == original_body
+        assert {k: v for k, v in headers.items() if k in original} == original
+        sent_at, started, ended = (parse_time(headers[k]) for k in (H.TIME_SENT, H.PROCESSING_STARTED, H.PROCESSING_ENDED))
+        assert sent_at is not None and started is not None and ended is not None
+        assert started <= ended and headers[H.PROCESSING_ENDPOINT] == q
