@@ -327,6 +327,9 @@ def test_receiver_start_refuses_a_low_level() -> None:
     class Options:
         queue, error_queue = QueueAddress("Sales"), QueueAddress("error")
 
+        def platform_queues(self) -> dict[str, QueueAddress]:
+            return {"auditQueue": QueueAddress("audit")}
+
     endpoint = Endpoint(Options(), D, D.claims_table(QueueAddress("Sales")))  # type: ignore[arg-type]
 
     with pytest.raises(SchemaError, match=r"option 'url': database \[Shop\] is at compatibility level 110"):

@@ -209,8 +209,9 @@ def _failure_merge(failure: str) -> tuple[str, str, list[str]]:
     return declare, merged, values
 
 
-#: a failure header's name, as the claim writes it into a JSON path literal
-_HEADER_NAME = re.compile(r"[A-Za-z][A-Za-z.]*")
+#: a failure header's name, as the claim writes it into a quoted key of a JSON path literal: letters
+#: and dots, or NServiceBus's diagnostics prefix ``$.`` (``$.diagnostics.hostid``)
+_HEADER_NAME = re.compile(r"(?:\$\.)?[A-Za-z][A-Za-z.]*")
 
 
 class SqlServerReceive(SqlServerAddressing, ReceiveSql):
