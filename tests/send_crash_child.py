@@ -25,7 +25,9 @@ def main() -> None:
     spark = child_spark()
     messages = (
         spark.readStream.format("sqlqueue").option("url", url).option("queue", queue).option("errorQueue", error)
-        .option("maxMessagesPerTrigger", os.environ.get("SQLQUEUE_CHILD_MAX_MESSAGES", "300")).load()
+        .option("maxMessagesPerTrigger", os.environ.get("SQLQUEUE_CHILD_MAX_MESSAGES", "300"))
+        .options(**({"auditQueue": os.environ["SQLQUEUE_CHILD_AUDIT_QUEUE"]} if os.environ.get("SQLQUEUE_CHILD_AUDIT_QUEUE") else {}))
+        .load()
         .select(
             F.col("body"),
             F.concat(F.col("message_id"), F.lit("-out")).alias("message_id"),

@@ -3,7 +3,8 @@ SIGKILLed at random moments, the connector's database sessions are terminated at
 (whatever they are doing: claim, read, acknowledge, stage, dispatch) and PostgreSQL itself is
 restarted once mid-stream. Runs alternate between tasks that hand their messages to the driver and
 tasks that stage them (inlineBytes 0), so replays cross from one way to the other. After a final run
-every produced message is at the output exactly once and nothing is left claimed or staged.
+every produced message is at the output exactly once, and (the reader audits, ``auditQueue``) in the
+audit queue exactly once, and nothing is left claimed or staged.
 
 ``make test`` runs a short version (SQLQUEUE_CHAOS_KILLS=2, a producer of about 250 msg/s);
 ``make chaos`` runs 20 kills under about 700 msg/s (SQLQUEUE_CHAOS_PAUSE=0.05) and writes a
@@ -40,7 +41,7 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     rnd = random.Random(seed)
     with EmbeddedPostgres(fsync=False) as server:
         pg = Backend(server.url)
-        q, out, e = (pg.create_queue(n) for n in ("Orders", "Out", "error"))
+        q, out, e, audit = (pg.create_queue(n) for n in ("Orders", "Out", "error", "audit"))
         url = server.url + "?options=-c%20client_connection_check_interval%3D200"
         log = tmp_path / "job.log"
         producer, killer = Producer(pg, q), Killer(pg, rnd)
@@ -66,7 +67,8 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
                 markers = tmp_path / f"markers-{n}"
                 markers.mkdir()
                 job = Job(CHILD, [url, q, out, e, str(tmp_path / "ckpt"), str(markers)], log=log,
-                          env={"SQLQUEUE_CHILD_INLINE_BYTES": "0" if n % 2 else str(256 * 2**20)})
+                          env={"SQLQUEUE_CHILD_INLINE_BYTES": "0" if n % 2 else str(256 * 2**20),
+                               "SQLQUEUE_CHILD_AUDIT_QUEUE": audit})
                 current.append(job)
                 deadline = time.monotonic() + 180
                 while not any(markers.glob("batch-*")) and job.proc.poll() is None and time.monotonic() < deadline:
@@ -93,18 +95,20 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             (tmp_path / name).mkdir()
             events.append((sampler.now(), name))
             job = Job(CHILD, [url, q, out, e, str(tmp_path / "ckpt"), str(tmp_path / name), "available-now"],
-                      log=log, env={"SQLQUEUE_CHILD_MAX_MESSAGES": "20000"})
+                      log=log, env={"SQLQUEUE_CHILD_MAX_MESSAGES": "20000", "SQLQUEUE_CHILD_AUDIT_QUEUE": audit})
             current.append(job)
             assert job.wait(3000) == 0, log.read_text()[-3000:]
         samples = sampler.stop()
 
         with pg.connect() as c:
             ids = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(out)}")]
+            audited = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(audit)}")]
         expected = {f"{m}-out" for m in producer.ids()}
         figures = dict(
             kills=sum(r["outcome"] == "killed" for r in rounds), failed=sum(r["outcome"] != "killed" for r in rounds),
             terminated=killer.terminated, sent=producer.sent, received=len(ids), lost=len(expected - set(ids)),
-            duplicated=len(ids) - len(set(ids)), staged=pg.count(f'"{q}.Staging"'), claimed=pg.count(pg.claims(q)),
+            duplicated=len(ids) - len(set(ids)), audited=len(audited), audit_lost=len(set(producer.ids()) - set(audited)),
+            audit_duplicated=len(audited) - len(set(audited)), staged=pg.count(f'"{q}.Staging"'), claimed=pg.count(pg.claims(q)),
             peak_memory=max([peak_memory, *(s["memory"] for s in samples)]), producer_retries=producer.errors,
             seconds=sampler.now(), seed=seed, pause=producer.pause, rate=producer.sent / max(sampler.now(), 1),
         )
@@ -112,6 +116,7 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         assert figures["kills"] == kills, rounds
         assert figures["duplicated"] == 0, "no message was sent twice"
         assert figures["lost"] == 0, "every produced message was sent"
+        assert figures["audit_duplicated"] == 0 and figures["audit_lost"] == 0, "every message audited once"
         assert pg.count(q) == 0 and pg.count(e) == 0
         assert figures["staged"] == 0, "nothing is left staged"
         assert figures["claimed"] == 0, "nothing is left claimed"
@@ -126,7 +131,7 @@ def write_section(rounds: list[dict[str, Any]], samples: list[dict[str, float]],
     lines = [
         "## Crash loop",
         "",
-        "queue -> Spark -> queue (`writeStream.format(\"sqlqueue\")`), a continuous NServiceBus producer,",
+        "queue -> Spark -> queue (`writeStream.format(\"sqlqueue\")`), the reader auditing every message, a continuous NServiceBus producer,",
         "the job (driver, JVM, workers) SIGKILLed at random moments, the connector's sessions terminated",
         "at random moments, PostgreSQL restarted once mid-stream; then a run that drains the queue and",
         "one more on the empty queue (it acknowledges the drain's last batch).",
@@ -142,6 +147,7 @@ def write_section(rounds: list[dict[str, Any]], samples: list[dict[str, float]],
             ("messages at the output", f"{f['received']:,}"),
             ("lost", f["lost"]),
             ("duplicated", f["duplicated"]),
+            ("audit copies (`auditQueue`): lost / duplicated", f"{f['audit_lost']} / {f['audit_duplicated']}"),
             ("left staged", f["staged"]),
             ("left claimed", f["claimed"]),
             ("peak memory of the job (PSS of driver, JVM, workers)", f"{f['peak_memory']:.0f} MB"),
