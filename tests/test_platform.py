@@ -131,3 +131,16 @@ def test_platform_queues_are_checked_at_start(pg: Backend, names: Any) -> None:
     with pytest.raises(SchemaError, match="option 'forwardTo'.*table of the transport itself"), receiving(
             pg, q, e, forward_to=pg.dialect.claims_table(pg.address(q))) as r:
         r.latest(r.initial_offset(), 10)
+
+
+def test_failure_headers_are_those_of_moving_to_the_error_queue() -> None:
+    """MoveToError removes the retry counters; FaultMetadataExtractor and the static fault metadata
+    add FailedQ, the exception, TimeOfFailure, the processing endpoint and machine, and host ids."""
+    from spark_qtransport.wire import FAILURE_HEADERS, failure_headers
+
+    got = failure_headers({H.RETRIES: "3", H.FL_RETRIES: "5", H.RETRIES_TIMESTAMP: "t", "x": "y"}, failed_q="Sales",
+                          exception_type="T", message="m" * 20_000, source="s", endpoint="Sales.Spark", stack_trace="st")
+    assert H.RETRIES not in got and H.FL_RETRIES not in got and got[H.RETRIES_TIMESTAMP] == "t" and got["x"] == "y"
+    assert set(FAILURE_HEADERS) <= set(got) and len(got[H.EXCEPTION_MESSAGE] or "") == 16_384
+    assert got[H.HOST_ID] == host_id("Sales.Spark") and got[H.HOST_DISPLAY_NAME] == machine()
+    assert got[H.EXCEPTION_STACK_TRACE] == "st" and parse_time(got[H.TIME_OF_FAILURE]) is not None

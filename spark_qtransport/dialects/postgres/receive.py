@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ...wire import RETRY_COUNTERS
 from ..base import LATEST_TIME, ClaimFailures, QueueAddress, ReceiveSql, Statement
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW
@@ -199,12 +200,14 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         text. Merged as jsonb (a key the row has already is replaced): the claim found the text a
         flat JSON object of strings. jsonb refuses the escape \\u0000 (a NUL, which NServiceBus
         writes and reads back), so each is marked first with a text no header holds (a random
-        %(nul_mark)s after \\u0001) and put back after: no header is lost or changed."""
+        %(nul_mark)s after \\u0001) and put back after: no header is lost or changed. The retry
+        counters go, as NServiceBus's MoveToError removes them (`wire.RETRY_COUNTERS`)."""
         nul, marked = "chr(92) || 'u0000'", "chr(92) || 'u0001' || %(nul_mark)s"
         failure = (f"CASE WHEN {reason} = 'id' THEN %(fail_id)s"
                    f" ELSE replace(%(fail_expires)s, %(slot)s, {expires}::text) END::jsonb")
         own = f"CASE WHEN COALESCE({headers}, '') = '' THEN '{{}}' ELSE replace({headers}, {nul}, {marked}) END::jsonb"
-        return f"replace(({own} || {failure})::text, {marked}, {nul})"
+        drop = "".join(f" - '{name}'" for name in RETRY_COUNTERS)  # constants of ours: letters and dots
+        return f"replace(({own}{drop} || {failure})::text, {marked}, {nul})"
 
     def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
         return Statement(

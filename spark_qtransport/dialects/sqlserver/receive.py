@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from ...errors import ConfigError, QTransportError
+from ...wire import RETRY_COUNTERS
 from ..base import ClaimFailures, QueueAddress, ReceiveSql, Statement
 from .addressing import SqlServerAddressing
 from .statements import (
@@ -200,6 +201,10 @@ def _failure_merge(failure: str) -> tuple[str, str, list[str]]:
     are the transport's own constants, checked to be letters and dots."""
     headers = json.loads(failure)
     declare, merged, values = "", "CASE WHEN DATALENGTH(Headers) = 0 THEN N'{}' ELSE Headers END", []
+    for name in RETRY_COUNTERS:  # removed, as NServiceBus's MoveToError does (lax mode: a NULL deletes the key)
+        if not _HEADER_NAME.fullmatch(name):
+            raise QTransportError(f"header {name!r} cannot be removed by the claim", operation="claim")
+        merged = f"JSON_MODIFY({merged}, N'$.\"{name}\"', NULL)"
     for n, (name, value) in enumerate(headers.items()):
         if not _HEADER_NAME.fullmatch(name) or not isinstance(value, str):
             raise QTransportError(f"failure header {name!r} cannot be merged by the claim", operation="claim")
