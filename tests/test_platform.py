@@ -144,3 +144,26 @@ def test_failure_headers_are_those_of_moving_to_the_error_queue() -> None:
     assert set(FAILURE_HEADERS) <= set(got) and len(got[H.EXCEPTION_MESSAGE] or "") == 16_384
     assert got[H.HOST_ID] == host_id("Sales.Spark") and got[H.HOST_DISPLAY_NAME] == machine()
     assert got[H.EXCEPTION_STACK_TRACE] == "st" and parse_time(got[H.TIME_OF_FAILURE]) is not None
+
+
+def test_an_audit_queue_that_refuses_for_good_stops_the_query_and_loses_nothing(pg: Backend, names: Any) -> None:
+    import pytest
+
+    from spark_qtransport.errors import DatabaseError
+
+    q, e, audit = _queues(pg, names, "Sales", "error", "audit")
+    pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(4)])
+    with pg.connect() as c:
+        c.execute("CREATE OR REPLACE FUNCTION sqlqueue_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                  "$$ BEGIN RAISE EXCEPTION 'audit is closed'; END $$")
+        c.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON {pg.q(audit)} FOR EACH ROW EXECUTE FUNCTION sqlqueue_test_refuse()")
+    with receiving(pg, q, e, audit_queue=pg.address(audit)) as r:
+        start = r.initial_offset()
+        end = r.latest(start, 1000)
+        r.ack(end, background=True)  # as Spark's commit does
+        deadline = time.monotonic() + 30
+        while r.acker.failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(DatabaseError, match="audit is closed"):
+            r.latest(end, 1000)
+    assert pg.count(pg.claims(q)) == 4 and pg.count(audit) == 0  # still claimed: delivered again after a fix

@@ -30,6 +30,7 @@ class Acker:
         self.endpoint, self.stats, self.after = endpoint, stats, after
         self._main, self._ahead, self._background = main, ahead, background
         self._count = threading.Lock()  # stats.acked is added to from both threads
+        self.failure: Exception | None = None
 
     def ack(self, end: ClaimOffset) -> int:
         """Acknowledge now; the number of claims deleted."""
@@ -44,8 +45,19 @@ class Acker:
         try:
             self._ack(self._ahead, end)
         except Exception as exc:  # noqa: BLE001 - the next acknowledgement covers these claims too
-            log.warning("acknowledging claims up to %s on %s failed: %s", end.claim, self.endpoint.options.queue,
-                        db.describe(self.endpoint.dialect, exc))
+            d = self.endpoint.dialect
+            log.warning("acknowledging claims up to %s on %s failed: %s", end.claim, self.endpoint.queue_text,
+                        db.describe(d, exc))
+            if self.after.copies and not d.is_transient(exc.__cause__ or exc):
+                # an audit or forwardTo queue that refuses for good (a privilege revoked, a
+                # trigger): no acknowledgement can succeed, so the query stops at its next trigger
+                self.failure = exc
+
+    def raise_failure(self) -> None:
+        """Raise what made background acknowledgements fail for good, once (see `_ack_logged`)."""
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
 
     def _ack(self, session: Session, end: ClaimOffset) -> int:
         total = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)

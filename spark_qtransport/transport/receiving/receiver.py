@@ -106,6 +106,7 @@ class Receiver:
         """Plan the next batch: claims it holds already, else claim at most `limit` (None: all).
         See `Planner.plan`; a claim made ahead for this batch is applied first."""
         self.planner.settle_ahead()
+        self.acker.raise_failure()
         self.move_delayed()
         after = self.planner.start_after(start, self.table_id)
         self._release_previous_run(start, after)
