@@ -166,6 +166,19 @@ class TestStatements:
         assert "work_mem" not in claim.sql  # bodies are never materialized: no spill to tune away
 
 
+    def test_insert_message(self) -> None:
+        """One message with a time to be received (monitoring reports): values bound, Expires the
+        UTC wall clock plus the time to be received, as the dispatch writes it."""
+        stmt = D.insert_message(QueueAddress("Particular.Monitoring"), headers=self.EVIL, body=b"\x00\x01", ttbr_ms=5)
+        assert stmt.sql == (
+            'INSERT INTO "public"."Particular.Monitoring" (id, expires, headers, body) VALUES (gen_random_uuid(),'
+            " CASE WHEN %(ttbr)s::bigint IS NULL THEN NULL ELSE (now() AT TIME ZONE 'UTC') + %(ttbr)s::bigint"
+            " * interval '1 millisecond' END, %(headers)s, %(body)s)")
+        assert stmt.params == {"ttbr": 5, "headers": self.EVIL, "body": b"\x00\x01"}
+        assert "m.ttbr_ms * interval '1 millisecond'" in D.dispatch(
+            QueueAddress("S.Staging"), QueueAddress("B"), attempts=[], route=None, publish_routes=[]).sql
+        assert D.insert_message(QueueAddress("q"), headers="{}", body=b"", ttbr_ms=None).params["ttbr"] is None
+
     def test_delayed_due_is_the_one_nservicebus_stores_and_compares(self) -> None:
         """Due is NServiceBus's (StoreDelayedMessageText: the UTC wall clock read in the session's
         TimeZone) and due means `Due < now() AT TIME ZONE 'UTC'` (MoveDueDelayedMessageText) in

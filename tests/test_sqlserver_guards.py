@@ -173,10 +173,24 @@ def _bounded(part: str, batch: str) -> bool:
     window = re.search(r"\b(\w+\.)?(Pos|PoisonPos) > @(\w+) AND \1?\2 <= @\3 \+ (\d+)", part)
     if window:
         return int(window[4]) <= 2000
+    if _one_values_row(part):  # INSERT ... VALUES (...): one row, as NServiceBus's SendText
+        return True
     # one row by the whole primary key of SubscriptionRouting (Endpoint, Topic), as NServiceBus does
     return bool(re.search(r"SubscriptionRouting\]", part) and (
         re.search(r"USING \(SELECT \? AS Endpoint, \? AS QueueAddress, \? AS Topic\)", part)
         or re.search(r"WHERE Endpoint = \? AND Topic = \?$", part)))
+
+
+def _one_values_row(part: str) -> bool:
+    """Whether `part` is ``INSERT INTO t (...) VALUES (...)`` with exactly one row of values."""
+    m = re.match(r"INSERT\s+INTO\s+(?:\[(?:[^\]]|\]\])*\]\.?)+\s*\([^()]*\)\s*VALUES\s*\(", part, re.I)
+    if not m:
+        return False
+    depth, i = 1, m.end()
+    while depth and i < len(part):
+        depth += {"(": 1, ")": -1}.get(part[i], 0)
+        i += 1
+    return depth == 0 and not part[i:].strip(" ;\n")
 
 
 def _foreign_writes(stmt: Statement) -> list[tuple[str, str]]:
@@ -212,6 +226,16 @@ def test_the_guard_catches_an_unbounded_insert() -> None:
     assert not _bounded(_foreign_writes(old_dispatch)[0][1], old_dispatch.sql)
     ours = Statement("DELETE FROM [dbo].[Sales.Staging] WHERE Attempt = ?", ("a",))
     assert _foreign_writes(ours) == []
+
+
+def test_only_one_values_row_counts_as_bounded() -> None:
+    one = "INSERT INTO [dbo].[Billing] (Id, Expires, Headers, Body)\nVALUES (NEWID(), DATEADD(ms, 1, GETUTCDATE()), @h, @b);"
+    assert _one_values_row(one)
+    assert not _one_values_row(one.replace(";", ", (NEWID(), NULL, @h, @b);"))
+    assert not _one_values_row("INSERT INTO [dbo].[Billing] (Id, Expires, Headers, Body) SELECT NEWID(), NULL, h, b FROM x")
+    writes = _foreign_writes(D.insert_message(QueueAddress("Billing"), headers="{}", body=b"", ttbr_ms=1))
+    assert len(writes) == 2  # with the Recoverable column and without
+    assert all(target == "[dbo].[Billing]" and _one_values_row(part) for target, part in writes)
 
 
 def test_every_kind_of_write_to_a_queue_is_seen() -> None:

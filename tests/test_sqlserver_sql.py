@@ -285,6 +285,8 @@ def send_statements(
         "subscribers_none": [D.subscribers(subs, [])],
         "dispatch": [D.dispatch(s, e, attempts=attempts, route=value, publish_routes=[value, "Ns.A;Ns.B"])],
         "dispatch_plain": [D.dispatch(s, e, attempts=attempts, route=None, publish_routes=[value])],
+        "insert_message": [D.insert_message(e, headers=value, body=value.encode(), ttbr_ms=7 * 86_400_000)],
+        "insert_message_no_ttbr": [D.insert_message(q, headers=value, body=b"", ttbr_ms=None)],
         "dispatch_send_only": [D.dispatch(s, e, attempts=attempts, route=value, publish_routes=[])],
         "dispatch_none": [D.dispatch(s, e, attempts=[], route=None, publish_routes=[])],
         "staged_messages": [D.staged_messages(s, attempts=attempts, route=value, publish_routes=[value, "Ns.A"])],
@@ -1193,6 +1195,59 @@ class TestRecoverableDecidedOnTheServer:
                 method = getattr(dialect, name)
                 if callable(method) and not name.startswith("__"):
                     assert "recoverable" not in inspect.signature(method).parameters, name
+
+
+class TestInsertMessage:
+    """One message with a time to be received (monitoring reports): NServiceBus's SendText, the
+    Recoverable column written where the table has it, values bound (the body as hexadecimal text)."""
+
+    _STEP = re.compile(rf"DECLARE @step nvarchar\(max\) = (?P<without>{_CONCAT});\n"
+                       r"IF EXISTS \(SELECT 1 FROM (?:\[[^\]]*\]\.)?sys\.columns WHERE object_id = OBJECT_ID\(@table\)"
+                       rf" AND name = N'Recoverable'\)\n    SET @step = (?P<with>{_CONCAT});\n"
+                       r"EXEC sys\.sp_executesql @step, N'(?P<signature>[^']*)'(?P<assign>(?:, @\w+ = @\w+)*);$")
+
+    def texts(self, stmt: Statement) -> dict[bool, exp.Insert]:
+        m = self._STEP.search(stmt.sql)
+        assert m, stmt.sql
+        names = {"table": stmt.params[0]}
+        out = {}
+        for recoverable in (True, False):
+            (tree,) = parse_all(_joined(m["with" if recoverable else "without"], names))
+            assert isinstance(tree, exp.Insert)
+            out[recoverable] = tree
+        return out
+
+    def test_the_insert(self) -> None:
+        body = bytes(range(256))
+        stmt = D.insert_message(QueueAddress("Particular.Monitoring", "ops", "shop"), headers='{"a":"b"}', body=body,
+                                ttbr_ms=7 * 86_400_000)
+        assert stmt.params == ("[shop].[ops].[Particular.Monitoring]", 604_800_000, '{"a":"b"}', body.hex())
+        assert bytes.fromhex(stmt.params[3]) == body
+        assert stmt.sql.startswith("SET NOCOUNT ON;\n") and not stmt.counted
+        assert "FROM [shop].sys.columns WHERE object_id = OBJECT_ID(@table)" in stmt.sql
+        trees = self.texts(stmt)
+        for recoverable, tree in trees.items():
+            cols = [c.name for c in tree.this.expressions]
+            assert cols == ["Id", *(["Recoverable"] if recoverable else []), "Expires", "Headers", "Body"]
+            (row,) = tree.expression.expressions  # one row of values
+            values = [v.sql("tsql") for v in row.expressions]
+            assert values[0] == "NEWID()" and values[-2:] == ["@headers", "CONVERT(VARBINARY(MAX), @body, 2)"]
+            # Expires as the dispatch computes it: seconds and milliseconds apart (DATEADD takes an int)
+            assert values[-3] == "DATEADD(SECOND, @ttbr / 1000, DATEADD(MS, @ttbr % 1000, GETUTCDATE()))"
+        assert "'@ttbr bigint, @headers nvarchar(max), @body nvarchar(max)', @ttbr = @ttbr" in stmt.sql
+
+    def test_no_time_to_be_received(self) -> None:
+        stmt = D.insert_message(QueueAddress("Sales"), headers="{}", body=b"", ttbr_ms=None)
+        assert stmt.params == ("[dbo].[Sales]", "{}", "")
+        assert "@ttbr" not in stmt.sql
+        for tree in self.texts(stmt).values():
+            (row,) = tree.expression.expressions
+            assert row.expressions[-3].sql("tsql") == "NULL"
+
+    def test_names_are_never_inside_the_dynamic_text(self) -> None:
+        odd = QueueAddress("x'; DROP TABLE [Victim]; --")
+        stmt = D.insert_message(odd, headers="{}", body=b"x", ttbr_ms=1)
+        assert "Victim" not in stmt.sql and stmt.params[0] == D.qualified(odd)
 
 
 class TestDispatchStatements:

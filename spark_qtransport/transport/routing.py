@@ -204,7 +204,8 @@ class Router:
         if isinstance(found, Refusal):
             raise QueueNotFoundError(
                 f"option '{option}': queue {found.reason}; "
-                "create it (sqlqueue create-queue, the DDL in sql/, or .option('createQueues', 'true'))"
+                "create it (sqlqueue create-queue, the DDL in sql/, or .option('createQueues', 'true'))",
+                option=option, queue=found.failed_q,
             )
         return found
 

@@ -206,6 +206,7 @@ def retrying(
     connection: Callable[[], Any],
     discard: Callable[[Any], None],
     what: str,
+    backoff: Backoff = BACKOFF,
 ) -> T:
     """Run `fn(conn)` in a transaction and commit, through `with_retries`: after a transient fault
     (in `fn`, at commit or while connecting) roll back, `discard` the connection and run it again
@@ -232,17 +233,19 @@ def retrying(
         if held:
             discard(held[0])
 
-    return with_retries(dialect, what, attempt, after_failure=drop)
+    return with_retries(dialect, what, attempt, backoff=backoff, after_failure=drop)
 
 
 class Session:
     """One connection, opened when first needed, and transactions on it retried by the policy.
     `on_connect(conn)` runs on each new connection (set-up, locks); if it fails the connection is
-    closed. After a transient fault the connection is dropped and the next attempt opens another."""
+    closed. After a transient fault the connection is dropped and the next attempt opens another.
+    `backoff`: its retry policy (best-effort work, such as monitoring reports, gives up sooner)."""
 
     def __init__(self, dialect: Dialect, url: Any, *, what: str = "",
-                 on_connect: Callable[[Any], None] | None = None) -> None:
+                 on_connect: Callable[[Any], None] | None = None, backoff: Backoff = BACKOFF) -> None:
         self.dialect, self.url, self.what = dialect, url, what
+        self.backoff = backoff
         self._on_connect = on_connect
         self._conn: Any = None
 
@@ -270,7 +273,8 @@ class Session:
 
     def run(self, fn: Callable[[Any], T], what: str | None = None) -> T:
         """`fn(conn)` in a transaction, committed; retried on a new connection after a transient fault."""
-        return retrying(self.dialect, fn, connection=self.connection, discard=self.drop, what=what or self.what)
+        return retrying(self.dialect, fn, connection=self.connection, discard=self.drop, what=what or self.what,
+                        backoff=self.backoff)
 
     def close(self) -> None:
         if self._conn is not None:

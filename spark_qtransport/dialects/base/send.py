@@ -33,6 +33,12 @@ class SendSql(AddressingSql):
         received, as the dispatch statements write it. Does not commit. Only where `sends_inline`."""
         raise NotImplementedError(f"{type(self).__name__} does not send rows inline")
 
+    @abstractmethod
+    def insert_message(self, destination: QueueAddress, *, headers: str, body: bytes, ttbr_ms: int | None) -> Statement:
+        """INSERT one message into a queue table, as NServiceBus's SendText does: a new native id,
+        Expires = the database's UTC clock plus `ttbr_ms` (None: never expires), the headers text
+        and the body; values bound. For sends outside any batch (monitoring reports)."""
+
     def dispatch_plans(self) -> list[Statement]:
         """Run first in a dispatch transaction: plans that stay linear whatever the statistics say.
         A staging table swings between empty and a whole batch faster than statistics follow;

@@ -64,6 +64,16 @@ class PostgresSend(SendSql):
                       for row_id, ttbr, headers, body in rows))
         return len(rows)
 
+    def insert_message(self, destination: QueueAddress, *, headers: str, body: bytes, ttbr_ms: int | None) -> Statement:
+        # NServiceBus's SendText, Expires as `dispatch` computes it (the UTC wall clock plus the
+        # time to be received; NULL without one).
+        return Statement(
+            f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body) VALUES (gen_random_uuid(),"
+            f" CASE WHEN %(ttbr)s::bigint IS NULL THEN NULL ELSE {UTC_NOW} + %(ttbr)s::bigint * interval '1 millisecond' END,"
+            " %(headers)s, %(body)s)",
+            {"ttbr": None if ttbr_ms is None else int(ttbr_ms), "headers": str(headers), "body": bytes(body)},
+        )
+
     def dispatch_plans(self) -> list[Statement]:
         # LOCAL: this transaction only. Joins of staged rows become hash or merge joins, linear
         # in the batch (a nested loop is still used where nothing else can run).

@@ -19,6 +19,7 @@ from .statements import (
     copy_rows,
     in_list,
     insert_messages,
+    insert_one,
     json_list,
 )
 
@@ -181,6 +182,21 @@ class SqlServerSend(SqlServerAddressing, SendSql):
                 cur.executemany(sql, part)
         finally:
             cur.close()
+
+    def insert_message(self, destination: QueueAddress, *, headers: str, body: bytes, ttbr_ms: int | None) -> Statement:
+        # NServiceBus's SendText (Recoverable where the table has it), Expires as `dispatch`
+        # computes it. The body travels as hexadecimal text (CONVERT style 2), so every value is
+        # plain text or a number, as the other statements bind them.
+        params = Params(named=True)
+        if ttbr_ms is None:
+            expires = "NULL"
+        else:
+            ttbr = params.add("ttbr", "bigint", int(ttbr_ms))
+            expires = f"DATEADD(second, {ttbr} / 1000, DATEADD(ms, {ttbr} % 1000, GETUTCDATE()))"
+        text = params.add("headers", "nvarchar(max)", str(headers))
+        hexed = params.add("body", "nvarchar(max)", bytes(body).hex())
+        return insert_one(self.qualified(destination), self._sys(destination),
+                          values=f"{expires}, {text}, CONVERT(varbinary(max), {hexed}, 2)", params=params)
 
     @staticmethod
     def _check_sink(sink: str) -> str:

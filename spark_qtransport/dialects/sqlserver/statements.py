@@ -230,6 +230,35 @@ def insert_messages(table: str, sys_: str, *, keys: str, new_id: str, select: st
     return bounded(into, keys=keys, step=step(False), recoverable=(sys_, step(True)))
 
 
+def insert_one(table: str, sys_: str, *, values: str, params: Params) -> Statement:
+    """INSERT one message into the queue table `table` (quoted; `sys_` the catalog views of its
+    database): Id NEWID(), Recoverable 1 where the table has that column, then `values` (Expires,
+    Headers, Body expressions referring to `params`, named, by ``@name``). One VALUES row: a
+    bounded write by construction. As in `bounded`, the INSERT runs as dynamic SQL chosen by the
+    table's columns (a batch naming a column its table lacks does not compile); the table's name
+    is spliced in from a parameter and the values pass to it as parameters of sp_executesql."""
+    into = Params(named=True, items=[Param("table", QNAME, table, table=True), *params.items])
+
+    def step(recoverable: bool) -> str:
+        columns = "Id" + (", Recoverable" if recoverable else "") + ", Expires, Headers, Body"
+        lead = "NEWID()" + (", 1" if recoverable else "")
+        return f"INSERT INTO {_TABLE}table{_TABLE} ({columns})\nVALUES ({lead}, {values.strip()});"
+
+    declare = "".join(f"DECLARE @{p.name} {p.sqltype} = ?;\n" for p in into.items)
+    passed = [p for p in into.items if not p.table]
+    signature = literal(", ".join(f"@{p.name} {p.sqltype}" for p in passed))
+    assign = "".join(f", @{p.name} = @{p.name}" for p in passed)
+    sql = (
+        "SET NOCOUNT ON;\n"
+        + declare
+        + f"DECLARE @step nvarchar(max) = {_dynamic(step(False))};\n"
+        + f"IF EXISTS (SELECT 1 FROM {sys_}columns WHERE object_id = OBJECT_ID(@table) AND name = N'Recoverable')\n"
+        + f"    SET @step = {_dynamic(step(True))};\n"
+        + f"EXEC sys.sp_executesql @step, {signature}{assign};"
+    )
+    return Statement(sql, into.values())
+
+
 def json_keys(marker: str, *, due: bool = False, headers: bool = True) -> str:
     """Fill ``#sqlqueue_keys`` from a JSON array of ``[key, (due,) (headers)]`` (`key_rows`): Pos
     is the array position, so the order of the keys is the order written."""
