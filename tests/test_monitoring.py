@@ -275,3 +275,48 @@ def test_the_timer_sends_every_interval(pg: Backend, names: Any) -> None:
     rounds = pg.count(monitoring)
     time.sleep(0.5)
     assert pg.count(monitoring) == rounds  # closed: no more rounds
+
+
+def test_a_stream_reports_what_it_processed(spark: Any, pg: Backend, names: Any, tmp_path: Any) -> None:
+    """A stream with monitoringQueue: the reports in the queue decode into the message types and
+    counts the stream processed, with plausible times, and name the endpoint and its input queue."""
+    from test_stream import Collect, reader, run_available_now
+
+    from backends import nsb_headers
+
+    q, e, mon = (pg.create_queue(names(n)) for n in ("Sales", "error", "monitoring"))
+    sent_at = datetime.now(UTC)
+    stamp = sent_at.strftime("%Y-%m-%d %H:%M:%S:%f Z")
+    types = {"Shop.PlaceOrder": 7, "Shop.CancelOrder": 3}
+    messages = [(nsb_headers(f"{t}-{i}", **{"NServiceBus.EnclosedMessageTypes": t, "NServiceBus.TimeSent": stamp,
+                                             **({"NServiceBus.Retries": "1"} if t == "Shop.CancelOrder" else {})}), b"{}")
+                for t, n in types.items() for i in range(n)]
+    pg.send_many(q, messages)
+    run_available_now(spark, reader(spark, pg, q, e, endpoint="Shop.Sales", monitoringQueue=mon,
+                                    monitoringInterval="1s", maxMessagesPerTrigger="4"), str(tmp_path / "c"), Collect())
+    done = datetime.now(UTC)
+    deadline = time.monotonic() + 30  # the source's stop() (the last flush) may finish after the query
+    while time.monotonic() < deadline:
+        reports, _ = read_reports(pg, mon)
+        kinds = Counter(h.get("NServiceBus.Metric.Type") for h, _, _ in reports)
+        if sum(Counter(t for h, b, _ in reports if h.get("NServiceBus.Metric.Type") == "ProcessingTime"
+                       for _, t, _ in decode(b)).values()) == sum(types.values()) and kinds["Retries"]:
+            break
+        time.sleep(0.2)
+    by_metric: dict[str, list[tuple[datetime, str, int]]] = {}
+    metadata = []
+    for headers, body, _ in reports:
+        assert headers["NServiceBus.OriginatingEndpoint"] == "Shop.Sales"
+        assert headers["$.diagnostics.originating.hostid"] == host_id("Shop.Sales")
+        if headers.get("NServiceBus.EnclosedMessageTypes") == "NServiceBus.Metrics.EndpointMetadataReport":
+            metadata.append(json.loads(body))
+        else:
+            by_metric.setdefault(headers["NServiceBus.Metric.Type"], []).extend(decode(body))
+    assert metadata and metadata[0] == {"PluginVersion": 3, "LocalAddress": pg.dialect.format_address(pg.address(q))}
+    assert Counter(tag for _, tag, _ in by_metric["ProcessingTime"]) == types
+    assert Counter(tag for _, tag, _ in by_metric["CriticalTime"]) == types
+    assert Counter(tag for _, tag, _ in by_metric["Retries"]) == {"Shop.CancelOrder": 3}
+    limit = (done - sent_at).total_seconds() * 1000 + 1000
+    for metric in ("ProcessingTime", "CriticalTime"):
+        for at, _, value in by_metric[metric]:
+            assert 0 <= value <= limit and sent_at - timedelta(seconds=1) <= at <= done + timedelta(seconds=1)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ...dialects import Dialect, QueueAddress
 from .. import session as db
 from ..platform.after import AfterProcessing, BatchTimes
+from ..platform.monitoring import Monitor
 from ..session import Session
 from .acker import Acker
 from .background import Background
@@ -68,7 +69,10 @@ class Receiver:
         self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background)
         self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock)
         self.times = BatchTimes()
-        self.after = AfterProcessing(self.endpoint, self.times)
+        self.monitor = Monitor(options) if options.monitoring_queue is not None else None
+        self.after = AfterProcessing(self.endpoint, self.times,
+                                     observe=None if self.monitor is None else self.monitor.observe)
+        self._monitoring = False  # the reporter started (after the set-up checked its queue)
         self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats, self.after)
         self.delayed = DueDelayed(self.endpoint, self.main, clock=clock)
         self._released = False  # claims up to the first planned start (a previous run's last batch)
@@ -107,6 +111,7 @@ class Receiver:
         See `Planner.plan`; a claim made ahead for this batch is applied first."""
         self.planner.settle_ahead()
         self.acker.raise_failure()
+        self._start_monitoring()
         self.move_delayed()
         after = self.planner.start_after(start, self.table_id)
         self._release_previous_run(start, after)
@@ -118,7 +123,18 @@ class Receiver:
             # are processed: acknowledge them, so a finished run leaves nothing claimed. (A
             # running stream keeps its last batch until the next: deleting `commits/N` replays it.)
             self.ack(ClaimOffset(after, self.table_id))
+            if self.monitor is not None:
+                # The run ends here, and Spark may end this process without the source's stop():
+                # its last reports go now (bounded wait), not at the next interval.
+                self.monitor.flush()
         return ClaimOffset(end, self.table_id)
+
+    def _start_monitoring(self) -> None:
+        """Once: start ServicePulse's reporter (it sends every interval from now on)."""
+        if self.monitor is not None and not self._monitoring:
+            self._monitoring = True
+            monitor = self.monitor
+            self.main.run(lambda c: monitor.check(c.cursor()), self.endpoint.what("check the monitoring queue"))
 
     def _warn_of_takeover(self, start: ClaimOffset | None, after: int | None) -> None:
         """Once per run: a query planning its first batch from a new checkpoint (claim 0: nothing
@@ -253,7 +269,9 @@ class Receiver:
         try:
             self.planner.settle_ahead()
         finally:
-            self.background.shutdown()
+            self.background.shutdown()  # the last acknowledgement's timings reach monitoring first
+            if self.monitor is not None:
+                self.monitor.close()
             self.ahead.close()
             if self.main.connected:
                 self.set_up.unlock(self.main.connection())
