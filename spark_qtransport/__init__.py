@@ -27,13 +27,15 @@ from .errors import (
     SchemaError,
     unwrap,
 )
-from .spark.columns import publish, reply
+from .spark.columns import fail, publish, reply, retry_later
 
 __all__ = [
     "register",
     "QueueSink",
     "reply",
     "publish",
+    "fail",
+    "retry_later",
     "DatabaseError",
     "DispatchError",
     "OutboxConflictError",

@@ -29,6 +29,8 @@ from ...wire import (
     uuid4_texts,
 )
 from .messages import DELAYED, PUBLISH, SEND, SendPlan, StagedRow
+from .recovery import RECOVERY, RETRY, InvalidFailure, failure_of, next_attempt, retried_headers
+from .recovery import SOURCE as RECOVERY_SOURCE
 
 __all__ = ["MessageBuilder", "INVALID_TYPE"]
 
@@ -190,24 +192,18 @@ class MessageBuilder:
         given = _loose_headers(row.get("headers"))
         raw_intent = row.get("intent")
         intent = (raw_intent if isinstance(raw_intent, str) else "send").strip().lower() or "send"
-        try:
-            headers = outgoing_headers(
-                message_id=message_id, endpoint=plan.endpoint, machine=self.machine,
-                intent=intent if intent in INTENTS else "send", message_type=_clean(row.get("message_type")),
-                content_type=plan.content_type, correlation_id=_clean(row.get("correlation_id")),
-                reply_to_address=_clean(row.get("reply_to")) or plan.reply_to, headers=given, now=now,
-            )
-            if intent not in INTENTS and H.MESSAGE_INTENT not in given:
-                del headers[H.MESSAGE_INTENT]  # not known: not guessed
-        except ValueError:  # no message type: the headers given, and who sent it when
-            headers = {H.MESSAGE_ID: message_id, H.TIME_SENT: now if isinstance(now, str) else format_time(now),
-                       H.ORIGINATING_ENDPOINT: plan.endpoint, H.ORIGINATING_MACHINE: self.machine, **given}
-            headers[H.MESSAGE_ID] = message_id  # the row's id, whatever the headers say (as `outgoing_headers`)
+        recovering = intent in RECOVERY
+        if recovering:  # a received message (fail, retry): its headers as they came
+            headers: dict[str, str | None] = {**given, H.MESSAGE_ID: message_id}
+        else:
+            headers = self._copy_headers(row, message_id, intent, given, now)
         # FailedQ: where the message was going (as for a refused route), so that a retry from the
         # error queue (ServicePulse, `sqlqueue error retry`) delivers it there; the endpoint's own
         # queue only when the row names no destination or the destination is what was refused.
         failed_q = plan.failed_q or plan.endpoint
         destination = row.get("destination")
+        if recovering and destination is None:  # where it was received
+            destination = _failed_q_of(row.get("failure"))
         if error.column != "destination" and intent != "publish" and (destination is None or isinstance(destination, str)):
             try:
                 failed_q = self.route(destination, message_id) or failed_q
@@ -231,6 +227,26 @@ class MessageBuilder:
         return StagedRow(sink=plan.sink, batch_id=self.batch_id, attempt=self.attempt, kind=SEND, route=route,
                          message_id=message_id, headers=encode_headers(headers), body=body, ttbr_ms=None,
                          delay_ms=None, due=None)
+
+    def _copy_headers(self, row: Mapping[str, Any], message_id: str, intent: str, given: dict[str, str],
+                      now: datetime | str) -> dict[str, str | None]:
+        """The headers an error copy of a refused row carries (before the failure headers): those
+        the message would have had, as far as they can be built."""
+        plan = self.plan
+        try:
+            headers = outgoing_headers(
+                message_id=message_id, endpoint=plan.endpoint, machine=self.machine,
+                intent=intent if intent in INTENTS else "send", message_type=_clean(row.get("message_type")),
+                content_type=plan.content_type, correlation_id=_clean(row.get("correlation_id")),
+                reply_to_address=_clean(row.get("reply_to")) or plan.reply_to, headers=given, now=now,
+            )
+            if intent not in INTENTS and H.MESSAGE_INTENT not in given:
+                del headers[H.MESSAGE_INTENT]  # not known: not guessed
+        except ValueError:  # no message type: the headers given, and who sent it when
+            headers = {H.MESSAGE_ID: message_id, H.TIME_SENT: now if isinstance(now, str) else format_time(now),
+                       H.ORIGINATING_ENDPOINT: plan.endpoint, H.ORIGINATING_MACHINE: self.machine, **given}
+            headers[H.MESSAGE_ID] = message_id  # the row's id, whatever the headers say (as `outgoing_headers`)
+        return headers
 
     def _fast(self, row: Mapping[str, Any], now: datetime | str) -> StagedRow:
         """`build` without the error copies: the staging hot path. A row whose text columns and
@@ -326,8 +342,11 @@ class MessageBuilder:
         for column in ("correlation_id", "message_type", "reply_to"):
             _no_nul(get(column), column, message_id)
         intent = (get("intent") or "send").strip().lower()
+        if intent in RECOVERY:
+            return self._recover(row, intent, now)
         if intent not in INTENTS:
-            raise _Refused("intent", f"{_shown(get('intent'))} is not one of send, publish, reply", message_id)
+            raise _Refused("intent", f"{_shown(get('intent'))} is not one of send, publish, reply, fail, retry",
+                           message_id)
         body = get("body")
         if isinstance(body, str):
             body = body.encode("utf-8")
@@ -346,6 +365,54 @@ class MessageBuilder:
             delay_ms=None if timing.delay is None or timing.deliver_at is not None else max(round(timing.delay * 1000), 0),
             due=timing.deliver_at,
         )
+
+    def _recover(self, row: Mapping[str, Any], intent: str, now: datetime | str) -> StagedRow:
+        """A received message the pipeline rejected (`recovery`): intent ``fail`` -> the error
+        queue with failure headers; ``retry`` -> its own queue through delayed delivery, with the
+        retry headers, or the error queue once its retries are spent. Same MessageId, headers
+        (without the transport's ForwardDestination) and body as received."""
+        plan, get = self.plan, row.get
+        message_id = get("message_id")
+        if not message_id or not isinstance(message_id, str):
+            raise _Refused("message_id", f"{intent} needs the received message's id (column message_id), not "
+                           f"{_shown(message_id)}", next(self._ids))
+        try:
+            failure = failure_of(get("failure"), intent, self._max_seconds)
+        except InvalidFailure as bad:
+            raise _Refused("failure", bad.reason, message_id, field=f"failure.{bad.field}") from None
+        given = get("headers")
+        try:
+            received = dict(given.items() if isinstance(given, Mapping) else given or ())
+        except (TypeError, ValueError):
+            raise _Refused("headers", f"{_shown(given)} is not a map", message_id) from None
+        received.pop(H.FORWARD_DESTINATION, None)
+        received[H.MESSAGE_ID] = message_id
+        body = get("body")
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        moment = now if isinstance(now, datetime) else datetime.now(timezone.utc)
+        attempt = next_attempt(failure, received, moment) if intent == RETRY else None
+        delay_ms = None
+        if attempt is None:
+            failed_q = (self.route(failure.failed_q, message_id) if failure.failed_q
+                        else plan.failed_q or plan.endpoint)
+            headers = failure_headers(received, failed_q=failed_q, exception_type=failure.exception_type,
+                                      message=failure.message, source=RECOVERY_SOURCE, endpoint=plan.endpoint,
+                                      stack_trace=failure.stack_trace)
+            kind, route = SEND, plan.error_queue or plan.invalid_to or ""
+        else:  # back to its queue (a destination from data: routed like any, when due)
+            route = self.route(get("destination") or failure.failed_q, message_id)
+            headers = retried_headers(received, attempt, now)
+            delay_ms = round(failure.delay * attempt * 1000)
+            kind = DELAYED if delay_ms > 0 else SEND
+            if kind == DELAYED:
+                headers[H.FORWARD_DESTINATION] = route
+            else:
+                delay_ms = None
+        self.counts[(kind, route)] = self.counts.get((kind, route), 0) + 1
+        return StagedRow(sink=plan.sink, batch_id=self.batch_id, attempt=self.attempt, kind=kind, route=route,
+                         message_id=message_id, headers=encode_headers(headers), body=body, ttbr_ms=None,
+                         delay_ms=delay_ms, due=None)
 
     def _timing(self, row: Mapping[str, Any], message_id: str) -> _Timing:
         """The row's time to be received, delay and deliver_at, checked. A deliver_at in the past
@@ -440,6 +507,15 @@ def _given_headers(given: Any, message_id: str) -> dict[str, Any]:
         _no_nul(key, "headers", message_id)
         _no_nul(value, "headers", message_id, field=f"headers[{key!r}]")
     return headers
+
+
+def _failed_q_of(failure: Any) -> str | None:
+    """The ``failed_q`` field of a ``failure`` value, if it holds text. Never raises."""
+    try:
+        value = (failure if isinstance(failure, Mapping) else failure.asDict()).get("failed_q")
+    except Exception:  # noqa: BLE001 - no struct: none
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 def _related_to(given: Any) -> str | None:

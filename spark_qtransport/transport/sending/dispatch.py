@@ -106,6 +106,7 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         sink=options.sink,
         invalid_to=None if options.invalid_rows == INVALID_FAIL else d.format_address(options.error_queue),
         failed_q=d.format_address(options.endpoint),
+        error_queue=d.format_address(options.error_queue),
     )
 
 

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from ...dialects import QueueAddress
 from ...errors import ConfigError, MessageError
+from .recovery import check_failure_type
 
 __all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "StagedRow", "SendPlan", "check_columns",
            "topics_of"]
@@ -32,6 +33,7 @@ INPUT_COLUMNS: dict[str, tuple[str, ...]] = {
     "time_to_be_received": ("int", "bigint", "smallint", "tinyint", "double", "float", "decimal", "interval"),
     "deliver_at": ("timestamp", "timestamp_ntz"),
     "delay": ("int", "bigint", "smallint", "tinyint", "double", "float", "decimal", "interval"),
+    "failure": ("struct",),  # of intents fail and retry: `recovery.FAILURE_FIELDS`
 }
 
 #: Spark's YearMonthIntervalType (simpleString without spaces: ``intervalyeartomonth``, ``intervalmonth``)
@@ -77,6 +79,11 @@ def check_columns(fields: Sequence[tuple[str, str]]) -> None:
         raise ConfigError("columns 'deliver_at' and 'delay' both given: use one of them")
     for name, given in fields:
         typ = given.replace(" ", "").lower()
+        if name == "failure":
+            problem = check_failure_type(typ)
+            if problem is not None:
+                raise ConfigError(f"column 'failure' has type {given}: {problem}", column=name)
+            continue
         if name in _DURATIONS and typ.startswith(_YEAR_MONTH):
             raise MessageError(
                 f"column {name!r} has type {given}: a year-month interval has no "
@@ -138,3 +145,5 @@ class SendPlan:
     #: the endpoint's address: NServiceBus.FailedQ of an error copy whose row names no usable
     #: destination (otherwise FailedQ is the destination, so a retry delivers it there; default `endpoint`)
     failed_q: str | None = None
+    #: the sink's error queue (canonical address): where fail() and retry_later() rows go
+    error_queue: str | None = None
