@@ -262,3 +262,64 @@ def test_invalid_retry_values_are_refused_naming_the_argument(pg: Backend, queue
     with pytest.raises(ConfigError, match="field 'delay' has type string"):
         check_columns([("body", "binary"), ("failure", "struct<message:string,delay:string>")])
     check_columns([("body", "binary"), ("failure", "struct<message:string,delay:decimal(10,2),max_retries:int>")])
+
+
+def servicecontrol_retry(pg: Backend, error_queue: str) -> int:
+    """Do what ServicePulse's "retry" does (ServiceControl's ReturnToSender): take each failed
+    message out of the error queue, remove the retry counters, FailedQ, TimeOfFailure and the
+    exception headers, add the retry's unique id and acknowledgement queue (the error queue), and
+    put it back into its FailedQ. Returns how many were retried."""
+    ack_queue = pg.dialect.format_address(pg.address(error_queue))
+    moved = 0
+    for headers, body in pg.drain(error_queue):
+        if H.FAILED_Q not in headers:
+            continue
+        failed_q = headers[H.FAILED_Q]
+        back = {k: v for k, v in headers.items()
+                if not k.startswith(("NServiceBus.Retries", "NServiceBus.ExceptionInfo."))
+                and k not in (H.FAILED_Q, H.TIME_OF_FAILURE, H.FL_RETRIES)}
+        back[H.RETRY_UNIQUE_MESSAGE_ID] = str(uuid.uuid4())
+        back[H.RETRY_ACK_QUEUE] = ack_queue
+        pg.send(failed_q, back, body)
+        moved += 1
+    return moved
+
+
+@pytest.mark.usefixtures("spark")
+def test_a_servicepulse_retry_of_a_failed_message_is_processed_and_acknowledged_once(
+    spark: Any, pg: Backend, queues: Any, names: Any, tmp_path: Any,
+) -> None:
+    """fail() -> the error queue -> a ServicePulse retry back into FailedQ -> received again and
+    processed -> one acknowledgement control message in the acknowledgement queue, and the audit
+    copy says it was sent; a restart sends no second one."""
+    from pyspark.sql import functions as F
+
+    q = queues
+    audit = pg.create_queue(names("audit"))
+    sent = requests(pg, q, 4)
+    checkpoint = str(tmp_path / "ckpt")
+
+    def run(reject: bool) -> None:
+        orders = received(spark, pg, q, auditQueue=audit, endpoint="Sales.Spark")
+        out = (orders.select(*fail(reason="not yet")) if reject else
+               orders.select("body", F.lit(q.billing).alias("destination"), F.lit("Billing.Invoice").alias("message_type")))
+        finish(out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", q.sales)
+               .option("errorQueue", q.sink_error).option("checkpointLocation", checkpoint + str(reject))
+               .option("sinkName", "rejects" if reject else "accepts")
+               .trigger(availableNow=True).start())
+
+    run(reject=True)
+    assert pg.count(q.sink_error) == 4
+    assert servicecontrol_retry(pg, q.sink_error) == 4 and pg.count(q.sales) == 4
+    run(reject=False)
+    run(reject=False)  # a restart: nothing new, nothing acknowledged twice
+    acks = [h for h, body in pg.drain(q.sink_error)]
+    assert len(acks) == 4 and all(h[H.CONTROL_MESSAGE] == "True" and parse_time(h[H.RETRY_SUCCESSFUL]) for h in acks)
+    assert len({h[H.RETRY_UNIQUE_MESSAGE_ID] for h in acks}) == 4
+    assert pg.count(q.billing) == 4 and pg.count(q.sales) == 0
+    audited = [h for h, _ in pg.drain(audit)]
+    retried = [h for h in audited if H.RETRY_UNIQUE_MESSAGE_ID in h]
+    assert len(audited) == 8 and len(retried) == 4  # the first (failed) receive is audited too, as processed by fail()
+    assert all(h[H.RETRY_ACK_SENT] == "true" for h in retried)
+    assert {h[H.RETRY_UNIQUE_MESSAGE_ID] for h in retried} == {h[H.RETRY_UNIQUE_MESSAGE_ID] for h in acks}
+    assert sorted({h[H.MESSAGE_ID] for h in audited}) == sorted(sent)
