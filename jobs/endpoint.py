@@ -81,11 +81,11 @@ def table_rows(handled: Any) -> Any:
     )
 
 
-def outgoing(handled: Any, *, endpoint: str, error_queue: str, reminder_delay: float) -> Any:
+def outgoing(handled: Any, *, endpoint: str, reminder_delay: float) -> Any:
     """The messages to send: replies, events, reminders and error-queue copies of failures."""
     from pyspark.sql import functions as F
 
-    from spark_qtransport import publish, reply
+    from spark_qtransport import fail, publish, reply
 
     orders = handled.where("outcome = 'handled' AND kind = 'order'")
     order_body = F.to_json(F.struct(F.col("order_id").alias("OrderId"), F.col("amount").alias("Amount")))
@@ -98,12 +98,9 @@ def outgoing(handled: Any, *, endpoint: str, error_queue: str, reminder_delay: f
         F.create_map(F.lit("NServiceBus.ConversationId"), F.col("conversation_id"),
                      F.lit("NServiceBus.RelatedTo"), F.col("message_id")).alias("headers"),
     )
+    # to the sink's errorQueue as NServiceBus's recoverability moves them (`wire.failure_headers`)
     failures = handled.where("outcome = 'failed'").select(
-        F.col("body"), F.lit(error_queue).alias("destination"), F.col("message_id"),
-        # the received headers win; a type is needed only when the sender gave none
-        F.coalesce(F.col("message_type"), F.lit("Unknown")).alias("message_type"),
-        failure_headers(F.col("headers"), failed_q=endpoint, reason=F.col("problem")).alias("headers"),
-    )
+        *fail(reason=F.col("problem"), exception_type="Sales.ValidationException"))
     out = replies
     for part in (events, reminders, failures):
         out = out.unionByName(part, allowMissingColumns=True)
@@ -127,23 +124,6 @@ DEFAULTS: dict[str, Any] = {
     "job_id": "endpoint",
 }
 
-def failure_headers(headers: Any, *, failed_q: str, reason: Any) -> Any:
-    """The received headers plus NServiceBus's failure headers (replacing older ones): the
-    column-expression twin of `spark_qtransport.wire.failure_headers`."""
-    import socket
-
-    from pyspark.sql import functions as F
-
-    from spark_qtransport.wire import FAILURE_HEADERS
-
-    now = F.date_format(F.current_timestamp(), "yyyy-MM-dd HH:mm:ss:SSSSSS 'Z'")
-    values = (F.lit(failed_q), F.lit("Sales.ValidationException"), reason, F.lit("jobs/endpoint.py"), F.lit(""),
-              now, F.lit(failed_q), F.lit(socket.gethostname()))
-    added = F.create_map(*(c for name, value in zip(FAILURE_HEADERS, values, strict=True) for c in (F.lit(name), value)))
-    kept = F.map_filter(headers, lambda k, v: ~k.isin(*FAILURE_HEADERS))
-    return F.map_concat(kept, added)
-
-
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p = _config.stream_parser(__doc__, trigger="5s", job_id="endpoint")
     p.add_argument("--queue", help="the endpoint's input queue; also its name when sending (default: Sales)")
@@ -165,7 +145,7 @@ def batch_handler(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         handled = handle(batch).persist()
         try:
             append_once(table_rows(handled), batch_id, table=args.table, job_id=args.job_id)
-            sink(outgoing(handled, endpoint=args.queue, error_queue=args.error_queue,
+            sink(outgoing(handled, endpoint=args.queue,
                           reminder_delay=args.reminder_delay), batch_id)
         finally:
             handled.unpersist()
