@@ -114,14 +114,14 @@ def test_a_role_with_table_privileges_only_continues_the_owners_stream(
 ) -> None:
     from pyspark.sql import functions as F
 
-    a, b, error = app.address("A"), app.address("B"), app.address("error")
+    a, b, error, audit = app.address("A"), app.address("B"), app.address("error"), app.address("audit")
     # the DBA's set-up: the queues (and A's delayed table) exist before anything runs
     cli(pg.url, "create-queue", a, "--delayed")
-    cli(pg.url, "create-queue", b, error)
+    cli(pg.url, "create-queue", b, error, audit)
 
     def run(**credentials: str) -> Any:
         received = (spark.readStream.format("sqlqueue").option("url", pg.url).options(**credentials)
-                    .option("queue", a).option("errorQueue", error).load())
+                    .option("queue", a).option("errorQueue", error).option("auditQueue", audit).load())
         out = received.select("body", F.lit("Billing.Messages.Invoice").alias("message_type"),
                               F.concat(F.col("message_id"), F.lit("-fwd")).alias("message_id"))
         query = (out.writeStream.format("sqlqueue").option("url", pg.url).options(**credentials)
@@ -137,7 +137,8 @@ def test_a_role_with_table_privileges_only_continues_the_owners_stream(
     assert [p["numInputRows"] for p in first.recentProgress if p["numInputRows"]] == [5]
 
     # the DBA grants exactly what `sqlqueue ddl --grant-to` prints, and nothing else
-    script = grant_printed(pg, app, "--queue", a, "--destination", b, "--error-queue", error, *PARTS)
+    script = grant_printed(pg, app, "--queue", a, "--destination", b, "--error-queue", error, "--audit-queue", audit,
+                           *PARTS)
     assert "CREATE" not in script and "SEQUENCE" in script
     assert_restricted(pg, app)
     with pg.connect() as c:  # the identity columns of our tables need no grant on their sequences
@@ -157,6 +158,7 @@ def test_a_role_with_table_privileges_only_continues_the_owners_stream(
     ids = [(decode_headers(h) or {})[H.MESSAGE_ID] for _, h, _ in pg.rows(b)]
     assert sorted(ids) == sorted([f"m{i:02d}-fwd" for i in range(12)] + ["cli-1"])  # each exactly once
     assert pg.count(a) == 0 and pg.count(error) == 0
+    assert pg.count(audit) == 12  # audit copies written with table privileges only
 
     # the restricted role runs the CLI's read side too
     peeked = json.loads(cli(app.url, "peek", b, "-n", "50", "--json").output)

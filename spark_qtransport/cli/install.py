@@ -126,10 +126,14 @@ def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
 @click.option("--destination", "destinations", multiple=True, metavar="QUEUE",
               help="with --grant-to: a queue the sending endpoint sends to (repeatable)")
 @click.option("--error-queue", default="error", show_default=True, help="with --grant-to: the error queue")
+@click.option("--audit-queue", metavar="QUEUE", help="with --grant-to: the receiving endpoint's auditQueue")
+@click.option("--forward-to", metavar="QUEUE", help="with --grant-to: the receiving endpoint's forwardTo queue")
+@click.option("--monitoring-queue", metavar="QUEUE", help="with --grant-to: the receiving endpoint's monitoringQueue")
 @delayed_options
 @url_option
 def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, role: str | None,
-        kinds: tuple[str, ...], destinations: tuple[str, ...], error_queue: str, delayed_suffix: str | None,
+        kinds: tuple[str, ...], destinations: tuple[str, ...], error_queue: str, audit_queue: str | None,
+        forward_to: str | None, monitoring_queue: str | None, delayed_suffix: str | None,
         delayed_table: str | None, url: str | None) -> None:
     """Print the exact DDL the connector runs, for review by a DBA, or with --grant-to the grants
     a role needs to run once the tables exist (no DDL runs then). Needs no connection, so a dotted
@@ -150,13 +154,16 @@ def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: 
     rule = delayed_rule(d, None if delayed_table is None else resolve(d, delayed_table, option="--delayed-table",
                                                                        facts=None), delayed_suffix)
     rule.check(d, address, {})
+    named = {"auditQueue": ("--audit-queue", audit_queue), "forwardTo": ("--forward-to", forward_to),
+             "monitoringQueue": ("--monitoring-queue", monitoring_queue)}
+    platform = {option: offline(text, flag) for option, (flag, text) in named.items() if text is not None}
     if role is not None:
         _print_grants(d, role, address, kinds=kinds or ("receiving", "sending"), parts=parts or DDL_PARTS,
                       destinations=[offline(q, "--destination") for q in destinations],
-                      error_queue=offline(error_queue, "--error-queue"), delayed=rule)
+                      error_queue=offline(error_queue, "--error-queue"), delayed=rule, platform=platform)
         return
-    if kinds or destinations:
-        raise click.UsageError("--for and --destination go with --grant-to")
+    if kinds or destinations or platform:
+        raise click.UsageError("--for, --destination, --audit-queue, --forward-to and --monitoring-queue go with --grant-to")
     makers = _ddl_makers(d, address, seq_bits=int(seq_bits), delayed=rule)
     for part in parts or DDL_PARTS:
         echo(f"-- {part}: {d.name}")
@@ -177,11 +184,12 @@ def _ddl_makers(d: Dialect, address: QueueAddress, *, seq_bits: int,
 
 
 def _print_grants(d: Dialect, role: str, endpoint: QueueAddress, *, kinds: tuple[str, ...], parts: tuple[str, ...],
-                  destinations: list[QueueAddress], error_queue: QueueAddress, delayed: DelayedTableRule) -> None:
+                  destinations: list[QueueAddress], error_queue: QueueAddress, delayed: DelayedTableRule,
+                  platform: dict[str, QueueAddress]) -> None:
     """The grants of `role` for each endpoint kind, limited to the tables of `parts`."""
     for kind in dict.fromkeys(kinds):
         if kind == "receiving":
-            needs = privileges.receiving(d, endpoint, error_queue=error_queue, delayed=delayed)
+            needs = privileges.receiving(d, endpoint, error_queue=error_queue, delayed=delayed, platform=platform)
         else:
             needs = privileges.sending(d, endpoint, destinations=destinations, error_queue=error_queue,
                                        subscriptions=d.parse_address(SUBSCRIPTIONS), delayed=delayed)

@@ -9,6 +9,7 @@ the tables (``sqlqueue create-queue``, ``create-outbox``, ``create-subscriptions
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...dialects import Dialect, QueueAddress, Statement
@@ -34,15 +35,23 @@ class Need:
     why: str = ""
 
 
+#: what the reader writes to each queue its Particular platform options name (option -> why)
+PLATFORM_WHY = {"auditQueue": "audit copies", "forwardTo": "forwarded copies", "monitoringQueue": "monitoring reports"}
+
+
 def receiving(d: Dialect, queue: QueueAddress, *, error_queue: QueueAddress,
-              delayed: DelayedTableRule = NSERVICEBUS_DELAYED) -> list[Need]:
+              delayed: DelayedTableRule = NSERVICEBUS_DELAYED,
+              platform: Mapping[str, QueueAddress] | None = None) -> list[Need]:
     """A receiving endpoint (the source): its queue, the queue's claim table, the error queue
-    (poison messages) and the delayed table of the queue's endpoint (the reader moves due messages)."""
+    (poison messages, and ServicePulse's retry acknowledgements, which go to the queue a retried
+    message names: usually the error queue), the delayed table of the queue's endpoint (the reader
+    moves due messages), and the queues of `platform` (`ReceiveSettings.platform_queues`)."""
     return [
         Need(queue, DML, "queue", True, "claims messages (deletes them), the delayed mover inserts"),
         Need(d.claims_table(queue), DML, "claims", False, "claimed messages until their batch commits"),
-        Need(error_queue, WRITE, "queue", True, "poison messages"),
+        Need(error_queue, WRITE, "queue", True, "poison messages, retry acknowledgements"),
         Need(delayed.table_for(d, queue), DML, "delayed", False, "moves due delayed messages"),
+        *(Need(address, WRITE, "queue", True, PLATFORM_WHY[option]) for option, address in (platform or {}).items()),
     ]
 
 
