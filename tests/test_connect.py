@@ -24,9 +24,9 @@ JOBS = ROOT / "jobs"
 pytest.importorskip("grpc", reason="Spark Connect's client needs pyspark[connect]")
 
 
-def source(spark: Any, pg: Backend, queue: str, error: str) -> Any:
+def source(spark: Any, pg: Backend, queue: str, error: str, **options: str) -> Any:
     return (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", queue)
-            .option("errorQueue", error).option("maxMessagesPerTrigger", "20").load())
+            .option("errorQueue", error).option("maxMessagesPerTrigger", "20").options(**options).load())
 
 
 def invoices(received: Any) -> Any:
@@ -80,16 +80,26 @@ def test_foreach_batch_queue_sink_over_connect_is_exactly_once(connect: Any, pg:
     assert pg.count(q.sales) == 0 and pg.count(f'"{q.sales}.Staging"') == 0
 
 
-def test_stream_writer_over_connect_is_exactly_once(connect: Any, pg: Backend, queues: Any, checkpoint: str) -> None:
+def test_stream_writer_over_connect_is_exactly_once(connect: Any, pg: Backend, queues: Any, names: Any,
+                                                     checkpoint: str) -> None:
+    """With the platform's helpers too: audit copies, and fail() for one message."""
+    from spark_qtransport import fail
+
     q = queues
+    audit, failed = pg.create_queue(names("audit")), pg.create_queue(names("failed"))
 
     def run() -> None:
-        finish(invoices(source(connect, pg, q.sales, q.error)).writeStream.format("sqlqueue")
+        received = source(connect, pg, q.sales, q.error, auditQueue=audit)
+        out = invoices(received).unionByName(received.where("message_id = 'm007'").select(*fail(reason="seven")),
+                                             allowMissingColumns=True)
+        finish(out.writeStream.format("sqlqueue")
                .option("url", pg.url).option("endpoint", q.sales).option("destination", q.billing)
-               .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+               .option("errorQueue", failed).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
     across_a_restart_and_a_replay(pg, q.sales, checkpoint, run)
     assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(q.billing)) == EXPECTED
+    assert [(h[H.MESSAGE_ID], h[H.EXCEPTION_MESSAGE]) for h, _ in pg.drain(failed)] == [("m007", "seven")]
+    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(audit)) == [f"m{i:03d}" for i in range(50)]
 
 
 def test_two_queue_sinks_with_one_name_are_refused_over_connect(connect: Any, pg: Backend, queues: Any, checkpoint: str) -> None:
