@@ -145,10 +145,12 @@ def test_audit_copies_are_exactly_once_when_killed_during_acknowledgement(
     moments: every delivered message is audited exactly once, as it was, with NServiceBus's audit
     headers in order; no expired or poison message is audited."""
     import json
+    from datetime import datetime, timezone
 
-    from spark_qtransport.wire import H, parse_time
+    from spark_qtransport.wire import H, format_time, parse_time
 
-    q, e, audit = (pg.create_queue(names(n)) for n in ("Orders", "error", "audit"))
+    q = pg.create_queue(names("Orders"), nsb=True)  # NServiceBus's own DDL
+    e, audit = (pg.create_queue(names(n)) for n in ("error", "audit"))
     sink = names("sink")
     with pg.connect() as c:
         c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
@@ -161,8 +163,9 @@ def test_audit_copies_are_exactly_once_when_killed_during_acknowledgement(
     sent: dict[str, tuple[dict[str, str], bytes]] = {}
 
     def produce(n: int) -> None:
-        base = len(sent)
-        batch = [(nsb_headers(f"m{base + i:06d}"), f'{{"n": {base + i}, "s": "\u00e9\\/"}}'.encode()) for i in range(n)]
+        base, now = len(sent), format_time(datetime.now(timezone.utc))
+        batch = [(nsb_headers(f"m{base + i:06d}", **{H.TIME_SENT: now}), f'{{"n": {base + i}, "s": "\u00e9\\/"}}'.encode())
+                 for i in range(n)]
         pg.send_many(q, batch)
         sent.update((h["NServiceBus.MessageId"], (h, b)) for h, b in batch)
 
@@ -216,4 +219,4 @@ def test_audit_copies_are_exactly_once_when_killed_during_acknowledgement(
         assert {k: v for k, v in headers.items() if k in original} == original
         sent_at, started, ended = (parse_time(headers[k]) for k in (H.TIME_SENT, H.PROCESSING_STARTED, H.PROCESSING_ENDED))
         assert sent_at is not None and started is not None and ended is not None
-        assert started <= ended and headers[H.PROCESSING_ENDPOINT] == q
+        assert sent_at <= started <= ended and headers[H.PROCESSING_ENDPOINT] == q

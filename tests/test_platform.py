@@ -167,3 +167,21 @@ def test_an_audit_queue_that_refuses_for_good_stops_the_query_and_loses_nothing(
         with pytest.raises(DatabaseError, match="audit is closed"):
             r.latest(end, 1000)
     assert pg.count(pg.claims(q)) == 4 and pg.count(audit) == 0  # still claimed: delivered again after a fix
+
+
+def test_acknowledgements_that_overlap_copy_each_message_once(backend: Backend, names: Any) -> None:
+    """A foreground acknowledgement (a run's last batch) while the background thread still works
+    through an earlier one: the two never copy the same claims."""
+    q, e, audit, copy = _queues(backend, names, "Sales", "error", "audit", "copy")
+    backend.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x") for i in range(3000)])
+    with receiving(backend, q, e, audit_queue=backend.address(audit), forward_to=backend.address(copy),
+                   ack_batch=200) as r:
+        start = r.initial_offset()
+        middle = r.latest(start, 2000)
+        end = r.latest(middle, 2000)
+        r.ack(middle, background=True)
+        r.ack(end)
+        r.ack(end, background=True)
+        r.background.submit(lambda: None).result(60)  # the background thread is done
+    assert backend.count(audit) == backend.count(copy) == 3000
+    assert backend.count(backend.claims(q)) == 0

@@ -66,12 +66,14 @@ class ReceiveSql(AddressingSql):
     def claims_with_header(self, claims: QueueAddress, consumer: str, *, upto: int, header: str,
                            limit: int) -> Statement:
         """Rows (claim_seq, headers) of at most `limit` of the consumer's claims <= upto whose
-        headers text contains `header` (a header name of ours: letters and dots), by claim_seq."""
+        headers text contains `header` (a header name of ours: letters and dots), by claim_seq,
+        locked until the transaction ends (a concurrent acknowledgement waits, then skips them)."""
 
     @abstractmethod
     def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
         """Rows (claim_seq, headers, claimed_at as UTC) of the consumer's first `batch` claims <= upto,
-        by claim_seq: the chunk an acknowledgement with after-processing work copies and deletes."""
+        by claim_seq, locked until the transaction ends: the chunk an acknowledgement with
+        after-processing work copies and deletes (a concurrent one waits, then skips them)."""
 
     @abstractmethod
     def forward_claims(

@@ -220,14 +220,14 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
                            limit: int) -> Statement:
         return Statement(
             f"SELECT claim_seq, headers FROM {self.qualified(claims)} WHERE consumer = %(consumer)s"
-            " AND claim_seq <= %(upto)s AND strpos(headers, %(header)s) > 0 ORDER BY claim_seq LIMIT %(limit)s",
+            " AND claim_seq <= %(upto)s AND strpos(headers, %(header)s) > 0 ORDER BY claim_seq LIMIT %(limit)s FOR UPDATE",
             {"consumer": consumer, "upto": int(upto), "header": header, "limit": int(limit)},
         )
 
     def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
         return Statement(
             f"SELECT claim_seq, headers, claimed_at FROM {self.qualified(claims)}"
-            " WHERE consumer = %(consumer)s AND claim_seq <= %(upto)s ORDER BY claim_seq LIMIT %(batch)s",
+            " WHERE consumer = %(consumer)s AND claim_seq <= %(upto)s ORDER BY claim_seq LIMIT %(batch)s FOR UPDATE",
             {"consumer": consumer, "upto": int(upto), "batch": int(batch)},
         )
 

@@ -423,14 +423,14 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         if not re.fullmatch(r"[A-Za-z.]+", header):  # a name of ours, never data: LIKE wildcards cannot appear
             raise ValueError(f"not a header name of ours: {header!r}")
         return Statement(
-            f"SELECT TOP (?) ClaimSeq, Headers FROM {self.qualified(claims)}"
+            f"SELECT TOP (?) ClaimSeq, Headers FROM {self.qualified(claims)} WITH (UPDLOCK, ROWLOCK)"
             " WHERE Consumer = ? AND ClaimSeq <= ? AND CHARINDEX(?, Headers) > 0 ORDER BY ClaimSeq",
             (int(limit), self._check_consumer(consumer), int(upto), header),
         )
 
     def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
         return Statement(
-            f"SELECT TOP (?) ClaimSeq, Headers, ClaimedAt FROM {self.qualified(claims)}"
+            f"SELECT TOP (?) ClaimSeq, Headers, ClaimedAt FROM {self.qualified(claims)} WITH (UPDLOCK, ROWLOCK)"
             " WHERE Consumer = ? AND ClaimSeq <= ? ORDER BY ClaimSeq",
             (int(batch), self._check_consumer(consumer), int(upto)),
         )

@@ -31,6 +31,7 @@ class Acker:
         self._main, self._ahead, self._background = main, ahead, background
         self._count = threading.Lock()  # stats.acked is added to from both threads
         self.failure: Exception | None = None
+        self._serial = threading.Lock()
 
     def ack(self, end: ClaimOffset) -> int:
         """Acknowledge now; the number of claims deleted."""
@@ -60,6 +61,13 @@ class Acker:
             raise failure
 
     def _ack(self, session: Session, end: ClaimOffset) -> int:
+        # One acknowledgement at a time: one made in the foreground (a run's first or last batch)
+        # while the background thread still works through earlier ones would read the same claims
+        # and copy them twice. (The chunk's read also locks its claims, for any other session.)
+        with self._serial:
+            return self._ack_serially(session, end)
+
+    def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
         total = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
         self.after.times.forget(end.claim)
         with self._count:
