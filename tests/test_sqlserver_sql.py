@@ -34,7 +34,7 @@ from spark_qtransport.dialects.base import ClaimFailures, ClaimResult, QueueAddr
 from spark_qtransport.dialects.sqlserver import CLAIM_CHUNK, SqlServerDialect, placeholders
 from spark_qtransport.dialects.sqlserver.statements import ROW_BOUND
 from spark_qtransport.errors import ConfigError, QTransportError
-from spark_qtransport.wire import FAILURE_HEADERS
+from spark_qtransport.wire import FAILURE_HEADERS, RETRY_COUNTERS
 
 ROOT = Path(__file__).resolve().parent.parent
 D = SqlServerDialect()
@@ -802,11 +802,15 @@ class TestReceiveStatements:
         assert "UPDATE #sqlqueue_moved SET Id = NEWID() WHERE Id IS NULL AND (Poison = 1 OR NullId = 1);" in flat
         merge = re.search(r"IF @nullId > 0 UPDATE #sqlqueue_moved SET Headers = (.*) WHERE NullId = 1;", flat)
         assert merge
-        # one JSON_MODIFY per failure header, on the row's headers ('' read as {}), values bound
+        # the retry counters removed (a NULL deletes in lax mode), then one JSON_MODIFY per failure
+        # header, on the row's headers ('' read as {}), values bound
         expr = sqlglot.parse_one(merge[1], read="tsql")
-        assert merge[1].count("JSON_MODIFY(") == len(FAILURE_HEADERS)
-        assert merge[1].startswith("JSON_MODIFY(" * len(FAILURE_HEADERS)
+        modified = len(RETRY_COUNTERS) + len(FAILURE_HEADERS)
+        assert merge[1].count("JSON_MODIFY(") == modified
+        assert merge[1].startswith("JSON_MODIFY(" * modified
                                    + "CASE WHEN DATALENGTH(Headers) = 0 THEN N'{}' ELSE Headers END,")
+        for name in RETRY_COUNTERS:
+            assert f"N'$.\"{name}\"', NULL)" in merge[1]
         for n, name in enumerate(FAILURE_HEADERS):
             assert f"N'$.\"{name}\"', @failure{n})" in merge[1]
             assert f"DECLARE @failure{n} nvarchar(max) = ?;" in flat
