@@ -304,14 +304,16 @@ def stream_rates(progress: list[dict], n: int, wall: float) -> dict:
 _PARTS = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
 
-def drain(spark, url: str, queue: str, n: int, per_trigger: int) -> dict:  # type: ignore[no-untyped-def]
-    """The connector drains the queue's n messages: queue -> Spark -> noop sink, Trigger.AvailableNow."""
+def drain(spark, url: str, queue: str, n: int, per_trigger: int,  # type: ignore[no-untyped-def]
+          options: dict[str, str] | None = None) -> dict:
+    """The connector drains the queue's n messages: queue -> Spark -> noop sink, Trigger.AvailableNow;
+    `options` are more reader options (auditQueue, forwardTo, ...)."""
     import shutil
     import tempfile
 
     ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
     df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", queue)
-          .option("maxMessagesPerTrigger", str(per_trigger)).load())
+          .option("maxMessagesPerTrigger", str(per_trigger)).options(**(options or {})).load())
     t = time.perf_counter()
     q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
     q.awaitTermination()
