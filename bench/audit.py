@@ -16,7 +16,9 @@ Per run: steady-state and wall-clock messages/s (as _common.stream_rates gives t
 run on this machine), Spark's CPU (this process and its descendants: the JVM and its Python workers,
 where the driver reads the headers it audits) and WAL bytes, from start() until every claim is
 acknowledged; per message. After each run the audit and forward queues are counted: each must hold
-exactly --messages distinct messages (or none, when its option is off).
+exactly --messages rows with as many distinct message ids (or none, when its option is off); a run
+that does not is marked CHECK FAILED (its copies and distinct ids are in the table) and the script
+exits with status 1 after printing every figure.
 
 The paths run interleaved, --repeat times (off, auditQueue, forwardTo, off, ...): the machine's
 load moves between runs, so compare the ratios of each repetition, on against off.
@@ -112,14 +114,14 @@ def run(spark: Any, url: str, meter: Meter, path: str, n: int, size: int, per_tr
         r["ack_wait_s"] = time.perf_counter() - t
     r["spark_cpu_s"] = spark_cpu(meter.postmaster) - spark0
     assert not left, f"{left} messages not acknowledged 60 s after the query ended"
-    r["audit_rows"], audit_ids = count(url, AUDIT)
-    r["forward_rows"], forward_ids = count(url, FORWARD)
+    r["audit_rows"], r["audit_ids"] = count(url, AUDIT)
+    r["forward_rows"], r["forward_ids"] = count(url, FORWARD)
     want_audit, want_forward = (n if path == "auditQueue" else 0), (n if path == "forwardTo" else 0)
-    print(f"  {path}: audit queue holds {r['audit_rows']:,} rows ({audit_ids:,} distinct message ids),"
-          f" forward queue {r['forward_rows']:,} ({forward_ids:,}); expected {want_audit:,} and {want_forward:,}",
-          flush=True)
-    assert (r["audit_rows"], audit_ids) == (want_audit, want_audit), (path, r["audit_rows"], audit_ids, want_audit)
-    assert (r["forward_rows"], forward_ids) == (want_forward, want_forward), (path, r["forward_rows"], forward_ids)
+    r["check"] = ((r["audit_rows"], r["audit_ids"], r["forward_rows"], r["forward_ids"])
+                  == (want_audit, want_audit, want_forward, want_forward))
+    print(f"  {path}: audit queue holds {r['audit_rows']:,} rows ({r['audit_ids']:,} distinct message ids),"
+          f" forward queue {r['forward_rows']:,} ({r['forward_ids']:,}); expected {want_audit:,} and {want_forward:,}:"
+          f" {'ok' if r['check'] else 'CHECK FAILED'}", flush=True)
     r.update(path=path, messages=n, pg_cpu_s=cost.pg, wal_bytes=cost.wal, pg_cpu_us_per_msg=cost.pg / n * 1e6,
              spark_cpu_us_per_msg=r["spark_cpu_s"] / n * 1e6, wal_bytes_per_msg=cost.wal / n)
     return r
@@ -141,12 +143,13 @@ def ratios(runs: list[dict[str, Any]], paths: list[str]) -> list[dict[str, Any]]
 
 def tables(runs: list[dict[str, Any]], rat: list[dict[str, Any]]) -> None:
     print("\n| repetition | path | steady msg/s | wall msg/s | PostgreSQL CPU s | PostgreSQL CPU µs/msg"
-          " | Spark CPU µs/msg | WAL bytes/msg | audit rows | forward rows |")
+          " | Spark CPU µs/msg | WAL bytes/msg | audit rows (distinct) | forward rows (distinct) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         print(f"| {r['repetition']} | {r['path']} | {r['steady_rate']:,.0f} | {r['wall_rate']:,.0f} | {r['pg_cpu_s']:.2f}"
               f" | {r['pg_cpu_us_per_msg']:,.1f} | {r['spark_cpu_us_per_msg']:,.1f} | {r['wal_bytes_per_msg']:,.0f}"
-              f" | {r['audit_rows']:,} | {r['forward_rows']:,} |")
+              f" | {r['audit_rows']:,} ({r['audit_ids']:,}) | {r['forward_rows']:,} ({r['forward_ids']:,})"
+              f"{'' if r['check'] else ' CHECK FAILED'} |")
     print("\nOn / off, each repetition against its own off run:\n")
     print("| repetition | path | steady msg/s | wall msg/s | PostgreSQL CPU/msg | Spark CPU/msg | WAL/msg |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -197,7 +200,10 @@ def main() -> int:
                "runs": [{key: v for key, v in r.items() if key != "durations_ms"} for r in runs], "ratios": rat}
         Path(args.json).write_text(json.dumps(fig, indent=2) + "\n")
         print(f"\nfigures written to {args.json}")
-    return 0
+    failed = [f"repetition {r['repetition']} {r['path']}" for r in runs if not r["check"]]
+    if failed:
+        print(f"\nCHECK FAILED (the audit or forward queue does not hold exactly {n:,} distinct messages): {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
