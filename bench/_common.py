@@ -100,14 +100,19 @@ class Meter:
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def pg_cpu(self) -> float:
-        """CPU seconds of the postmaster and every child it has (or had: cutime + cstime)."""
+        """CPU seconds of the postmaster and every child it has (or had: cutime + cstime). Read
+        again while the postmaster's cutime + cstime moves during the scan: a child reaped between
+        reading the postmaster and scanning the children would be counted by neither."""
         if self.postmaster is None:
             return float("nan")
-        own = _stat(self.postmaster) or []
-        ticks = sum(int(v) for v in own[11:15])
-        for pid in os.listdir("/proc"):
-            if pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == self.postmaster:
-                ticks += int(s[11]) + int(s[12])
+        for _ in range(10):
+            own = _stat(self.postmaster) or []
+            ticks = sum(int(v) for v in own[11:15])
+            for pid in os.listdir("/proc"):
+                if pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == self.postmaster:
+                    ticks += int(s[11]) + int(s[12])
+            if (_stat(self.postmaster) or [])[13:15] == own[13:15]:
+                break
         return ticks / self.tick
 
     def wal(self) -> int:
