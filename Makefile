@@ -46,6 +46,7 @@ bench: setup
 	$(PY) bench/speed.py
 	$(PY) bench/large_bodies.py
 	$(PY) bench/phases.py
+	$(PY) bench/audit.py
 
 # ruff over everything, mypy over the package (its settings: pyproject.toml)
 lint: setup

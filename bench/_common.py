@@ -1,5 +1,6 @@
-"""What the benchmarks share: their arguments, the database, filling and resetting queues, and the
-measured paths (the NServiceBus way, the floor, the connector) that more than one script runs."""
+"""What the benchmarks share: their arguments, the database, what a path costs (`Meter`: PostgreSQL
+CPU and WAL), filling and resetting queues, and the measured paths (the NServiceBus way, the floor,
+the connector) that more than one script runs."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, fields
 
 
 def arguments(doc: str | None) -> argparse.ArgumentParser:
@@ -57,6 +60,96 @@ def fill(url: str, queue: str, n: int, size: int, *, random_bodies: bool = False
                 copy.write_row((uuid.uuid4(), headers.replace('"x"', f'"{uuid.uuid4()}"', 1),
                                 os.urandom(size) if random_bodies else body))
     return time.perf_counter() - t
+
+
+# --- what a measured path costs: wall, client CPU, PostgreSQL CPU, WAL --------------------------
+
+@dataclass
+class Cost:
+    """What one phase cost: seconds, CPU seconds, WAL bytes, and the messages it handled."""
+
+    wall: float = 0.0
+    client: float = 0.0
+    pg: float = 0.0
+    wal: float = 0.0
+    rows: int = 0
+
+    def add(self, other: Cost) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def scaled(self, rows: int) -> Cost:
+        k = rows / self.rows if self.rows else 0.0
+        return Cost(self.wall * k, self.client * k, self.pg * k, self.wal * k, rows)
+
+    @staticmethod
+    def median(runs: list[Cost]) -> Cost:
+        return Cost(*(statistics.median(getattr(c, f.name) for c in runs) for f in fields(Cost)))  # type: ignore[arg-type]
+
+
+class Meter:
+    """Reads the server's CPU and WAL position around a phase or a path, on a connection of its own
+    (the server must run on this machine for its CPU: /proc)."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        (backend,) = self.conn.execute("SELECT pg_backend_pid()").fetchone()  # type: ignore[misc]
+        self.postmaster = int(_stat(backend)[1]) if _stat(backend) else None
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def pg_cpu(self) -> float:
+        """CPU seconds of the postmaster and every child it has (or had: cutime + cstime). Read
+        again while the postmaster's cutime + cstime moves during the scan: a child reaped between
+        reading the postmaster and scanning the children would be counted by neither."""
+        if self.postmaster is None:
+            return float("nan")
+        for _ in range(10):
+            own = _stat(self.postmaster) or []
+            ticks = sum(int(v) for v in own[11:15])
+            for pid in os.listdir("/proc"):
+                if pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == self.postmaster:
+                    ticks += int(s[11]) + int(s[12])
+            if (_stat(self.postmaster) or [])[13:15] == own[13:15]:
+                break
+        return ticks / self.tick
+
+    def wal(self) -> int:
+        (lsn,) = self.conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()  # type: ignore[misc]
+        return int(lsn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def checkpoint(self) -> None:
+        self.conn.execute("CHECKPOINT")
+
+    @contextlib.contextmanager
+    def measure(self, into: Cost) -> Iterator[None]:
+        pg, wal = self.pg_cpu(), self.wal()
+        with timed(into):
+            yield
+        into.pg += self.pg_cpu() - pg
+        into.wal += self.wal() - wal
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (index 1: ppid, 11-14: CPU ticks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def timed(into: Cost) -> Iterator[None]:
+    """Wall and client CPU only: for the parts of a read, which the server does not see apart."""
+    wall, client = time.perf_counter(), time.process_time()
+    yield
+    into.wall += time.perf_counter() - wall
+    into.client += time.process_time() - client
 
 
 # --- tables: a fresh queue for every measured path ---------------------------------------------
@@ -216,14 +309,16 @@ def stream_rates(progress: list[dict], n: int, wall: float) -> dict:
 _PARTS = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
 
-def drain(spark, url: str, queue: str, n: int, per_trigger: int) -> dict:  # type: ignore[no-untyped-def]
-    """The connector drains the queue's n messages: queue -> Spark -> noop sink, Trigger.AvailableNow."""
+def drain(spark, url: str, queue: str, n: int, per_trigger: int,  # type: ignore[no-untyped-def]
+          options: dict[str, str] | None = None) -> dict:
+    """The connector drains the queue's n messages: queue -> Spark -> noop sink, Trigger.AvailableNow;
+    `options` are more reader options (auditQueue, forwardTo, ...)."""
     import shutil
     import tempfile
 
     ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
     df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", queue)
-          .option("maxMessagesPerTrigger", str(per_trigger)).load())
+          .option("maxMessagesPerTrigger", str(per_trigger)).options(**(options or {})).load())
     t = time.perf_counter()
     q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
     q.awaitTermination()

@@ -27,13 +27,10 @@ import contextlib
 import os
 import pickle
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import arguments, database, fill  # noqa: E402
+from _common import Cost, Meter, arguments, database, fill, timed  # noqa: E402
 
 QUEUE, FLOOR, ENDPOINT, OUT, ERROR = "BenchPhases", "BenchPhasesFloor", "BenchPhasesSend", "BenchPhasesOut", "error"
 QUERY = "3f1c9a57-0000-4000-8000-0000000000aa"
@@ -60,88 +57,6 @@ SEND_PHASES = ["stage", "dispatch", "inline: task", "inline: to driver", "inline
 PHASES = ["claim", "read", "read: fetch", "read: decode", "ack", *SEND_PHASES, "floor", "Spark floor (no database)",
           "Spark drain batch (noop)"]
 MB = 2**20
-
-
-@dataclass
-class Cost:
-    """What one phase cost: seconds, CPU seconds, WAL bytes, and the messages it handled."""
-
-    wall: float = 0.0
-    client: float = 0.0
-    pg: float = 0.0
-    wal: float = 0.0
-    rows: int = 0
-
-    def add(self, other: Cost) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def scaled(self, rows: int) -> Cost:
-        k = rows / self.rows if self.rows else 0.0
-        return Cost(self.wall * k, self.client * k, self.pg * k, self.wal * k, rows)
-
-    @staticmethod
-    def median(runs: list[Cost]) -> Cost:
-        return Cost(*(statistics.median(getattr(c, f.name) for c in runs) for f in fields(Cost)))  # type: ignore[arg-type]
-
-
-class Meter:
-    """Reads the server's CPU and WAL position around a phase, on a connection of its own."""
-
-    def __init__(self, url: str) -> None:
-        import psycopg
-
-        self.conn = psycopg.connect(url, autocommit=True)
-        (backend,) = self.conn.execute("SELECT pg_backend_pid()").fetchone()  # type: ignore[misc]
-        self.postmaster = int(_stat(backend)[1]) if _stat(backend) else None
-        self.tick = os.sysconf("SC_CLK_TCK")
-
-    def pg_cpu(self) -> float:
-        """CPU seconds of the postmaster and every child it has (or had: cutime + cstime)."""
-        if self.postmaster is None:
-            return float("nan")
-        own = _stat(self.postmaster) or []
-        ticks = sum(int(v) for v in own[11:15])
-        for pid in os.listdir("/proc"):
-            if pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == self.postmaster:
-                ticks += int(s[11]) + int(s[12])
-        return ticks / self.tick
-
-    def wal(self) -> int:
-        (lsn,) = self.conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()  # type: ignore[misc]
-        return int(lsn)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def checkpoint(self) -> None:
-        self.conn.execute("CHECKPOINT")
-
-    @contextlib.contextmanager
-    def measure(self, into: Cost) -> Iterator[None]:
-        pg, wal = self.pg_cpu(), self.wal()
-        with timed(into):
-            yield
-        into.pg += self.pg_cpu() - pg
-        into.wal += self.wal() - wal
-
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (index 1: ppid, 11-14: CPU ticks)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def timed(into: Cost) -> Iterator[None]:
-    """Wall and client CPU only: for the parts of a read, which the server does not see apart."""
-    wall, client = time.perf_counter(), time.process_time()
-    yield
-    into.wall += time.perf_counter() - wall
-    into.client += time.process_time() - client
 
 
 def reset(url: str, *fill_queues: str, n: int = 0, size: int = 0) -> None:
