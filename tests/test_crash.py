@@ -24,6 +24,17 @@ pytestmark = pytest.mark.slow
 CHILD = Path(__file__).with_name("crash_child.py")
 
 
+def unstall(pg: Backend, table: str, stalled: Any) -> None:
+    """Drop the stalling trigger of `table` and wait until the killed job's stalled transaction is
+    gone: the server notices the dead client within client_connection_check_interval."""
+    with pg.connect() as c:
+        c.execute(f"DROP TRIGGER stall ON {table}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and stalled():
+        time.sleep(0.1)
+    assert not stalled()
+
+
 def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, names: Any, tmp_path: Path) -> None:
     q, e = pg.create_queue(names("Orders")), pg.create_queue(names("error"))
     sink = names("sink")
@@ -70,13 +81,7 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
     queued_before = pg.count(q)
     job.kill()
     kills.append("during claim")
-    with pg.connect() as c:
-        c.execute(f"DROP TRIGGER stall ON {claims}")
-        # the server notices the dead client within client_connection_check_interval
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and claim_stalled():
-            time.sleep(0.1)
-    assert not claim_stalled()
+    unstall(pg, claims, claim_stalled)
     assert pg.count(q) == queued_before  # the killed claim rolled back: nothing left the queue
 
     # 2. during the read of a batch, in an executor
@@ -191,12 +196,7 @@ def test_audit_copies_are_exactly_once_when_killed_during_acknowledgement(
 
     wait_for(ack_stalled, 120, "a stalled acknowledgement", job)
     job.kill()
-    with pg.connect() as c:
-        c.execute(f"DROP TRIGGER stall ON {pg.q(audit)}")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and ack_stalled():
-            time.sleep(0.1)
-    assert not ack_stalled()
+    unstall(pg, pg.q(audit), ack_stalled)
 
     # 2. at random moments while producers keep sending; then drain to the end
     kill_at_random(CHILD, args, lambda: produce(200), log=log, markers=markers, times=1)
