@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
+from typing import Any
 
 __all__ = [
     "H",
@@ -17,7 +19,9 @@ __all__ = [
     "encode_headers",
     "FAILURE_HEADERS",
     "failure_headers",
+    "as_utc",
     "format_time",
+    "retries_performed",
     "host_id",
     "machine",
     "RETRY_COUNTERS",
@@ -191,11 +195,28 @@ EXCEPTION_DATA = "NServiceBus.ExceptionInfo.Data."
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S:%f Z"
 
 
+def as_utc(moment: datetime) -> datetime:
+    """`moment` as an aware UTC time; a naive one is UTC already (the transport's clocks are UTC)."""
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
 def format_time(moment: datetime) -> str:
     """``2025-11-28 00:05:18:653833 Z``: NServiceBus's DateTimeOffsetHelper wire format (UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).strftime(_TIME_FORMAT)
+    return as_utc(moment).strftime(_TIME_FORMAT)
+
+
+_INT32 = 2**31 - 1
+_TRY_PARSE = re.compile(r"\s*[+-]?\d+\s*", re.ASCII)
+
+
+def retries_performed(headers: Mapping[str, Any]) -> int:
+    """Delayed retries performed so far: ``NServiceBus.Retries`` as .NET's ``int.TryParse``
+    reads it (0 when absent or not a 32-bit whole number; a negative count as 0)."""
+    text = headers.get(H.RETRIES)
+    if not isinstance(text, str) or not _TRY_PARSE.fullmatch(text):
+        return 0
+    n = int(text)
+    return n if 0 <= n <= _INT32 else 0
 
 
 def parse_time(text: str | None) -> datetime | None:

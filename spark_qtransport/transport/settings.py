@@ -20,7 +20,8 @@ __all__ = ["ReceiveSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_A
 
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_ACK_BATCH = 10_000
-#: how often ServicePulse monitoring reports are sent (NServiceBus.Metrics.ServiceControl's default)
+#: how often ServicePulse monitoring reports are sent (NServiceBus.Metrics.ServiceControl has no
+#: default: its interval is a required argument)
 DEFAULT_MONITORING_INTERVAL = 10.0
 DEFAULT_RETENTION_SECONDS = 7 * 86400
 DEFAULT_ERROR_QUEUE = "error"

@@ -41,7 +41,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ...wire import H, decode_headers, encode_headers, format_time, host_id, machine, parse_time
+from ...wire import (
+    H,
+    as_utc,
+    decode_headers,
+    encode_headers,
+    format_time,
+    host_id,
+    machine,
+    parse_time,
+    retries_performed,
+)
 from .. import session as db
 from ..routing import Item, Router, route_rows
 from .processed import Processed
@@ -122,17 +132,6 @@ class AfterStats:
     retry_acks_refused: int = 0
 
 
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
-
-
-def _retries(text: str | None) -> int:
-    try:
-        return max(int(text or 0), 0)
-    except ValueError:
-        return 0
-
-
 class AfterProcessing:
     """The acknowledgement's after-processing work for one receiver (see the module's text)."""
 
@@ -168,7 +167,8 @@ class AfterProcessing:
         ended = self._clock()
         keys = [int(seq) for seq, _, _ in rows]
         parsed = [decode_headers(text) for _, text, _ in rows]
-        acked = self._acknowledge_retries(cur, [(k, h) for k, h in zip(keys, parsed, strict=True) if h is not None], ended)
+        _, acked = self._acknowledge_retries(
+            cur, [(k, h) for k, h in zip(keys, parsed, strict=True) if h is not None], ended)
         starts = [self._started(int(seq), claimed_at, ended) for seq, _, claimed_at in rows]
         if o.audit_queue is not None:
             texts = [
@@ -205,31 +205,31 @@ class AfterProcessing:
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
         found = db.rows(cur, d.claims_with_header(e.claims, o.consumer, upto=upto, header=H.RETRY_ACK_QUEUE, limit=batch))
-        now = self._clock()
         keyed = [(int(seq), h) for seq, text in found if (h := decode_headers(text)) is not None]
-        retried = [k for k, h in keyed if retry_acknowledgement(h, now) is not None]
+        retried, _ = self._acknowledge_retries(cur, keyed, self._clock())
         if retried:
-            self._acknowledge_retries(cur, keyed, now)
             db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=retried))
         return len(retried), len(found)
 
     # -- pieces -----------------------------------------------------------------------------------
 
     def _started(self, seq: int, claimed_at: Any, ended: datetime) -> datetime:
-        claimed = _utc(claimed_at) if isinstance(claimed_at, datetime) else ended
+        claimed = as_utc(claimed_at) if isinstance(claimed_at, datetime) else ended
         planned = self.times.started(seq)
         start = claimed if planned is None else max(claimed, planned)
         return min(start, ended)
 
-    def _acknowledge_retries(self, cur: Any, rows: list[tuple[int, dict[str, str | None]]], now: datetime) -> set[int]:
-        """Send the retry acknowledgements of these claims; the claims whose acknowledgement went."""
+    def _acknowledge_retries(self, cur: Any, rows: list[tuple[int, dict[str, str | None]]],
+                             now: datetime) -> tuple[list[int], set[int]]:
+        """Send the retry acknowledgements of these claims: (the claims that are ServicePulse
+        retries, those whose acknowledgement went)."""
         items = []
         for key, headers in rows:
             ack = retry_acknowledgement(headers, now)
             if ack is not None:
                 items.append(Item(key, ack[1], ack[0]))
         if not items:
-            return set()
+            return [], set()
         d, e = self.endpoint.dialect, self.endpoint
         router = Router(d, e.options.routing)
         routed = route_rows(
@@ -245,10 +245,10 @@ class AfterProcessing:
         with self._count:
             self.stats.retry_acks += len(items) - len(kept)
             self.stats.retry_acks_refused += len(kept)
-        return {i.key for i in items} - kept
+        return [i.key for i in items], {i.key for i in items} - kept
 
     def _timed(self, headers: dict[str, str | None], started: datetime, ended: datetime) -> Processed:
         sent = parse_time(headers.get(H.DELIVER_AT)) or parse_time(headers.get(H.TIME_SENT))
         return Processed(message_types=headers.get(H.ENCLOSED_MESSAGE_TYPES) or "", started=started, ended=ended,
-                         sent=sent, retries=_retries(headers.get(H.RETRIES)))
+                         sent=sent, retries=retries_performed(headers))
 

@@ -54,7 +54,7 @@ from typing import Any
 
 from ...dialects import QueueAddress
 from ...errors import ConfigError
-from ...wire import H, encode_headers, host_id, machine
+from ...wire import H, as_utc, encode_headers, host_id, machine
 from .. import session as db
 from ..routing import Router
 from ..settings import ReceiveSettings
@@ -98,9 +98,7 @@ Entry = tuple[int, str, int]
 
 def ticks(moment: datetime) -> int:
     """.NET ``DateTime.Ticks`` of a UTC time: 100 ns units since 0001-01-01 (naive = UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    d = moment - _DOTNET_EPOCH
+    d = as_utc(moment) - _DOTNET_EPOCH
     return (d.days * 86_400 + d.seconds) * 10_000_000 + d.microseconds * 10
 
 
@@ -222,8 +220,12 @@ class Monitor:
     # -- the caller's side ----------------------------------------------------------------------
 
     def check(self, cur: Any) -> None:
-        """The monitoring queue must exist and be a queue (at set-up, on the caller's cursor)."""
+        """The monitoring queue must exist and be a queue (at set-up, on the caller's cursor); then `start`."""
         Router(self.dialect, self.settings.routing).configured(cur, self.address, option="monitoringQueue")
+        self.start()
+
+    def start(self) -> None:
+        """Start the reporter, for a caller that checked the queue itself (the receiver's set-up)."""
         self._start()
 
     def observe(self, items: Sequence[Processed]) -> None:

@@ -72,7 +72,6 @@ class Receiver:
         self.monitor = Monitor(options) if options.monitoring_queue is not None else None
         self.after = AfterProcessing(self.endpoint, self.times,
                                      observe=None if self.monitor is None else self.monitor.observe)
-        self._monitoring = False  # the reporter started (after the set-up checked its queue)
         self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats, self.after)
         self.delayed = DueDelayed(self.endpoint, self.main, clock=clock)
         self._released = False  # claims up to the first planned start (a previous run's last batch)
@@ -111,9 +110,9 @@ class Receiver:
         See `Planner.plan`; a claim made ahead for this batch is applied first."""
         self.planner.settle_ahead()
         self.acker.raise_failure()
-        self._start_monitoring()
         self.move_delayed()
-        after = self.planner.start_after(start, self.table_id)
+        after = self.planner.start_after(start, self.table_id)  # after the set-up (`table_id`)
+        self._start_monitoring()
         self._release_previous_run(start, after)
         self._warn_of_takeover(start, after)
         end = self.planner.plan(after, limit)
@@ -130,11 +129,10 @@ class Receiver:
         return ClaimOffset(end, self.table_id)
 
     def _start_monitoring(self) -> None:
-        """Once: start ServicePulse's reporter (it sends every interval from now on)."""
-        if self.monitor is not None and not self._monitoring:
-            self._monitoring = True
-            monitor = self.monitor
-            self.main.run(lambda c: monitor.check(c.cursor()), self.endpoint.what("check the monitoring queue"))
+        """Start ServicePulse's reporter (it sends every interval from now on). The set-up checked
+        its queue with the other platform queues (`EndpointSetUp`), before the first claim."""
+        if self.monitor is not None:
+            self.monitor.start()
 
     def _warn_of_takeover(self, start: ClaimOffset | None, after: int | None) -> None:
         """Once per run: a query planning its first batch from a new checkpoint (claim 0: nothing

@@ -10,7 +10,6 @@ so it travels, exactly once, with the rest of its batch.
 from __future__ import annotations
 
 import math
-import socket
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
@@ -25,6 +24,7 @@ from ...wire import (
     encode_headers,
     failure_headers,
     format_time,
+    machine,
     outgoing_headers,
     uuid4_texts,
 )
@@ -114,7 +114,7 @@ class MessageBuilder:
         self.dialect = dialect_named(plan.dialect)
         self.batch_id = batch_id
         self.attempt = attempt
-        self.machine = socket.gethostname()
+        self.machine = machine()
         self._now = datetime.now(timezone.utc)  # for the range of deliver_at: once per task is close enough
         self._max_seconds = min(MAX_SECONDS, self.dialect.max_interval_seconds)
         self._routes: dict[str | None, str] = {}

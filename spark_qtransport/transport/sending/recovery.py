@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from ...wire import H, format_time, parse_time
+from ...wire import H, format_time, parse_time, retries_performed
 
 __all__ = ["FAIL", "RETRY", "RECOVERY", "FAILURE_FIELDS", "PROCESSING_FAILED", "SOURCE", "DEFAULT_DELAY",
-           "DEFAULT_MAX_RETRIES", "MAX_AGE", "Failure", "InvalidFailure", "failure_of", "retries_performed",
+           "DEFAULT_MAX_RETRIES", "MAX_AGE", "Failure", "InvalidFailure", "failure_of",
            "reached_max_time", "next_attempt", "retried_headers", "check_failure_type"]
 
 FAIL, RETRY = "fail", "retry"
@@ -49,8 +49,6 @@ DEFAULT_DELAY, DEFAULT_MAX_RETRIES = 10.0, 3
 #: no delayed retry once the last one is older than this (HasReachedMaxTime)
 MAX_AGE = timedelta(days=1)
 
-_INT32 = 2**31 - 1
-_TRY_PARSE = re.compile(r"\s*[+-]?\d+\s*", re.ASCII)
 
 
 class Failure(NamedTuple):
@@ -129,16 +127,6 @@ def failure_of(value: Any, intent: str, max_seconds: float) -> Failure:
     exception_type = _text(fields.get("exception_type"), "exception_type") or PROCESSING_FAILED
     return Failure(exception_type, _text(fields.get("message"), "message"),
                    _text(fields.get("stack_trace"), "stack_trace"), failed_q, max_retries, delay)
-
-
-def retries_performed(headers: Mapping[str, Any]) -> int:
-    """Delayed retries performed so far: ``NServiceBus.Retries`` as .NET's ``int.TryParse``
-    reads it (0 when absent or not a 32-bit whole number; a negative count as 0)."""
-    text = headers.get(H.RETRIES)
-    if not isinstance(text, str) or not _TRY_PARSE.fullmatch(text):
-        return 0
-    n = int(text)
-    return n if 0 <= n <= _INT32 else 0
 
 
 def reached_max_time(headers: Mapping[str, Any], now: datetime) -> bool:
