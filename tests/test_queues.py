@@ -11,14 +11,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import pytest
+from test_stream import Collect, run_available_now
 
 from backends import Backend, nsb_headers
 from processes import Job, run_to_end, wait_for
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.transport.receiving.admission import TriggerGate, fair_shares
 from spark_qtransport.transport.selection import QueuePattern, split_queue_list
-from test_stream import Collect, run_available_now
 
 CHILD = Path(__file__).with_name("crash_child.py")
 
