@@ -24,7 +24,7 @@ CHILD = Path(__file__).with_name("crash_child.py")
 
 def produce(pg: Backend, queue: str, start: int, n: int) -> None:
     """Messages `<queue>-000000`, ... in the queue's FIFO order."""
-    tag = queue.split(".")[-1]
+    tag = queue.replace(".", "/")
     pg.send_many(queue, [(nsb_headers(f"{tag}-{start + i:06d}"), b"{}") for i in range(n)])
 
 
@@ -170,12 +170,12 @@ def _expected(sent: dict[str, int]) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
     for name, n in sent.items():
         if not name.endswith(".other"):
-            counts[name.split(".")[-1]] += n
+            counts[name.replace(".", "/")] += n
     return dict(counts)
 
 
 def delivered(pg: Backend, sink: str, queue: str) -> int:
-    tag = queue.split(".")[-1]
+    tag = queue.replace(".", "/")
     with pg.connect() as c:
         return int(c.execute(f"SELECT count(*) FROM \"{sink}\" WHERE message_id LIKE %s", (f"{tag}-%",)).fetchone()[0])
 
