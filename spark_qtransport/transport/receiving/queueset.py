@@ -85,6 +85,8 @@ class QueueSet:
                 f"resolving {o.describe()}",
             )
         queues = {self.key(a): a for a in found}
+        if not queues and (self._now is None or self._now):
+            log.warning("%s matches no queue table (yet): nothing to read", self.stream.describe())
         if self._now is not None:
             for k in sorted(queues.keys() - self._now.keys()):
                 log.info("queue %s joins the stream of %s (from its head)", k, self.selection.describe(self.dialect))

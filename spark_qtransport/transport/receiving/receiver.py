@@ -83,6 +83,7 @@ class Receiver:
         self._available_now = False  # Trigger.AvailableNow: the run ends when nothing new is found
         self._backlog = 0
         self._backlog_refresh: Future[int | None] | None = None
+        self._swept = False  # this trigger's housekeeping is done (`waiting` ran before `latest`)
 
     @property
     def dialect(self) -> Dialect:
@@ -111,7 +112,9 @@ class Receiver:
     def latest(self, start: ClaimOffset | None, limit: int | None, *, whole: bool = False) -> ClaimOffset:
         """Plan the next batch: claims it holds already, else claim at most `limit` (None: all).
         See `Planner.plan` (and `whole`); a claim made ahead for this batch is applied first."""
-        self._housekeeping()
+        if not self._swept:  # `waiting` did it for this trigger
+            self._housekeeping()
+        self._swept = False
         after = self.planner.start_after(start, self.table_id)  # after the set-up (`table_id`)
         if not self.draining:
             self._start_monitoring()
@@ -143,6 +146,7 @@ class Receiver:
         made ahead, a previous run's) and the queue's backlog estimate. Does the trigger's
         housekeeping first, so a held-back trigger still moves due delayed messages."""
         self._housekeeping()
+        self._swept = True
         after = self.planner.start_after(start, self.table_id) or 0
         stmt = self.dialect.max_claim(self.claims, self.options.consumer)
         held_max, _ = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
