@@ -239,3 +239,28 @@ def test_min_messages_per_trigger_waits_for_a_batch_or_the_delay(spark: Any, pg:
         query.stop()
     progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
     assert progress["triggersHeldBack"] > 0
+
+
+def test_min_messages_per_trigger_does_not_hold_an_available_now_run(spark: Any, pg: Backend, names: Any,
+                                                                     checkpoint: str) -> None:
+    q, e = pg.create_queue(names("Few")), pg.create_queue(names("error"))
+    produce(pg, q, 0, 10)
+    df = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q).option("errorQueue", e)
+          .option("minMessagesPerTrigger", "1000").load())
+    sink = Collect()
+    run_available_now(spark, df, checkpoint, sink)
+    assert len(sink.ids()) == 10
+
+
+def test_a_checkpoint_cannot_switch_between_one_queue_and_several() -> None:
+    from spark_qtransport.errors import OffsetError
+    from spark_qtransport.transport.receiving.planner import ClaimOffset
+    from spark_qtransport.transport.receiving.queueset import QueueSetOffset
+
+    with pytest.raises(OffsetError, match="several queues"):
+        ClaimOffset.from_dict({"queues": {}})
+    with pytest.raises(OffsetError, match="one-queue stream cannot be reused"):
+        QueueSetOffset.from_dict({"claim": 3, "claimTable": "1"})
+    offset = QueueSetOffset({"b": ClaimOffset(2, "9"), "a": ClaimOffset(1, "8")})
+    assert list(offset.to_dict()["queues"]) == ["a", "b"]  # stable JSON: Spark compares offsets as text
+    assert QueueSetOffset.from_dict(offset.to_dict()) == offset

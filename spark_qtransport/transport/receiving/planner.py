@@ -49,6 +49,9 @@ class ClaimOffset:
 
     @classmethod
     def from_dict(cls, d: Any) -> ClaimOffset:
+        if isinstance(d, dict) and "queues" in d:
+            raise OffsetError("this checkpoint is of a stream over several queues; a checkpoint cannot switch "
+                              "between one queue and several: start this stream from a new checkpoint")
         try:
             return cls(int(d["claim"]), str(d["claimTable"]))
         except (KeyError, TypeError, ValueError):
