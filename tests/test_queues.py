@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_stream import Collect, run_available_now
 
 from backends import Backend, nsb_headers
