@@ -63,6 +63,7 @@ class QueueSet:
         self._available_now = False
         self._frozen: list[QueueAddress] | None = None  # AvailableNow: the queues at its start
         self._now: dict[str, QueueAddress] | None = None  # the last resolution
+        self._gone: set[str] = set()  # queues that left the stream, read to their end
 
     # -- queues ---------------------------------------------------------------------------------
 
@@ -91,6 +92,7 @@ class QueueSet:
             for k in sorted(queues.keys() - self._now.keys()):
                 log.info("queue %s joins the stream of %s (from its head)", k, self.selection.describe(self.dialect))
         self._now = queues
+        self._gone -= queues.keys()  # a queue created again joins again
         return queues
 
     def receiver(self, key: str, address: QueueAddress | None = None, *, draining: bool | None = None) -> Receiver:
@@ -138,7 +140,7 @@ class QueueSet:
         shares = self._shares(active, starts, limit)
         for k, r in active.items():
             ends[k] = r.latest(self._start_for(k, r, starts), shares.get(k) if limit is not None else None, whole=whole)
-        for k in sorted((starts.keys() | self.receivers.keys()) - now.keys()):
+        for k in sorted((starts.keys() | self.receivers.keys()) - now.keys() - (self._gone - starts.keys())):
             end = self._drain(k, starts.get(k), limit)
             if end is not None:
                 ends[k] = end
@@ -159,21 +161,23 @@ class QueueSet:
     def _drain(self, key: str, start: ClaimOffset | None, limit: int | None) -> ClaimOffset | None:
         """A queue that left the selection: its held claims form batches until none is left, then
         it leaves the stream (None)."""
-        end: ClaimOffset | None = None
         try:
             r = self.receiver(key, draining=True)
             begin = start or r.initial_offset()
             end = r.latest(begin, limit)
             if end != begin:
                 return end
+            # Spark plans a batch only once the one ending at `begin` is processed: acknowledge it
+            # here, as its commit() may come after the queue has left (then it is ignored)
+            r.ack(begin)
         except QueueNotFoundError:  # its claim table is gone too: nothing left to deliver
             pass
         gone = self.receivers.pop(key, None)
+        self._gone.add(key)
         if gone is not None:
             gone.close()
-        if start is not None or gone is not None:
-            log.warning("queue %s left %s: read to the end of what was claimed from it; dropped from the stream",
-                        key, self.selection.describe(self.dialect))
+        log.warning("queue %s left %s: read to the end of what was claimed from it; dropped from the stream",
+                    key, self.stream.describe())
         return None
 
     # -- progress -----------------------------------------------------------------------------
@@ -195,6 +199,8 @@ class QueueSet:
 
     def ack(self, end: QueueSetOffset, *, background: bool = False) -> None:
         for k, e in end.queues.items():
+            if k in self._gone:  # acknowledged when it left the stream
+                continue
             try:
                 self.receiver(k).ack(e, background=background)
             except QueueNotFoundError:
