@@ -10,14 +10,14 @@ import os
 import re
 import struct
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import matplotlib.image
 import nbformat
+import psutil
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from platform_data import generate_platform_tables
 
@@ -49,16 +49,29 @@ def test_readme_lists_the_parameters_of_the_first_cell() -> None:
     assert sorted((r[2], r[0]) for r in rows) == sorted(widgets)
 
 
-def kernel(where: Path) -> KernelManager:
-    """A kernel that runs this interpreter (the project's virtualenv), whatever kernels Jupyter
-    finds installed: its kernelspec lives in a directory of its own."""
+def kernelspec(where: Path, tag: str) -> None:
+    """A kernel that runs this interpreter (the project's virtualenv), whatever kernels Jupyter has
+    installed; its processes (the kernel, its Spark) carry `tag` in their environment."""
     spec = where / "kernels" / KERNEL
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "spark-qtransport tests", "language": "python",
+        "display_name": "spark-qtransport tests", "language": "python", "env": {"SQLQUEUE_TEST_KERNEL": tag},
     }))
-    return KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+
+
+def outlived(tag: str) -> list[int]:
+    """The processes tagged `tag` still running 30 s after the kernel was shut down (killed)."""
+    def tagged(p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("SQLQUEUE_TEST_KERNEL") == tag
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+
+    _, alive = psutil.wait_procs([p for p in psutil.process_iter() if tagged(p)], timeout=30)
+    for p in alive:
+        p.kill()
+    return [p.pid for p in alive]
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -80,10 +93,17 @@ def test_notebook_plots_the_platform_tables(spark: Any, pg_url: str, names: Any,
         monkeypatch.setenv(f"SQLQUEUE_INSIGHTS_{name}", value)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
+    tag = uuid.uuid4().hex
+    kernelspec(tmp_path, tag)
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))  # where the client finds it
+
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    # raises CellExecutionError, with the cell and its traceback, if any cell fails
-    NotebookClient(nb, km=kernel(tmp_path), timeout=300, startup_timeout=120,
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    try:  # raises CellExecutionError, with the cell and its traceback, if any cell fails
+        NotebookClient(nb, kernel_name=KERNEL, timeout=300, startup_timeout=120,
+                       resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    finally:
+        left = outlived(tag)
+    assert left == [], f"processes {left} outlived the kernel's shutdown"
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert [o for o in outputs if o.output_type == "error"] == []
