@@ -6,7 +6,6 @@ jobs/audit_to_delta.py wrote from messages in the embedded PostgreSQL, and every
 from __future__ import annotations
 
 import json
-import os
 import re
 import struct
 import sys
@@ -91,7 +90,6 @@ def test_notebook_plots_the_platform_tables(spark: Any, pg_url: str, names: Any,
     for name, value in {"AUDIT": tables["audit_table"], "FAILURES": tables["failures_table"],
                         "BUCKET": "6 hours", "PLOTS": str(plots), "TOP": "4"}.items():
         monkeypatch.setenv(f"SQLQUEUE_INSIGHTS_{name}", value)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
     tag = uuid.uuid4().hex
     kernelspec(tmp_path, tag)
