@@ -51,7 +51,7 @@ bench: setup
 
 # ruff over everything, mypy over the package (its settings: pyproject.toml)
 lint: setup
-	$(PY) -m ruff check spark_qtransport tests jobs bench
+	$(PY) -m ruff check spark_qtransport tests jobs bench notebooks
 	$(PY) -m mypy
 
 # dist/spark_qtransport-<version>-py3-none-any.whl: for pip install on clusters or spark-submit --py-files

@@ -21,12 +21,16 @@ else:  # pragma: no cover - Python 3.10
 REQUIRED: Any = None
 
 
-def stream_parser(doc: str | None, *, trigger: str, job_id: str) -> argparse.ArgumentParser:
-    """A job's parser with the flags every streaming job has (the job adds its own)."""
+def stream_parser(doc: str | None, *, trigger: str, job_id: str, table: bool = True,
+                  error_queue: str = "where messages that cannot be handled go (default: error)") -> argparse.ArgumentParser:
+    """A job's parser with the flags every streaming job has (the job adds its own). A job that
+    writes several tables passes ``table=False`` and adds its own flags for them; `error_queue`
+    is the help of ``--error-queue``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="database URL (default: $SQLQUEUE_URL)")
-    p.add_argument("--error-queue", help="where messages that cannot be handled go (default: error)")
-    p.add_argument("--table", help="Delta table path")
+    p.add_argument("--error-queue", help=error_queue)
+    if table:
+        p.add_argument("--table", help="Delta table path")
     p.add_argument("--checkpoint", help="checkpoint location of the stream")
     p.add_argument("--trigger", help=f"'available-now' (drain, then stop) or an interval like '{trigger}' (default)")
     p.add_argument("--max-messages", type=int, help="messages per micro-batch (default 10000)")

@@ -28,6 +28,7 @@ from .errors import (
     unwrap,
 )
 from .spark.columns import fail, publish, reply, retry_later
+from .spark.platform import platform_columns
 
 __all__ = [
     "register",
@@ -36,6 +37,7 @@ __all__ = [
     "publish",
     "fail",
     "retry_later",
+    "platform_columns",
     "DatabaseError",
     "DispatchError",
     "OutboxConflictError",
