@@ -157,7 +157,7 @@ def append_once(paths: dict[str, str], job_id: str):  # type: ignore[no-untyped-
 def reader(spark: Any, args: argparse.Namespace, queue: str, poison: str) -> Any:
     return (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", queue)
             .option("errorQueue", poison).option("maxMessagesPerTrigger", str(args.max_messages))
-            .option("endpoint", endpoint(args)).load())
+            .option("endpoint", endpoint(args)).option("retryAcknowledgements", "false").load())
 
 
 def messages(spark: Any, args: argparse.Namespace, names: list[str], poison: str) -> Any:

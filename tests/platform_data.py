@@ -70,13 +70,14 @@ def audit_copy(headers: dict[str, str], endpoint: str, started: datetime, ended:
             **extra}
 
 
-def failure_copy(headers: dict[str, str], endpoint: str, failed: datetime, exception_type: str, message: str,
-                 **extra: str) -> dict[str, str]:
+def failure_copy(headers: dict[str, str], endpoint: str, failed: datetime, exception_type: str, message: str, *,
+                 failed_q: str | None = None, **extra: str) -> dict[str, str]:
     """The copy recoverability moves to the error queue once every retry failed: the retry
-    counters removed, the failure headers added."""
+    counters removed, the failure headers added. `failed_q`: the endpoint's input queue as a
+    transport address (default: the endpoint's name)."""
     kept = {k: v for k, v in headers.items() if k not in ("NServiceBus.Retries", "NServiceBus.FLRetries")}
     return {**kept,
-            "NServiceBus.FailedQ": endpoint,
+            "NServiceBus.FailedQ": failed_q or endpoint,
             "NServiceBus.ExceptionInfo.ExceptionType": exception_type,
             "NServiceBus.ExceptionInfo.HelpLink": "",
             "NServiceBus.ExceptionInfo.Message": message,
@@ -90,11 +91,11 @@ def failure_copy(headers: dict[str, str], endpoint: str, failed: datetime, excep
             **extra}
 
 
-def traffic(n_audit: int, n_failures: int, *, seed: int = 7) -> tuple[list[tuple[dict[str, str], bytes]],
+def traffic(n_audit: int, n_failures: int, *, seed: int = 7, ack_queue: str = "error") -> tuple[list[tuple[dict[str, str], bytes]],
                                                                       list[tuple[dict[str, str], bytes]]]:
     """`n_audit` audit copies and `n_failures` failed messages over three days of `FLOWS`: some
     delayed (DeliverAt), some processed after delayed retries (Retries), a few ServicePulse
-    retries (ServiceControl.Retry.UniqueMessageId). Deterministic for a seed."""
+    retries (ServiceControl.Retry.UniqueMessageId, acknowledged to `ack_queue`). Deterministic for a seed."""
     rnd = random.Random(seed)
     audit, failures = [], []
     for i in range(n_audit + n_failures):
@@ -113,6 +114,7 @@ def traffic(n_audit: int, n_failures: int, *, seed: int = 7) -> tuple[list[tuple
                 extra["NServiceBus.Retries.Timestamp"] = wire(start)
             if i % 25 == 11:  # a ServicePulse retry of an earlier failure, acknowledged
                 extra["ServiceControl.Retry.UniqueMessageId"] = str(uuid.UUID(int=rnd.getrandbits(128), version=4))
+                extra["ServiceControl.Retry.AcknowledgementQueue"] = ack_queue
                 extra["ServiceControl.Retry.AcknowledgementSent"] = "true"
             started = start + timedelta(seconds=rnd.expovariate(1 / 0.8))  # waiting in the queue
             ended = started + timedelta(seconds=rnd.expovariate(1 / 0.15) + 0.002)  # the handler
@@ -124,6 +126,15 @@ def traffic(n_audit: int, n_failures: int, *, seed: int = 7) -> tuple[list[tuple
             failures.append((failure_copy(sent(message_type, sender, intent, at, message_id, **extra), handler, failed,
                                           exception_type, text.format(id=1000 + i)), body))
     return audit, failures
+
+
+def job_module() -> Any:
+    """jobs/audit_to_delta.py as a module (its `run` drives the job on a session of the caller's)."""
+    if str(JOB.parent) not in sys.path:
+        sys.path.insert(0, str(JOB.parent))
+    import audit_to_delta
+
+    return audit_to_delta
 
 
 def generate_platform_tables(spark_or_none: Any, pg_url: str, names: Any, out_dir: str | Path, *,
@@ -139,22 +150,21 @@ def generate_platform_tables(spark_or_none: Any, pg_url: str, names: Any, out_di
 
         {"audit_table": str, "failures_table": str,   # the Delta tables' paths
          "audit_count": int, "failures_count": int,   # rows the job appended to each
-         "audit_queue": str, "error_queue": str}      # the queues it drained
+         "audit_queue": str, "error_queue": str,      # the queues it drained
+         "checkpoint": str, "argv": list[str]}        # to run the job again: audit_to_delta.py *argv
     """
     pg = Backend(pg_url)
     out = Path(out_dir)
     audit_queue, error_queue = pg.create_queue(names("audit")), pg.create_queue(names("error"))
-    audit, failures = traffic(n_audit, n_failures, seed=seed)
+    audit, failures = traffic(n_audit, n_failures, seed=seed, ack_queue=error_queue)
     pg.send_many(audit_queue, audit)  # type: ignore[arg-type]
     pg.send_many(error_queue, failures)  # type: ignore[arg-type]
     argv = ["--url", pg_url, "--audit-queue", audit_queue, "--error-queue", error_queue, "--table-dir", str(out),
             "--checkpoint", str(out / "_checkpoint"), "--trigger", "available-now",
-            "--job-id", f"platform-{uuid.uuid4().hex[:8]}"]
+            "--job-id", "platform-tables"]
     if spark_or_none is not None:
-        sys.path.insert(0, str(JOB.parent))
-        import audit_to_delta
-
-        added = audit_to_delta.run(spark_or_none, audit_to_delta.arguments(argv))
+        job = job_module()
+        added = job.run(spark_or_none, job.arguments(argv))
     else:
         done = subprocess.run([sys.executable, str(JOB), *argv], capture_output=True, text=True, timeout=600,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -166,4 +176,5 @@ def generate_platform_tables(spark_or_none: Any, pg_url: str, names: Any, out_di
         added = {"audit": int(found[1]), "failures": int(found[2])}
     return {"audit_table": str(out / "audit"), "failures_table": str(out / "failures"),
             "audit_count": added["audit"], "failures_count": added["failures"],
-            "audit_queue": audit_queue, "error_queue": error_queue}
+            "audit_queue": audit_queue, "error_queue": error_queue, "checkpoint": str(out / "_checkpoint"),
+            "argv": argv}

@@ -191,11 +191,17 @@ def test_index_names_always_fit_and_tables_too_long_fail_at_parse() -> None:
     assert WriterOptions.parse({"url": sqlserver, "endpoint": "e" * 100}).delayed.table == "e" * 100 + ".Delayed"
 
 
+def test_retry_acknowledgements_are_on_unless_turned_off() -> None:
+    assert ReaderOptions.parse({"url": URL, "queue": "audit"}).acknowledge_retries is True
+    assert ReaderOptions.parse({"url": URL, "queue": "audit", "RetryAcknowledgements": "false"}).acknowledge_retries is False
+
+
 @pytest.mark.parametrize(
     ("options", "option"),
     [
         ({"queue": "Sales", "maxMessagesPerTrigger": "lots"}, "maxMessagesPerTrigger"),
         ({"queue": "Sales", "claimAhead": "maybe"}, "claimAhead"),
+        ({"queue": "Sales", "retryAcknowledgements": "no thanks"}, "retryAcknowledgements"),
         ({"queue": "Sales", "url": "mysql://h/db"}, "url"),
         ({"queue": "Sales", "colour": "blue"}, "colour"),
         ({"url": URL}, "queue"),
