@@ -47,6 +47,7 @@ bench: setup
 	$(PY) bench/large_bodies.py
 	$(PY) bench/phases.py
 	$(PY) bench/audit.py
+	$(PY) bench/queues.py
 
 # ruff over everything, mypy over the package (its settings: pyproject.toml)
 lint: setup

@@ -9,7 +9,8 @@ variable CRASH_POINT makes the job stop dead at one point, after touching a mark
 
 (``during_claim`` and ``during_ack`` need no help from here: the test makes the claim, or the
 audit copies of an acknowledgement, block on a database trigger and kills the job while it waits.)
-CRASH_AUDIT_QUEUE, when set, is the reader's ``auditQueue``.
+CRASH_AUDIT_QUEUE, when set, is the reader's ``auditQueue``; CRASH_QUEUE_PATTERN, when set, is its
+``queuePattern`` (QUEUE is then ignored).
 
 Usage: crash_child.py URL QUEUE ERROR CHECKPOINT SINK_TABLE MARKER_DIR [available-now]
 """
@@ -45,7 +46,8 @@ def main() -> None:
     df = (
         spark.readStream.format("sqlqueue")
         .option("url", url)
-        .option("queue", queue)
+        .options(**({"queuePattern": os.environ["CRASH_QUEUE_PATTERN"]} if os.environ.get("CRASH_QUEUE_PATTERN")
+                    else {"queue": queue}))
         .option("errorQueue", error)
         .option("maxMessagesPerTrigger", "400")
         .options(**({"auditQueue": os.environ["CRASH_AUDIT_QUEUE"]} if os.environ.get("CRASH_AUDIT_QUEUE") else {}))

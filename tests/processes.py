@@ -98,9 +98,9 @@ def kill_at_random(script: Path, args: list[str], produce: Callable[[], None], *
     return kills
 
 
-def run_to_end(script: Path, args: list[str], *, log: Path) -> None:
+def run_to_end(script: Path, args: list[str], *, log: Path, env: dict[str, str] | None = None) -> None:
     """Run the job with Trigger.AvailableNow (its last argument) until it finishes, cleanly."""
-    job = Job(script, [*args, "available-now"], log=log)
+    job = Job(script, [*args, "available-now"], log=log, env=env)
     assert job.wait(300) == 0, log.read_text()[-3000:]
 
 

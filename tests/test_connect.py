@@ -67,17 +67,21 @@ def queues(pg: Backend, names: Any) -> Any:
 EXPECTED = [f"m{i:03d}-invoice" for i in range(50)]
 
 
-def test_foreach_batch_queue_sink_over_connect_is_exactly_once(connect: Any, pg: Backend, queues: Any, checkpoint: str) -> None:
+def test_foreach_batch_queue_sink_over_connect_is_exactly_once(connect: Any, pg: Backend, queues: Any, names: Any,
+                                                              checkpoint: str) -> None:
+    """Over two queues in one stream (offsets with a position per queue), replay included."""
     q = queues
+    returns = pg.create_queue(names("Returns"))
+    pg.send_many(returns, [(nsb_headers(f"r{i:03d}"), b"{}") for i in range(5)])
     sink = QueueSink(url=pg.url, endpoint=q.sales, destination=q.billing)
 
     def run() -> None:
-        finish(invoices(source(connect, pg, q.sales, q.error)).writeStream.foreachBatch(sink)
+        finish(invoices(source(connect, pg, f"{q.sales}, {returns}", q.error)).writeStream.foreachBatch(sink)
                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
     across_a_restart_and_a_replay(pg, q.sales, checkpoint, run)
-    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(q.billing)) == EXPECTED
-    assert pg.count(q.sales) == 0 and pg.count(f'"{q.sales}.Staging"') == 0
+    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(q.billing)) == EXPECTED + [f"r{i:03d}-invoice" for i in range(5)]
+    assert pg.count(q.sales) == 0 and pg.count(returns) == 0 and pg.count(f'"{q.sales}.Staging"') == 0
 
 
 def test_stream_writer_over_connect_is_exactly_once(connect: Any, pg: Backend, queues: Any, names: Any,

@@ -192,8 +192,11 @@ def test_index_names_always_fit_and_tables_too_long_fail_at_parse() -> None:
 
 
 def test_retry_acknowledgements_are_on_unless_turned_off() -> None:
-    assert ReaderOptions.parse({"url": URL, "queue": "audit"}).acknowledge_retries is True
-    assert ReaderOptions.parse({"url": URL, "queue": "audit", "RetryAcknowledgements": "false"}).acknowledge_retries is False
+    def acks(**options: str) -> bool:
+        settings = ReaderOptions.stream({"url": URL, "queue": "audit, error", "errorQueue": "poison", **options})
+        return all(settings.settings_for(q).acknowledge_retries for q in settings.selection.queues)
+
+    assert acks() is True and acks(RetryAcknowledgements="false") is False
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,8 @@ class TestServerAdaptation:
         d, problem = base.adapt_to_server(170004, self.CLAIMS)
         assert problem is None and d.helper_schema is None and d == base
         assert d.create_helpers(self.CLAIMS) == [] and d.helpers_exist(self.CLAIMS) is None
+        failures = d.failure_stats(QueueAddress("error"), limit=10)  # sqlqueue metrics: FailedQ of valid JSON only
+        assert "CASE WHEN pg_input_is_valid(headers, 'jsonb') THEN headers::jsonb" in failures.sql
         assert "pg_input_is_valid" in d.claim(QueueAddress("Sales"), self.CLAIMS, QueueAddress("error"), consumer="c",
                                               limit=1, after=0, upto=None)[-1].sql
 
@@ -132,6 +134,9 @@ class TestServerAdaptation:
         assert ('"billing".sqlqueue_poison_headers(replace(headers, chr(92) || \'u0000\', chr(92) || \'u0001\'))' in claim
                 and "pg_input_is_valid" not in claim)
         assert d.create_helpers(self.CLAIMS) and d.helpers_exist(self.CLAIMS) is not None
+        failures = d.failure_stats(QueueAddress("error"), limit=10)  # matched in the text: nothing to fail
+        assert "substring(headers from %(pattern)s)" in failures.sql and "::jsonb" not in failures.sql
+        assert d.failed_q_value('\\"public\\".\\"Caf\\u00e9\\"') == '"public"."Café"'
 
     def test_too_old(self) -> None:
         base = PostgresDialect()

@@ -260,6 +260,7 @@ def operation_statements(
         "peek_messages": [D.peek_messages(q, limit=10, preview=240)],
         "queue_stats": [D.queue_stats(q)],
         "oldest_headers": [D.oldest_headers(q)],
+        "failure_stats": [D.failure_stats(e, limit=100_000)],
         "delayed_stats": [D.delayed_stats(dl)],
         "claim_stats": [D.claim_stats(c)],
         "count_rows": [D.count_rows(o)],
@@ -1818,6 +1819,7 @@ class TestOperationStatements:
             "delayed_stats": D.delayed_stats(self.DL),
             "claim_stats": D.claim_stats(self.C),
             "count_rows": D.count_rows(self.OUTBOX),
+            "failure_stats": D.failure_stats(self.Q, limit=100_000),
         }
 
     def test_peek_messages(self) -> None:
@@ -1866,6 +1868,25 @@ class TestOperationStatements:
         (tree,) = parse_all(s.sql)
         assert len(tree.expressions) == 3
 
+    def test_failure_stats(self) -> None:
+        """The oldest rows only (TOP, Index_RowVersion), then grouped; JSON_VALUE read only where
+        ISJSON says the headers are JSON, so a poison row cannot fail the query."""
+        s = D.failure_stats(self.Q, limit=500)
+        assert s == Statement(
+            "SELECT t.FailedQ, COUNT_BIG(*) FROM (SELECT TOP (?) CASE WHEN ISJSON(Headers) = 1"
+            " THEN JSON_VALUE(Headers, N'$.\"NServiceBus.FailedQ\"') END AS FailedQ"
+            " FROM [dbo].[Sales] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion) AS t"
+            " GROUP BY t.FailedQ ORDER BY t.FailedQ",
+            (500,),
+        )
+        (tree,) = parse_all(s.sql)
+        assert len(tree.expressions) == 2  # FailedQ, count
+        case = tree.find(exp.Case)
+        assert case is not None and "ISJSON" in case.sql("tsql") and case.find(exp.JSONExtractScalar) is not None
+        assert D.failed_q_value("Sales@[dbo]") == "Sales@[dbo]" and D.failed_q_value(None) is None
+        with pytest.raises(ConfigError, match="at least 1"):
+            D.failure_stats(self.Q, limit=0)
+
     def test_count_rows(self) -> None:
         assert D.count_rows(self.OUTBOX) == Statement(
             "SELECT COUNT_BIG(*) FROM [dbo].[Sales.Outbox] WITH (READPAST, READCOMMITTEDLOCK)"
@@ -1873,7 +1894,7 @@ class TestOperationStatements:
 
     def test_reads_never_wait_and_never_lock_for_update(self) -> None:
         for method, s in self.reads().items():
-            assert s.sql.count(" FROM ") == s.sql.count(_READ_HINTS), method  # every table read
+            assert s.sql.count(" FROM [") == s.sql.count(_READ_HINTS), method  # every table read
             for hint in ("UPDLOCK", "XLOCK", "HOLDLOCK", "NOLOCK", "TABLOCK", "SNAPSHOT"):
                 assert hint not in s.sql, (method, hint)
             assert "NOCOUNT" not in s.sql and ";" not in s.sql, method  # one statement, no session options
@@ -2743,6 +2764,20 @@ class TestSqlServerLive:
         assert self.run(db.conn, D.ack_claims(db.c, EVIL, upto=hi, batch=2)).rowcount == 0
         db.conn.commit()
         assert tuple(self.run(db.conn, D.max_claim(db.c, EVIL)).fetchone()) == (None, None)
+        db.conn.commit()
+
+    def test_failure_stats(self, db: Any) -> None:
+        """FailedQ values grouped (escapes decoded by JSON_VALUE), poison rows under NULL, the
+        oldest `limit` rows only."""
+        self.install(db)
+        failed = [json.dumps({"NServiceBus.FailedQ": q}) for q in ("Sales@[dbo]", "Sales@[dbo]", 'Caf\u00e9 "x"')]
+        for headers in [*failed, "not json", '["x"]', '{"a": "b"}']:
+            self.run(db.conn, Statement(NSB_SEND.format(D.qualified(db.e)), (headers, b"x")))
+        db.conn.commit()
+        rows = {r[0]: int(r[1]) for r in self.run(db.conn, D.failure_stats(db.e, limit=100)).fetchall()}
+        assert rows == {"Sales@[dbo]": 2, 'Caf\u00e9 "x"': 1, None: 3}
+        rows = {r[0]: int(r[1]) for r in self.run(db.conn, D.failure_stats(db.e, limit=2)).fetchall()}
+        assert rows == {"Sales@[dbo]": 2}
         db.conn.commit()
 
     def test_claim_in_chunks_and_upto(self, db: Any) -> None:

@@ -6,12 +6,13 @@ scripts, and turns errors into one line on stderr with exit code 1 (2 for wrong 
 Modules: `app` (the group, shared options, errors and exit codes), `output` (tables, JSON,
 every line printed, escaped), `db` (a command's session, names from the command line), and the
 commands: `install` (create-*, ddl), `queues` (peek, stats, purge-expired, doctor), `messages`
-(send, move-delayed, subscribe, unsubscribe), `error_queue` (error list/retry), `dev` (dev-db).
+(send, move-delayed, subscribe, unsubscribe), `error_queue` (error list/retry), `metrics` (Prometheus
+metrics, over `snapshot`: what stats reports, read once), `dev` (dev-db).
 """
 
 from __future__ import annotations
 
-from . import dev, error_queue, install, messages, queues  # noqa: F401 - each registers its commands
+from . import dev, error_queue, install, messages, metrics, queues  # noqa: F401 - each registers its commands
 from .app import Group, main
 from .queues import STATS_COLUMNS
 

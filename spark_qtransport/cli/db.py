@@ -15,7 +15,7 @@ from ..dialects import Dialect, QueueAddress, Statement, dialect_named
 from ..errors import QueueNotFoundError
 from ..transport import session as db
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
-from ..transport.session import Session
+from ..transport.session import BACKOFF, Backoff, Session
 from .app import command_what, delayed_rule, need_url
 
 __all__ = ["CommandDb", "Peeked", "open_db", "resolve"]
@@ -120,10 +120,11 @@ class CommandDb:
 
 
 @contextmanager
-def open_db(url: str | None) -> Iterator[CommandDb]:
-    """The command's database (its --url must be given); the connection is closed at the end."""
+def open_db(url: str | None, *, backoff: Backoff = BACKOFF) -> Iterator[CommandDb]:
+    """The command's database (its --url must be given); the connection is closed at the end.
+    `backoff`: the retry policy of its transactions (the package's unless a command gives up sooner)."""
     parsed = need_url(url)
-    session = Session(dialect_named(parsed.dialect), parsed, what=command_what())
+    session = Session(dialect_named(parsed.dialect), parsed, what=command_what(), backoff=backoff)
     try:
         yield CommandDb(session)
     finally:

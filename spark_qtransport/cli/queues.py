@@ -9,20 +9,15 @@ from typing import Any
 
 import click
 
-from ..dialects import QueueAddress
-from ..errors import ConfigError
 from ..transport.delayed import DelayedTableRule
 from ..transport.operations.doctor import check_queue, check_server
-from ..wire import H, decode_headers, parse_time
+from ..wire import H, decode_headers
 from .app import delayed_options, main, url_option
 from .db import CommandDb, open_db
 from .output import echo, json_option, show, show_json_line
+from .snapshot import STATS_COLUMNS, all_stats
 
 __all__ = ["STATS_COLUMNS", "peek", "stats", "purge_expired", "doctor"]
-
-#: the columns of `sqlqueue stats`, always all of them in this order (- where a queue has no such table)
-STATS_COLUMNS = ("queue", "messages", "backlog_span", "expired", "oldest_age_s", "delayed_due", "delayed_pending",
-                 "claimed", "outbox")
 
 
 @main.command("peek")
@@ -85,7 +80,7 @@ def stats(queues: tuple[str, ...], watch: float | None, delayed_suffix: str | No
     with open_db(url) as s:
         rule = s.delayed_rule(delayed_table, delayed_suffix, names=len(queues))
         if not watch:
-            rows = _all_stats(s, queues, rule)
+            rows = all_stats(s, queues, rule)
             show(rows if as_json else [_stats_text(r) for r in rows], as_json)
             return
         try:
@@ -94,18 +89,11 @@ def stats(queues: tuple[str, ...], watch: float | None, delayed_suffix: str | No
             return
 
 
-def _all_stats(s: CommandDb, queues: tuple[str, ...], rule: DelayedTableRule) -> list[dict[str, Any]]:
-    """A stats row per queue given, or per queue table of the database when none is."""
-    names = queues or [s.d.format_address(QueueAddress(str(table), str(schema)))
-                       for schema, table in s.all(s.d.list_queues())]
-    return [_queue_stats(s, q, rule) for q in names]
-
-
 def _watch(s: CommandDb, queues: tuple[str, ...], rule: DelayedTableRule, every: float, as_json: bool) -> None:
     """Stats every `every` seconds, with the time and each queue's rate, until interrupted."""
     before: dict[str, tuple[float, int]] = {}  # queue -> (when, messages) at the previous refresh
     while True:
-        rows = _all_stats(s, queues, rule)
+        rows = all_stats(s, queues, rule)
         now, at = time.monotonic(), datetime.now(timezone.utc)
         for r in rows:
             last = before.get(r["queue"])
@@ -127,48 +115,6 @@ def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
     text = ", ".join(f"{c}={n}" for c, n in claimed.items()) if claimed else None
     rate = row.get("rate_per_s")
     return {**row, "claimed": text, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
-
-
-def _companion(s: CommandDb, address: QueueAddress, suffix: str) -> QueueAddress | None:
-    """``<queue>.<suffix>``, or None where that name would be too long for the database (a queue
-    name within a few bytes of its limit): such a table cannot exist."""
-    try:
-        return s.d.companion(address, suffix)
-    except ConfigError:
-        return None
-
-
-def _queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, Any]:
-    """One queue's stats row: every column of STATS_COLUMNS, None where it has no such table."""
-    address = s.queue(text)
-    messages, expired, low, high = s.one(s.d.queue_stats(address))
-    record: dict[str, Any] = dict.fromkeys(STATS_COLUMNS)
-    record.update({
-        "queue": s.d.format_address(address),
-        "messages": int(messages or 0),
-        "backlog_span": int(high - low + 1) if low is not None else 0,
-        "expired": int(expired or 0),
-    })
-    oldest = s.all(s.d.oldest_headers(address))
-    if oldest:
-        sent = parse_time((decode_headers(oldest[0][0]) or {}).get(H.TIME_SENT))
-        if sent is not None:
-            record["oldest_age_s"] = round((datetime.now(timezone.utc) - sent).total_seconds(), 1)
-    try:
-        delayed: QueueAddress | None = rule.table_for(s.d, address)
-    except ConfigError:  # a queue name too long to have one
-        delayed = None
-    if delayed is not None and s.exists(delayed):
-        due, pending, _ = s.one(s.d.delayed_stats(delayed))
-        record["delayed_due"], record["delayed_pending"] = int(due or 0), int(pending or 0)
-    claims = _companion(s, address, "Claims")
-    if claims is not None and s.exists(claims):
-        record["claimed"] = {str(consumer): int(n) for consumer, n, _ in s.all(s.d.claim_stats(claims))}
-    outbox = _companion(s, address, "Outbox")
-    if outbox is not None and s.exists(outbox):
-        (outbox_rows,) = s.one(s.d.count_rows(outbox))
-        record["outbox"] = int(outbox_rows)
-    return record
 
 
 @main.command("purge-expired")

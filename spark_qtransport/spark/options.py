@@ -7,18 +7,21 @@ Only this module knows option names; the transport takes settings.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from ..connections import ConnectionURL, parse_url
-from ..dialects import Dialect, dialect_for
+from ..dialects import Dialect, QueueAddress, dialect_for
 from ..errors import ConfigError
 from ..transport import settings as defaults
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
+from ..transport.receiving.queueset import check_distinct
 from ..transport.routing import RoutingPolicy
-from ..transport.settings import ReceiveSettings, SendSettings
+from ..transport.selection import QueuePattern, QueueSelection, split_queue_list
+from ..transport.settings import ReceiveSettings, SendSettings, StreamSettings
 
 __all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]
 
@@ -57,10 +60,13 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "url": (f"${URL_ENV}", "postgresql://, sqlserver:// (mssql://) URL or odbc:<connection string>"),
     "user": ("from url", "database user; overrides the URL's"),
     "password": ("from url", "database password; overrides the URL's (Spark redacts options named password)"),
-    "queue": ("required", "queue address to receive from, NServiceBus syntax"),
+    "queue": ("required (or queuePattern)", "queue address to receive from, NServiceBus syntax; several, comma-separated (`Sales, Billing`), are read in one stream, each with its own claims, consumer lock and FIFO order, and the `queue` column says where each row came from"),
+    "queuePattern": ("none", "instead of `queue`: every queue table whose schema and name match this pattern (`*`, `?`; e.g. `\"tenant_*\".\"audit\"`, `*.Replies`; without a schema, the default one), resolved again at each trigger as Kafka's subscribePattern is: a queue that appears joins from its head, one that disappears is read to the end of what was claimed from it and then dropped. Never matches the stream's error, audit, forwardTo or monitoring queue, nor the transport's own tables"),
     "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue; give each job its own (a new checkpoint takes over the claims its endpoint holds)"),
     "errorQueue": (defaults.DEFAULT_ERROR_QUEUE, "queue address that receives poison messages"),
-    "maxMessagesPerTrigger": (str(defaults.DEFAULT_MAX_MESSAGES), "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size)"),
+    "maxMessagesPerTrigger": (str(defaults.DEFAULT_MAX_MESSAGES), "most messages claimed per micro-batch (Trigger.Once, which reads all, claims in chunks of this size); over several queues it is shared fairly: a queue wanting less than an equal share gets all it wants, the others share the rest"),
+    "minMessagesPerTrigger": ("none", "as Kafka's minOffsetsPerTrigger: a micro-batch starts only once this many messages are waiting (over all the stream's queues), or `maxTriggerDelay` after the last one; not applied with Trigger.AvailableNow or Once"),
+    "maxTriggerDelay": ("15m", "with `minMessagesPerTrigger`: the longest wait for a micro-batch after the last one (`5s`, `15m`)"),
     "numPartitions": (f"one per {defaults.PARTITION_TARGET_ROWS:,} claimed, at most {defaults.MAX_AUTO_PARTITIONS}", "Spark partitions a micro-batch is read with"),
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": (str(defaults.DEFAULT_ACK_BATCH), "claims deleted per statement when a batch is acknowledged"),
@@ -184,39 +190,89 @@ def resolve_url(opts: Mapping[str, str]) -> ConnectionURL:
 
 
 class ReaderOptions:
-    """The reader's options (`OPTIONS`), parsed into `ReceiveSettings`."""
+    """The reader's options (`OPTIONS`), parsed into `StreamSettings` (which queues, when a batch
+    starts) and, per queue, `ReceiveSettings`."""
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> ReceiveSettings:
+        """The settings of a one-queue stream (`stream` for any)."""
+        stream = ReaderOptions.stream(options)
+        if stream.single is None:
+            raise ConfigError("option 'queue' names several queues (or 'queuePattern' is set): this needs the "
+                              "settings of the whole stream", option="queue")
+        return stream.single
+
+    @staticmethod
+    def stream(options: Mapping[str, str]) -> StreamSettings:
         opts = _known_options(options, _KNOWN, OPTIONS, "format 'sqlqueue'")
         url = resolve_url(opts)
         dialect = dialect_for(url)
-        if opts.get(OPT_QUEUE) is None:
-            raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales')", option="queue")
-        queue = dialect.parse_address(opts[OPT_QUEUE], option="queue")
-        error_queue = dialect.parse_address(opts.get(OPT_ERROR_QUEUE) or defaults.DEFAULT_ERROR_QUEUE,
-                                            option="errorQueue")
-        endpoint = opts.get(OPT_ENDPOINT)
-        if endpoint is not None and not str(endpoint).strip():
-            raise ConfigError("option 'endpoint' is empty", option="endpoint")
-        consumer = str(endpoint).strip() if endpoint else queue.table
-        return ReceiveSettings(
+        selection = _selection(opts, dialect)
+        settings_for = functools.partial(_queue_settings, opts, url)
+        for queue in selection.queues:  # each listed queue's settings, checked at load()
+            settings_for(queue)
+        common = _common(opts, url, dialect)
+        min_messages = _int(opts, "minmessagespertrigger", "minMessagesPerTrigger", None, maximum=MAX_MAX_MESSAGES)
+        delay = opts.get("maxtriggerdelay")
+        return StreamSettings(
             url=url,
-            queue=queue,
-            error_queue=error_queue,
-            consumer=consumer,
-            max_messages=_int(opts, OPT_MAX_MESSAGES, "maxMessagesPerTrigger", defaults.DEFAULT_MAX_MESSAGES,
-                              maximum=MAX_MAX_MESSAGES) or defaults.DEFAULT_MAX_MESSAGES,
-            num_partitions=_int(opts, OPT_NUM_PARTITIONS, "numPartitions", None, maximum=MAX_NUM_PARTITIONS),
-            create_queues=_bool(opts, OPT_CREATE_QUEUES, "createQueues", False),
-            ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", defaults.DEFAULT_ACK_BATCH,
-                           maximum=MAX_ACK_BATCH) or defaults.DEFAULT_ACK_BATCH,
-            claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
-            acknowledge_retries=_bool(opts, OPT_RETRY_ACKS, "retryAcknowledgements", True),
-            routing=routing_policy(opts),
-            delayed_rule=delayed_rule(opts, dialect),
-            **_platform(opts, dialect),
+            selection=selection,
+            settings_for=settings_for,
+            excluded=(common["error_queue"], *(a for a in (common["audit_queue"], common["forward_to"],
+                                                            common["monitoring_queue"]) if a is not None)),
+            routing=common["routing"],
+            max_messages=common["max_messages"],
+            min_messages=min_messages,
+            max_trigger_delay=(defaults.DEFAULT_MAX_TRIGGER_DELAY if delay is None
+                               else parse_duration(delay, option="maxTriggerDelay")),
         )
+
+
+def _selection(opts: Mapping[str, str], dialect: Dialect) -> QueueSelection:
+    """Options 'queue' (one address, or several comma-separated) and 'queuePattern': exactly one."""
+    queue, pattern = opts.get(OPT_QUEUE), opts.get("queuepattern")
+    if queue is not None and pattern is not None:
+        raise ConfigError("options 'queue' and 'queuePattern' exclude each other: give one", option="queuePattern")
+    if pattern is not None:
+        return QueueSelection(pattern=QueuePattern.parse(dialect, str(pattern)))
+    if queue is None:
+        raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales') "
+                          "(or several: 'Sales, Billing'; or .option('queuePattern', '*.Replies'))", option="queue")
+    texts = split_queue_list(str(queue))
+    if len(texts) == 1:
+        texts = [str(queue)]  # one address, as given (SQL Server keeps white space around a name)
+    addresses = [dialect.parse_address(t, option="queue") for t in texts]
+    check_distinct(dialect, addresses)
+    return QueueSelection(queues=tuple(addresses))
+
+
+def _queue_settings(opts: Mapping[str, str], url: ConnectionURL, queue: QueueAddress) -> ReceiveSettings:
+    """One queue's `ReceiveSettings` from the stream's options (keys lower-cased)."""
+    dialect = dialect_for(url)
+    endpoint = opts.get(OPT_ENDPOINT)
+    if endpoint is not None and not str(endpoint).strip():
+        raise ConfigError("option 'endpoint' is empty", option="endpoint")
+    consumer = str(endpoint).strip() if endpoint else queue.table
+    return ReceiveSettings(url=url, queue=queue, consumer=consumer, **_common(opts, url, dialect))
+
+
+def _common(opts: Mapping[str, str], url: ConnectionURL, dialect: Dialect) -> dict[str, Any]:
+    """The settings every queue of a stream shares."""
+    return dict(
+        error_queue=dialect.parse_address(opts.get(OPT_ERROR_QUEUE) or defaults.DEFAULT_ERROR_QUEUE,
+                                          option="errorQueue"),
+        max_messages=_int(opts, OPT_MAX_MESSAGES, "maxMessagesPerTrigger", defaults.DEFAULT_MAX_MESSAGES,
+                          maximum=MAX_MAX_MESSAGES) or defaults.DEFAULT_MAX_MESSAGES,
+        num_partitions=_int(opts, OPT_NUM_PARTITIONS, "numPartitions", None, maximum=MAX_NUM_PARTITIONS),
+        create_queues=_bool(opts, OPT_CREATE_QUEUES, "createQueues", False),
+        ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", defaults.DEFAULT_ACK_BATCH,
+                       maximum=MAX_ACK_BATCH) or defaults.DEFAULT_ACK_BATCH,
+        claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
+        acknowledge_retries=_bool(opts, OPT_RETRY_ACKS, "retryAcknowledgements", True),
+        routing=routing_policy(opts),
+        delayed_rule=delayed_rule(opts, dialect),
+        **_platform(opts, dialect),
+    )
 
 
 def _platform(opts: Mapping[str, str], dialect: Dialect) -> dict[str, Any]:

@@ -19,8 +19,10 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
+from ..transport.receiving.admission import TriggerGate
+from ..transport.receiving.queueset import QueueSet, QueueSetOffset
 from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, read_batches, read_slice
-from ..transport.settings import ReceiveSettings
+from ..transport.settings import ReceiveSettings, StreamSettings
 from .options import ReaderOptions
 from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
 from .surface import surfaced
@@ -30,6 +32,7 @@ try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python so
         ReadAllAvailable,
         ReadLimit,
         ReadMaxRows,
+        ReadMinRows,
         SupportsTriggerAvailableNow,
     )
 
@@ -40,7 +43,7 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
-    ReadLimit = ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+    ReadLimit = ReadAllAvailable = ReadMaxRows = ReadMinRows = None  # type: ignore[assignment,misc]
 
 __all__ = ["SqlQueueDataSource", "SqlQueueStreamReader", "SCHEMA"]
 
@@ -57,12 +60,12 @@ class SqlQueueDataSource(DataSource):
     def schema(self) -> StructType:
         # Spark asks for the schema at load(): validating here makes a bad option fail before
         # the query starts, with a message that names the option.
-        ReaderOptions.parse(self.options)
+        ReaderOptions.stream(self.options)
         return SCHEMA
 
     @surfaced
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return SqlQueueStreamReader(ReaderOptions.parse(self.options))
+        return SqlQueueStreamReader(ReaderOptions.stream(self.options))
 
     @surfaced
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
@@ -95,75 +98,108 @@ class _SlicePartition(InputPartition):
 
 
 class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Claims on the driver, reads slices on executors, acknowledges on commit."""
+    """Claims on the driver, reads slices on executors, acknowledges on commit. One queue is driven
+    by a `Receiver` (offsets ``{"claim": N, ...}``), several by a `QueueSet` (offsets
+    ``{"queues": {...}}``, one position per queue)."""
 
-    def __init__(self, options: ReceiveSettings) -> None:
-        self.options = options
-        self._receiver: Receiver | None = None
+    def __init__(self, options: ReceiveSettings | StreamSettings) -> None:
+        self.stream = options if isinstance(options, StreamSettings) else StreamSettings.of(options)
+        #: the one queue's settings, or None for several
+        self.options = self.stream.single
+        self._source: Receiver | QueueSet | None = None
+        m = self.stream.min_messages
+        self._gate = None if m is None else TriggerGate(m, self.stream.max_trigger_delay)
+        self._available_now = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a copy for read(): no connection, no driver state.
-        return {"options": self.options, "_receiver": None}
+        return {"stream": self.stream, "options": self.options, "_source": None, "_gate": None,
+                "_available_now": False}
 
     def __repr__(self) -> str:
-        return f"SqlQueueStreamReader(queue={self.options.queue}, endpoint={self.options.consumer!r}, url={self.options.url})"
+        o = self.options
+        if o is None:
+            return f"SqlQueueStreamReader(queues={self.stream.describe()}, url={self.stream.url})"
+        return f"SqlQueueStreamReader(queue={o.queue}, endpoint={o.consumer!r}, url={o.url})"
+
+    @property
+    def source(self) -> Receiver | QueueSet:
+        if self._source is None:
+            self._source = Receiver(self.options) if self.options is not None else QueueSet(self.stream)
+        return self._source
 
     @property
     def receiver(self) -> Receiver:
-        if self._receiver is None:
-            self._receiver = Receiver(self.options)
-        return self._receiver
+        """The one queue's receiver (a one-queue stream)."""
+        assert isinstance(self.source, Receiver)
+        return self.source
+
+    def _offset(self, d: dict[str, Any]) -> Any:
+        return ClaimOffset.from_dict(d) if self.options is not None else QueueSetOffset.from_dict(d)
 
     # -- driver --------------------------------------------------------------------------------
 
     @surfaced
     def initialOffset(self) -> dict[str, Any]:
-        return self.receiver.initial_offset().to_dict()
+        return self.source.initial_offset().to_dict()
 
     @surfaced
     def getDefaultReadLimit(self) -> Any:
-        return ReadMaxRows(self.options.max_messages)
+        if self.stream.min_messages is not None:
+            return ReadMinRows(self.stream.min_messages)  # at most maxMessagesPerTrigger still
+        return ReadMaxRows(self.stream.max_messages)
 
     @surfaced
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
-        begin = ClaimOffset.from_dict(start) if start is not None else None
-        if not HAS_ADMISSION_CONTROL or limit is None:
-            rows: int | None = self.options.max_messages
-        elif isinstance(limit, ReadAllAvailable):
-            rows = None
-        elif isinstance(limit, ReadMaxRows):
+        begin = self._offset(start) if start is not None else None
+        rows: int | None = self.stream.max_messages
+        least = self.stream.min_messages
+        if HAS_ADMISSION_CONTROL and isinstance(limit, ReadAllAvailable):
+            rows = least = None
+        elif HAS_ADMISSION_CONTROL and isinstance(limit, ReadMaxRows):
             rows = max(1, int(limit.max_rows))
-        else:
-            rows = self.options.max_messages
-        return self.receiver.latest(begin, rows).to_dict()
+        elif HAS_ADMISSION_CONTROL and isinstance(limit, ReadMinRows):
+            least = int(limit.min_rows)
+        if (self._gate is not None and least is not None and begin is not None and not self._available_now
+                and not self._gate.admit(lambda: self.source.waiting(begin), min_messages=least)):
+            return start  # type: ignore[return-value] # fewer than minMessagesPerTrigger wait: no batch yet
+        # a batch minMessagesPerTrigger admitted is claimed whole: what it waited for is there
+        return self.source.latest(begin, rows, whole=self._gate is not None).to_dict()
 
     @surfaced
     def prepareForTriggerAvailableNow(self) -> None:
-        self.receiver.prepare_available_now()
+        self._available_now = True  # minMessagesPerTrigger would never end the run
+        self.source.prepare_available_now()
 
     @surfaced
     def reportLatestOffset(self) -> dict[str, Any] | None:
         # Shown as the source's latestOffset in query progress: the planned end plus the queue's
         # backlog and this run's expired/poison counts (the metric the Python API can report),
         # named by queue and endpoint: a query's progress says which queue it reads.
-        r = self.receiver
-        return {**r.report(), "backlog": r.reported_backlog(), "queue": r.dialect.format_address(self.options.queue),
-                "endpoint": self.options.consumer}
+        source = self.source
+        if isinstance(source, QueueSet):
+            report = source.report()
+        else:
+            report = {**source.report(), "backlog": source.reported_backlog(),
+                      "queue": source.dialect.format_address(source.options.queue), "endpoint": source.options.consumer}
+        if self._gate is not None:
+            report["triggersHeldBack"] = self._gate.held
+        return report
 
     @surfaced
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return [_SlicePartition(p) for p in self.receiver.slices(ClaimOffset.from_dict(start), ClaimOffset.from_dict(end))]
+        return [_SlicePartition(p) for p in self.source.slices(self._offset(start), self._offset(end))]
 
     @surfaced
     def commit(self, end: dict[str, Any]) -> None:
         # Acknowledging runs in the background: Spark's next batch does not wait for the deletes.
-        self.receiver.ack(ClaimOffset.from_dict(end), background=True)
+        self.source.ack(self._offset(end), background=True)
 
     @surfaced
     def stop(self) -> None:
-        if self._receiver is not None:
-            self._receiver.close()
-            self._receiver = None
+        if self._source is not None:
+            self._source.close()
+            self._source = None
 
     # -- executors -----------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ made once from its URL. Defaults are written here once; the option documentation
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..connections import ConnectionURL, parse_url
@@ -14,11 +16,14 @@ from ..dialects import Dialect, QueueAddress, dialect_for
 from ..errors import ConfigError
 from .delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 from .routing import RoutingPolicy
+from .selection import QueueSelection
 
-__all__ = ["ReceiveSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_ACK_BATCH", "DEFAULT_RETENTION_SECONDS",
+__all__ = ["ReceiveSettings", "StreamSettings", "SendSettings", "DEFAULT_MAX_MESSAGES", "DEFAULT_ACK_BATCH", "DEFAULT_RETENTION_SECONDS",
            "INVALID_ROWS", "INVALID_FAIL", "INVALID_TO_ERROR_QUEUE"]
 
 DEFAULT_MAX_MESSAGES = 10_000
+#: Kafka's default for maxTriggerDelay (with minMessagesPerTrigger)
+DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
 DEFAULT_ACK_BATCH = 10_000
 #: how often ServicePulse monitoring reports are sent (NServiceBus.Metrics.ServiceControl has no
 #: default: its interval is a required argument)
@@ -130,6 +135,51 @@ class ReceiveSettings:
         if self.num_partitions:
             return self.num_partitions
         return max(1, min(MAX_AUTO_PARTITIONS, -(-rows // PARTITION_TARGET_ROWS)))
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What one stream reads and when a batch may start: one queue, several listed, or the queues a
+    pattern matches (`QueueSelection`), each received with its own `ReceiveSettings`
+    (`settings_for`: the stream's options with that queue)."""
+
+    url: ConnectionURL
+    selection: QueueSelection
+    settings_for: Callable[[QueueAddress], ReceiveSettings]
+    #: queues a pattern never matches: the stream's error queue and platform queues
+    excluded: tuple[QueueAddress, ...] = ()
+    routing: RoutingPolicy = RoutingPolicy()
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    #: Kafka's minOffsetsPerTrigger / maxTriggerDelay (`TriggerGate`); None: a batch whenever one message waits
+    min_messages: int | None = None
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
+    dialect: Dialect = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dialect", dialect_for(self.url))
+        if not 0 < self.max_trigger_delay <= 86_400 * 365:
+            raise ConfigError("option 'maxTriggerDelay' must be a positive duration of at most 365d",
+                              option="maxTriggerDelay")
+
+    @classmethod
+    def of(cls, settings: ReceiveSettings) -> StreamSettings:
+        """The stream of one queue received with `settings`."""
+        return cls(url=settings.url, selection=QueueSelection(queues=(settings.queue,)),
+                   settings_for=functools.partial(_always, settings), routing=settings.routing,
+                   max_messages=settings.max_messages)
+
+    @property
+    def single(self) -> ReceiveSettings | None:
+        """The settings of a one-queue stream (its offsets are the plain `ClaimOffset`), else None."""
+        queue = self.selection.single
+        return None if queue is None else self.settings_for(queue)
+
+    def describe(self) -> str:
+        return self.selection.describe(self.dialect)
+
+
+def _always(settings: ReceiveSettings, queue: QueueAddress) -> ReceiveSettings:
+    return settings
 
 
 @dataclass(frozen=True)

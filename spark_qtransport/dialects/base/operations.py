@@ -73,6 +73,17 @@ class OperationsSql(AddressingSql):
         Reads no other column: no body, and no Expires, whatever it holds."""
 
     @abstractmethod
+    def failure_stats(self, queue: QueueAddress, *, limit: int) -> Statement:
+        """Rows (FailedQ, count) over the oldest `limit` rows of an error queue: the
+        ``NServiceBus.FailedQ`` header's value as the dialect reads it (`failed_q_value` turns it
+        into text), NULL where the headers are not a JSON object or have no FailedQ. Never fails on
+        a row whose headers are not JSON; reads no body. Bounded: the oldest `limit` rows only."""
+
+    def failed_q_value(self, value: object) -> str | None:
+        """A FailedQ value of a `failure_stats` row as text (None where the row had none)."""
+        return None if value is None else str(value)
+
+    @abstractmethod
     def delayed_stats(self, delayed: QueueAddress) -> Statement:
         """One row: (due now, not yet due, next due time or NULL) of a delayed table."""
 

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 
+from ...errors import ConfigError
 from ..base import OperationsSql, QueueAddress, Statement, check_preview, check_privileges
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW, instant_of, literal
+
+#: a flat JSON object's "NServiceBus.FailedQ": "..." member, its string's content captured (escapes
+#: kept): how `failure_stats` reads the header on servers without pg_input_is_valid
+FAILED_Q_PATTERN = r'"NServiceBus\.FailedQ"\s*:\s*"((?:[^"\\]|\\.)*)"'
+
+
+def _positive(limit: int) -> int:
+    limit = int(limit)
+    if limit < 1:
+        raise ConfigError(f"limit must be at least 1, not {limit}", option="limit")
+    return limit
 
 
 class PostgresOperations(PostgresAddressing, OperationsSql):
     sequence_column = "seq"
     int32_sequence = "seq is a 32-bit serial"
     not_null_columns = ("id", "headers", "seq")  # NServiceBus's CreateQueueText
+    helper_schema: str | None
 
     """The PostgreSQL operations of the dialect."""
 
@@ -62,6 +76,35 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
 
     def oldest_headers(self, queue: QueueAddress) -> Statement:
         return Statement(f"SELECT headers FROM {self.qualified(queue)} ORDER BY seq LIMIT 1")
+
+    def failure_stats(self, queue: QueueAddress, *, limit: int) -> Statement:
+        # The oldest rows through the seq index, then grouped: a bounded read, headers only.
+        # pg_input_is_valid (PostgreSQL 16) keeps a poison row's cast from failing the query; the
+        # CASE evaluates the cast only where it is valid. Without it (13 to 15, `adapt_to_server`
+        # sets helper_schema there) the value is matched in the text: a JSON string's content,
+        # its escapes decoded by `failed_q_value`; no error is possible, and a row that is not JSON
+        # but holds the pattern counts under what it names.
+        if self.helper_schema is None:
+            value = "CASE WHEN pg_input_is_valid(headers, 'jsonb') THEN headers::jsonb ->> 'NServiceBus.FailedQ' END"
+            params: dict[str, object] = {}
+        else:
+            value = "substring(headers from %(pattern)s)"
+            params = {"pattern": FAILED_Q_PATTERN}
+        return Statement(
+            f"SELECT f, count(*) FROM (SELECT {value} AS f FROM {self.qualified(queue)}"
+            " ORDER BY seq LIMIT %(limit)s) AS t GROUP BY f ORDER BY f",
+            {**params, "limit": _positive(limit)},
+        )
+
+    def failed_q_value(self, value: object) -> str | None:
+        if value is None or self.helper_schema is None:
+            return super().failed_q_value(value)
+        text = str(value)
+        try:  # the content of a JSON string, as the pattern matched it
+            decoded = json.loads(f'"{text}"')
+        except ValueError:
+            return text
+        return decoded if isinstance(decoded, str) else text
 
     def delayed_stats(self, delayed: QueueAddress) -> Statement:
         # due as the movers judge it (delayed.py); the next due time as the instant it means

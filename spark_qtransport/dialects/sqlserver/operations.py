@@ -127,6 +127,19 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
             f" FROM {q} WITH (READPAST, READCOMMITTEDLOCK)"
         )
 
+    def failure_stats(self, queue: QueueAddress, *, limit: int) -> Statement:
+        # The oldest rows through Index_RowVersion, as peek_messages reads (nothing taken, rows
+        # others hold skipped), then grouped: a bounded read, headers only. JSON_VALUE fails on
+        # text that is not JSON even in lax mode: the CASE reads it only where ISJSON says it is.
+        # An array, a missing member or a value past 4,000 characters gives NULL (lax mode).
+        return Statement(
+            "SELECT t.FailedQ, COUNT_BIG(*) FROM (SELECT TOP (?) CASE WHEN ISJSON(Headers) = 1"
+            " THEN JSON_VALUE(Headers, N'$.\"NServiceBus.FailedQ\"') END AS FailedQ"
+            f" FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY RowVersion) AS t"
+            " GROUP BY t.FailedQ ORDER BY t.FailedQ",
+            (self._check_limit(limit),),
+        )
+
     def delayed_stats(self, delayed: QueueAddress) -> Statement:
         d = self.qualified(delayed)
         # Three seeks on Index_Due; Due is UTC datetime, like GETUTCDATE().

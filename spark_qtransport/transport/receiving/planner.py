@@ -49,6 +49,9 @@ class ClaimOffset:
 
     @classmethod
     def from_dict(cls, d: Any) -> ClaimOffset:
+        if isinstance(d, dict) and "queues" in d:
+            raise OffsetError("this checkpoint is of a stream over several queues; a checkpoint cannot switch "
+                              "between one queue and several: start this stream from a new checkpoint")
         try:
             return cls(int(d["claim"]), str(d["claimTable"]))
         except (KeyError, TypeError, ValueError):
@@ -126,8 +129,10 @@ class Planner:
             return 0
         return start.claim
 
-    def plan(self, after: int | None, limit: int | None) -> int:
+    def plan(self, after: int | None, limit: int | None, *, claim: bool = True, whole: bool = False) -> int:
         """The end of the next batch: claims held already, else claim at most `limit` (None: all).
+        Without `claim` (a queue leaving the stream), only claims held already. With `whole` (a
+        batch admitted by minMessagesPerTrigger: the messages are there), no smaller first claim.
 
         With claim-ahead on, while a backlog remains the next batch is claimed in the background
         as soon as this one is planned, so the claim overlaps Spark's processing of this batch.
@@ -141,6 +146,8 @@ class Planner:
             end = self._cap_held(after, int(held_max), limit)
         elif after is None:
             end = 0
+        elif not claim:
+            end = after
         elif limit is None:
             end = after
             while True:
@@ -149,10 +156,10 @@ class Planner:
                 if not full:
                     break
         else:
-            claimed, _ = self._claim_now(self._foreground_size(limit))
+            claimed, _ = self._claim_now(limit if whole else self._foreground_size(limit))
             end = claimed or after
         self.last_end = end
-        if limit is not None and self._more and o.claim_ahead and after is not None:
+        if claim and limit is not None and self._more and o.claim_ahead and after is not None:
             self._ahead = self._claimer.claim_ahead(self._request(limit))
         return end
 

@@ -58,11 +58,14 @@ class Receiver:
     Two sessions: `main` (set up by `EndpointSetUp`, holds the consumer lock) for what Spark waits
     on, `ahead` for the background thread's claims, acknowledgements and backlog estimates."""
 
-    def __init__(self, options: ReceiveSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, options: ReceiveSettings, *, clock: Callable[[], float] = time.monotonic,
+                 draining: bool = False) -> None:
         self.options = options
+        #: a queue leaving a stream (`QueueSet`): its held claims are delivered, nothing more is claimed
+        self.draining = draining
         self.endpoint = Endpoint(options, options.dialect, options.dialect.claims_table(options.queue))
         self.stats = ReceiveStats()
-        self.set_up = EndpointSetUp(self.endpoint, clock=clock)
+        self.set_up = EndpointSetUp(self.endpoint, clock=clock, draining=draining)
         self.main = Session(self.dialect, options.url, what=self.endpoint.what("connecting"), on_connect=self.set_up)
         self.ahead = Session(self.dialect, options.url, what=self.endpoint.what("connecting"))
         self.background = Background()
@@ -80,6 +83,7 @@ class Receiver:
         self._available_now = False  # Trigger.AvailableNow: the run ends when nothing new is found
         self._backlog = 0
         self._backlog_refresh: Future[int | None] | None = None
+        self._swept = False  # this trigger's housekeeping is done (`waiting` ran before `latest`)
 
     @property
     def dialect(self) -> Dialect:
@@ -105,17 +109,18 @@ class Receiver:
         # the claims this consumer already holds (claimed but never acknowledged): no loss.
         return ClaimOffset(0, self.table_id)
 
-    def latest(self, start: ClaimOffset | None, limit: int | None) -> ClaimOffset:
+    def latest(self, start: ClaimOffset | None, limit: int | None, *, whole: bool = False) -> ClaimOffset:
         """Plan the next batch: claims it holds already, else claim at most `limit` (None: all).
-        See `Planner.plan`; a claim made ahead for this batch is applied first."""
-        self.planner.settle_ahead()
-        self.acker.raise_failure()
-        self.move_delayed()
+        See `Planner.plan` (and `whole`); a claim made ahead for this batch is applied first."""
+        if not self._swept:  # `waiting` did it for this trigger
+            self._housekeeping()
+        self._swept = False
         after = self.planner.start_after(start, self.table_id)  # after the set-up (`table_id`)
-        self._start_monitoring()
+        if not self.draining:
+            self._start_monitoring()
         self._release_previous_run(start, after)
         self._warn_of_takeover(start, after)
-        end = self.planner.plan(after, limit)
+        end = self.planner.plan(after, limit, claim=not self.draining, whole=whole)
         if self._available_now and after and end == after and after > self._acked:
             # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
             # It asks for the next offset only once `start` is in its commit log, so those claims
@@ -127,6 +132,26 @@ class Receiver:
                 # its last reports go now (bounded wait), not at the next interval.
                 self.monitor.flush()
         return ClaimOffset(end, self.table_id)
+
+    def _housekeeping(self) -> None:
+        """What every trigger does before planning: apply the claim made ahead, stop on a failed
+        acknowledgement, move due delayed messages."""
+        self.planner.settle_ahead()
+        self.acker.raise_failure()
+        if not self.draining:
+            self.move_delayed()
+
+    def waiting(self, start: ClaimOffset | None) -> int:
+        """Messages a batch planned now from `start` could take: claims held beyond it (a claim
+        made ahead, a previous run's) and the queue's backlog estimate. Does the trigger's
+        housekeeping first, so a held-back trigger still moves due delayed messages."""
+        self._housekeeping()
+        self._swept = True
+        after = self.planner.start_after(start, self.table_id) or 0
+        stmt = self.dialect.max_claim(self.claims, self.options.consumer)
+        held_max, _ = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
+        held = max(0, int(held_max) - after) if held_max is not None else 0
+        return held + (0 if self.draining else self.backlog())
 
     def _start_monitoring(self) -> None:
         """Start ServicePulse's reporter (it sends every interval from now on). The set-up checked

@@ -50,8 +50,11 @@ class EndpointSetUp:
     """`on_connect` of the receiver's main session: runs on each new main connection and keeps the
     claim table's identity (`table_id`), warning when it changes while the query runs."""
 
-    def __init__(self, endpoint: Endpoint, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, endpoint: Endpoint, *, clock: Callable[[], float] = time.monotonic,
+                 draining: bool = False) -> None:
         self.endpoint = endpoint
+        #: a queue leaving a stream, maybe dropped: only its claim table and the lock are needed
+        self.draining = draining
         self.table_id: str | None = None
         self._clock = clock
 
@@ -60,11 +63,16 @@ class EndpointSetUp:
         cur = conn.cursor()
         self._check_server(cur)
         o = self.endpoint.options
-        for option, address in (("queue", o.queue), ("errorQueue", o.error_queue), *o.platform_queues().items()):
-            self._check_queue(conn, cur, option, address)
-        self._create_claims(conn, cur)
-        self._lock_consumer(conn, cur)
         d, claims = self.endpoint.dialect, self.endpoint.claims
+        if self.draining:
+            if not db.columns(cur, d.queue_columns(claims)):
+                raise QueueNotFoundError(f"claim table {d.qualified(claims)} does not exist",
+                                         queue=self.endpoint.queue_text)
+        else:
+            for option, address in (("queue", o.queue), ("errorQueue", o.error_queue), *o.platform_queues().items()):
+                self._check_queue(conn, cur, option, address)
+            self._create_claims(conn, cur)
+        self._lock_consumer(conn, cur)
         (table_id,) = db.one(cur, d.table_id(claims))
         conn.commit()
         if self.table_id is not None and str(table_id) != self.table_id:

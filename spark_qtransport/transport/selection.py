@@ -1,0 +1,104 @@
+"""Which queues one stream reads: a list of addresses (``queue`` = ``"Sales, Billing"``) or the
+queue tables a pattern matches (``queuePattern`` = ``"tenant_*"."audit"``, ``*.Replies``),
+resolved again at each trigger as Kafka's ``subscribePattern`` is."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..dialects import Dialect, QueueAddress
+from ..errors import ConfigError
+from . import session as db
+
+__all__ = ["QueuePattern", "QueueSelection", "split_queue_list"]
+
+
+def split_queue_list(text: str, *, option: str = "queue") -> list[str]:
+    """The addresses of a comma-separated list, split at commas outside quotes (``"a,b"``) and
+    brackets (``[a,b]``): either dialect's quoting keeps a comma inside a name."""
+    if not text.strip():
+        return [text]  # the address parser says it is empty
+    parts, start, quoted, bracket = [], 0, False, False
+    for i, ch in enumerate(text):
+        if ch == '"' and not bracket:
+            quoted = not quoted
+        elif ch == "[" and not quoted:
+            bracket = True
+        elif ch == "]" and not quoted:
+            bracket = False
+        elif ch == "," and not quoted and not bracket:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    items = [p.strip() for p in parts]
+    if any(not p for p in items):
+        raise ConfigError(f"option '{option}': an empty address in the list {text[:200]!r}", option=option)
+    return items
+
+
+@dataclass(frozen=True)
+class QueuePattern:
+    """Glob patterns (``*``, ``?``, ``[...]``) over a queue's schema and table name, written in the
+    transport's address syntax; without a schema part, the default schema. Compared as the
+    database compares names (SQL Server: case-insensitively)."""
+
+    text: str
+    table: str
+    schema: str | None
+
+    @classmethod
+    def parse(cls, dialect: Dialect, text: str, *, option: str = "queuePattern") -> QueuePattern:
+        raw = str(text).strip()
+        if not raw:
+            raise ConfigError(f"option '{option}' is empty: give a pattern such as \"tenant_*\".\"audit\"", option=option)
+        address = dialect.split_address(raw)
+        if address.catalog:
+            raise ConfigError(f"option '{option}': a pattern matches queues of the connection's database; "
+                              f"it cannot name a catalog ({raw!r})", option=option)
+        if not address.table:
+            raise ConfigError(f"option '{option}': {raw!r} has no table part", option=option)
+        return cls(raw, address.table, address.schema)
+
+    def matches(self, dialect: Dialect, schema: str, table: str) -> bool:
+        fold = dialect.fold_name
+        want = self.schema or dialect.default_schema
+        return fnmatch.fnmatchcase(fold(schema), fold(want)) and fnmatch.fnmatchcase(fold(table), fold(self.table))
+
+
+@dataclass(frozen=True)
+class QueueSelection:
+    """Listed queues, or a pattern (exactly one of the two)."""
+
+    queues: tuple[QueueAddress, ...] = ()
+    pattern: QueuePattern | None = None
+
+    @property
+    def single(self) -> QueueAddress | None:
+        """The one queue of a one-queue stream (its offsets are the plain `ClaimOffset`)."""
+        return self.queues[0] if self.pattern is None and len(self.queues) == 1 else None
+
+    def describe(self, dialect: Dialect) -> str:
+        if self.pattern is not None:
+            return f"queuePattern {self.pattern.text}"
+        return ", ".join(dialect.format_address(q) for q in self.queues)
+
+    def resolve(self, cur: Any, dialect: Dialect, *, excluded: Iterable[QueueAddress] = (),
+                own_table: Any = None) -> list[QueueAddress]:
+        """The queues to read now: the listed ones, or the queue tables the pattern matches except
+        `excluded` (the stream's error, audit, forwardTo and monitoring queues) and the
+        transport's own tables (`own_table(address)`: claims, staging, outbox, delayed)."""
+        if self.pattern is None:
+            return list(self.queues)
+        skip = {dialect.fold_name(dialect.qualified(q)) for q in excluded}
+        found = []
+        for schema, table in db.rows(cur, dialect.list_queues()):
+            address = QueueAddress(str(table), str(schema))
+            if not self.pattern.matches(dialect, str(schema), str(table)):
+                continue
+            if dialect.fold_name(dialect.qualified(address)) in skip or (own_table is not None and own_table(address)):
+                continue
+            found.append(address)
+        return found

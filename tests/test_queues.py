@@ -1,0 +1,267 @@
+"""Several queues in one stream (`queue` as a list, `queuePattern`) and Kafka's admission control
+(`minMessagesPerTrigger`, `maxTriggerDelay`), in real Spark queries on the embedded PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_stream import Collect, run_available_now
+
+from backends import Backend, nsb_headers
+from processes import Job, run_to_end, wait_for
+from spark_qtransport.dialects import dialect_named
+from spark_qtransport.transport.receiving.admission import TriggerGate, fair_shares
+from spark_qtransport.transport.selection import QueuePattern, split_queue_list
+
+CHILD = Path(__file__).with_name("crash_child.py")
+
+
+def produce(pg: Backend, queue: str, start: int, n: int) -> None:
+    """Messages `<queue>-000000`, ... in the queue's FIFO order."""
+    tag = queue.replace(".", "/")
+    pg.send_many(queue, [(nsb_headers(f"{tag}-{start + i:06d}"), b"{}") for i in range(n)])
+
+
+def fifo_and_once(delivered: list[str], expected: dict[str, int]) -> None:
+    """Each message exactly once, and each queue's messages in the order they were sent."""
+    assert len(delivered) == len(set(delivered)), "a message was delivered twice"
+    per: dict[str, list[int]] = defaultdict(list)
+    for message_id in delivered:
+        tag, n = message_id.rsplit("-", 1)
+        per[tag].append(int(n))
+    assert {t: len(ns) for t, ns in per.items()} == expected
+    for tag, ns in per.items():
+        assert ns == sorted(ns), f"queue {tag} was not delivered in FIFO order"
+
+
+# -- pieces ---------------------------------------------------------------------------------------
+
+
+def test_fair_shares_never_starve_a_small_queue() -> None:
+    assert fair_shares({"small": 100, "big": 100_000}, 1000) == {"small": 100, "big": 900}
+    assert fair_shares({"a": 5000, "b": 5000, "c": 10}, 1000) == {"c": 10, "a": 495, "b": 495}
+    assert fair_shares({"a": 0, "b": 0}, 1000) == {"a": 1, "b": 1}  # an estimate may miss a new message
+    shares = fair_shares({f"q{i}": 10**6 for i in range(7)}, 1000)
+    assert sum(shares.values()) == 1000 and max(shares.values()) - min(shares.values()) <= 1
+    assert sum(fair_shares({f"q{i}": 5 for i in range(20)}, 10).values()) == 20  # at least one each
+
+
+def test_trigger_gate_waits_for_min_or_delay() -> None:
+    now = [0.0]
+    gate = TriggerGate(1000, 5.0, clock=lambda: now[0])
+    assert gate.admit(lambda: 0)  # the first trigger is never held, as in Kafka
+    now[0] = 1.0
+    assert not gate.admit(lambda: 999)
+    assert gate.admit(lambda: 1000)
+    now[0] = 5.9
+    assert not gate.admit(lambda: 10)
+    now[0] = 6.0  # five seconds after the last batch
+    assert gate.admit(lambda: 10)
+    assert gate.held == 2
+
+
+def test_queue_lists_and_patterns_parse() -> None:
+    assert split_queue_list('Sales, "x"."a,b" ,[c,d]@[dbo]') == ["Sales", '"x"."a,b"', "[c,d]@[dbo]"]
+    pg = dialect_named("postgres")
+    p = QueuePattern.parse(pg, '"tenant_*"."audit"')
+    assert p.matches(pg, "tenant_7", "audit") and not p.matches(pg, "tenant_7", "Audit")
+    assert not p.matches(pg, "public", "audit")
+    assert QueuePattern.parse(pg, "Sales*").matches(pg, "public", "Sales.Replies")
+    ms = dialect_named("sqlserver")
+    assert QueuePattern.parse(ms, "*.Replies").matches(ms, "DBO", "sales.replies")  # as SQL Server compares
+
+
+# -- streams --------------------------------------------------------------------------------------
+
+
+def test_three_queues_by_list_in_one_stream(spark: Any, pg: Backend, names: Any, checkpoint: str) -> None:
+    big, small, tiny = (pg.create_queue(names(n)) for n in ("Big", "Small", "Tiny"))
+    e, audit = pg.create_queue(names("error")), pg.create_queue(names("audit"))
+    produce(pg, big, 0, 1200)
+    produce(pg, small, 0, 100)
+    produce(pg, tiny, 0, 3)
+    df = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", f"{big}, {small},{tiny}")
+          .option("errorQueue", e).option("maxMessagesPerTrigger", "500").option("auditQueue", audit).load())
+    sink = Collect()
+    q = run_available_now(spark, df, checkpoint, sink)
+    ordered = [r.message_id for _, rows in sorted(sink.batches, key=lambda b: b[0]) for r in rows]
+    fifo_and_once(ordered, {big: 1200, small: 100, tiny: 3})
+    first = [r.message_id for r in sorted(sink.batches, key=lambda b: b[0])[0][1]]
+    assert sum(m.startswith(small) for m in first) == 100, "the small queue is drained in the first batch"
+    assert sum(m.startswith(tiny) for m in first) == 3
+    assert all(len(rows) <= 500 for _, rows in sink.batches)
+    assert {r.queue for r in sink.rows} == {f'"public"."{n}"' for n in (big, small, tiny)}
+    # each queue has its own claim table, all acknowledged by the end of the run
+    for n in (big, small, tiny):
+        assert pg.count(n) == 0
+    progress = json.loads(q.lastProgress["sources"][0]["latestOffset"])
+    assert set(progress["queues"]) == {f'"public"."{n}"' for n in (big, small, tiny)}
+
+    # a restart from the checkpoint reads what came since, from every queue
+    produce(pg, tiny, 3, 2)
+    produce(pg, big, 1200, 1)
+    again = Collect()
+    run_available_now(spark, df, checkpoint, again)
+    assert sorted(again.ids()) == [f"{big}-001200", f"{tiny}-000003", f"{tiny}-000004"]
+    # the platform works per queue: one audit copy of each message, naming the queue it came from
+    with pg.connect() as c:
+        processed = dict(c.execute(
+            f"SELECT headers::jsonb ->> 'NServiceBus.ProcessingEndpoint', count(*) FROM \"{audit}\" GROUP BY 1"
+        ).fetchall())
+    assert processed == {big: 1201, small: 100, tiny: 5}
+
+
+def test_pattern_over_five_queues_in_two_schemas_across_a_sigkill(pg: Backend, names: Any, tmp_path: Path) -> None:
+    tag = names("t").lower()
+    a, b = f"{tag}_a", f"{tag}_b"
+    queues = [f"{a}.q1", f"{a}.q2", f"{b}.q1", f"{b}.q2"]
+    for name in queues:
+        pg.create_queue(name)
+    pg.create_queue(f"{a}.other")  # not matched by the pattern
+    e = pg.create_queue(names("error"))
+    sink = names("sink")
+    with pg.connect() as c:
+        c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
+        c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint, seq bigserial)')
+    checkpoint, markers, log = tmp_path / "ckpt", tmp_path / "markers", tmp_path / "job.log"
+    markers.mkdir()
+    url = pg.url + "?options=-c%20client_connection_check_interval%3D200"
+    args = [url, "-", e, str(checkpoint), sink, str(markers)]
+    env = {"CRASH_QUEUE_PATTERN": f'"{tag}_*"."q*"'}
+    sent: dict[str, int] = defaultdict(int)
+
+    def more(queue: str, n: int) -> None:
+        produce(pg, queue, sent[queue], n)
+        sent[queue] += n
+
+    for name, n in zip(queues, (500, 150, 40, 300), strict=True):
+        more(name, n)
+    more(f"{a}.other", 5)
+    job = Job(CHILD, args, log=log, env=env)
+    wait_for(lambda: any(markers.glob("batch-*")), 180, "a first batch", job)
+    # a queue created mid-stream joins; one dropped once drained leaves after its claims are read
+    pg.create_queue(f"{b}.q3")
+    more(f"{b}.q3", 200)
+    wait_for(lambda: pg.count(f"{a}.q2") == 0, 120, "queue q2 drained", job)
+    pg.drop(f"{a}.q2")
+    wait_for(lambda: delivered(pg, sink, f"{b}.q3") > 0, 120, "the new queue read", job)
+    more(f"{a}.q1", 200)
+    time.sleep(0.3)
+    job.kill()
+    more(f"{b}.q1", 100)
+    run_to_end(CHILD, args, log=log, env=env)
+
+    with pg.connect() as c:
+        order = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}_log" ORDER BY seq')]
+    first, seen = [], set()
+    for m in order:  # replays after the kill deliver again (at least once); first deliveries keep FIFO
+        if m not in seen:
+            seen.add(m)
+            first.append(m)
+    fifo_and_once(first, _expected(sent))
+    assert pg.count(f"{a}.other") == 5
+    for name in (f"{a}.q1", f"{b}.q1", f"{b}.q2", f"{b}.q3"):
+        assert pg.count(name) == 0
+    text = log.read_text()
+    assert re.search(rf'queue "?{a}"?\."?q2"? left', text), "one line says the dropped queue left"
+
+
+def _expected(sent: dict[str, int]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for name, n in sent.items():
+        if not name.endswith(".other"):
+            counts[name.replace(".", "/")] += n
+    return dict(counts)
+
+
+def delivered(pg: Backend, sink: str, queue: str) -> int:
+    tag = queue.replace(".", "/")
+    with pg.connect() as c:
+        return int(c.execute(f"SELECT count(*) FROM \"{sink}\" WHERE message_id LIKE %s", (f"{tag}-%",)).fetchone()[0])
+
+
+def test_min_messages_per_trigger_waits_for_a_batch_or_the_delay(spark: Any, pg: Backend, names: Any,
+                                                                 checkpoint: str) -> None:
+    q, e = pg.create_queue(names("Trickle")), pg.create_queue(names("error"))
+    df = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q).option("errorQueue", e)
+          .option("minMessagesPerTrigger", "1000").option("maxTriggerDelay", "5s").load())
+    sink = Collect()
+    stamps: list[tuple[float, int]] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        sink(batch, batch_id)
+        stamps.append((time.monotonic(), len(sink.batches[-1][1])))
+
+    query = (df.writeStream.foreachBatch(collect).option("checkpointLocation", checkpoint)
+             .trigger(processingTime="200 milliseconds").start())
+    stop = threading.Event()
+    trickled = [0]
+
+    def trickle() -> None:  # 10 messages a second
+        while not stop.is_set():
+            produce(pg, q, trickled[0], 1)
+            trickled[0] += 1
+            time.sleep(0.1)
+
+    try:
+        producer = threading.Thread(target=trickle, daemon=True)
+        producer.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(1 for _, n in stamps if n) < 3:
+            time.sleep(0.2)
+        stop.set()
+        producer.join()
+        trickle_batches = [(t, n) for t, n in stamps if n]
+        assert len(trickle_batches) >= 3, stamps
+        gaps = [t2 - t1 for (t1, _), (t2, _) in zip(trickle_batches[1:], trickle_batches[2:], strict=False)]
+        assert gaps and all(4.0 <= g <= 8.0 for g in gaps), f"batches about every 5 s, not {gaps}"
+        assert all(n <= 100 for _, n in trickle_batches[1:])  # a trickle's worth each, not one per message
+        # a burst of 5,000 is taken at once, without waiting for the delay
+        before = len(stamps)
+        wait_until = time.monotonic() + 30
+        while time.monotonic() < wait_until and len(stamps) == before:  # the trickle's last batch
+            time.sleep(0.1)
+        burst_at = time.monotonic()
+        pg.send_many(q, [(nsb_headers(f"burst-{i:06d}"), b"{}") for i in range(5000)])
+        while time.monotonic() < burst_at + 30 and not any(n >= 5000 for _, n in stamps[before:]):
+            time.sleep(0.1)
+        burst = [(t, n) for t, n in stamps[before:] if n >= 5000]
+        assert burst, f"the burst was not taken in one batch: {stamps[before:]}"
+        assert burst[0][0] - burst_at < 4.0, "the burst did not wait for maxTriggerDelay"
+    finally:
+        stop.set()
+        query.stop()
+    progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
+    assert progress["triggersHeldBack"] > 0
+
+
+def test_min_messages_per_trigger_does_not_hold_an_available_now_run(spark: Any, pg: Backend, names: Any,
+                                                                     checkpoint: str) -> None:
+    q, e = pg.create_queue(names("Few")), pg.create_queue(names("error"))
+    produce(pg, q, 0, 10)
+    df = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q).option("errorQueue", e)
+          .option("minMessagesPerTrigger", "1000").load())
+    sink = Collect()
+    run_available_now(spark, df, checkpoint, sink)
+    assert len(sink.ids()) == 10
+
+
+def test_a_checkpoint_cannot_switch_between_one_queue_and_several() -> None:
+    from spark_qtransport.errors import OffsetError
+    from spark_qtransport.transport.receiving.planner import ClaimOffset
+    from spark_qtransport.transport.receiving.queueset import QueueSetOffset
+
+    with pytest.raises(OffsetError, match="several queues"):
+        ClaimOffset.from_dict({"queues": {}})
+    with pytest.raises(OffsetError, match="one-queue stream cannot be reused"):
+        QueueSetOffset.from_dict({"claim": 3, "claimTable": "1"})
+    offset = QueueSetOffset({"b": ClaimOffset(2, "9"), "a": ClaimOffset(1, "8")})
+    assert list(offset.to_dict()["queues"]) == ["a", "b"]  # stable JSON: Spark compares offsets as text
+    assert QueueSetOffset.from_dict(offset.to_dict()) == offset
