@@ -64,16 +64,24 @@ def test_audit_and_failures_exactly_once_across_a_kill(spark: Any, pg: Backend, 
 def test_generated_tables_for_notebooks_and_a_rerun_adds_nothing(spark: Any, pg_url: str, names: Any,
                                                                   tmp_path: Path) -> None:
     audit_to_delta = job_module()
-    got = generate_platform_tables(spark, pg_url, names, tmp_path / "platform", n_audit=50, n_failures=10)
-    assert (got["audit_count"], got["failures_count"]) == (50, 10)
+    got = generate_platform_tables(spark, pg_url, names, tmp_path / "platform", n_audit=60, n_failures=10,
+                                   confirmations=True)
+    # 60 audit copies (two of them ServicePulse retries of failures), 10 failures + 2 confirmations
+    assert (got["audit_count"], got["failures_count"]) == (60, 12)
     audit = spark.read.format("delta").load(got["audit_table"])
     failures = spark.read.format("delta").load(got["failures_table"])
-    assert (audit.count(), failures.count()) == (50, 10)
+    assert (audit.count(), failures.count()) == (60, 12)
     assert audit.where("processing_time IS NULL OR critical_time < processing_time").count() == 0
-    assert failures.where("exception_type IS NULL OR time_of_failure IS NULL").count() == 0
+    assert failures.where("failed_q IS NOT NULL AND (exception_type IS NULL OR time_of_failure IS NULL)").count() == 0
     assert audit.select("processing_endpoint").distinct().count() == 5
+    # a retried failure and its successful retry share ServiceControl's unique id; so does the confirmation
+    failed = failures.where("failed_q IS NOT NULL").select("unique_message_id", "message_id")
+    confirmed = failures.where("failed_q IS NULL").select("unique_message_id")
+    resolved = audit.where("headers['ServiceControl.Retry.UniqueMessageId'] IS NOT NULL").join(
+        failed, ["unique_message_id", "message_id"])
+    assert resolved.count() == 2 and confirmed.join(failed, "unique_message_id").count() == 2
     assert audit_to_delta.run(spark, audit_to_delta.arguments(got["argv"])) == {"audit": 0, "failures": 0}
-    assert (audit.count(), failures.count()) == (50, 10)
+    assert (audit.count(), failures.count()) == (60, 12)
 
 
 def test_the_config_file_and_bad_flags(capsys: Any) -> None:

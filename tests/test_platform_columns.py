@@ -5,14 +5,12 @@ arithmetic, hashlib + uuid for the Guid), never by the code under test."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from platform_data import audit_copy, failure_copy, sent, wire
+from platform_data import audit_copy, dotnet_guid, failure_copy, sent, wire
 
 from backends import Backend
 from spark_qtransport import SchemaError, platform_columns
@@ -55,11 +53,6 @@ def parse(text: str | None) -> datetime | None:
         return datetime.strptime(text, "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=timezone.utc)
     except ValueError:
         return None
-
-
-def dotnet_guid(text: str) -> str:
-    """ServiceControl's DeterministicGuid.MakeId: MD5 of the UTF-8 text as .NET's new Guid(bytes)."""
-    return str(uuid.UUID(bytes_le=hashlib.md5(text.encode("utf-8")).digest()))
 
 
 def seconds(a: datetime | None, b: datetime | None) -> float | None:
