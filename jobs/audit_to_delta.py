@@ -154,20 +154,11 @@ def append_once(paths: dict[str, str], job_id: str):  # type: ignore[no-untyped-
     return write
 
 
-def reader(spark: Any, args: argparse.Namespace, queue: str, poison: str) -> Any:
-    return (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", queue)
-            .option("errorQueue", poison).option("maxMessagesPerTrigger", str(args.max_messages))
-            .option("endpoint", endpoint(args)).load())
-
-
 def messages(spark: Any, args: argparse.Namespace, names: list[str], poison: str) -> Any:
-    """One stream of every queue's messages. The reader takes one queue per source, so this is
-    a union of one source per queue: still one query, one checkpoint, one micro-batch for all."""
-    streams = [reader(spark, args, q, poison) for q in names]
-    out = streams[0]
-    for s in streams[1:]:
-        out = out.unionByName(s)
-    return out
+    """One stream of every queue's messages (the reader's `queue` option lists them all)."""
+    return (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", ", ".join(names))
+            .option("errorQueue", poison).option("maxMessagesPerTrigger", str(args.max_messages))
+            .option("endpoint", endpoint(args)).option("retryAcknowledgements", "false").load())
 
 
 def count(spark: Any, path: str) -> int:

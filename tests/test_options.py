@@ -191,11 +191,20 @@ def test_index_names_always_fit_and_tables_too_long_fail_at_parse() -> None:
     assert WriterOptions.parse({"url": sqlserver, "endpoint": "e" * 100}).delayed.table == "e" * 100 + ".Delayed"
 
 
+def test_retry_acknowledgements_are_on_unless_turned_off() -> None:
+    def acks(**options: str) -> bool:
+        settings = ReaderOptions.stream({"url": URL, "queue": "audit, error", "errorQueue": "poison", **options})
+        return all(settings.settings_for(q).acknowledge_retries for q in settings.selection.queues)
+
+    assert acks() is True and acks(RetryAcknowledgements="false") is False
+
+
 @pytest.mark.parametrize(
     ("options", "option"),
     [
         ({"queue": "Sales", "maxMessagesPerTrigger": "lots"}, "maxMessagesPerTrigger"),
         ({"queue": "Sales", "claimAhead": "maybe"}, "claimAhead"),
+        ({"queue": "Sales", "retryAcknowledgements": "no thanks"}, "retryAcknowledgements"),
         ({"queue": "Sales", "url": "mysql://h/db"}, "url"),
         ({"queue": "Sales", "colour": "blue"}, "colour"),
         ({"url": URL}, "queue"),

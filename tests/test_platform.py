@@ -119,6 +119,24 @@ def test_retries_are_acknowledged_without_auditing_too(backend: Backend, names: 
     assert backend.count(acks) == 1 and backend.count(backend.claims(q)) == 0
 
 
+def test_a_reader_of_platform_queues_acknowledges_no_retry(backend: Backend, names: Any) -> None:
+    """retryAcknowledgements=false (jobs/audit_to_delta.py on the audit queue): an audited retry's
+    copy is taken like any other message, with and without copies to make."""
+    q, e, audit, acks = _queues(backend, names, "audit", "error", "audit.copy", "acks")
+    ack_address = backend.dialect.format_address(backend.address(acks))
+    retried = nsb_headers("r", **{H.RETRY_UNIQUE_MESSAGE_ID: "u", H.RETRY_ACK_QUEUE: ack_address,
+                                  H.RETRY_ACK_SENT: "true"})
+    for copies in ({}, {"audit_queue": backend.address(audit)}):
+        backend.send_many(q, [(nsb_headers("m"), b"x"), (retried, b"y")])
+        with receiving(backend, q, e, acknowledge_retries=False, **copies) as r:
+            start = r.initial_offset()
+            end = r.latest(start, 1000)
+            assert r.ack(end) == 2
+            report = r.report()
+        assert report.get("retryAcknowledged", 0) == 0 and backend.count(acks) == 0 and backend.count(backend.claims(q)) == 0
+    assert backend.count(audit) == 2
+
+
 def test_platform_queues_are_checked_at_start(pg: Backend, names: Any) -> None:
     import pytest
 

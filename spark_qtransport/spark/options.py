@@ -39,6 +39,7 @@ OPT_NUM_PARTITIONS = "numpartitions"
 OPT_CREATE_QUEUES = "createqueues"
 OPT_ACK_BATCH = "ackbatchsize"
 OPT_CLAIM_AHEAD = "claimahead"
+OPT_RETRY_ACKS = "retryacknowledgements"
 OPT_DELAYED_TABLE = "delayedtable"
 OPT_DELAYED_SUFFIX = "delayedtablesuffix"
 
@@ -78,6 +79,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "forwardTo": ("none", "queue address that gets an unchanged copy (headers and body) of every message whose batch is acknowledged, in the acknowledgement's transaction"),
     "monitoringQueue": ("none (no monitoring)", "queue address of ServiceControl.Monitoring (`Particular.Monitoring`) to send ServicePulse's metrics to: processing time, critical time and retries per message type, and the endpoint's metadata; best-effort, outside any transaction"),
     "monitoringInterval": (f"{defaults.DEFAULT_MONITORING_INTERVAL:.0f}s", "how often monitoring reports are sent"),
+    "retryAcknowledgements": ("true", "false: a ServicePulse retry (a message with `ServiceControl.Retry.AcknowledgementQueue`) is acknowledged like any other message, without the acknowledgement to that queue; for readers of the platform's own queues (audit, error), whose messages an endpoint processed already"),
 }
 _KNOWN = {k.lower() for k in OPTIONS}
 
@@ -266,6 +268,7 @@ def _common(opts: Mapping[str, str], url: ConnectionURL, dialect: Dialect) -> di
         ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", defaults.DEFAULT_ACK_BATCH,
                        maximum=MAX_ACK_BATCH) or defaults.DEFAULT_ACK_BATCH,
         claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
+        acknowledge_retries=_bool(opts, OPT_RETRY_ACKS, "retryAcknowledgements", True),
         routing=routing_policy(opts),
         delayed_rule=delayed_rule(opts, dialect),
         **_platform(opts, dialect),

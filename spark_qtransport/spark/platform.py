@@ -86,7 +86,8 @@ def _dotnet_guid(md5_hex: Any) -> Any:
     def group(*indexes: int) -> Any:
         return F.concat(*(byte(i) for i in indexes))
 
-    return F.concat_ws("-", group(3, 2, 1, 0), group(5, 4), group(7, 6), group(8, 9), group(*range(10, 16)))
+    guid = F.concat_ws("-", group(3, 2, 1, 0), group(5, 4), group(7, 6), group(8, 9), group(*range(10, 16)))
+    return F.when(md5_hex.isNotNull(), guid)
 
 
 def platform_columns(df: Any) -> Any:
@@ -112,7 +113,8 @@ def platform_columns(df: Any) -> Any:
     from pyspark.sql.types import MapType, StringType
 
     field = next((f for f in df.schema.fields if f.name == "headers"), None)
-    if field is None or field.dataType != MapType(StringType(), StringType(), field.dataType.valueContainsNull):
+    typ = None if field is None else field.dataType
+    if field is None or not (isinstance(typ, MapType) and typ.keyType == StringType() and typ.valueType == StringType()):
         found = "no such column" if field is None else f"it is {field.dataType.simpleString()}"
         raise SchemaError("platform_columns needs a column 'headers' of type map<string,string>, as "
                           f"format('sqlqueue') reads it: {found}", column="headers")

@@ -79,6 +79,8 @@ class ReceiveSettings:
     #: ServicePulse monitoring reports (None: none) and how often they are sent, in seconds
     monitoring_queue: QueueAddress | None = None
     monitoring_interval: float = DEFAULT_MONITORING_INTERVAL
+    #: acknowledge ServicePulse retries to their AcknowledgementQueue (False: a platform queue's reader)
+    acknowledge_retries: bool = True
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -224,6 +224,8 @@ class AfterProcessing:
         """Send the retry acknowledgements of these claims: (the claims that are ServicePulse
         retries, those whose acknowledgement went)."""
         items = []
+        if not self.endpoint.options.acknowledge_retries:
+            return [], set()
         for key, headers in rows:
             ack = retry_acknowledgement(headers, now)
             if ack is not None:

@@ -93,7 +93,7 @@ class Acker:
         d, o, what = self.endpoint.dialect, self.endpoint.options, self.endpoint.what("acknowledge")
         batch = o.ack_batch
         total = 0
-        while True:
+        while o.acknowledge_retries:
             deleted, seen = session.run(lambda c: self.after.ack_retried(c.cursor(), upto=end.claim, batch=batch), what)
             total += deleted
             if seen < batch:
