@@ -7,8 +7,8 @@ the session starts quietly: Delta's jars are fetched once by a child process who
 listing is shown only if it fails, and the JVM's stderr passes a filter that drops the lines it
 prints before log4j is configured (conf/log4j2.properties quiets the rest).
 
-    python jobs/_spark.py fetch-jars '<json conf>'    # what `fetch_jars` runs
-    python jobs/_spark.py filter-stderr               # what `quiet_jvm_start` runs
+    python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf now (make setup)
+    python jobs/_spark.py filter-stderr  # what `quiet_jvm_start` runs
 """
 
 from __future__ import annotations
@@ -102,12 +102,27 @@ def fetch_jars(conf: dict[str, str]) -> None:
     packages, ivy = conf["spark.jars.packages"], conf["spark.jars.ivy"]
     print(f"fetching {packages} and its dependencies into {ivy} (once) ...", file=sys.stderr, flush=True)
     jar_conf = {k: conf[k] for k in JAR_KEYS if k in conf}
-    done = subprocess.run([sys.executable, __file__, "fetch-jars", json.dumps(jar_conf)],
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "fetch-jars", json.dumps(jar_conf)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0 or not manifest.exists():
-        output = (done.stdout + done.stderr).strip().splitlines()
         raise RuntimeError(f"could not fetch {packages} into {ivy} (spark.jars.packages in "
-                           f"{DEFAULTS.relative_to(ROOT)}); the resolver said:\n" + "\n".join(output[-40:]))
+                           f"{DEFAULTS.relative_to(ROOT)}); the resolver said:\n"
+                           + resolver_problems(done.stdout + done.stderr))
+
+
+def resolver_problems(output: str, limit: int = 60) -> str:
+    """What a failed fetch printed that says why: Ivy's problems summary when there is one (the
+    modules not found, the URLs tried, the unresolved dependencies), then Spark's exception,
+    without Java stack frames, blank lines or the child's Python traceback."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(":: problems summary ::")), 0)
+    kept: list[str] = []
+    for line in lines[start:]:
+        if line.startswith("Traceback (most recent call last):"):
+            break
+        if line.strip() and not line.lstrip().startswith(("at ", "... ")):
+            kept.append(line.rstrip())
+    return "\n".join(kept[:limit] or lines[-limit:])
 
 
 def _fetch_jars_child(jar_conf: dict[str, str]) -> None:
@@ -156,7 +171,7 @@ def quiet_jvm_start() -> Iterator[None]:
     try:
         sys.stderr.flush()
         saved = os.dup(2)
-        filt = subprocess.Popen([sys.executable, __file__, "filter-stderr"], stdin=subprocess.PIPE, stdout=saved,
+        filt = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "filter-stderr"], stdin=subprocess.PIPE, stdout=saved,
                                 start_new_session=True)
     except OSError:
         yield
@@ -226,7 +241,12 @@ if __name__ == "__main__":
             filter_stderr(sys.stdin.buffer, sys.stdout.buffer)
         except BrokenPipeError:  # our stderr's reader is gone: nothing more to show
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    elif sys.argv[1:2] == ["fetch-jars"] and len(sys.argv) == 3:
+    elif sys.argv[1:] == ["fetch-jars"]:
+        try:
+            fetch_jars(read_conf())
+        except RuntimeError as e:
+            sys.exit(str(e))
+    elif sys.argv[1:2] == ["fetch-jars"] and len(sys.argv) == 3:  # the child of `fetch_jars`
         _fetch_jars_child(json.loads(sys.argv[2]))
     else:
-        sys.exit(f"usage: {sys.argv[0]} filter-stderr | fetch-jars '<json conf>'")
+        sys.exit(f"usage: {sys.argv[0]} fetch-jars | filter-stderr")
