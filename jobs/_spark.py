@@ -164,16 +164,18 @@ def quiet_jvm_start() -> Iterator[None]:
     """Give a JVM started in this block (by pyspark, for a SparkSession) a stderr that drops
     `JVM_NOISE`: a `filter_stderr` process between it and this process's stderr. The JVM keeps
     that stderr for its life; everything else it, Spark or the Python workers write passes
-    through (errors included). The filter ignores Ctrl-C and ends when the JVM closes its end."""
+    through (errors included). The filter ends when the JVM closes its end."""
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: the JVM runs already
         yield
         return
+    sys.stderr.flush()
+    saved = os.dup(2)
     try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        filt = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "filter-stderr"], stdin=subprocess.PIPE, stdout=saved,
-                                start_new_session=True)
-    except OSError:
+        # its own session: a Ctrl-C in the terminal does not end it before the JVM's last words
+        filt = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "filter-stderr"],
+                                stdin=subprocess.PIPE, stdout=saved, start_new_session=True)
+    except OSError:  # no filter: the JVM writes to our stderr as it would anyway
+        os.close(saved)
         yield
         return
     assert filt.stdin is not None
