@@ -1,4 +1,5 @@
 # spark-qtransport developer commands. Each target sets up what it needs, so any works on a fresh clone.
+# setup: .venv with the package and its dev extra, and Delta Lake's jars in .cache/ivy (fetched once).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -23,6 +24,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) jobs/_spark.py fetch-jars
 	touch $@
 
 test: setup

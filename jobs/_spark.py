@@ -2,16 +2,26 @@
 
 Under spark-submit the session already exists (its configuration comes from the command line and
 ``--properties-file``), so `session()` only adds what is missing. With plain ``python jobs/x.py``
-the defaults file is read here; paths in it are relative to the project and made absolute.
+the defaults file is read here; paths in it are relative to the project and made absolute, and
+the session starts quietly: Delta's jars are fetched once by a child process whose resolver
+listing is shown only if it fails, and the JVM's stderr passes a filter that drops the lines it
+prints before log4j is configured (conf/log4j2.properties quiets the rest).
+
+    python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf now (make setup)
+    python jobs/_spark.py filter-stderr  # what `quiet_jvm_start` runs
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +88,108 @@ def remember_jars(spark: Any, conf: dict[str, str]) -> None:
         manifest.write_text("\n".join(jars) + "\n")
 
 
+#: the settings Spark's resolver reads (passed to the child that fetches the jars)
+JAR_KEYS = ("spark.jars.packages", "spark.jars.ivySettings", "spark.jars.ivy", "spark.jars.repositories")
+
+
+def fetch_jars(conf: dict[str, str]) -> None:
+    """Resolve ``spark.jars.packages`` into the Ivy cache once, in a child process, so the session
+    starts from the cached jars (`with_cached_jars`). The resolver's listing (a hundred lines on
+    the first run) is kept from the console unless the fetch fails: then it ends the error."""
+    manifest = _manifest(conf)
+    if manifest is None or with_cached_jars(conf) is not conf:
+        return
+    packages, ivy = conf["spark.jars.packages"], conf["spark.jars.ivy"]
+    print(f"fetching {packages} and its dependencies into {ivy} (once) ...", file=sys.stderr, flush=True)
+    jar_conf = {k: conf[k] for k in JAR_KEYS if k in conf}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "fetch-jars", json.dumps(jar_conf)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not manifest.exists():
+        raise RuntimeError(f"could not fetch {packages} into {ivy} (spark.jars.packages in "
+                           f"{DEFAULTS.relative_to(ROOT)}); the resolver said:\n"
+                           + resolver_problems(done.stdout + done.stderr))
+
+
+def resolver_problems(output: str, limit: int = 60) -> str:
+    """What a failed fetch printed that says why: Ivy's problems summary when there is one (the
+    modules not found, the URLs tried, the unresolved dependencies), then Spark's exception,
+    without Java stack frames, blank lines or the child's Python traceback."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(":: problems summary ::")), 0)
+    kept: list[str] = []
+    for line in lines[start:]:
+        if line.startswith("Traceback (most recent call last):"):
+            break
+        if line.strip() and not line.lstrip().startswith(("at ", "... ")):
+            kept.append(line.rstrip())
+    return "\n".join(kept[:limit] or lines[-limit:])
+
+
+def _fetch_jars_child(jar_conf: dict[str, str]) -> None:
+    """The child of `fetch_jars`: a minimal session whose start resolves the packages."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master("local[1]").appName("fetch-jars")
+               .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1"))
+    for key, value in jar_conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        remember_jars(spark, jar_conf)
+    finally:
+        spark.stop()
+
+
+#: what the JVM prints on its stderr before log4j is configured and a user needs not see:
+#: Spark 4.1+ adds ``--add-modules=jdk.incubator.vector``, and Java warns of it at every start
+JVM_NOISE = (b"WARNING: Using incubator modules: ",)
+
+
+def filter_stderr(source: IO[bytes], sink: IO[bytes]) -> None:
+    """Copy `source` to `sink` line by line as it comes, without the `JVM_NOISE` lines."""
+    for line in source:
+        if not line.startswith(JVM_NOISE):
+            sink.write(line)
+            sink.flush()
+
+
+#: the filters started by `quiet_jvm_start` (each ends by itself when its JVM does)
+_FILTERS: list[subprocess.Popen[bytes]] = []
+
+
+@contextmanager
+def quiet_jvm_start() -> Iterator[None]:
+    """Give a JVM started in this block (by pyspark, for a SparkSession) a stderr that drops
+    `JVM_NOISE`: a `filter_stderr` process between it and this process's stderr. The JVM keeps
+    that stderr for its life; everything else it, Spark or the Python workers write passes
+    through (errors included). The filter ends when the JVM closes its end."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: the JVM runs already
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        # its own session: a Ctrl-C in the terminal does not end it before the JVM's last words
+        filt = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "filter-stderr"],
+                                stdin=subprocess.PIPE, stdout=saved, start_new_session=True)
+    except OSError:  # no filter: the JVM writes to our stderr as it would anyway
+        os.close(saved)
+        yield
+        return
+    assert filt.stdin is not None
+    _FILTERS.append(filt)
+    os.dup2(filt.stdin.fileno(), 2)  # inherited by the JVM pyspark starts
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        filt.stdin.close()  # the JVM holds the pipe now; without a JVM the filter ends at once
+
+
 def delta_conf() -> dict[str, str]:
     """The Delta settings of conf/spark-defaults.conf (for sessions built elsewhere, e.g. tests)."""
     conf = read_conf()
@@ -94,10 +206,14 @@ def session(app: str, extra: dict[str, str] | None = None) -> Any:
     from spark_qtransport import register
 
     conf = {**read_conf(), **(extra or {})}
+    starts_jvm = not ("PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_REMOTE" in os.environ or "spark.remote" in conf)
+    if starts_jvm:
+        fetch_jars(conf)
     builder = SparkSession.builder.appName(app)
     for key, value in with_cached_jars(conf).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with quiet_jvm_start():
+        spark = builder.getOrCreate()
     if not type(spark).__module__.startswith("pyspark.sql.connect"):  # Spark Connect: no sparkContext
         remember_jars(spark, conf)
         spark.sparkContext.setLogLevel("ERROR")
@@ -119,3 +235,20 @@ def append_once(batch: Any, batch_id: int, *, table: str, job_id: str, partition
     query_id = streaming_ids(batch, query_name)[0] or "no-query"
     (batch.write.format("delta").mode("append").partitionBy(partition)
      .option("txnAppId", f"{job_id}:{query_id}").option("txnVersion", batch_id).save(table))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["filter-stderr"]:
+        try:
+            filter_stderr(sys.stdin.buffer, sys.stdout.buffer)
+        except BrokenPipeError:  # our stderr's reader is gone: nothing more to show
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    elif sys.argv[1:] == ["fetch-jars"]:
+        try:
+            fetch_jars(read_conf())
+        except RuntimeError as e:
+            sys.exit(str(e))
+    elif sys.argv[1:2] == ["fetch-jars"] and len(sys.argv) == 3:  # the child of `fetch_jars`
+        _fetch_jars_child(json.loads(sys.argv[2]))
+    else:
+        sys.exit(f"usage: {sys.argv[0]} fetch-jars | filter-stderr")

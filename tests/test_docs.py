@@ -58,6 +58,33 @@ def _blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
+def spark_noise(output: str) -> list[str]:
+    """The lines of `output` a user of the quick start or the demo should not see: Spark's log4j
+    warnings (``WARN Utils: Your hostname ...``, ``WARN NativeCodeLoader: ...``), its log level
+    notices, Ivy's resolution listing and console progress bars. Java's one line about the incubator
+    module Spark 4.1+ asks for is not Spark's, and the demo filters it (`jobs/_spark.py`)."""
+    noise = re.compile(r"\bWARN\b|:: resolving|:: loading settings|\[Stage \d|Setting default log level"
+                       r"|Using Spark's default log4j profile|found io\.delta#")
+    return [line for line in output.replace("\r", "\n").splitlines() if noise.search(line)]
+
+
+def test_spark_noise_finds_what_spark_prints() -> None:
+    """`spark_noise` against lines Spark, log4j and Ivy really print (and ones they don't)."""
+    printed = """\
+WARNING: Using incubator modules: jdk.incubator.vector
+26/11/24 19:17:45 WARN Utils: Your hostname, vm, resolves to a loopback address: 127.0.0.1
+Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties
+Setting default log level to "WARN".
+:: resolving dependencies :: org.apache.spark#spark-submit-parent-5e4104e2;1.0
+\tfound io.delta#delta-storage;4.4.0 in central
+[Stage 0:>                (0 + 1) / 1]\r[Stage 0:=========(1 + 0) / 1]
+replied to 3 orders
+queue "public"."Sales": claimed 1950, dropped 50 expired, moved 1 poison to "public"."error"
+"""
+    assert len(spark_noise(printed)) == 7
+    assert spark_noise("replied to 3 orders\nWARNING: Using incubator modules: jdk.incubator.vector\n") == []
+
+
 def test_the_quick_start_runs_as_written(pg_url: str, tmp_path: Path) -> None:
     """The README's quick start, verbatim: its commands in bash (against a database of its own on
     the test server, where `sqlqueue dev-db` would run one), its script as quickstart.py."""
@@ -73,6 +100,7 @@ def test_the_quick_start_runs_as_written(pg_url: str, tmp_path: Path) -> None:
     (script,) = _blocks(section, "python")
     (tmp_path / "quickstart.py").write_text(script, encoding="utf-8")
     (tmp_path / ".venv").symlink_to(Path(__file__).resolve().parent.parent / ".venv")
+    (tmp_path / "conf").symlink_to(Path(__file__).resolve().parent.parent / "conf")  # its log4j2.properties
     db = f"quickstart_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{db}"')
@@ -84,5 +112,6 @@ def test_the_quick_start_runs_as_written(pg_url: str, tmp_path: Path) -> None:
                               timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "replied to 3 orders" in done.stdout, done.stdout[-3000:]
+        assert not spark_noise(done.stdout + done.stderr), done.stderr[-3000:]
         peeked = done.stdout[done.stdout.index("seq  native_id"):]  # the table `sqlqueue peek Web` prints
         assert peeked.count("Shop.OrderAccepted") == 3 * run, peeked
