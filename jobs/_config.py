@@ -84,3 +84,24 @@ def trigger(text: str) -> dict[str, Any]:
         return {"availableNow": True}
     seconds = parse_duration(text, option="--trigger")
     return {"processingTime": f"{round(seconds * 1000)} milliseconds"}
+
+
+def exit_with(main: Any) -> None:
+    """Run a job's `main` and exit with its status. Our errors (a missing queue, a bad option, a
+    database refusing) end it with one line naming what is at fault, whether they come from the
+    job itself or out of Spark's exceptions (`spark_qtransport.unwrap`); anything else keeps its
+    traceback. Ctrl-C exits with 130."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        code = 130
+    except Exception as exc:
+        from spark_qtransport import unwrap
+
+        ours = unwrap(exc)
+        if ours is None:
+            raise
+        print(f"error: {ours}", file=sys.stderr, flush=True)
+        code = 1
+    sys.exit(code)

@@ -27,8 +27,17 @@ class RunSummary:
 
     def __str__(self) -> str:
         rate = self.messages / self.seconds if self.seconds else 0.0
-        return (f"{self.messages} messages in {self.batches} micro-batches, {self.seconds:.1f} s "
-                f"({rate:,.0f} msg/s)")
+        return (f"{plural(self.messages, 'message')} in {plural(self.batches, 'micro-batch', 'micro-batches')}, "
+                f"{self.seconds:.1f} s ({per_second(rate)})")
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+
+
+def per_second(rate: float) -> str:
+    """A rate as people read it: whole numbers from 100 up, one decimal below."""
+    return f"{rate:,.0f} msg/s" if rate >= 100 or rate == 0 else f"{rate:.1f} msg/s"
 
 
 def _get(report: Any, key: str, default: Any = None) -> Any:
@@ -59,7 +68,7 @@ def line(report: Any) -> str:
     ms = int(_get(report, "batchDuration", 0) or _get(_get(report, "durationMs", {}), "triggerExecution", 0))
     rate = rows / (ms / 1000) if ms else 0.0
     backlog = _backlog(report)
-    return (f"batch {_get(report, 'batchId')}: {rows} messages in {ms / 1000:.2f} s ({rate:,.0f} msg/s)"
+    return (f"batch {_get(report, 'batchId')}: {plural(rows, 'message')} in {ms / 1000:.2f} s ({per_second(rate)})"
             + (f", backlog {backlog}" if backlog is not None else ""))
 
 
@@ -84,6 +93,12 @@ def follow(query: Any, *, poll: float = 1.0, out: Any = None) -> RunSummary:
     try:
         while not query.awaitTermination(poll):
             report_new()
+    except KeyboardInterrupt:  # the summary of what ran; the checkpoint resumes the rest
+        print("interrupted: stopping the query (its checkpoint resumes where it stopped)", file=out, flush=True)
+        try:
+            query.stop()
+        except Exception:  # noqa: BLE001 - the JVM may be going down with the same Ctrl-C
+            pass
     finally:
         report_new()
         summary.seconds = time.monotonic() - started

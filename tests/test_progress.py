@@ -27,6 +27,6 @@ def test_a_line_per_batch_and_a_summary_of_every_batch(spark: Any, pg: Backend, 
     lines = out.getvalue().splitlines()
     assert len(lines) == 8 == summary.batches  # 7 batches of 20, one of 10
     assert summary.messages == 150
-    assert all(re.fullmatch(r"batch \d+: \d+ messages in \d+\.\d\d s \([\d,]+ msg/s\), backlog \d+", ln) for ln in lines), lines
+    assert all(re.fullmatch(r"batch \d+: [\d,]+ messages? in \d+\.\d\d s \([\d,.]+ msg/s\), backlog \d+", ln) for ln in lines), lines
     assert sum(int(ln.split(": ")[1].split()[0]) for ln in lines) == 150
-    assert re.fullmatch(r"150 messages in 8 micro-batches, [\d.]+ s \([\d,]+ msg/s\)", str(summary))
+    assert re.fullmatch(r"150 messages in 8 micro-batches, [\d.]+ s \([\d,.]+ msg/s\)", str(summary))

@@ -181,7 +181,9 @@ def metrics(queues: tuple[str, ...], listen: tuple[str, int] | None, once: bool,
       sqlqueue metrics Sales Billing --error-queue error --listen 127.0.0.1:9188
       sqlqueue metrics --once > /var/lib/node_exporter/textfile/sqlqueue.prom.tmp
     """
-    if (listen is None) == (not once):
+    if listen is not None and once:
+        raise click.UsageError("--listen and --once exclude each other: serve the metrics, or print them once")
+    if listen is None and not once:
         raise click.UsageError("give --listen HOST:PORT to serve the metrics, or --once to print them")
     if delayed_table is not None and len(queues) != 1:
         raise click.UsageError("--delayed-table names one endpoint's delayed table: give one queue with it")
@@ -192,7 +194,8 @@ def metrics(queues: tuple[str, ...], listen: tuple[str, int] | None, once: bool,
             from None
 
     def on_error(exc: BaseException) -> None:
-        echo(f"error: sqlqueue metrics: {_error_line(exc)}", err=True)
+        line = _error_line(exc)  # our errors name the command already
+        echo(f"error: {line if line.startswith('sqlqueue metrics') else 'sqlqueue metrics: ' + line}", err=True)
 
     with open_db(url, backoff=BACKOFF) as s:
         def take(db: CommandDb = s) -> Snapshot:

@@ -135,7 +135,9 @@ class Receiver:
 
     def _housekeeping(self) -> None:
         """What every trigger does before planning: apply the claim made ahead, stop on a failed
-        acknowledgement, move due delayed messages."""
+        acknowledgement, move due delayed messages. The set-up first (`table_id`): a missing queue
+        is that error, not a failed delayed move."""
+        _ = self.table_id
         self.planner.settle_ahead()
         self.acker.raise_failure()
         if not self.draining:
@@ -151,7 +153,8 @@ class Receiver:
         stmt = self.dialect.max_claim(self.claims, self.options.consumer)
         held_max, _ = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
         held = max(0, int(held_max) - after) if held_max is not None else 0
-        return held + (0 if self.draining else self.backlog())
+        # not kept as the reported backlog: that is the estimate after this trigger's claim
+        return held + (0 if self.draining else self._estimate(self.main))
 
     def _start_monitoring(self) -> None:
         """Start ServicePulse's reporter (it sends every interval from now on). The set-up checked
