@@ -37,7 +37,7 @@ def test_audit_and_failures_exactly_once_across_a_kill(spark: Any, pg: Backend, 
     pg.send_many(audit_q, audit[:300])  # type: ignore[arg-type]
     pg.send_many(error_q, failures[:60])  # type: ignore[arg-type]
     job = Job(JOB, [*args, "--trigger", "200ms", "--max-messages", "50"], log=log)
-    wait_for(lambda: len(list((tables / "audit" / "_delta_log").glob("*.json"))) >= 2, 240, "two Delta commits", job)
+    wait_for(lambda: any((tables / "audit" / "_delta_log").glob("*.json")), 240, "a Delta commit", job)
     job.kill()  # SIGKILL driver, JVM and workers mid-stream
     pg.send_many(audit_q, audit[300:])  # type: ignore[arg-type]
     pg.send_many(error_q, failures[60:])  # type: ignore[arg-type]

@@ -86,7 +86,8 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
                 c.execute(f"DROP TRIGGER stall ON {target}")
         kills.append(point)
 
-    kills += kill_at_random(CHILD, args, lambda: produce(400), log=log, markers=markers, window=(0.5, 3.0))
+    # one random kill here; `make chaos` kills at random many times over (tests/chaos/test_crash_loop.py)
+    kills += kill_at_random(CHILD, args, lambda: produce(400), log=log, markers=markers, times=1, window=(0.5, 3.0))
 
     produce(200)
     run_to_end(CHILD, args, log=log)
@@ -94,7 +95,7 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
     with pg.connect() as c:
         ids = [r[0] for r in c.execute(
             f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{out}\" ORDER BY 1")]
-    assert len(kills) == 6
+    assert len(kills) == 5
     assert len(ids) == len(set(ids)), "no message was sent twice"
     assert ids == [f"m{i:06d}-out" for i in range(sent)], "every message was sent"
     assert pg.count(q) == 0 and pg.count(e) == 0
