@@ -4,7 +4,7 @@ The jobs wait on their query with `follow` instead of ``awaitTermination()``: it
 recent progress reports (plain API calls, so it works over Spark Connect as well as on classic
 Spark) and prints each batch once, as it finishes::
 
-    batch 3: 10000 messages in 0.84 s (11,905 msg/s), backlog 40000
+    batch 3: 10,000 messages in 0.84 s (11,905 msg/s), backlog 40000
 
 The summary counts every batch seen, not only the last 100 reports Spark keeps.
 """

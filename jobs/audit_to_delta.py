@@ -184,11 +184,12 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, int]:
              .queryName(JOB).start())
     print(f"draining {', '.join(audit)} into {paths['audit']} and {', '.join(errors)} into {paths['failures']} "
           f"(checkpoint {args.checkpoint})", flush=True)
-    from _progress import follow
+    from _progress import follow, plural
 
     summary = follow(query)
     added = {name: count(spark, path) - before[name] for name, path in paths.items()}
-    print(f"done: {summary}; audit +{added['audit']} rows, failures +{added['failures']} rows", flush=True)
+    print(f"done: {summary}; audit +{plural(added['audit'], 'row')}, failures +{plural(added['failures'], 'row')}",
+          flush=True)
     return added
 
 

@@ -135,9 +135,7 @@ class Receiver:
 
     def _housekeeping(self) -> None:
         """What every trigger does before planning: apply the claim made ahead, stop on a failed
-        acknowledgement, move due delayed messages. The set-up first (`table_id`): a missing queue
-        is that error, not a failed delayed move."""
-        _ = self.table_id
+        acknowledgement, move due delayed messages (after the set-up)."""
         self.planner.settle_ahead()
         self.acker.raise_failure()
         if not self.draining:
@@ -202,7 +200,9 @@ class Receiver:
             self.ack(ClaimOffset(after, self.table_id))
 
     def move_delayed(self) -> None:
-        """Deliver the due messages of ``<queue>.Delayed``, if that table exists (see `DueDelayed`)."""
+        """Deliver the due messages of ``<queue>.Delayed``, if that table exists (see `DueDelayed`).
+        The set-up first (`table_id`): a missing queue is that error, not a failed delayed move."""
+        _ = self.table_id
         self.delayed.move()
 
     def prepare_available_now(self) -> None:
