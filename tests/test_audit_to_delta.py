@@ -106,3 +106,20 @@ def test_the_config_file_and_bad_flags(capsys: Any) -> None:
         with pytest.raises(SystemExit):
             audit_to_delta.arguments([*url, *flags])
         assert message in capsys.readouterr().err, flags
+
+
+def test_a_missing_queue_ends_the_job_with_one_line(spark: Any, pg: Backend, names: Any, tmp_path: Path,
+                                                     capsys: Any) -> None:
+    audit_to_delta = job_module()
+    import _config
+
+    error_q = pg.create_queue(names("error"))
+    args = audit_to_delta.arguments(["--url", pg.url, "--audit-queue", names("Nowhere"), "--error-queue", error_q,
+                                     "--table-dir", str(tmp_path / "t"), "--checkpoint", str(tmp_path / "c"),
+                                     "--trigger", "available-now"])
+    with pytest.raises(SystemExit) as exited:
+        _config.exit_with(lambda: audit_to_delta.run(spark, args))
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and names("Nowhere") in err and "does not exist" in err, err
+    assert "Traceback" not in err and "delayed" not in err, err
