@@ -18,9 +18,8 @@ from ..dialects import Dialect, QueueAddress, dialect_for
 from ..errors import ConfigError
 from ..transport import settings as defaults
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
-from ..transport.receiving.queueset import check_distinct
 from ..transport.routing import RoutingPolicy
-from ..transport.selection import QueuePattern, QueueSelection, split_queue_list
+from ..transport.selection import QueuePattern, QueueSelection, check_distinct, split_queue_list
 from ..transport.settings import ReceiveSettings, SendSettings, StreamSettings
 
 __all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]

@@ -160,11 +160,18 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows = max(1, int(limit.max_rows))
         elif HAS_ADMISSION_CONTROL and isinstance(limit, ReadMinRows):
             least = int(limit.min_rows)
+        counted = False
+
+        def waiting() -> int:
+            nonlocal counted
+            counted = True
+            return self.source.waiting(begin)
+
         if (self._gate is not None and least is not None and begin is not None and not self._available_now
-                and not self._gate.admit(lambda: self.source.waiting(begin), min_messages=least)):
+                and not self._gate.admit(waiting, min_messages=least)):
             return start  # type: ignore[return-value] # fewer than minMessagesPerTrigger wait: no batch yet
         # a batch minMessagesPerTrigger admitted is claimed whole: what it waited for is there
-        return self.source.latest(begin, rows, whole=self._gate is not None).to_dict()
+        return self.source.latest(begin, rows, whole=self._gate is not None, counted=counted).to_dict()
 
     @surfaced
     def prepareForTriggerAvailableNow(self) -> None:

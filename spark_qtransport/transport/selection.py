@@ -13,7 +13,7 @@ from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError
 from . import session as db
 
-__all__ = ["QueuePattern", "QueueSelection", "split_queue_list"]
+__all__ = ["QueuePattern", "QueueSelection", "check_distinct", "split_queue_list"]
 
 
 def split_queue_list(text: str, *, option: str = "queue") -> list[str]:
@@ -102,3 +102,15 @@ class QueueSelection:
                 continue
             found.append(address)
         return found
+
+
+def check_distinct(dialect: Dialect, queues: list[QueueAddress], option: str = "queue") -> None:
+    """A list naming one queue twice (however spelled) is a mistake: say which."""
+    seen: dict[str, QueueAddress] = {}
+    for q in queues:
+        name = dialect.fold_name(dialect.qualified(q))
+        if name in seen:
+            raise ConfigError(f"option '{option}' names queue {dialect.format_address(q)} twice", option=option,
+                              queue=dialect.format_address(q))
+        seen[name] = q
+

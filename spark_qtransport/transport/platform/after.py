@@ -223,9 +223,9 @@ class AfterProcessing:
                              now: datetime) -> tuple[list[int], set[int]]:
         """Send the retry acknowledgements of these claims: (the claims that are ServicePulse
         retries, those whose acknowledgement went)."""
-        items = []
         if not self.endpoint.options.acknowledge_retries:
             return [], set()
+        items = []
         for key, headers in rows:
             ack = retry_acknowledgement(headers, now)
             if ack is not None:

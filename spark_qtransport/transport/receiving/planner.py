@@ -139,11 +139,10 @@ class Planner:
         Its claims are ordinary held claims: found by the next call (or, after a crash, by the
         next query) exactly like claims whose planner died before Spark logged the offset.
         """
-        d, o = self.endpoint.dialect, self.endpoint.options
-        stmt = d.max_claim(self.endpoint.claims, o.consumer)
-        held_max, _ = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
+        o = self.endpoint.options
+        held_max = self.held_max()
         if held_max is not None and (after is None or held_max > after):
-            end = self._cap_held(after, int(held_max), limit)
+            end = self._cap_held(after, held_max, limit)
         elif after is None:
             end = 0
         elif not claim:
@@ -162,6 +161,12 @@ class Planner:
         if claim and limit is not None and self._more and o.claim_ahead and after is not None:
             self._ahead = self._claimer.claim_ahead(self._request(limit))
         return end
+
+    def held_max(self) -> int | None:
+        """The highest claim sequence this consumer holds (None: it holds none)."""
+        stmt = self.endpoint.dialect.max_claim(self.endpoint.claims, self.endpoint.options.consumer)
+        held_max, _ = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
+        return None if held_max is None else int(held_max)
 
     def settle_ahead(self) -> None:
         """Wait for the claim made ahead, if any, and apply it. A failed one is simply made again,

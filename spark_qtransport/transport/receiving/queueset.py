@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...dialects import Dialect, QueueAddress
-from ...errors import ConfigError, OffsetError, QueueNotFoundError
+from ...errors import OffsetError, QueueNotFoundError
 from ..selection import QueueSelection
 from ..session import Session
 from .admission import fair_shares
@@ -26,7 +26,7 @@ from .receiver import Receiver
 if TYPE_CHECKING:
     from ..settings import StreamSettings
 
-__all__ = ["QueueSet", "QueueSetOffset", "check_distinct"]
+__all__ = ["QueueSet", "QueueSetOffset"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -60,10 +60,11 @@ class QueueSet:
         self.dialect: Dialect = stream.dialect
         self.receivers: dict[str, Receiver] = {}
         self._lister = Session(self.dialect, stream.url, what=f"resolving {stream.describe()}")
-        self._available_now = False
         self._frozen: list[QueueAddress] | None = None  # AvailableNow: the queues at its start
         self._now: dict[str, QueueAddress] | None = None  # the last resolution
         self._gone: set[str] = set()  # queues that left the stream, read to their end
+        #: each queue's messages waiting, as `waiting` last counted them (`latest(counted=True)` uses them)
+        self._demand: dict[str, int] | None = None
 
     # -- queues ---------------------------------------------------------------------------------
 
@@ -106,8 +107,8 @@ class QueueSet:
         if r is None:
             target = address if address is not None else self.dialect.parse_address(key, option="queue")
             r = self.receivers[key] = Receiver(self.stream.settings_for(target), draining=draining)
-        elif r.draining != draining:  # left the stream, or came back (a dropped queue created again)
-            r.draining = r.set_up.draining = draining
+        else:  # it may have left the stream, or come back (a dropped queue created again)
+            r.draining = draining
         return r
 
     # -- offsets ------------------------------------------------------------------------------
@@ -117,29 +118,33 @@ class QueueSet:
                                for k, a in sorted(self.current().items())})
 
     def prepare_available_now(self) -> None:
-        self._available_now = True
-        self._frozen = list(self.current().values())
-        for k, a in self.current().items():
+        now = self.current()
+        self._frozen = list(now.values())
+        for k, a in now.items():
             self.receiver(k, a, draining=False).prepare_available_now()
 
     def waiting(self, start: QueueSetOffset | None) -> int:
         """Messages a batch planned now could take, over every queue (`Receiver.waiting`)."""
         starts = start.queues if start is not None else {}
-        total = 0
-        for k, a in self.current().items():
-            total += self.receiver(k, a, draining=False).waiting(starts.get(k))
-        return total
+        self._demand = {k: self.receiver(k, a, draining=False).waiting(starts.get(k))
+                        for k, a in self.current().items()}
+        return sum(self._demand.values())
 
-    def latest(self, start: QueueSetOffset | None, limit: int | None, *, whole: bool = False) -> QueueSetOffset:
+    def latest(self, start: QueueSetOffset | None, limit: int | None, *, whole: bool = False,
+               counted: bool = False) -> QueueSetOffset:
         """Plan the next batch over every queue: each queue's share of `limit` (None: all), the
-        held claims of leaving queues; a leaving queue with nothing left leaves the offset."""
+        held claims of leaving queues; a leaving queue with nothing left leaves the offset.
+        `counted`: `waiting` ran in this trigger; its counts make the shares."""
         starts = dict(start.queues) if start is not None else {}
         now = self.current()
         ends: dict[str, ClaimOffset] = {}
         active = {k: self.receiver(k, a, draining=False) for k, a in now.items()}
-        shares = self._shares(active, starts, limit)
+        demand = self._demand if counted else None
+        self._demand = None
+        shares = self._shares(active, starts, limit, demand)
         for k, r in active.items():
-            ends[k] = r.latest(self._start_for(k, r, starts), shares.get(k) if limit is not None else None, whole=whole)
+            ends[k] = r.latest(self._start_for(k, r, starts), shares.get(k), whole=whole,
+                               counted=demand is not None and k in demand)
         for k in sorted((starts.keys() | self.receivers.keys()) - now.keys() - (self._gone - starts.keys())):
             end = self._drain(k, starts.get(k), limit)
             if end is not None:
@@ -150,12 +155,16 @@ class QueueSet:
         """A queue's start: its position in the offset, or its claim table's beginning (joining)."""
         return starts.get(key) or r.initial_offset()
 
-    def _shares(self, active: dict[str, Receiver], starts: dict[str, ClaimOffset], limit: int | None) -> dict[str, int]:
+    def _shares(self, active: dict[str, Receiver], starts: dict[str, ClaimOffset], limit: int | None,
+                counted: dict[str, int] | None) -> dict[str, int]:
+        """Each queue's rows of `limit` (none: no limit). `counted`: what `waiting` counted in this
+        trigger (minMessagesPerTrigger asked first), used rather than counted again."""
         if limit is None or not active:
             return {}
         if len(active) == 1:
             return dict.fromkeys(active, limit)
-        demand = {k: r.waiting(self._start_for(k, r, starts)) for k, r in active.items()}
+        demand = {k: counted[k] if counted is not None and k in counted else r.waiting(self._start_for(k, r, starts))
+                  for k, r in active.items()}
         return fair_shares(demand, limit)
 
     def _drain(self, key: str, start: ClaimOffset | None, limit: int | None) -> ClaimOffset | None:
@@ -217,15 +226,4 @@ class QueueSet:
         self._lister.close()
         if errors:
             raise errors[0]
-
-
-def check_distinct(dialect: Dialect, queues: list[QueueAddress], option: str = "queue") -> None:
-    """A list naming one queue twice (however spelled) is a mistake: say which."""
-    seen: dict[str, QueueAddress] = {}
-    for q in queues:
-        name = dialect.fold_name(dialect.qualified(q))
-        if name in seen:
-            raise ConfigError(f"option '{option}' names queue {dialect.format_address(q)} twice", option=option,
-                              queue=dialect.format_address(q))
-        seen[name] = q
 

@@ -61,8 +61,6 @@ class Receiver:
     def __init__(self, options: ReceiveSettings, *, clock: Callable[[], float] = time.monotonic,
                  draining: bool = False) -> None:
         self.options = options
-        #: a queue leaving a stream (`QueueSet`): its held claims are delivered, nothing more is claimed
-        self.draining = draining
         self.endpoint = Endpoint(options, options.dialect, options.dialect.claims_table(options.queue))
         self.stats = ReceiveStats()
         self.set_up = EndpointSetUp(self.endpoint, clock=clock, draining=draining)
@@ -83,7 +81,16 @@ class Receiver:
         self._available_now = False  # Trigger.AvailableNow: the run ends when nothing new is found
         self._backlog = 0
         self._backlog_refresh: Future[int | None] | None = None
-        self._swept = False  # this trigger's housekeeping is done (`waiting` ran before `latest`)
+
+    @property
+    def draining(self) -> bool:
+        """A queue leaving a stream (`QueueSet`): its held claims are delivered, nothing more is
+        claimed, and its set-up needs only the claim table (`EndpointSetUp.draining`)."""
+        return self.set_up.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.set_up.draining = value
 
     @property
     def dialect(self) -> Dialect:
@@ -109,12 +116,13 @@ class Receiver:
         # the claims this consumer already holds (claimed but never acknowledged): no loss.
         return ClaimOffset(0, self.table_id)
 
-    def latest(self, start: ClaimOffset | None, limit: int | None, *, whole: bool = False) -> ClaimOffset:
+    def latest(self, start: ClaimOffset | None, limit: int | None, *, whole: bool = False,
+               counted: bool = False) -> ClaimOffset:
         """Plan the next batch: claims it holds already, else claim at most `limit` (None: all).
-        See `Planner.plan` (and `whole`); a claim made ahead for this batch is applied first."""
-        if not self._swept:  # `waiting` did it for this trigger
+        See `Planner.plan` (and `whole`); a claim made ahead for this batch is applied first.
+        `counted`: `waiting` ran in this trigger, and did its housekeeping."""
+        if not counted:
             self._housekeeping()
-        self._swept = False
         after = self.planner.start_after(start, self.table_id)  # after the set-up (`table_id`)
         if not self.draining:
             self._start_monitoring()
@@ -146,11 +154,9 @@ class Receiver:
         made ahead, a previous run's) and the queue's backlog estimate. Does the trigger's
         housekeeping first, so a held-back trigger still moves due delayed messages."""
         self._housekeeping()
-        self._swept = True
         after = self.planner.start_after(start, self.table_id) or 0
-        stmt = self.dialect.max_claim(self.claims, self.options.consumer)
-        held_max, _ = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
-        held = max(0, int(held_max) - after) if held_max is not None else 0
+        held_max = self.planner.held_max()
+        held = max(0, held_max - after) if held_max is not None else 0
         # not kept as the reported backlog: that is the estimate after this trigger's claim
         return held + (0 if self.draining else self._estimate(self.main))
 
