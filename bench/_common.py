@@ -40,9 +40,37 @@ def database(args: argparse.Namespace) -> Iterator[str]:
             pg.stop()
 
 
-def fill(url: str, queue: str, n: int, size: int, *, random_bodies: bool = False) -> float:
+#: NServiceBus's message type as an NServiceBus endpoint writes it: assembly-qualified
+NSB_MESSAGE_TYPE = "Shop.Messages.PlaceOrder, Shop.Messages, Version=1.0.0.0, Culture=neutral, PublicKeyToken=null"
+
+
+def nsb_headers(message_id: str | None = None) -> str:
+    """The headers text of a new message as an NServiceBus endpoint sends it: 13 headers, about 800
+    bytes of JSON with `/` escaped as `\\/`; new message, conversation and trace ids each call
+    (CorrelationId = MessageId, as for a message sent outside a handler)."""
+    mid = message_id or str(uuid.uuid4())
+    return json.dumps({
+        "NServiceBus.MessageId": mid,
+        "NServiceBus.MessageIntent": "Send",
+        "NServiceBus.ConversationId": str(uuid.uuid4()),
+        "NServiceBus.CorrelationId": mid,
+        "NServiceBus.ReplyToAddress": "Shop.Web",
+        "NServiceBus.OriginatingMachine": "SHOP-WEB-01",
+        "NServiceBus.OriginatingEndpoint": "Shop.Web",
+        "$.diagnostics.originating.hostid": "3f2a9c1e7b5d4e08a6c2f1d09e8b7a65",
+        "NServiceBus.ContentType": "application/json",
+        "NServiceBus.EnclosedMessageTypes": NSB_MESSAGE_TYPE,
+        "NServiceBus.Version": "9.2.3",
+        "NServiceBus.TimeSent": "2026-11-22 00:00:00:000000 Z",
+        "traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01",
+    }).replace("/", "\\/")
+
+
+def fill(url: str, queue: str, n: int, size: int, *, random_bodies: bool = False, nsb: bool = False) -> float:
     """Insert n messages with NServiceBus-shaped headers using COPY; returns seconds taken.
-    Bodies are `size` repeated bytes, or with `random_bodies` `size` random bytes each (incompressible)."""
+    Bodies are `size` repeated bytes, or with `random_bodies` `size` random bytes each (incompressible).
+    With `nsb` each message has the headers an NServiceBus endpoint writes (`nsb_headers`: 13, about
+    800 bytes, its own ids); else 8 shorter ones with a unique MessageId."""
     import psycopg
 
     headers = json.dumps({
@@ -57,7 +85,8 @@ def fill(url: str, queue: str, n: int, size: int, *, random_bodies: bool = False
     with psycopg.connect(url) as conn, conn.cursor() as cur:
         with cur.copy(f'COPY "{queue}" (id, headers, body) FROM STDIN') as copy:
             for _ in range(n):
-                copy.write_row((uuid.uuid4(), headers.replace('"x"', f'"{uuid.uuid4()}"', 1),
+                copy.write_row((uuid.uuid4(),
+                                nsb_headers() if nsb else headers.replace('"x"', f'"{uuid.uuid4()}"', 1),
                                 os.urandom(size) if random_bodies else body))
     return time.perf_counter() - t
 
@@ -154,9 +183,25 @@ def timed(into: Cost) -> Iterator[None]:
 
 # --- tables: a fresh queue for every measured path ---------------------------------------------
 
-def reset(url: str, *queues: str, endpoints: tuple[str, ...] = ()) -> None:
+#: NServiceBus's PostgreSQL transport's queue table (its CreateQueueText): seq is serial, int4
+NSB_QUEUE_DDL = ('CREATE TABLE "{0}" (id uuid NOT NULL PRIMARY KEY, expires timestamp, headers text NOT NULL, '
+                 "body bytea, seq serial NOT NULL UNIQUE)")
+
+
+def nsb_queue(url: str, *names: str) -> None:
+    """Create the queues as NServiceBus's PostgreSQL transport does (`NSB_QUEUE_DDL`), nothing else:
+    the connector creates its companion tables (claims, staging, outbox, delayed) itself."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        for name in names:
+            c.execute(NSB_QUEUE_DDL.format(name))
+
+
+def reset(url: str, *queues: str, endpoints: tuple[str, ...] = (), nsb: bool = False) -> None:
     """Drop the queues (with their claim tables) and the endpoints' Staging / Outbox / Delayed
-    tables, then create the queues again, empty."""
+    tables, then create the queues again, empty: with our installer, or with `nsb` with
+    NServiceBus's DDL (`nsb_queue`)."""
     import psycopg
 
     from spark_qtransport.connections import parse_url
@@ -166,7 +211,10 @@ def reset(url: str, *queues: str, endpoints: tuple[str, ...] = ()) -> None:
               *(f"{e}.{s}" for e in endpoints for s in ("Staging", "Outbox", "Delayed"))]
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("DROP TABLE IF EXISTS " + ", ".join(f'"{t}"' for t in tables))
-    create_queues(parse_url(url), *queues)
+    if nsb:
+        nsb_queue(url, *queues)
+    else:
+        create_queues(parse_url(url), *queues)
 
 
 def drop(url: str, *queues: str, endpoints: tuple[str, ...] = ()) -> None:
@@ -279,6 +327,63 @@ def floor(url: str, queue: str, n: int, per_trigger: int) -> float:
     return n / dt
 
 
+#: the message type the new-message paths (floor and connector) send: an event's .NET type, as a
+#: Spark job names it
+SENT_MESSAGE_TYPE = "Shop.Messages.OrderAccepted, Shop.Messages"
+
+
+def floor_to_queue(url: str, src: str, out: str, n: int, per_trigger: int, *, new_messages: bool) -> float:
+    """The floor of queue -> queue: the floor statement, fetched into Python (binary cursor), its rows
+    binary-COPYed (`copy.write_row`) into `out` with new row ids, delete and copy committed together,
+    per_trigger rows per transaction, until `src` is empty (at-least-once); msg/s. With `new_messages`
+    each row gets the headers of a new message built in Python (new MessageId and ConversationId,
+    CorrelationId = MessageId, intent Send, ReplyToAddress, OriginatingEndpoint / Machine, ContentType,
+    EnclosedMessageTypes `SENT_MESSAGE_TYPE`, TimeSent once per transaction in NServiceBus's format,
+    Version: about what the connector's sink writes); else the source row's headers, passed through."""
+    from datetime import datetime, timezone
+
+    import psycopg
+
+    from spark_qtransport.wire import format_time, uuid4_texts
+
+    sql = floor_sql(src, per_trigger)
+    copy_sql = f'COPY "{out}" (id, headers, body) FROM STDIN (FORMAT BINARY)'
+    ids = uuid4_texts()
+    # the run of headers every message of a transaction shares, JSON-encoded once (`/` as `\/`)
+    fixed = json.dumps({
+        "NServiceBus.MessageIntent": "Send", "NServiceBus.EnclosedMessageTypes": SENT_MESSAGE_TYPE,
+        "NServiceBus.ContentType": "application/json", "NServiceBus.TimeSent": "{time}",
+        "NServiceBus.OriginatingEndpoint": "Shop.Orders", "NServiceBus.OriginatingMachine": "SPARK-01",
+        "NServiceBus.ReplyToAddress": "Shop.Orders", "NServiceBus.Version": "9.2.3",
+    })[1:-1].replace("/", "\\/")
+    got = 0
+    t = time.perf_counter()
+    with psycopg.connect(url) as conn:
+        while True:
+            with conn.cursor(binary=True) as cur:
+                rows = cur.execute(sql).fetchall()
+                if not rows:
+                    conn.commit()
+                    break
+                run = fixed.replace("{time}", format_time(datetime.now(timezone.utc)))
+                with cur.copy(copy_sql) as copy:
+                    copy.set_types(["uuid", "text", "bytea"])
+                    if new_messages:
+                        for _id, _headers, body in rows:
+                            mid = next(ids)
+                            copy.write_row((uuid.uuid4(), f'{{"NServiceBus.MessageId": "{mid}", {run}, '
+                                            f'"NServiceBus.ConversationId": "{next(ids)}", '
+                                            f'"NServiceBus.CorrelationId": "{mid}"}}', body))
+                    else:
+                        for _id, headers, body in rows:
+                            copy.write_row((uuid.uuid4(), headers, body))
+            conn.commit()
+            got += len(rows)
+    dt = time.perf_counter() - t
+    assert got == n, (got, n)
+    return n / dt
+
+
 # --- the connector ------------------------------------------------------------------------------
 
 def stream_rates(progress: list[dict], n: int, wall: float) -> dict:
@@ -309,47 +414,95 @@ def stream_rates(progress: list[dict], n: int, wall: float) -> dict:
 _PARTS = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
 
+def claims_empty(url: str, queue: str, timeout: float = 30.0) -> float:
+    """Wait until the claim table of `queue` is empty (the query's last acknowledgement done), at
+    most `timeout` seconds; the seconds waited. The query's stop() waits for the acknowledgements
+    in flight; this only makes sure, before a meter is read."""
+    import psycopg
+
+    t = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as c:
+        while (c.execute(f'SELECT EXISTS (SELECT 1 FROM "{queue}.Claims")').fetchone() or (False,))[0]:
+            if time.perf_counter() - t > timeout:
+                break
+            time.sleep(0.05)
+    return time.perf_counter() - t
+
+
+@contextlib.contextmanager
+def metered(meter: Meter | None, url: str, queue: str, into: dict) -> Iterator[None]:
+    """With a meter: PostgreSQL CPU and WAL of a connector path, from before its query starts until
+    its claim table is empty after it ended (`claims_empty`), into `into` (pg_cpu_s, wal_bytes,
+    ack_wait_s, metered_s)."""
+    if meter is None:
+        yield
+        return
+    cost = Cost()
+    with meter.measure(cost):
+        yield
+        into["ack_wait_s"] = claims_empty(url, queue)
+    into.update(pg_cpu_s=cost.pg, wal_bytes=cost.wal, metered_s=cost.wall)
+
+
 def drain(spark, url: str, queue: str, n: int, per_trigger: int,  # type: ignore[no-untyped-def]
-          options: dict[str, str] | None = None) -> dict:
+          options: dict[str, str] | None = None, *, meter: Meter | None = None) -> dict:
     """The connector drains the queue's n messages: queue -> Spark -> noop sink, Trigger.AvailableNow;
-    `options` are more reader options (auditQueue, forwardTo, ...)."""
+    `options` are more reader options (auditQueue, forwardTo, ...). With `meter`, the database's
+    CPU and WAL from the stream's creation until its last claim is acknowledged (`metered`)."""
     import shutil
     import tempfile
 
     ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
-    df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", queue)
-          .option("maxMessagesPerTrigger", str(per_trigger)).options(**(options or {})).load())
-    t = time.perf_counter()
-    q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
-    q.awaitTermination()
-    wall = time.perf_counter() - t
+    cost: dict = {}
+    with metered(meter, url, queue, cost):
+        df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", queue)
+              .option("maxMessagesPerTrigger", str(per_trigger)).options(**(options or {})).load())
+        t = time.perf_counter()
+        q = df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+        q.awaitTermination()
+        wall = time.perf_counter() - t
     shutil.rmtree(ckpt, ignore_errors=True)
     r = stream_rates(q.recentProgress, n, wall)
     assert r["rows"] == n, (r["rows"], n)
-    return r
+    return {**r, **cost}
 
 
-def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int) -> dict:  # type: ignore[no-untyped-def]
+def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int,  # type: ignore[no-untyped-def]
+                   *, new_messages: bool = False, meter: Meter | None = None) -> dict:
     """The connector moves the n messages of `src` to `out` exactly once: queue -> Spark ->
-    writeStream.format("sqlqueue") (endpoint `src`, every batch dispatched through its outbox),
-    Trigger.AvailableNow; checks `out` holds n distinct messages."""
+    writeStream.format("sqlqueue") (endpoint `src`, option destination `out`, every batch dispatched
+    through its outbox), Trigger.AvailableNow; checks `out` holds n distinct NServiceBus message ids.
+    The stream selects body, message_id, message_type and headers (passed through: forwarded), or with
+    `new_messages` only body and a literal message_type (`SENT_MESSAGE_TYPE`): the sink builds every
+    header of a new message. With `meter`, the database's CPU and WAL from the stream's creation until
+    its last claim is acknowledged (`metered`; the check is not metered)."""
     import shutil
     import tempfile
 
-    import psycopg
     from pyspark.sql import functions as F
 
     ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
-    df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", src)
-          .option("maxMessagesPerTrigger", str(per_trigger)).load()
-          .select("body", F.col("message_id"), F.col("message_type"), F.col("headers")))
-    t = time.perf_counter()
-    q = (df.writeStream.format("sqlqueue").option("url", url).option("endpoint", src).option("destination", out)
-         .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
-    q.awaitTermination()
-    wall = time.perf_counter() - t
+    cost: dict = {}
+    with metered(meter, url, src, cost):
+        df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", src)
+              .option("maxMessagesPerTrigger", str(per_trigger)).load())
+        df = (df.select("body", F.lit(SENT_MESSAGE_TYPE).alias("message_type")) if new_messages
+              else df.select("body", F.col("message_id"), F.col("message_type"), F.col("headers")))
+        t = time.perf_counter()
+        q = (df.writeStream.format("sqlqueue").option("url", url).option("endpoint", src).option("destination", out)
+             .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+        q.awaitTermination()
+        wall = time.perf_counter() - t
     shutil.rmtree(ckpt, ignore_errors=True)
-    with psycopg.connect(url) as c:
-        got = c.execute(f'SELECT count(*), count(DISTINCT headers::json->>\'NServiceBus.MessageId\') FROM "{out}"').fetchone()
+    got = counted(url, out)
     assert got == (n, n), (got, n)
-    return stream_rates(q.recentProgress, n, wall)
+    return {**stream_rates(q.recentProgress, n, wall), **cost}
+
+
+def counted(url: str, queue: str) -> tuple[int, int]:
+    """Rows of a queue, and its distinct NServiceBus message ids."""
+    import psycopg
+
+    with psycopg.connect(url) as c:
+        got = c.execute(f'SELECT count(*), count(DISTINCT headers::json->>\'NServiceBus.MessageId\') FROM "{queue}"').fetchone()
+    return got  # type: ignore[return-value]
