@@ -234,13 +234,15 @@ def test_bad_input_columns_fail_at_start_and_name_the_column(spark: Any, pg: Bac
         QueueSink(url=pg.url, endpoint=endpoint.sales, destinaton="x")
 
 
-def test_a_failed_batch_sends_nothing_and_its_poison_stays_in_the_error_queue(
+def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
     spark: Any, pg: Backend, endpoint: Any, checkpoint: str,
 ) -> None:
     """'Sending from the error path' and 'failure happens after send': a batch whose send fails
     (a destination is missing, and so is the sink's error queue that would take its message)
-    sends none of its messages, while the poison message its claim moved to the error queue stays
-    there; once the error queue exists, the batch goes out once, the undeliverable message to it."""
+    sends none of its messages, and the poison message claimed with it waits in the claim table
+    (never delivered: it goes to the error queue with its batch's acknowledgement); once the sink's
+    error queue exists, the batch goes out once, the undeliverable message to it, and the poison
+    message to the reader's error queue."""
     from pyspark.sql import functions as F
 
     e = endpoint
@@ -259,13 +261,14 @@ def test_a_failed_batch_sends_nothing_and_its_poison_stays_in_the_error_queue(
     with pytest.raises(Exception, match=rf"(?s)errorQueue.*{sink_errors}.* does not exist"):
         start().awaitTermination(180)
     assert pg.count(e.billing) == 0
-    assert [b for _, _, b in pg.rows(e.error)] == [b"poison"]
+    assert pg.count(e.error) == 0 and pg.count(pg.claims(e.sales)) == 11  # all claimed, none acknowledged
     pg.create_queue(sink_errors)
     finish(start())
     assert pg.count(e.billing) == 9
     [(_, headers, _)] = pg.rows(sink_errors)
     assert json.loads(headers)["NServiceBus.FailedQ"] == f'"public"."{missing}"'
-    assert pg.count(e.error) == 1
+    assert [b for _, _, b in pg.rows(e.error)] == [b"poison"]
+    assert pg.count(pg.claims(e.sales)) == 0
 
 
 def test_two_queue_sinks_in_one_batch_need_their_own_sink_names(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:

@@ -11,6 +11,14 @@ from .values import ClaimFailures, QueueAddress, Statement
 class ReceiveSql(AddressingSql):
     """The SQL of the streaming source (see DESIGN.md, Receive)."""
 
+    #: Does the claim judge every row's headers (poison rows go to the error queue there)? When
+    #: not, it judges only the rows it does not claim (expired, odd), claims the rest whatever
+    #: their headers, and the poison among them are never delivered (reads leave them out) and go
+    #: to the error queue with the acknowledgement of their batch (`ack_headers`,
+    #: `dead_letter_claims`): the read parses every header anyway, and the database is spared a
+    #: parse of each (see the PostgreSQL dialect).
+    poison_at_claim: bool = True
+
     @abstractmethod
     def table_id(self, table: QueueAddress) -> Statement:
         """One row, one column: an id that changes when the table is dropped and created again
@@ -116,6 +124,26 @@ class ReceiveSql(AddressingSql):
         by claim_seq, for claim_seq in (after, upto]. No value the driver cannot load reaches it:
         an expires beyond `LATEST_TIME` (infinity, as claims of older versions may hold) is NULL,
         one before year 1 is year 1."""
+
+    def ack_headers(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+        """Rows (claim_seq, headers) of the consumer's first `batch` claims <= upto, by claim_seq,
+        unlocked (the consumer lock keeps other sessions off them): the chunk a plain
+        acknowledgement judges for poison, then deletes. Dialects without `poison_at_claim` only."""
+        raise NotImplementedError(f"{type(self).__name__} judges headers in the claim")
+
+    def drop_claim_range(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
+        """Delete the consumer's claims in [lo, hi] (a chunk `ack_headers` read: the consumer
+        claims one transaction at a time, so no claim can join that range later). Dialects
+        without `poison_at_claim` only."""
+        raise NotImplementedError(f"{type(self).__name__} judges headers in the claim")
+
+    def dead_letter_claims(self, claims: QueueAddress, consumer: str, error: QueueAddress, *,
+                           keys: list[int]) -> Statement:
+        """Insert the consumer's claims `keys` raw into `error` (headers and body as they are, no
+        expiry), as the claim moves poison rows: the same native id, or a new one where the error
+        queue holds that id already (or two of these share it). The caller deletes the claims.
+        Dialects without `poison_at_claim` only."""
+        raise NotImplementedError(f"{type(self).__name__} judges headers in the claim")
 
     @abstractmethod
     def ack_claims(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:

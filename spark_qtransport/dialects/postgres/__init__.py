@@ -16,10 +16,10 @@ from .delayed import PostgresDelayed
 from .driver import PostgresDriver
 from .install import FAST_VERSION, MIN_VERSION, PostgresInstall
 from .operations import PostgresOperations
-from .receive import FORWARD_LIKE, HELPER_FUNCTION, PostgresReceive
+from .receive import FORWARD_NAME, HELPER_FUNCTION, PostgresReceive
 from .send import PostgresSend
 
-__all__ = ["PostgresDialect", "FORWARD_LIKE", "HELPER_FUNCTION", "MIN_VERSION", "FAST_VERSION"]
+__all__ = ["PostgresDialect", "FORWARD_NAME", "HELPER_FUNCTION", "MIN_VERSION", "FAST_VERSION"]
 
 
 @dataclass(frozen=True)

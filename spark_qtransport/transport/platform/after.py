@@ -17,8 +17,15 @@ everything "after processing" is written in the transaction that deletes the cla
 
 Each chunk of an acknowledgement reads its claims' headers (never bodies), writes the copies and
 deletes the claims in one transaction, so each message is audited, forwarded and acknowledged
-exactly once however the driver dies: a repeated acknowledgement finds no claims. Expired and
-poison messages never reach the claim table, so they are never audited.
+exactly once however the driver dies: a repeated acknowledgement finds no claims. Expired messages
+never reach the claim table, so they are never audited.
+
+**Poison claims.** Where the claim does not judge headers (`ReceiveSql.poison_at_claim`: PostgreSQL),
+a claimed message whose headers are not a flat JSON object of strings (`wire.decode_headers`) was
+never delivered (reads leave it out); its batch's acknowledgement moves it raw to the error queue
+(`dead_letter_claims`) in the transaction that deletes the rest of its chunk, so it is moved
+exactly once, and never audited, forwarded or timed. A plain acknowledgement (nothing to copy)
+reads each chunk's headers for that, unlocked (`ack_plain_chunk`).
 
 Monitoring (`monitoring.Monitor`) gets a `Processed` per message once its chunk has committed.
 
@@ -44,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from ...wire import (
     H,
     as_utc,
+    decode_header_texts,
     decode_headers,
     encode_headers,
     format_time,
@@ -130,6 +138,7 @@ class AfterStats:
     forwarded: int = 0  # forwardTo copies
     retry_acks: int = 0
     retry_acks_refused: int = 0
+    poison: int = 0  # claims moved to the error queue by acknowledgements
 
 
 class AfterProcessing:
@@ -165,8 +174,16 @@ class AfterProcessing:
         if not rows:
             return 0
         ended = self._clock()
+        parsed = decode_header_texts([text for _, text, _ in rows])
+        if not d.poison_at_claim and None in parsed:
+            poison = [int(seq) for (seq, _, _), h in zip(rows, parsed, strict=True) if h is None]
+            self._dead_letter(cur, poison)
+            rows, parsed = [r for r, h in zip(rows, parsed, strict=True) if h is not None], [h for h in parsed if h is not None]
+            if not rows:
+                return len(poison)
+        else:
+            poison = []
         keys = [int(seq) for seq, _, _ in rows]
-        parsed = [decode_headers(text) for _, text, _ in rows]
         _, acked = self._acknowledge_retries(
             cur, [(k, h) for k, h in zip(keys, parsed, strict=True) if h is not None], ended)
         starts = [self._started(int(seq), claimed_at, ended) for seq, _, claimed_at in rows]
@@ -186,7 +203,30 @@ class AfterProcessing:
         with self._count:
             self.stats.audited += len(keys) if o.audit_queue is not None else 0
             self.stats.forwarded += len(keys) if o.forward_to is not None else 0
-        return len(keys)
+        return len(keys) + len(poison)
+
+    def ack_plain_chunk(self, cur: Any, *, upto: int, batch: int) -> int:
+        """Without copies to make, where the claim did not judge headers: move the poison among
+        the consumer's first `batch` claims <= upto to the error queue, delete the rest; the number
+        of claims gone."""
+        d, e = self.endpoint.dialect, self.endpoint
+        rows = db.rows(cur, d.ack_headers(e.claims, e.options.consumer, upto=upto, batch=batch))
+        if not rows:
+            return 0
+        parsed = decode_header_texts([text for _, text in rows])
+        if None in parsed:
+            self._dead_letter(cur, [int(seq) for (seq, _), h in zip(rows, parsed, strict=True) if h is None])
+        db.execute(cur, d.drop_claim_range(e.claims, e.options.consumer, lo=int(rows[0][0]), hi=int(rows[-1][0])))
+        return len(rows)
+
+    def _dead_letter(self, cur: Any, keys: list[int]) -> None:
+        """Move the poison claims `keys` raw to the error queue, and delete them."""
+        d, e = self.endpoint.dialect, self.endpoint
+        o = e.options
+        db.execute(cur, d.dead_letter_claims(e.claims, o.consumer, o.error_queue, keys=keys))
+        db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=keys))
+        with self._count:
+            self.stats.poison += len(keys)
 
     def committed(self) -> None:
         """The last `ack_chunk` committed: hand its messages to monitoring."""

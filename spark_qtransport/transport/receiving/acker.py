@@ -1,18 +1,21 @@
 """Acknowledge: once Spark commits a batch, its claims are deleted in bounded batches, with the
 after-processing work of the Particular platform (audit and forwardTo copies, ServiceControl retry
-acknowledgements: `transport.platform.after`) in the same transactions. Idempotent: a repeated
+acknowledgements: `transport.platform.after`) in the same transactions, and, where the claim did not
+judge headers, the batch's poison claims moved to the error queue. Idempotent: a repeated
 acknowledgement deletes nothing and copies nothing."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from .. import session as db
 from ..platform.after import AfterProcessing
 from ..session import Session
 from .background import Background
-from .planner import ClaimOffset, ReceiveStats
+from .planner import ClaimOffset, ReceiveStats, dropped_note
 from .setup import Endpoint
 from .vacuum import vacuum_if_due
 
@@ -68,10 +71,17 @@ class Acker:
             return self._ack_serially(session, end)
 
     def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
+        poison = self.after.stats.poison
         total = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
         self.after.times.forget(end.claim)
+        poison = self.after.stats.poison - poison  # moved by this acknowledgement
         with self._count:
             self.stats.acked += total
+            self.stats.poison += poison
+        if poison:
+            d, o = self.endpoint.dialect, self.endpoint.options
+            log.warning("queue %s: acknowledged %d, %s", self.endpoint.queue_text, total - poison,
+                        dropped_note(self.stats, expired=0, poison=poison, error_queue=d.format_address(o.error_queue)))
         if total and session.connected:
             vacuum_if_due(self.endpoint.dialect, session.connection(), self.endpoint.claims)
         return total
@@ -98,9 +108,13 @@ class Acker:
             total += deleted
             if seen < batch:
                 break
-        stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
+        if d.poison_at_claim:
+            stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
+            chunk: Callable[[Any], int] = lambda c: db.rowcount(c.cursor(), stmt)  # noqa: E731
+        else:  # the claim did not judge headers: each chunk is read and its poison moved
+            chunk = lambda c: self.after.ack_plain_chunk(c.cursor(), upto=end.claim, batch=batch)  # noqa: E731
         while True:
-            n = session.run(lambda c: db.rowcount(c.cursor(), stmt), what)
+            n = session.run(chunk, what)
             total += n
             if n < batch:
                 return total

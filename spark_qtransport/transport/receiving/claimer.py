@@ -1,7 +1,8 @@
 """Claim: one short READ COMMITTED transaction moves the oldest unlocked, unexpired queue rows into
 the claim table, tagged with this consumer, server-side (bodies never pass through the driver).
 Expired rows are deleted and counted; poison rows go raw to the error queue in the same
-transaction, rows with a value no reader could take (no id, an Expires beyond year 9999) with
+transaction (where the dialect judges headers at claim time: `ReceiveSql.poison_at_claim`;
+otherwise poison is judged by the read and the acknowledgement), rows with a value no reader could take (no id, an Expires beyond year 9999) with
 failure headers naming it; rows carrying a ForwardDestination are forwarded before it commits."""
 
 from __future__ import annotations

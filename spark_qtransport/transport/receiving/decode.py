@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import QTransportError
-from ...wire import H, parse_time
+from ...wire import H, decode_header_texts, parse_time
 
 __all__ = ["ARROW_SCHEMA", "RAW_COLUMNS", "ReceivedMessage", "messages_batch", "rows_batch"]
 
@@ -116,13 +116,34 @@ def _utf8(text: str) -> str:
     return text
 
 
-def _headers(texts: Sequence[str], claim_seq: pa.Array, native_id: pa.Array) -> tuple[list[dict[str, Any]], pa.Array]:
-    """Each row's headers as a dict, and all of them as one map column."""
+def _headers(texts: Sequence[str], claim_seq: pa.Array, native_id: pa.Array, *,
+             judge: bool = False) -> tuple[list[dict[str, Any]], pa.Array, list[int] | None]:
+    """Each row's headers as a dict, all of them as one map column, and which rows those are:
+    None for all of them. With `judge` (the claim did not judge headers: `ReceiveSql.poison_at_claim`)
+    poison rows (`wire.decode_headers`) are left out: they go to the error queue with the batch's
+    acknowledgement, never to Spark."""
     loads = orjson.loads
     try:
         dicts = [loads(text) for text in texts]
-    except (TypeError, ValueError):  # rare ('' headers): row by row, with the standard library where orjson refuses
-        dicts = [_loads(text, row, claim_seq, native_id) for row, text in enumerate(texts)]
+    except (TypeError, ValueError):  # rare ('' headers, poison): row by row below
+        dicts = None
+    if dicts is not None and (not judge or all(type(d) is dict for d in dicts)):
+        try:
+            return dicts, _map_column(dicts), None
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # a header value that is no string: poison
+            if not judge:
+                raise
+    if judge:
+        judged = decode_header_texts(texts)
+        keep = [row for row, d in enumerate(judged) if d is not None]
+        kept: list[dict[str, Any]] = [d for d in judged if d is not None]
+        return kept, _map_column(kept), None if len(keep) == len(judged) else keep
+    # with the standard library where orjson refuses
+    dicts = [_loads(text, row, claim_seq, native_id) for row, text in enumerate(texts)]
+    return dicts, _map_column(dicts), None
+
+
+def _map_column(dicts: list[dict[str, Any]]) -> pa.Array:
     keys: list[str] = []
     values: list[str | None] = []
     offsets = [0]
@@ -130,9 +151,8 @@ def _headers(texts: Sequence[str], claim_seq: pa.Array, native_id: pa.Array) -> 
         keys.extend(d)
         values.extend(d.values())
         offsets.append(len(keys))
-    column = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
-                                     pa.array(values, pa.string()), type=_HEADERS)
-    return dicts, column
+    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
+                                   pa.array(values, pa.string()), type=_HEADERS)
 
 
 def _one_body(body: bytes) -> pa.Array:
@@ -143,12 +163,17 @@ def _one_body(body: bytes) -> pa.Array:
 
 
 def messages_batch(queue: str, claim_seq: pa.Array, native_id: pa.Array, expires: pa.Array, headers: Sequence[str],
-                   body: pa.Array, source_seq: pa.Array, claimed_at: pa.Array) -> pa.RecordBatch:
+                   body: pa.Array, source_seq: pa.Array, claimed_at: pa.Array, *, judge: bool = False) -> pa.RecordBatch:
     """One record batch of `ARROW_SCHEMA` from a fetch's raw columns (`RAW_COLUMNS`; `headers` as
     text). Timestamps without a zone are UTC. `message_id` is the MessageId header, or the native id
-    where that is missing or empty; native ids are lower case."""
+    where that is missing or empty; native ids are lower case. `judge`: leave poison rows out (see
+    `_headers`)."""
     native_id = pc.utf8_lower(native_id.cast(pa.string()))
-    dicts, header_map = _headers(headers, claim_seq, native_id)
+    dicts, header_map, keep = _headers(headers, claim_seq, native_id, judge=judge)
+    if keep is not None:
+        rows = pa.array(keep, pa.int64())
+        claim_seq, native_id, expires, body, source_seq, claimed_at = (
+            a.take(rows) for a in (claim_seq, native_id, expires, body, source_seq, claimed_at))
     ids = native_id.to_pylist()
     columns: dict[str, Any] = {
         "message_id": pa.array([d.get(H.MESSAGE_ID) or i for d, i in zip(dicts, ids, strict=True)], pa.string()),
@@ -166,7 +191,7 @@ def messages_batch(queue: str, claim_seq: pa.Array, native_id: pa.Array, expires
     return pa.RecordBatch.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
 
 
-def rows_batch(queue: str, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
+def rows_batch(queue: str, rows: Sequence[Sequence[Any]], *, judge: bool = False) -> pa.RecordBatch:
     """`messages_batch` of a fetch's raw rows (tuples in `RAW_COLUMNS` order), as a DB-API driver
     returns them."""
     claim_seq, native_id, expires, headers, body, source_seq, claimed_at = zip(*rows, strict=True) if rows else ((),) * 7
@@ -179,4 +204,5 @@ def rows_batch(queue: str, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
         _one_body(bytes(body[0])) if len(body) == 1 and body[0] is not None else pa.array(body, pa.binary()),
         pa.array(source_seq, pa.int64()),
         pa.array(claimed_at, _UTC),
+        judge=judge,
     )

@@ -93,6 +93,12 @@ class ReceiveStats:
     taken_over: int = 0  # claims another query of this endpoint left, found by a new checkpoint
 
 
+def dropped_note(s: ReceiveStats, *, expired: int, poison: int, error_queue: str) -> str:
+    """What a claim or an acknowledgement dropped or moved, and this run's totals: one log line's end."""
+    done = ([f"dropped {expired} expired"] if expired else []) + ([f"moved {poison} poison to {error_queue}"] if poison else [])
+    return f"{', '.join(done)} (totals: {s.expired} expired, {s.poison} poison)"
+
+
 @dataclass
 class _LowWater:
     """The highest queue sequence a full claim saw: the next claim scans from there, not from the
@@ -219,11 +225,9 @@ class Planner:
         s.forward_failed += f.failed
         queue = self.endpoint.queue_text
         if r.expired or r.poison:
-            log.warning(
-                "queue %s: claimed %d, dropped %d expired, moved %d poison to %s (totals: %d expired, %d poison)",
-                queue, r.claimed, r.expired, r.poison,
-                d.format_address(self.endpoint.options.error_queue), s.expired, s.poison,
-            )
+            log.warning("queue %s: claimed %d, %s", queue, r.claimed,
+                        dropped_note(s, expired=r.expired, poison=r.poison,
+                                     error_queue=d.format_address(self.endpoint.options.error_queue)))
         else:
             log.info("queue %s: claimed %d", queue, r.claimed)
         if r.dead_lettered:

@@ -6,7 +6,9 @@ How a message travels:
    oldest unlocked, unexpired queue rows into the queue's claim table, tagged with this consumer,
    server-side (bodies never pass through the driver). Expired rows are deleted and counted;
    poison rows (headers not a flat JSON object of strings) go raw to the error queue in the same
-   transaction. The claim sequence is the Spark offset.
+   transaction, or, where the dialect does not judge headers at claim time (PostgreSQL), are
+   claimed, left out by the read and moved to the error queue by their batch's acknowledgement.
+   The claim sequence is the Spark offset.
 2. **Read** (`read_slice`): each Spark task selects its claim-sequence slice, in order. Reading
    changes nothing, so Spark can replay a batch after a crash.
 3. **Acknowledge** (`Receiver.ack`): once Spark commits a batch, its claims are deleted in bounded

@@ -1,7 +1,8 @@
 """Executor side of receiving: read one slice of a planned batch, turn its rows into output rows.
 
 Reading changes nothing, so Spark can replay a batch after a crash; claims are acknowledged by the
-driver only once Spark has committed the batch.
+driver only once Spark has committed the batch. Poison claims (where the claim did not judge
+headers) are left out of what a read yields; the acknowledgement moves them to the error queue.
 """
 
 from __future__ import annotations
@@ -123,10 +124,14 @@ def read_batches(part: ClaimSlice) -> Iterator[pa.RecordBatch]:
     """Yield the messages of one slice as record batches of the stream's output schema
     (`decode.ARROW_SCHEMA`), one per fetch; neither a fetch's rows nor its batch are held while the
     next rows are fetched."""
+    # where the claim did not judge headers, the poison among these rows are left out: the
+    # batch's acknowledgement moves them to the error queue (`ReceiveSql.poison_at_claim`)
+    judge = not dialect_named(part.dialect).poison_at_claim
     for rows in read_chunks(part):
-        batch = rows_batch(part.queue, rows)
+        batch = rows_batch(part.queue, rows, judge=judge)
         del rows
-        yield batch
+        if batch.num_rows:
+            yield batch
         del batch
 
 
