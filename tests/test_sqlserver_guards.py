@@ -46,6 +46,7 @@ def every_statement() -> dict[str, list[Statement]]:
         "helpers_exist": D.helpers_exist(c), "vacuum": D.vacuum(c),
         "vacuum_due": D.vacuum_due(c, every_seconds=60, min_rows=1000),
         "schema_and_tables": D.schema_and_tables("dbo", ["Sales"]), "server_time_zone": D.server_time_zone(),
+        "wal_settings": D.wal_settings(),
     }
     out.update({name: [s] if s is not None else [] for name, s in optional.items()})
     out["savepoint"] = [D.savepoint("sqlqueue_route")]

@@ -152,7 +152,10 @@ def doctor(queues: tuple[str, ...], delayed_suffix: str | None, delayed_table: s
     RowVersion, int4 seq near exhaustion, Recoverable), columns that allow NULL where NServiceBus
     declares NOT NULL, names too long for the tables of ours beside a queue, and those tables, and what the server
     must offer (SQL Server: database compatibility level 130, an error below; PostgreSQL: a
-    TimeZone other than UTC, a warning: it shifts delayed messages' Due). Exit 1 on errors.
+    TimeZone other than UTC, a warning: it shifts delayed messages' Due). PostgreSQL's WAL settings,
+    as information: checkpoint_timeout under 15min or max_wal_size under 4GB (each checkpoint makes
+    the next change to every queue page write the whole page to WAL), wal_compression off where
+    the server has lz4 or zstd. Exit 1 on errors.
 
     \b
     Example:

@@ -44,6 +44,13 @@ class OperationsSql(AddressingSql):
         from now), where stored times depend on it (PostgreSQL's delayed Due); None elsewhere."""
         return None
 
+    def wal_settings(self) -> Statement | None:
+        """Rows (name, setting, unit, the values it may take joined by commas) of the settings
+        that decide how much WAL the churn of queue pages costs (PostgreSQL: checkpoint_timeout,
+        max_wal_size, full_page_writes, wal_compression), readable by any role; None where the
+        database has none."""
+        return None
+
     @abstractmethod
     def peek_messages(self, queue: QueueAddress, *, limit: int, preview: int) -> Statement:
         """At most `limit` rows (native id text, expires, expires text, headers, the first

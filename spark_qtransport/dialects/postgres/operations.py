@@ -38,6 +38,16 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
             " pg_catalog.date_part('timezone', pg_catalog.now() + interval '6 months')::int"
         )
 
+    def wal_settings(self) -> Statement | None:
+        # pg_settings is readable by every role; a setting's `setting` is in its `unit` (s, MB, or
+        # a multiple: 8kB); wal_compression's enumvals list only the methods this server was built
+        # with (NULL before PostgreSQL 15, where it is a boolean: pglz only).
+        return Statement(
+            "SELECT name, setting, unit, pg_catalog.array_to_string(enumvals, ',')"
+            " FROM pg_catalog.pg_settings"
+            " WHERE name IN ('checkpoint_timeout', 'max_wal_size', 'full_page_writes', 'wal_compression')"
+        )
+
     def peek_messages(self, queue: QueueAddress, *, limit: int, preview: int) -> Statement:
         # A plain SELECT: MVCC never waits for other sessions and takes no row lock. substring of
         # a bytea reads only the TOAST chunks it needs. Expires a day inside Python's datetime

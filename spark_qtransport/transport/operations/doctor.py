@@ -7,12 +7,15 @@ NServiceBus.SqlServer checks a queue's Headers type (varchar loses non-ASCII tex
 billion inserts. Ours: columns NServiceBus declares NOT NULL that allow NULL (a hand-made table),
 a queue name too long for the tables of ours beside it (``.Claims``, ``.Staging``, ``.Outbox``,
 its delayed table), the current role's privileges on the queue, its sequence and the tables of
-ours beside it (what ``sqlqueue ddl --grant-to`` grants). A finding is an error (the connector
-cannot use the table), a warning (it works, but should be fixed) or information.
+ours beside it (what ``sqlqueue ddl --grant-to`` grants); PostgreSQL's WAL settings, as advice. A
+finding is an error (the connector cannot use the table), a warning (it works, but should be fixed)
+or information.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,8 @@ from ..routing import QUEUE_COLUMNS
 from ..server import database_problems
 from .privileges import DML
 
-__all__ = ["Finding", "TableFacts", "assess", "check_queue", "check_server"]
+__all__ = ["Finding", "TableFacts", "WalSettings", "assess", "check_queue", "check_server", "read_wal_settings",
+           "setting_value", "wal_advice"]
 
 INT4_MAX = 2**31 - 1
 
@@ -58,19 +62,122 @@ def check_server(cur: Any, d: Dialect, queues: list[QueueAddress]) -> list[Findi
     PostgreSQL TimeZone that is not UTC, a warning (NServiceBus stores a delayed message's Due as
     the UTC wall clock read in the session's TimeZone, and so do we: both movers agree while every
     session uses one zone, but a session in another zone, or a daylight-saving change while a
-    message waits, moves it early or late)."""
+    message waits, moves it early or late); PostgreSQL's WAL settings, information (`wal_advice`)."""
     out = [Finding("error", "(server)", problem) for problem in database_problems(cur, d, queues)]
     stmt = d.server_time_zone()
-    if stmt is None:
-        return out
-    zone, now_offset, later_offset = db.one(cur, stmt)
-    if not now_offset and not later_offset:
-        return out
-    return [*out, Finding("warning", "(server)", (
-        f"TimeZone is {zone!r}, not UTC: NServiceBus stores a delayed message's Due as UTC wall-clock time read in the "
-        "session's TimeZone (and so does sqlqueue, to agree with it), so a session in another zone, or a "
-        "daylight-saving change while a message waits, delivers it early or late by the difference; "
-        "set TimeZone = 'UTC' (ALTER DATABASE ... SET TimeZone = 'UTC')"))]
+    if stmt is not None:
+        zone, now_offset, later_offset = db.one(cur, stmt)
+        if now_offset or later_offset:
+            out.append(Finding("warning", "(server)", (
+                f"TimeZone is {zone!r}, not UTC: NServiceBus stores a delayed message's Due as UTC wall-clock time read "
+                "in the session's TimeZone (and so does sqlqueue, to agree with it), so a session in another zone, or a "
+                "daylight-saving change while a message waits, delivers it early or late by the difference; "
+                "set TimeZone = 'UTC' (ALTER DATABASE ... SET TimeZone = 'UTC')")))
+    stmt = d.wal_settings()
+    if stmt is not None:
+        out += wal_advice(read_wal_settings(db.rows(cur, stmt)))
+    return out
+
+
+#: checkpoints further apart than these: PostgreSQL's documented way to reduce the cost of
+#: full-page writes (checkpoint_timeout 15 to 30 minutes, a max_wal_size that holds that much WAL)
+CHECKPOINT_TIMEOUT_ADVISED = 15 * 60  # seconds
+MAX_WAL_SIZE_ADVISED = 4 * 1024**3  # bytes
+
+#: pg_settings units, in bytes or seconds
+_UNITS = {"B": 1, "kB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4,
+          "ms": 1e-3, "s": 1, "min": 60, "h": 3600, "d": 86400}
+
+
+def setting_value(setting: str, unit: str | None) -> float | None:
+    """A numeric pg_settings value in bytes or seconds: `setting` counts `unit`s, which may be a
+    multiple (``8kB``, ``16MB``); None when the unit is not one of these (nothing to judge)."""
+    m = re.fullmatch(r"(\d*)([A-Za-z]+)", unit or "")
+    try:
+        number = float(setting)
+    except ValueError:
+        return None
+    if not unit:
+        return number
+    if m is None or m[2] not in _UNITS:
+        return None
+    return number * int(m[1] or 1) * _UNITS[m[2]]
+
+
+@dataclass(frozen=True)
+class WalSettings:
+    """The PostgreSQL settings `wal_advice` judges (None: not read, or not judged)."""
+
+    checkpoint_timeout: float | None = None  # seconds
+    max_wal_size: float | None = None  # bytes
+    full_page_writes: bool = True
+    wal_compression: str = "off"
+    methods: tuple[str, ...] = ("pglz",)  # the wal_compression methods the server was built with
+
+
+def read_wal_settings(rows: Sequence[Sequence[Any]]) -> WalSettings:
+    """`WalSettings` from the rows of the dialect's `wal_settings` (name, setting, unit, enumvals
+    joined by commas)."""
+    got = {str(r[0]): r for r in rows}
+
+    def value(name: str) -> float | None:
+        row = got.get(name)
+        return None if row is None else setting_value(str(row[1]), row[2])
+
+    compression = got.get("wal_compression")
+    allowed = str(compression[3] or "") if compression is not None else ""
+    methods = tuple(m for m in allowed.split(",") if m and m not in ("on", "off")) or ("pglz",)  # a boolean: pglz
+    return WalSettings(
+        checkpoint_timeout=value("checkpoint_timeout"),
+        max_wal_size=value("max_wal_size"),
+        full_page_writes=str(got["full_page_writes"][1]) != "off" if "full_page_writes" in got else True,
+        wal_compression=str(compression[1]) if compression is not None else "off",
+        methods=methods,
+    )
+
+
+def _shown(value: float, units: tuple[tuple[str, float], ...]) -> str:
+    """`value` in the largest of `units` (largest first) that divides it, as PostgreSQL shows it."""
+    for name, size in units:
+        if value >= size and value % size == 0:
+            return f"{value / size:g}{name}"
+    return f"{value:g}{units[-1][0]}"
+
+
+def wal_advice(s: WalSettings) -> list[Finding]:
+    """Advice, as information, on the settings that make the churn of queue pages expensive in WAL:
+    after each checkpoint the first change to a page writes the whole page (full_page_writes), and
+    every received message is deleted from a queue page and inserted into and deleted from a claim
+    page. Nothing with full_page_writes off (no page images). wal_compression is advised where the
+    server has lz4 or zstd; pglz (its only method otherwise) costs server CPU, so it is only
+    mentioned beside short checkpoints."""
+    if not s.full_page_writes:
+        return []
+    out = []
+    off = s.wal_compression == "off"
+    cheap = [m for m in ("lz4", "zstd") if m in s.methods]
+    short = []
+    if s.checkpoint_timeout is not None and s.checkpoint_timeout < CHECKPOINT_TIMEOUT_ADVISED:
+        short.append(f"checkpoint_timeout is {_shown(s.checkpoint_timeout, (('h', 3600), ('min', 60), ('s', 1)))}")
+    if s.max_wal_size is not None and s.max_wal_size < MAX_WAL_SIZE_ADVISED:
+        short.append(f"max_wal_size is {_shown(s.max_wal_size, (('GB', 1024**3), ('MB', 1024**2), ('kB', 1024)))}")
+    if short:
+        text = (f"{' and '.join(short)}: after each checkpoint the next change to every queue and claim page writes the "
+                "whole 8 KB page to WAL (full_page_writes), so a busy queue writes up to about 2 KB more WAL per "
+                "message right after each checkpoint; checkpoints further apart are PostgreSQL's documented way to "
+                "reduce it: checkpoint_timeout = 15min to 30min and a max_wal_size that holds the WAL written in that "
+                "time, at the cost of a longer crash recovery")
+        if off and not cheap:
+            text += ("; wal_compression with pglz (this server's only method) makes those pages smaller but costs server "
+                     "CPU (a claim cost about 60% more with incompressible bodies): worth it only where WAL bandwidth "
+                     "is the limit")
+        out.append(Finding("info", "(server)", text))
+    if off and cheap:
+        out.append(Finding("info", "(server)", (
+            "wal_compression is off: the whole pages written to WAL after each checkpoint (full_page_writes) go "
+            f"uncompressed; this server was built with {' and '.join(cheap)}: set wal_compression = {cheap[0]} "
+            "(pglz costs much more CPU)")))
+    return out
 
 
 def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
