@@ -152,3 +152,30 @@ def test_the_python_rule_is_the_servers_rule(pg: Backend, texts: list[str]) -> N
     server = [bool(p) for (p,) in got]
     assert [decode_headers(t) is None for t in texts] == server
     assert [h is None for h in decode_header_texts(texts)] == server
+
+
+def test_each_acknowledgement_chunk_reads_after_the_last_one(pg: Backend, queues, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Until a vacuum, deleted claims leave dead index entries: a chunk that read from the
+    consumer's first claim would walk every earlier chunk's (measured: 4.6 us of the server's CPU
+    per message in a drain). Each chunk reads after the last claim the one before it read; an
+    acknowledgement starts where the last one of the same claim table ended."""
+    q, e, _ = queues
+    pg.send_many(q, [(nsb_headers(f"m{i:02d}"), b"x") for i in range(20)])
+    with receiving(pg, q, e, claim_ahead=False, ack_batch=4) as r:
+        seen: list[tuple[int, int]] = []
+        real = type(r.dialect).ack_headers
+
+        def spy(self: Any, claims: Any, consumer: str, *, upto: int, batch: int, after: int = 0) -> Any:
+            seen.append((after, upto))
+            return real(self, claims, consumer, upto=upto, batch=batch, after=after)
+
+        monkeypatch.setattr(type(r.dialect), "ack_headers", spy)
+        start = r.initial_offset()
+        first = r.latest(start, 10)
+        second = r.latest(first, 10)
+        r.ack(first)
+        r.ack(second)
+        assert pg.count(pg.claims(q)) == 0
+    assert (first.claim, second.claim) == (10, 20)  # a new claim table: claim sequences 1 to 20
+    assert seen == [(0, 10), (4, 10), (8, 10),
+                    (first.claim, second.claim), (first.claim + 4, second.claim), (first.claim + 8, second.claim)]

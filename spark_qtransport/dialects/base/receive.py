@@ -78,10 +78,12 @@ class ReceiveSql(AddressingSql):
         locked until the transaction ends (a concurrent acknowledgement waits, then skips them)."""
 
     @abstractmethod
-    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
-        """Rows (claim_seq, headers, claimed_at as UTC) of the consumer's first `batch` claims <= upto,
-        by claim_seq, locked until the transaction ends: the chunk an acknowledgement with
-        after-processing work copies and deletes (a concurrent one waits, then skips them)."""
+    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
+        """Rows (claim_seq, headers, claimed_at as UTC) of the consumer's first `batch` claims in
+        (after, upto], by claim_seq, locked until the transaction ends: the chunk an acknowledgement
+        with after-processing work copies and deletes (a concurrent one waits, then skips them).
+        `after`: where the consumer's claims are known to be deleted up to, so the read does not
+        walk their dead index entries (until a vacuum, every earlier chunk's)."""
 
     @abstractmethod
     def forward_claims(
@@ -125,8 +127,9 @@ class ReceiveSql(AddressingSql):
         an expires beyond `LATEST_TIME` (infinity, as claims of older versions may hold) is NULL,
         one before year 1 is year 1."""
 
-    def ack_headers(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
-        """Rows (claim_seq, headers) of the consumer's first `batch` claims <= upto, by claim_seq,
+    def ack_headers(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
+        """Rows (claim_seq, headers) of the consumer's first `batch` claims in (after, upto] (`after`
+        as for `ack_rows`), by claim_seq,
         unlocked (the consumer lock keeps other sessions off them): the chunk a plain
         acknowledgement judges for poison, then deletes. Dialects without `poison_at_claim` only."""
         raise NotImplementedError(f"{type(self).__name__} judges headers in the claim")

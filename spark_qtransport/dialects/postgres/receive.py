@@ -236,11 +236,12 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
             {"consumer": consumer, "upto": int(upto), "header": header, "limit": int(limit)},
         )
 
-    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
         return Statement(
             f"SELECT claim_seq, headers, claimed_at FROM {self.qualified(claims)}"
-            " WHERE consumer = %(consumer)s AND claim_seq <= %(upto)s ORDER BY claim_seq LIMIT %(batch)s FOR UPDATE",
-            {"consumer": consumer, "upto": int(upto), "batch": int(batch)},
+            " WHERE consumer = %(consumer)s AND claim_seq > %(after)s AND claim_seq <= %(upto)s"
+            " ORDER BY claim_seq LIMIT %(batch)s FOR UPDATE",
+            {"consumer": consumer, "after": int(after), "upto": int(upto), "batch": int(batch)},
         )
 
     def forward_claims(
@@ -325,11 +326,12 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
             {"consumer": consumer, "after": after, "upto": upto},
         )
 
-    def ack_headers(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+    def ack_headers(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
         return Statement(
             f"SELECT claim_seq, headers FROM {self.qualified(claims)}"
-            " WHERE consumer = %(consumer)s AND claim_seq <= %(upto)s ORDER BY claim_seq LIMIT %(batch)s",
-            {"consumer": consumer, "upto": int(upto), "batch": int(batch)},
+            " WHERE consumer = %(consumer)s AND claim_seq > %(after)s AND claim_seq <= %(upto)s"
+            " ORDER BY claim_seq LIMIT %(batch)s",
+            {"consumer": consumer, "after": int(after), "upto": int(upto), "batch": int(batch)},
         )
 
     def drop_claim_range(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:

@@ -428,11 +428,11 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             (int(limit), self._check_consumer(consumer), int(upto), header),
         )
 
-    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int) -> Statement:
+    def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
         return Statement(
             f"SELECT TOP (?) ClaimSeq, Headers, ClaimedAt FROM {self.qualified(claims)} WITH (UPDLOCK, ROWLOCK)"
-            " WHERE Consumer = ? AND ClaimSeq <= ? ORDER BY ClaimSeq",
-            (int(batch), self._check_consumer(consumer), int(upto)),
+            " WHERE Consumer = ? AND ClaimSeq > ? AND ClaimSeq <= ? ORDER BY ClaimSeq",
+            (int(batch), self._check_consumer(consumer), int(after), int(upto)),
         )
 
     def forward_claims(

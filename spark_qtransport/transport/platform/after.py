@@ -46,7 +46,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...wire import (
     H,
@@ -132,6 +132,14 @@ def retry_acknowledgement(headers: dict[str, str | None], now: datetime) -> tupl
     return queue, {H.RETRY_SUCCESSFUL: format_time(now), H.RETRY_UNIQUE_MESSAGE_ID: unique, H.CONTROL_MESSAGE: "True"}
 
 
+class Chunk(NamedTuple):
+    """One chunk of an acknowledgement: the claims gone, and the last claim sequence it read (the
+    next chunk reads after it)."""
+
+    gone: int
+    last: int
+
+
 @dataclass
 class AfterStats:
     audited: int = 0
@@ -165,14 +173,15 @@ class AfterProcessing:
 
     # -- one chunk, in the caller's transaction ---------------------------------------------------
 
-    def ack_chunk(self, cur: Any, *, upto: int, batch: int) -> int:
-        """Copy and delete the consumer's first `batch` claims <= upto; the number deleted."""
+    def ack_chunk(self, cur: Any, *, upto: int, batch: int, after: int = 0) -> Chunk:
+        """Copy and delete the consumer's first `batch` claims in (after, upto]."""
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
-        rows = db.rows(cur, d.ack_rows(e.claims, o.consumer, upto=upto, batch=batch))
+        rows = db.rows(cur, d.ack_rows(e.claims, o.consumer, upto=upto, batch=batch, after=after))
         self._processed = []
         if not rows:
-            return 0
+            return Chunk(0, after)
+        chunk = Chunk(len(rows), int(rows[-1][0]))
         ended = self._clock()
         parsed = decode_header_texts([text for _, text, _ in rows])
         if not d.poison_at_claim and None in parsed:
@@ -180,9 +189,7 @@ class AfterProcessing:
             self._dead_letter(cur, poison)
             rows, parsed = [r for r, h in zip(rows, parsed, strict=True) if h is not None], [h for h in parsed if h is not None]
             if not rows:
-                return len(poison)
-        else:
-            poison = []
+                return chunk
         keys = [int(seq) for seq, _, _ in rows]
         _, acked = self._acknowledge_retries(
             cur, [(k, h) for k, h in zip(keys, parsed, strict=True) if h is not None], ended)
@@ -203,21 +210,20 @@ class AfterProcessing:
         with self._count:
             self.stats.audited += len(keys) if o.audit_queue is not None else 0
             self.stats.forwarded += len(keys) if o.forward_to is not None else 0
-        return len(keys) + len(poison)
+        return chunk
 
-    def ack_plain_chunk(self, cur: Any, *, upto: int, batch: int) -> int:
+    def ack_plain_chunk(self, cur: Any, *, upto: int, batch: int, after: int = 0) -> Chunk:
         """Without copies to make, where the claim did not judge headers: move the poison among
-        the consumer's first `batch` claims <= upto to the error queue, delete the rest; the number
-        of claims gone."""
+        the consumer's first `batch` claims in (after, upto] to the error queue, delete the rest."""
         d, e = self.endpoint.dialect, self.endpoint
-        rows = db.rows(cur, d.ack_headers(e.claims, e.options.consumer, upto=upto, batch=batch))
+        rows = db.rows(cur, d.ack_headers(e.claims, e.options.consumer, upto=upto, batch=batch, after=after))
         if not rows:
-            return 0
+            return Chunk(0, after)
         parsed = decode_header_texts([text for _, text in rows])
         if None in parsed:
             self._dead_letter(cur, [int(seq) for (seq, _), h in zip(rows, parsed, strict=True) if h is None])
         db.execute(cur, d.drop_claim_range(e.claims, e.options.consumer, lo=int(rows[0][0]), hi=int(rows[-1][0])))
-        return len(rows)
+        return Chunk(len(rows), int(rows[-1][0]))
 
     def _dead_letter(self, cur: Any, keys: list[int]) -> None:
         """Move the poison claims `keys` raw to the error queue, and delete them."""

@@ -6,13 +6,14 @@ acknowledgement deletes nothing and copies nothing."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from .. import session as db
-from ..platform.after import AfterProcessing
+from ..platform.after import AfterProcessing, Chunk
 from ..session import Session
 from .background import Background
 from .planner import ClaimOffset, ReceiveStats, dropped_note
@@ -35,6 +36,8 @@ class Acker:
         self._count = threading.Lock()  # stats.acked is added to from both threads
         self.failure: Exception | None = None
         self._serial = threading.Lock()
+        #: (claim table id, claim sequence): this consumer's claims up to it are deleted
+        self._gone: tuple[str, int] = ("", 0)
 
     def ack(self, end: ClaimOffset) -> int:
         """Acknowledge now; the number of claims deleted."""
@@ -88,14 +91,25 @@ class Acker:
 
     def _ack_with_copies(self, session: Session, end: ClaimOffset) -> int:
         """Each chunk reads its claims' headers, writes the copies and deletes the claims, in one transaction."""
-        after, what = self.after, self.endpoint.what("acknowledge")
+        after = self.after
         batch = after.chunk_size(self.endpoint.options.ack_batch)
-        total = 0
+        return self._chunks(session, end, batch, lambda c, lo: after.ack_chunk(c.cursor(), upto=end.claim, batch=batch, after=lo),
+                            committed=after.committed)
+
+    def _chunks(self, session: Session, end: ClaimOffset, batch: int, chunk: Callable[[Any, int], Chunk],
+                committed: Callable[[], None] = lambda: None) -> int:
+        """Run `chunk` (one transaction each) until one finds fewer than `batch` claims; each reads
+        after the last the one before read (and the first after where an earlier acknowledgement of
+        this claim table got to: the claims before it are gone), never over their dead index entries."""
+        lo = self._gone[1] if self._gone[0] == end.table else 0
+        what, total = self.endpoint.what("acknowledge"), 0
         while True:
-            n = session.run(lambda c: after.ack_chunk(c.cursor(), upto=end.claim, batch=batch), what)
-            after.committed()
-            total += n
-            if n < batch:
+            done = session.run(functools.partial(_after, chunk, lo), what)
+            committed()
+            total += done.gone
+            lo = max(lo, done.last)
+            if done.gone < batch:
+                self._gone = (end.table, max(lo, end.claim))
                 return total
 
     def _ack_plain(self, session: Session, end: ClaimOffset) -> int:
@@ -108,13 +122,16 @@ class Acker:
             total += deleted
             if seen < batch:
                 break
-        if d.poison_at_claim:
-            stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
-            chunk: Callable[[Any], int] = lambda c: db.rowcount(c.cursor(), stmt)  # noqa: E731
-        else:  # the claim did not judge headers: each chunk is read and its poison moved
-            chunk = lambda c: self.after.ack_plain_chunk(c.cursor(), upto=end.claim, batch=batch)  # noqa: E731
+        if not d.poison_at_claim:  # the claim did not judge headers: each chunk is read and its poison moved
+            return total + self._chunks(
+                session, end, batch, lambda c, lo: self.after.ack_plain_chunk(c.cursor(), upto=end.claim, batch=batch, after=lo))
+        stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
         while True:
-            n = session.run(chunk, what)
+            n = session.run(lambda c: db.rowcount(c.cursor(), stmt), what)
             total += n
             if n < batch:
                 return total
+
+
+def _after(chunk: Callable[[Any, int], Chunk], lo: int, conn: Any) -> Chunk:
+    return chunk(conn, lo)
