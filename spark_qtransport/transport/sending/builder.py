@@ -9,8 +9,9 @@ so it travels, exactly once, with the rest of its batch.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -26,9 +27,10 @@ from ...wire import (
     format_time,
     machine,
     outgoing_headers,
+    uuid4_list,
     uuid4_texts,
 )
-from .messages import DELAYED, PUBLISH, SEND, SendPlan, StagedRow
+from .messages import DELAYED, PUBLISH, SEND, InputColumns, RowGroup, SendPlan, StagedRow
 from .recovery import RECOVERY, RETRY, InvalidFailure, failure_of, next_attempt, retried_headers
 from .recovery import SOURCE as RECOVERY_SOURCE
 
@@ -122,6 +124,7 @@ class MessageBuilder:
         self.invalid = 0  # rows refused and staged as error copies (counted in `counts` too)
         self.invalid_reason: str | None = None  # the first one's error
         self._ids = uuid4_texts()
+        self._id_block = uuid4_list  # n new ids at once, for the column-wise path (`build_columns`)
         self._text = SentHeaderText(endpoint=plan.endpoint, machine=self.machine, content_type=plan.content_type,
                                     new_id=lambda: next(self._ids))
         # the fast path (`_fast`) needs text for every header it fills in; else every row takes
@@ -162,6 +165,150 @@ class MessageBuilder:
             if self.plan.invalid_to is None:
                 raise error from None
             return self._error_copy(row, now, refused.message_id, error)
+
+    def build_all(self, batches: Iterable[Iterable[Mapping[str, Any]] | InputColumns], now: datetime | str) -> Iterator[StagedRow | RowGroup]:
+        """A task's input, batch by batch: `InputColumns` column-wise (`build_columns`), any other
+        batch (row dicts) row by row (`build`). Yields staged rows and groups of them."""
+        for batch in batches:
+            if type(batch) is InputColumns:
+                yield from self.build_columns(batch, now)
+            else:
+                yield from map(self.build, batch, itertools.repeat(now))
+
+    def build_columns(self, batch: InputColumns, now: datetime | str) -> Iterator[StagedRow | RowGroup]:
+        """`build` of every row of `batch`, the plain ones column by column: a row that `_fast`
+        would build from its text columns alone (no headers, no time to be received, delay or
+        deliver_at; text without NUL; a message type; a known intent; a destination it routes)
+        is built with the batch's other such rows, a few operations per column rather than some
+        per row, into `RowGroup`s of the staged rows `build` makes of them
+        (tests/test_stage_columns.py keeps the two equal); any other row is built by `build`, in
+        its turn. The rows of one (kind, route) come in the batch's order."""
+        n = len(batch)
+        plan = self._columns_plan(batch, now) if n else None
+        if plan is None:
+            yield from map(self.build, batch, itertools.repeat(now))
+            return
+        odd, keys, message_ids, texts, bodies = plan
+        counts = self.counts
+        done = start = 0  # plain rows yielded; the batch's first row not yielded
+        for stop in [*odd, n]:
+            if stop > start:
+                end = done + stop - start
+                for key, columns in _groups(keys, done, end, message_ids, texts, bodies):
+                    size = len(columns[0])
+                    counts[key] = counts.get(key, 0) + size
+                    nothing = (None,) * size  # ttbr_ms, delay_ms, due
+                    yield RowGroup(key[0], key[1], (*columns, nothing, nothing, nothing))
+                done = end
+            if stop < n:
+                yield self.build(batch.row(stop), now)
+            start = stop + 1
+
+    def _columns_plan(self, batch: InputColumns, now: datetime | str) -> tuple[list[int], _Keys, list[str], list[str],
+                                                                               list[Any]] | None:
+        """What `build_columns` needs: the rows it leaves to `build` (in order), then the (kind,
+        route) of the others (one for all, or a list: one each), their message ids, headers texts
+        and bodies, in order. None: every row to `build`."""
+        n = len(batch)
+        if not self._plain or not isinstance(now, str):
+            return None
+        columns = dict(zip(batch.names, batch.columns, strict=True))
+        odd: set[int] = set()
+        for name in _ROW_WISE_COLUMNS:
+            column = columns.get(name)
+            if column is not None and column.count(None) != n:
+                odd.update(i for i, v in enumerate(column) if v is not None)
+        if len(odd) == n:
+            return None
+        text: dict[str, list[Any]] = {}
+        for name in _TEXT_COLUMNS:
+            column = columns.get(name)
+            if column is None or column.count(None) == n:
+                continue  # as if absent
+            if not set(map(type, column)) <= _TEXT_TYPES:
+                return None
+            if "\x00" in "".join(filter(None, column)):
+                odd.update(i for i, v in enumerate(column) if v and "\x00" in v)
+            text[name] = column
+        message_types = text.get("message_type")
+        if message_types is None:
+            return None  # no row has a message type: refused, or given by its headers
+        if "" in message_types or None in message_types:
+            odd.update(i for i, v in enumerate(message_types) if not v)
+        bodies = columns.get("body")
+        if bodies is None:
+            bodies = [None] * n
+        else:
+            types = set(map(type, bodies))
+            if not types <= _BODY_TYPES:
+                return None
+            if str in types:
+                bodies = list(bodies)
+                for i, body in enumerate(bodies):
+                    if type(body) is str:
+                        try:
+                            bodies[i] = body.encode("utf-8")
+                        except UnicodeError:  # raised by `build`, in its turn
+                            odd.add(i)
+        intents, destinations = text.get("intent"), text.get("destination")
+        keys: _Keys
+        if intents is None and destinations is None:
+            key = self._key("Send", None)
+            if key is None:
+                return None
+            keys = key
+        else:  # one per row: (kind, route), (PUBLISH, None) for an event (routed by its type), None: `build`'s
+            pairs = list(zip(intents or itertools.repeat(None, n), destinations or itertools.repeat(None, n),
+                             strict=True))
+            known = {(intent, destination): self._key(_intent(intent), destination) for intent, destination in set(pairs)}
+            keys = [known[pair] for pair in pairs]  # type: ignore[misc]
+            if None in known.values():
+                odd.update(i for i, key in enumerate(keys) if key is None)
+        if len(odd) == n:
+            return None
+        if odd:  # the plain rows' columns
+            plain = [i for i in range(n) if i not in odd]
+            text = {name: [column[i] for i in plain] for name, column in text.items()}
+            bodies = [bodies[i] for i in plain]
+            if isinstance(keys, list):
+                keys = [keys[i] for i in plain]
+            message_types, intents = text["message_type"], text.get("intent")
+        if isinstance(keys, list) and intents is not None:
+            keys = [(PUBLISH, t) if k[1] is None else k for k, t in zip(keys, message_types, strict=True)]
+        m = n - len(odd)
+        given = text.get("message_id")
+        if given is None:
+            message_ids = self._id_block(m)
+        else:
+            missing = m - sum(map(bool, given))
+            new = iter(self._id_block(missing))
+            message_ids = [v or next(new) for v in given] if missing else given
+        reply_to, default = text.get("reply_to"), self.plan.reply_to
+        one_type = message_types[0] if len(set(message_types)) == 1 else None
+        texts = self._text.texts(
+            message_ids=message_ids,
+            intent="Send" if intents is None else [_intent(v) for v in intents],  # type: ignore[misc]
+            enclosed=one_type if one_type is not None else message_types,
+            correlation_ids=text.get("correlation_id"),
+            reply_to=default if reply_to is None else [r or default for r in reply_to],
+            time_sent=now, conversations=self._id_block(m),
+        )
+        return sorted(odd), keys, message_ids, texts, bodies
+
+    def _key(self, intent: str | None, destination: str | None) -> tuple[str, str | None] | None:
+        """(kind, route) of a plain row with this MessageIntent and destination, as `_fast`
+        routes it; (PUBLISH, None) for a published event (routed by its message type); None
+        when `build` would refuse (or fail) the row."""
+        if intent is None:
+            return None
+        if intent == "Publish":
+            return None if destination is not None else (PUBLISH, None)
+        if intent == "Reply" and destination is None:
+            return (SEND, "")
+        try:
+            return (SEND, self.route(destination, ""))
+        except Exception:  # noqa: BLE001 - refused, or failing, in its turn by `build`
+            return None
 
     def error(self, row: Mapping[str, Any], refused: _Refused) -> MessageError:
         """The error of a refused row: the column, the message, why. The message is named by
@@ -481,6 +628,35 @@ class MessageBuilder:
             headers[H.FORWARD_DESTINATION] = route
             return DELAYED, route
         return SEND, route
+
+
+#: the columns `build_columns` reads; it ignores any other, as `_fast` does (``failure``: only
+#: intents fail and retry read it, and their rows are built by `build`)
+_TEXT_COLUMNS = ("message_id", "message_type", "correlation_id", "reply_to", "destination", "intent")
+#: columns whose rows `build` builds when they hold a value
+_ROW_WISE_COLUMNS = ("headers", "time_to_be_received", "delay", "deliver_at")
+_TEXT_TYPES = frozenset((str, type(None)))
+_BODY_TYPES = frozenset((bytes, str, type(None)))
+#: (kind, route) of every row, or one per row (a route None: not known yet, or refused)
+_Keys = tuple[str, Any] | list[tuple[str, Any]]
+
+
+def _intent(value: str | None) -> str | None:
+    """The MessageIntent of an intent column's value, as `_fast` reads it (None: not one it takes)."""
+    return INTENTS.get((value or "send").strip().lower())
+
+
+def _groups(keys: _Keys, start: int, end: int, *columns: list[Any]) -> list[tuple[tuple[str, str], list[list[Any]]]]:
+    """Rows ``start`` to ``end`` of `columns`, by (kind, route) (`keys`: one for all, or one each),
+    each key's in order."""
+    if isinstance(keys, tuple):
+        return [(keys, [c[start:end] for c in columns])]
+    rows: dict[tuple[str, str], list[int]] = {}
+    for i in range(start, end):
+        rows.setdefault(keys[i], []).append(i)
+    if len(rows) == 1:
+        return [(keys[start], [c[start:end] for c in columns])]
+    return [(key, [[c[i] for i in picked] for c in columns]) for key, picked in rows.items()]
 
 
 _ENCLOSED = H.ENCLOSED_MESSAGE_TYPES
