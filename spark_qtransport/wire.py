@@ -395,14 +395,13 @@ class SentHeaderText:
         else:
             ends = {r: f",{_K_REPLY_TO}{_escaped(r)}}}" if r else "}" for r in set(reply_to)}
             tails = map(ends.__getitem__, reply_to)
-        ids = _escaped_all(message_ids)
+        ids = _inner_all(message_ids)
         correlations = ids if correlation_ids is None else [
             c if given else i
-            for given, c, i in zip(correlation_ids, _escaped_all([c or "" for c in correlation_ids]), ids,
-                                   strict=True)]
+            for given, c, i in zip(correlation_ids, _inner_all([c or "" for c in correlation_ids]), ids, strict=True)]
         head, key = "{" + _K_ID, "," + _K_CORRELATION
-        return [f"{head}{i}{m}{c}{key}{k}{t}"
-                for i, m, c, k, t in zip(ids, middles, _escaped_all(conversations), correlations, tails,
+        return [f'{head}"{i}"{m}"{c}"{key}"{k}"{t}'
+                for i, m, c, k, t in zip(ids, middles, _inner_all(conversations), correlations, tails,
                                              strict=False)]  # a value for all: repeated
 
 
@@ -411,30 +410,34 @@ def _escaped(value: str) -> str:
     return _encode_string(value).replace("/", "\\/")
 
 
-def _escaped_all(values: Sequence[str]) -> list[str]:
-    """`_escaped` of each value (the "/" pass only when one holds a "/")."""
-    out = list(map(_encode_string, values))
-    if "/" in "".join(values):
-        return [v.replace("/", "\\/") for v in out]
-    return out
+def _inner_all(values: Sequence[str]) -> Sequence[str]:
+    """`_escaped` of each value without its quotes: `values` themselves when none has a
+    character to escape (ids usually: the usual case costs one pass over their joined text)."""
+    joined = "".join(values)
+    if "/" not in joined and len(_encode_string(joined)) == len(joined) + 2:  # escaping adds characters
+        return values
+    return [_escaped(v)[1:-1] for v in values]
 
 
 def _each(value: str | Sequence[str]) -> Iterable[str]:
     return itertools.repeat(value) if isinstance(value, str) else value
 
 
+#: byte -> the byte with a version-4 UUID's version nibble (byte 6), and its variant bits (byte 8)
+_VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
+_VARIANT = bytes((b & 0x3F) | 0x80 for b in range(256))
+
+
 def uuid4s(n: int) -> Iterator[bytes]:
     """`n` random version-4 UUIDs as 16 bytes each: the bits of ``uuid.uuid4()`` (`os.urandom`)
     from one read, without a `uuid.UUID` object each."""
     raw = bytearray(os.urandom(16 * n))
-    raw[6::16] = bytes((b & 0x0F) | 0x40 for b in raw[6::16])
-    raw[8::16] = bytes((b & 0x3F) | 0x80 for b in raw[8::16])
-    return (bytes(raw[i:i + 16]) for i in range(0, 16 * n, 16))
+    raw[6::16] = raw[6::16].translate(_VERSION_4)
+    raw[8::16] = raw[8::16].translate(_VARIANT)
+    ids = bytes(raw)
+    return (ids[i:i + 16] for i in range(0, 16 * n, 16))
 
 
-#: byte -> the byte with a version-4 UUID's version nibble (byte 6), and its variant bits (byte 8)
-_VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
-_VARIANT = bytes((b & 0x3F) | 0x80 for b in range(256))
 #: where the 32 hex digits of a UUID's text go in its 36 characters (the rest are dashes)
 _HEX_AT = [p for p in range(36) if p not in (8, 13, 18, 23)]
 
