@@ -32,6 +32,8 @@ __all__ = [
     "uuid4s",
     "uuid4_list",
     "uuid4_texts",
+    "given_texts",
+    "NOT_GIVEN_TEXT",
 ]
 
 
@@ -376,12 +378,14 @@ class SentHeaderText:
 
     def texts(self, *, message_ids: Sequence[str], intent: str | Sequence[str], enclosed: str | Sequence[str],
               correlation_ids: Sequence[str | None] | None, reply_to: str | None | Sequence[str | None],
-              time_sent: str, conversations: Sequence[str]) -> list[str]:
-        """`text` of many messages without `given` headers or `forward`, column by column: what
-        `text` writes for each, with each value that is the same for every message (`intent`,
-        `enclosed`, `reply_to`: one value for all, or one per message) escaped once. A falsy
-        correlation id is the message id (None: every one's); `conversations` are the messages'
-        new ConversationIds (`text` draws them from `new_id`)."""
+              time_sent: str, conversations: Sequence[str], given: Sequence[str] | None = None) -> list[str]:
+        """`text` of many messages without `forward`, column by column: what `text` writes for
+        each, with each value that is the same for every message (`intent`, `enclosed`,
+        `reply_to`: one value for all, or one per message) escaped once. A falsy correlation id
+        is the message id (None: every one's); `conversations` are the messages'
+        ConversationIds (given, or new: `text` draws those from `new_id`); `given`: per message,
+        the text of its given headers none of which `text` fills in (`given_texts`: what `text`
+        writes of its `given` then; ConversationId is not one of them, it is in `conversations`)."""
         run = (f",{_K_CONTENT}{_escaped(self._content_type)},{_K_SENT}{_escaped(time_sent)},"
                f"{_K_ENDPOINT}{_escaped(self._endpoint)},{_K_MACHINE}{_escaped(self._machine)},{_K_CONVERSATION}")
         if isinstance(intent, str) and isinstance(enclosed, str):
@@ -395,14 +399,33 @@ class SentHeaderText:
         else:
             ends = {r: f",{_K_REPLY_TO}{_escaped(r)}}}" if r else "}" for r in set(reply_to)}
             tails = map(ends.__getitem__, reply_to)
+        if given is not None:
+            tails = [f"{t[:-1]}{g}}}" if g else t for g, t in zip(given, tails, strict=False)]  # after ReplyToAddress
         ids = _inner_all(message_ids)
         correlations = ids if correlation_ids is None else [
-            c if given else i
-            for given, c, i in zip(correlation_ids, _inner_all([c or "" for c in correlation_ids]), ids, strict=True)]
+            c if own else i
+            for own, c, i in zip(correlation_ids, _inner_all([c or "" for c in correlation_ids]), ids, strict=True)]
         head, key = "{" + _K_ID, "," + _K_CORRELATION
         return [f'{head}"{i}"{m}"{c}"{key}"{k}"{t}'
                 for i, m, c, k, t in zip(ids, middles, _inner_all(conversations), correlations, tails,
                                              strict=False)]  # a value for all: repeated
+
+
+#: headers of `given` that `SentHeaderText.texts` writes where `text` writes them only through
+#: its `given` text (`given_texts`): none it fills in, but the ConversationId (its `conversations`)
+NOT_GIVEN_TEXT = (_FILLED_REPLY_TO - {H.CONVERSATION_ID}) | set(RESERVED)
+
+
+def given_texts(names: Sequence[str], values: Sequence[Sequence[str]]) -> list[str]:
+    """The text given headers add to `SentHeaderText.text`'s, for many messages with the same
+    header names (`names`, none of `NOT_GIVEN_TEXT`, in their order; `values`: one column of
+    text per name, a value per message): ``,"name":"value"...`` per message, escaped as
+    `encode_headers` escapes."""
+    columns = [[f"{key}{v}\"" for v in _inner_all(column)]
+               for key, column in zip([f",{_escaped(name)}:\"" for name in names], values, strict=True)]
+    if len(columns) == 1:
+        return columns[0]
+    return ["".join(parts) for parts in zip(*columns, strict=True)]
 
 
 def _escaped(value: str) -> str:

@@ -66,6 +66,14 @@ PLAIN = st.fixed_dictionaries({"body": st.one_of(st.binary(max_size=4), CLEAN)},
     "reply_to": st.one_of(st.none(), CLEAN),
     "intent": st.sampled_from([None, "send", "publish", " Reply"]),
     "destination": st.sampled_from([None, "Billing", "x.y.z"]),
+    "headers": st.one_of(
+        st.none(), st.just([]),
+        st.tuples(CLEAN, CLEAN).map(lambda t: [(H.CONVERSATION_ID, t[0]), (H.RELATED_TO, t[1])]),  # reply(), publish()
+        st.tuples(st.sampled_from([H.CONVERSATION_ID, "Shop.Tenant"]), CLEAN, CLEAN).map(  # a key twice: the last wins
+            lambda t: [(t[0], t[1]), (H.RELATED_TO, "r"), (t[0], t[2])]),
+        st.lists(st.tuples(st.sampled_from([H.CONVERSATION_ID, H.RELATED_TO, "Shop.Tenant", "a/b", "ü\"", H.CORRELATION_ID,
+                                            H.REPLY_TO_ADDRESS, "NServiceBus.TimeToBeReceived"]),
+                           st.one_of(CLEAN, CLEAN, st.none(), TEXT)), max_size=3)),
 })
 
 
@@ -157,7 +165,7 @@ def test_columns_build_what_rows_build_from_mostly_plain_rows(rows: list[dict[st
     _same(rows, dialect, reply_to, destination, invalid_to)
 
 
-@pytest.mark.parametrize("shape", ["new", "ids", "odd", "routes"])
+@pytest.mark.parametrize("shape", ["new", "ids", "odd", "routes", "headers"])
 def test_a_large_batch_builds_what_rows_build(shape: str) -> None:
     """Thousands of rows: literal message types, with and without ids, bad rows between good ones,
     several destinations and intents."""
@@ -170,6 +178,13 @@ def test_a_large_batch_builds_what_rows_build(shape: str) -> None:
         elif shape == "odd":
             row.update(message_id="bad\x00" if i % 97 == 0 else None, delay=5 if i % 89 == 0 else None,
                        message_type="" if i % 83 == 0 else TYPE, headers=[("Shop.Tenant", "ü")] if i % 79 == 0 else None)
+        elif shape == "headers":
+            row.update(intent=("reply", "publish", None)[i % 3], destination="Web" if i % 3 == 0 else None, headers=[
+                [(H.CONVERSATION_ID, f"c{i}"), (H.RELATED_TO, f"r/{i}")],
+                [(H.CONVERSATION_ID, f"c{i}"), (H.RELATED_TO, f"r{i}"), ("Shop.Tenant", "\"ü\"")],
+                [(H.RELATED_TO, "r"), (H.RELATED_TO, "s")], [("Shop.Tenant", None)], [("Shop.Tenant", "a\x00")],
+                [(H.CORRELATION_ID, "c")], [(H.MESSAGE_ID, "m")], [], None, [(H.CONVERSATION_ID, "")],
+            ][i % 10 if i % 7 else 0])
         elif shape == "routes":
             row.update(destination=("Billing", "Shipping", None, "a\x00b")[i % 4], intent=("send", "reply", "publish")[i % 3],
                        message_type=("T1", "T2/x")[i % 2])
@@ -193,6 +208,12 @@ def test_new_messages_take_the_column_wise_path(monkeypatch: pytest.MonkeyPatch)
                           ["Shipping", "Web", None, None], [None] * 4, [None] * 4])
     assert [(g.kind, g.route, len(g.columns[0])) for g in b.build_columns(sends, NOW)] == [
         ("s", '"public"."Shipping"', 1), ("s", '"public"."Web"', 1), ("s", '"public"."Billing"', 1), ("p", TYPE, 1)]
+    related = [[(H.CONVERSATION_ID, f"c{i}"), (H.RELATED_TO, f"r{i}"), ("Shop.Tenant", "acme")] for i in range(3)]
+    replies = InputColumns(["body", "destination", "intent", "message_type", "correlation_id", "headers"],  # reply()
+                           [[b"{}"] * 3, ["Web"] * 3, ["reply"] * 3, [TYPE] * 3, ["c0", "c1", "c2"], related])
+    events = InputColumns(["body", "intent", "message_type", "headers"], [[b"{}"] * 3, ["publish"] * 3, [TYPE] * 3, related])
+    assert [(g.kind, g.route, len(g.columns[0])) for g in [*b.build_columns(replies, NOW), *b.build_columns(events, NOW)]] \
+        == [("s", '"public"."Web"', 3), ("p", TYPE, 3)]
 
 
 def test_headers_of_a_new_message() -> None:
@@ -276,8 +297,9 @@ def test_a_deliver_at_in_the_past_is_no_plain_row() -> None:
        correlations=st.booleans(), reply_to=st.sampled_from(["none", "one", "each"]), time_sent=CLEAN, machine=CLEAN)
 def test_sent_header_texts_are_the_texts_of_each(data: Any, n: int, one_intent: bool, one_type: bool, correlations: bool,
                                                  reply_to: str, time_sent: str, machine: str) -> None:
-    """`SentHeaderText.texts` writes, column by column, what `text` writes for each message."""
-    from spark_qtransport.wire import SentHeaderText
+    """`SentHeaderText.texts` writes, column by column, what `text` writes for each message
+    (with the text of its given headers from `given_texts`)."""
+    from spark_qtransport.wire import NOT_GIVEN_TEXT, SentHeaderText, given_texts
 
     each = lambda strategy: data.draw(st.lists(strategy, min_size=n, max_size=n))  # noqa: E731
     message_ids, conversations = each(CLEAN.filter(bool)), each(CLEAN)
@@ -287,9 +309,14 @@ def test_sent_header_texts_are_the_texts_of_each(data: Any, n: int, one_intent: 
     correlation_ids = each(st.one_of(st.none(), st.just(""), CLEAN)) if correlations else None
     replies: Any = {"none": None, "one": data.draw(st.one_of(st.just(""), CLEAN)),
                     "each": each(st.one_of(st.none(), st.just(""), CLEAN))}[reply_to]
+    names = data.draw(st.lists(st.one_of(CLEAN, st.sampled_from([H.RELATED_TO, "NServiceBus.TimeToBeReceived"])).filter(
+        lambda name: name not in NOT_GIVEN_TEXT and name != H.CONVERSATION_ID), unique=True, max_size=3))
+    given = [dict(zip(names, values, strict=True)) for values in zip(*[each(CLEAN) for _ in names], strict=True)] \
+        if names else [{} for _ in range(n)]
     writer = SentHeaderText(endpoint="Sales/East", machine=machine, content_type="application/json", new_id=lambda: "")
     got = writer.texts(message_ids=message_ids, intent=intents, enclosed=types, correlation_ids=correlation_ids,
-                       reply_to=replies, time_sent=time_sent, conversations=conversations)
+                       reply_to=replies, time_sent=time_sent, conversations=conversations,
+                       given=given_texts(names, [[g[name] for g in given] for name in names]) if names else None)
 
     def at(value: Any, i: int) -> Any:
         return value if value is None or isinstance(value, str) else value[i]
@@ -299,7 +326,7 @@ def test_sent_header_texts_are_the_texts_of_each(data: Any, n: int, one_intent: 
         writer._new_id = lambda i=i: conversations[i]  # type: ignore[misc]
         want.append(writer.text(message_id=message_ids[i], intent=at(intents, i), enclosed=at(types, i),
                                 correlation_id=at(correlation_ids, i) or message_ids[i], reply_to=at(replies, i),
-                                time_sent=time_sent, given=None))
+                                time_sent=time_sent, given=given[i] or None))
     assert got == want
 
 

@@ -19,12 +19,14 @@ from ...dialects import dialect_named
 from ...errors import ConfigError, MessageError
 from ...wire import (
     INTENTS,
+    NOT_GIVEN_TEXT,
     RESERVED,
     H,
     SentHeaderText,
     encode_headers,
     failure_headers,
     format_time,
+    given_texts,
     machine,
     outgoing_headers,
     uuid4_list,
@@ -177,9 +179,10 @@ class MessageBuilder:
 
     def build_columns(self, batch: InputColumns, now: datetime | str) -> Iterator[StagedRow | RowGroup]:
         """`build` of every row of `batch`, the plain ones column by column: a row that `_fast`
-        would build from its text columns alone (no headers, no time to be received, delay or
-        deliver_at; text without NUL; a message type; a known intent; a destination it routes)
-        is built with the batch's other such rows, a few operations per column rather than some
+        would build from its text columns and headers alone (no time to be received, delay or
+        deliver_at; text without NUL; a message type; a known intent; a destination it routes;
+        headers, if any, of text, none that `_fast` fills in but the ConversationId:
+        `_given_columns`) is built with the batch's other such rows, a few operations per column rather than some
         per row, into `RowGroup`s of the staged rows `build` makes of them
         (tests/test_stage_columns.py keeps the two equal); any other row is built by `build`, in
         its turn. The rows of one (kind, route) come in the batch's order."""
@@ -250,6 +253,7 @@ class MessageBuilder:
                             bodies[i] = body.encode("utf-8")
                         except UnicodeError:  # raised by `build`, in its turn
                             odd.add(i)
+        extra, conversations = _given_columns(columns.get("headers"), n, odd)
         intents, destinations = text.get("intent"), text.get("destination")
         keys: _Keys
         if intents is None and destinations is None:
@@ -261,7 +265,7 @@ class MessageBuilder:
             pairs = list(zip(intents or itertools.repeat(None, n), destinations or itertools.repeat(None, n),
                              strict=True))
             known = {(intent, destination): self._key(_intent(intent), destination) for intent, destination in set(pairs)}
-            keys = [known[pair] for pair in pairs]  # type: ignore[misc]
+            keys = list(map(known.__getitem__, pairs))  # type: ignore[arg-type]
             if None in known.values():
                 odd.update(i for i, key in enumerate(keys) if key is None)
         if len(odd) == n:
@@ -272,8 +276,10 @@ class MessageBuilder:
             bodies = [bodies[i] for i in plain]
             if isinstance(keys, list):
                 keys = [keys[i] for i in plain]
+            if extra is not None and conversations is not None:
+                extra, conversations = [extra[i] for i in plain], [conversations[i] for i in plain]
             message_types, intents = text["message_type"], text.get("intent")
-        if isinstance(keys, list) and intents is not None:
+        if isinstance(keys, list) and (PUBLISH, None) in keys:
             keys = [(PUBLISH, t) if k[1] is None else k for k, t in zip(keys, message_types, strict=True)]
         m = n - len(odd)
         given = text.get("message_id")
@@ -283,15 +289,20 @@ class MessageBuilder:
             missing = m - sum(map(bool, given))
             new = iter(self._id_block(missing))
             message_ids = [v or next(new) for v in given] if missing else given
+        if conversations is None:
+            new_conversations = self._id_block(m)
+        else:  # given, or new
+            new = iter(self._id_block(conversations.count(None)))
+            new_conversations = [next(new) if c is None else c for c in conversations]
         reply_to, default = text.get("reply_to"), self.plan.reply_to
         one_type = message_types[0] if len(set(message_types)) == 1 else None
         texts = self._text.texts(
             message_ids=message_ids,
-            intent="Send" if intents is None else [_intent(v) for v in intents],  # type: ignore[misc]
+            intent="Send" if intents is None else list(map(_intents(intents).__getitem__, intents)),
             enclosed=one_type if one_type is not None else message_types,
             correlation_ids=text.get("correlation_id"),
             reply_to=default if reply_to is None else [r or default for r in reply_to],
-            time_sent=now, conversations=self._id_block(m),
+            time_sent=now, conversations=new_conversations, given=extra,
         )
         return sorted(odd), keys, message_ids, texts, bodies
 
@@ -634,11 +645,53 @@ class MessageBuilder:
 #: intents fail and retry read it, and their rows are built by `build`)
 _TEXT_COLUMNS = ("message_id", "message_type", "correlation_id", "reply_to", "destination", "intent")
 #: columns whose rows `build` builds when they hold a value
-_ROW_WISE_COLUMNS = ("headers", "time_to_be_received", "delay", "deliver_at")
+_ROW_WISE_COLUMNS = ("time_to_be_received", "delay", "deliver_at")
 _TEXT_TYPES = frozenset((str, type(None)))
 _BODY_TYPES = frozenset((bytes, str, type(None)))
 #: (kind, route) of every row, or one per row (a route None: not known yet, or refused)
 _Keys = tuple[str, Any] | list[tuple[str, Any]]
+
+
+def _given_columns(headers: list[Any] | None, n: int, odd: set[int]) -> tuple[list[str], list[str | None]] | tuple[None, None]:
+    """The ``headers`` column as `build_columns` takes it: per row, the text of its given headers
+    (`given_texts`) and its given ConversationId (None: a new one), for rows whose headers are
+    (key, value) pairs of text without NUL, each key once, none of `NOT_GIVEN_TEXT` (else the
+    row is added to `odd`). Rows with the same keys are done together. (None, None): no headers."""
+    if headers is None or headers.count(None) == n:
+        return None, None
+    by_names: dict[tuple[Any, ...], list[int]] = {}
+    for i, pairs in enumerate(headers):
+        if pairs:
+            if type(pairs) is not list:
+                odd.add(i)
+                continue
+            try:
+                by_names.setdefault(tuple([name for name, _ in pairs]), []).append(i)
+            except (TypeError, ValueError):
+                odd.add(i)
+    texts: list[str] = [""] * n
+    conversations: list[str | None] = [None] * n
+    for names, rows in by_names.items():
+        if (not all(type(name) is str for name in names) or len(set(names)) < len(names)
+                or "\x00" in "".join(names) or not NOT_GIVEN_TEXT.isdisjoint(names)):
+            odd.update(rows)
+            continue
+        values = [[headers[i][j][1] for i in rows] for j in range(len(names))]
+        bad = {r for column in values for r, v in enumerate(column) if type(v) is not str or "\x00" in v}
+        if bad:
+            odd.update(rows[r] for r in bad)
+            rows = [i for r, i in enumerate(rows) if r not in bad]
+            values = [[v for r, v in enumerate(column) if r not in bad] for column in values]
+        if not rows:
+            continue
+        if H.CONVERSATION_ID in names:
+            for i, value in zip(rows, values[names.index(H.CONVERSATION_ID)], strict=True):
+                conversations[i] = value
+        rest = [(name, column) for name, column in zip(names, values, strict=True) if name != H.CONVERSATION_ID]
+        if rest:
+            for i, text in zip(rows, given_texts([name for name, _ in rest], [column for _, column in rest]), strict=True):
+                texts[i] = text
+    return texts, conversations
 
 
 def _intent(value: str | None) -> str | None:
@@ -646,16 +699,21 @@ def _intent(value: str | None) -> str | None:
     return INTENTS.get((value or "send").strip().lower())
 
 
+def _intents(values: list[str | None]) -> dict[str | None, str]:
+    """The MessageIntent of each distinct value of a plain rows' intent column."""
+    return {value: INTENTS[(value or "send").strip().lower()] for value in set(values)}
+
+
 def _groups(keys: _Keys, start: int, end: int, *columns: list[Any]) -> list[tuple[tuple[str, str], list[list[Any]]]]:
     """Rows ``start`` to ``end`` of `columns`, by (kind, route) (`keys`: one for all, or one each),
     each key's in order."""
     if isinstance(keys, tuple):
         return [(keys, [c[start:end] for c in columns])]
+    if len(set(keys[start:end])) == 1:
+        return [(keys[start], [c[start:end] for c in columns])]
     rows: dict[tuple[str, str], list[int]] = {}
     for i in range(start, end):
         rows.setdefault(keys[i], []).append(i)
-    if len(rows) == 1:
-        return [(keys[start], [c[start:end] for c in columns])]
     return [(key, [[c[i] for i in picked] for c in columns]) for key, picked in rows.items()]
 
 
