@@ -253,7 +253,10 @@ class MessageBuilder:
                             bodies[i] = body.encode("utf-8")
                         except UnicodeError:  # raised by `build`, in its turn
                             odd.add(i)
-        extra, conversations = _given_columns(columns.get("headers"), n, odd)
+        try:
+            extra, conversations = _given_columns(columns.get("headers"), n, odd)
+        except Exception:  # noqa: BLE001 - `_RowByRow`, or headers not (key, value) pairs: `build` builds them
+            return None
         intents, destinations = text.get("intent"), text.get("destination")
         keys: _Keys
         if intents is None and destinations is None:
@@ -652,13 +655,24 @@ _BODY_TYPES = frozenset((bytes, str, type(None)))
 _Keys = tuple[str, Any] | list[tuple[str, Any]]
 
 
+class _RowByRow(Exception):  # noqa: N818 - internal: `build_columns` leaves the batch to `build`
+    """A batch whose rows are better built by `build` (`_given_columns`: forwarded messages)."""
+
+
 def _given_columns(headers: list[Any] | None, n: int, odd: set[int]) -> tuple[list[str], list[str | None]] | tuple[None, None]:
     """The ``headers`` column as `build_columns` takes it: per row, the text of its given headers
     (`given_texts`) and its given ConversationId (None: a new one), for rows whose headers are
     (key, value) pairs of text without NUL, each key once, none of `NOT_GIVEN_TEXT` (else the
-    row is added to `odd`). Rows with the same keys are done together. (None, None): no headers."""
+    row is added to `odd`). Rows with the same keys are done together. (None, None): no headers.
+    Raises `_RowByRow` when the first row with headers has one that `_fast` fills in (a
+    forwarded message's MessageId, say): its batch is likely all such rows, not worth a pass."""
     if headers is None or headers.count(None) == n:
         return None, None
+    first = next(filter(None, headers), None)  # forwarded messages' headers (a MessageId...): all row by row, unread
+    if first is None:
+        return None, None  # empty maps: as none
+    if type(first) is not list or not NOT_GIVEN_TEXT.isdisjoint(name for name, _ in first):
+        raise _RowByRow
     by_names: dict[tuple[Any, ...], list[int]] = {}
     for i, pairs in enumerate(headers):
         if pairs:
