@@ -1,5 +1,6 @@
 """Input rows -> staged rows with NServiceBus headers: one `MessageBuilder` per Spark task. Runs on
-executors; no SQL. Every check happens here, before anything is written. A row that fails one is
+executors; no SQL. A task's input arrives column by column (`InputColumns`): its plain rows are
+built together (`MessageBuilder.build_columns`), the others one by one (`MessageBuilder.build`). Every check happens here, before anything is written. A row that fails one is
 refused with a `MessageError` naming the column, the value, the reason and the message (its
 ``message_id``, else the message a reply answers: `MessageBuilder.error`); unless the sink fails
 on such rows (option invalidRows=fail), the row becomes an error copy instead: the message it would
