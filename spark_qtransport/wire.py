@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import socket
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -32,7 +33,10 @@ __all__ = [
     "parse_time",
     "SentHeaderText",
     "uuid4s",
+    "uuid4_list",
     "uuid4_texts",
+    "given_texts",
+    "NOT_GIVEN_TEXT",
 ]
 
 
@@ -423,20 +427,115 @@ class SentHeaderText:
             text += f",{_K_FORWARD}{e(forward)}"
         return (text + "}").replace("/", "\\/")
 
+    def texts(self, *, message_ids: Sequence[str], intent: str | Sequence[str], enclosed: str | Sequence[str],
+              correlation_ids: Sequence[str | None] | None, reply_to: str | None | Sequence[str | None],
+              time_sent: str, conversations: Sequence[str], given: Sequence[str] | None = None) -> list[str]:
+        """`text` of many messages without `forward`, column by column: what `text` writes for
+        each, with each value that is the same for every message (`intent`, `enclosed`,
+        `reply_to`: one value for all, or one per message) escaped once. A falsy correlation id
+        is the message id (None: every one's); `conversations` are the messages'
+        ConversationIds (given, or new: `text` draws those from `new_id`); `given`: per message,
+        the text of its given headers none of which `text` fills in (`given_texts`: what `text`
+        writes of its `given` then; ConversationId is not one of them, it is in `conversations`)."""
+        run = (f",{_K_CONTENT}{_escaped(self._content_type)},{_K_SENT}{_escaped(time_sent)},"
+               f"{_K_ENDPOINT}{_escaped(self._endpoint)},{_K_MACHINE}{_escaped(self._machine)},{_K_CONVERSATION}")
+        if isinstance(intent, str) and isinstance(enclosed, str):
+            middles: Iterable[str] = itertools.repeat(f",{_K_INTENT}{_escaped(intent)},{_K_TYPES}{_escaped(enclosed)}{run}")
+        else:
+            pieces: dict[tuple[str, str], str] = {}
+            middles = [pieces.get(k) or pieces.setdefault(k, f",{_K_INTENT}{_escaped(k[0])},{_K_TYPES}{_escaped(k[1])}{run}")
+                       for k in zip(_each(intent), _each(enclosed), strict=False)]  # a value for all: repeated
+        if reply_to is None or isinstance(reply_to, str):
+            tails: Iterable[str] = itertools.repeat(f",{_K_REPLY_TO}{_escaped(reply_to)}}}" if reply_to else "}")
+        else:
+            ends = {r: f",{_K_REPLY_TO}{_escaped(r)}}}" if r else "}" for r in set(reply_to)}
+            tails = map(ends.__getitem__, reply_to)
+        if given is not None:
+            tails = [f"{t[:-1]}{g}}}" if g else t for g, t in zip(given, tails, strict=False)]  # after ReplyToAddress
+        ids = _inner_all(message_ids)
+        correlations = ids if correlation_ids is None else [
+            c if own else i
+            for own, c, i in zip(correlation_ids, _inner_all([c or "" for c in correlation_ids]), ids, strict=True)]
+        head, key = "{" + _K_ID, "," + _K_CORRELATION
+        return [f'{head}"{i}"{m}"{c}"{key}"{k}"{t}'
+                for i, m, c, k, t in zip(ids, middles, _inner_all(conversations), correlations, tails,
+                                             strict=False)]  # a value for all: repeated
+
+
+#: headers of `given` that `SentHeaderText.texts` writes where `text` writes them only through
+#: its `given` text (`given_texts`): none it fills in, but the ConversationId (its `conversations`)
+NOT_GIVEN_TEXT = (_FILLED_REPLY_TO - {H.CONVERSATION_ID}) | set(RESERVED)
+
+
+def given_texts(names: Sequence[str], values: Sequence[Sequence[str]]) -> list[str]:
+    """The text given headers add to `SentHeaderText.text`'s, for many messages with the same
+    header names (`names`, none of `NOT_GIVEN_TEXT`, in their order; `values`: one column of
+    text per name, a value per message): ``,"name":"value"...`` per message, escaped as
+    `encode_headers` escapes."""
+    columns = [[f"{key}{v}\"" for v in _inner_all(column)]
+               for key, column in zip([f",{_escaped(name)}:\"" for name in names], values, strict=True)]
+    if len(columns) == 1:
+        return columns[0]
+    return ["".join(parts) for parts in zip(*columns, strict=True)]
+
+
+def _escaped(value: str) -> str:
+    """`value` as a headers text holds it: a JSON string (`encode_headers`), ``/`` as ``\\/``."""
+    return _encode_string(value).replace("/", "\\/")
+
+
+def _inner_all(values: Sequence[str]) -> Sequence[str]:
+    """`_escaped` of each value without its quotes: `values` themselves when none has a
+    character to escape (ids usually: the usual case costs one pass over their joined text)."""
+    joined = "".join(values)
+    if "/" not in joined and len(_encode_string(joined)) == len(joined) + 2:  # escaping adds characters
+        return values
+    return [_escaped(v)[1:-1] for v in values]
+
+
+def _each(value: str | Sequence[str]) -> Iterable[str]:
+    return itertools.repeat(value) if isinstance(value, str) else value
+
+
+#: byte -> the byte with a version-4 UUID's version nibble (byte 6), and its variant bits (byte 8)
+_VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
+_VARIANT = bytes((b & 0x3F) | 0x80 for b in range(256))
+
 
 def uuid4s(n: int) -> Iterator[bytes]:
     """`n` random version-4 UUIDs as 16 bytes each: the bits of ``uuid.uuid4()`` (`os.urandom`)
     from one read, without a `uuid.UUID` object each."""
     raw = bytearray(os.urandom(16 * n))
-    raw[6::16] = bytes((b & 0x0F) | 0x40 for b in raw[6::16])
-    raw[8::16] = bytes((b & 0x3F) | 0x80 for b in raw[8::16])
-    return (bytes(raw[i:i + 16]) for i in range(0, 16 * n, 16))
+    raw[6::16] = raw[6::16].translate(_VERSION_4)
+    raw[8::16] = raw[8::16].translate(_VARIANT)
+    ids = bytes(raw)
+    return (ids[i:i + 16] for i in range(0, 16 * n, 16))
+
+
+#: where the 32 hex digits of a UUID's text go in its 36 characters (the rest are dashes)
+_HEX_AT = [p for p in range(36) if p not in (8, 13, 18, 23)]
+
+
+def uuid4_list(n: int) -> list[str]:
+    """`n` values of ``str(uuid.uuid4())`` (the bits of `uuid4s`: one `os.urandom` read), made
+    with a few operations over all of them rather than some per id: each hex digit's column is
+    copied into its place in one text of ``n`` lines, which is split once."""
+    if n <= 0:
+        return []
+    raw = bytearray(os.urandom(16 * n))
+    raw[6::16] = raw[6::16].translate(_VERSION_4)
+    raw[8::16] = raw[8::16].translate(_VARIANT)
+    digits = raw.hex().encode("ascii")
+    out = bytearray(b"-" * (37 * n))
+    out[36::37] = b"\n" * n
+    for j, p in enumerate(_HEX_AT):
+        out[p::37] = digits[j::32]
+    del out[-1]
+    return out.decode("ascii").split("\n")
 
 
 def uuid4_texts() -> Iterator[str]:
-    """``str(uuid.uuid4())`` values without end, 256 from each `uuid4s` read. Make one per task in
+    """``str(uuid.uuid4())`` values without end, 256 from each `uuid4_list`. Make one per task in
     the task's own process (never shared by forked workers)."""
     while True:
-        for raw in uuid4s(256):
-            h = raw.hex()
-            yield f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        yield from uuid4_list(256)

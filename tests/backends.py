@@ -16,6 +16,7 @@ from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
 from spark_qtransport.transport.operations.install import create_queues
 from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender
+from spark_qtransport.transport.sending.messages import InputColumns
 from spark_qtransport.transport.sending.staging import StageReport, stage_partition
 from spark_qtransport.transport.settings import ReceiveSettings, SendSettings
 
@@ -238,6 +239,8 @@ class Sender:
 
     #: the `inline_bytes` setting of senders that do not give one (None: the setting's default)
     inline_bytes: int | None = None
+    #: tasks take their rows as row dicts rather than column by column
+    by_rows: bool = False
 
     def __init__(self, backend: Backend, endpoint: str, **settings: Any) -> None:
         self.backend = backend
@@ -248,7 +251,10 @@ class Sender:
 
     def stage(self, rows: list[dict[str, Any]], batch_id: int, *, query: str | None = QUERY,
               partition: int = 0) -> StageReport:
-        return stage_partition(self.options, self.plan, [rows], batch_id=batch_id, query_id=query, partition=partition)
+        """One task's part: its rows column by column, as Spark's writer hands them over
+        (`InputColumns`: every column in every row), or with `by_rows` as row dicts."""
+        batch = list(rows) if self.by_rows else InputColumns.of(rows)
+        return stage_partition(self.options, self.plan, [batch], batch_id=batch_id, query_id=query, partition=partition)
 
     def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query: str | None = QUERY) -> Any:
         d = Dispatcher(self.options)

@@ -50,11 +50,13 @@ def received(backend: Backend, queue: str) -> list[tuple[dict[str, str], bytes |
             out.append((parsed, None if body is None else bytes(body)))
 
 
-@pytest.fixture(autouse=True, params=["inline", "staged"])
+@pytest.fixture(autouse=True, params=["inline", "staged", "inline by rows"])
 def send_path(request: Any, monkeypatch: Any) -> str:
     """Every scenario both ways: small tasks' rows handed to the driver and written straight into
-    their queues (the default on PostgreSQL), and rows staged by the tasks (larger tasks; SQL Server)."""
-    monkeypatch.setattr(Sender, "inline_bytes", None if request.param == "inline" else 0)
+    their queues (the default on PostgreSQL), and rows staged by the tasks (larger tasks; SQL Server);
+    tasks take their input column by column, as from Spark, and once more row by row."""
+    monkeypatch.setattr(Sender, "inline_bytes", 0 if request.param == "staged" else None)
+    monkeypatch.setattr(Sender, "by_rows", request.param == "inline by rows")
     return str(request.param)
 
 

@@ -39,7 +39,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from ..errors import ConfigError, tagged, unwrap
 from ..transport import session as db
 from ..transport.sending.dispatch import Dispatcher, set_up_sender
-from ..transport.sending.messages import SendPlan, check_columns
+from ..transport.sending.messages import InputColumns, SendPlan, check_columns
 from ..transport.sending.staging import StageReport, stage_partition
 from ..transport.settings import SendSettings
 from .options import WriterOptions
@@ -95,7 +95,9 @@ ROWS_BYTES = 16 * 2**20
 
 
 def _rows(iterator: Iterator[Any]) -> Iterator[Any]:
-    """The task's input as batches of row dicts, from Arrow record batches or Spark rows.
+    """The task's input in batches: from Arrow record batches, `InputColumns` (the values of
+    each column as Python objects, which the builder takes column by column); from Spark rows,
+    row dicts.
 
     A record batch is turned into Python objects a slice of at most `ROWS_BYTES` at a time (one
     row at least): Spark's batches hold up to 10,000 rows, whatever their size."""
@@ -103,9 +105,9 @@ def _rows(iterator: Iterator[Any]) -> Iterator[Any]:
         for batch in iterator:
             names = batch.schema.names
             for part in _slices(batch, ROWS_BYTES):
-                columns = [part.column(i).to_pylist() for i in range(len(names))]
+                columns = InputColumns(names, [part.column(i).to_pylist() for i in range(len(names))])
                 del part
-                yield (dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True))
+                yield columns
                 del columns
     else:  # pragma: no cover
         yield (row.asDict() for row in iterator)

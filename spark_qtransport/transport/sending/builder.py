@@ -1,5 +1,6 @@
 """Input rows -> staged rows with NServiceBus headers: one `MessageBuilder` per Spark task. Runs on
-executors; no SQL. Every check happens here, before anything is written. A row that fails one is
+executors; no SQL. A task's input arrives column by column (`InputColumns`): its plain rows are
+built together (`MessageBuilder.build_columns`), the others one by one (`MessageBuilder.build`). Every check happens here, before anything is written. A row that fails one is
 refused with a `MessageError` naming the column, the value, the reason and the message (its
 ``message_id``, else the message a reply answers: `MessageBuilder.error`); unless the sink fails
 on such rows (option invalidRows=fail), the row becomes an error copy instead: the message it would
@@ -9,8 +10,9 @@ so it travels, exactly once, with the rest of its batch.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -18,17 +20,20 @@ from ...dialects import dialect_named
 from ...errors import ConfigError, MessageError
 from ...wire import (
     INTENTS,
+    NOT_GIVEN_TEXT,
     RESERVED,
     H,
     SentHeaderText,
     encode_headers,
     failure_headers,
     format_time,
+    given_texts,
     machine,
     outgoing_headers,
+    uuid4_list,
     uuid4_texts,
 )
-from .messages import DELAYED, PUBLISH, SEND, SendPlan, StagedRow
+from .messages import DELAYED, PUBLISH, SEND, InputColumns, RowGroup, SendPlan, StagedRow
 from .recovery import RECOVERY, RETRY, InvalidFailure, failure_of, next_attempt, retried_headers
 from .recovery import SOURCE as RECOVERY_SOURCE
 
@@ -122,6 +127,7 @@ class MessageBuilder:
         self.invalid = 0  # rows refused and staged as error copies (counted in `counts` too)
         self.invalid_reason: str | None = None  # the first one's error
         self._ids = uuid4_texts()
+        self._id_block = uuid4_list  # n new ids at once, for the column-wise path (`build_columns`)
         self._text = SentHeaderText(endpoint=plan.endpoint, machine=self.machine, content_type=plan.content_type,
                                     new_id=lambda: next(self._ids))
         # the fast path (`_fast`) needs text for every header it fills in; else every row takes
@@ -162,6 +168,162 @@ class MessageBuilder:
             if self.plan.invalid_to is None:
                 raise error from None
             return self._error_copy(row, now, refused.message_id, error)
+
+    def build_all(self, batches: Iterable[Iterable[Mapping[str, Any]] | InputColumns], now: datetime | str) -> Iterator[StagedRow | RowGroup]:
+        """A task's input, batch by batch: `InputColumns` column-wise (`build_columns`), any other
+        batch (row dicts) row by row (`build`). Yields staged rows and groups of them."""
+        for batch in batches:
+            if type(batch) is InputColumns:
+                yield from self.build_columns(batch, now)
+            else:
+                yield from map(self.build, batch, itertools.repeat(now))
+
+    def build_columns(self, batch: InputColumns, now: datetime | str) -> Iterator[StagedRow | RowGroup]:
+        """`build` of every row of `batch`, the plain ones column by column: a row that `_fast`
+        would build from its text columns and headers alone (no time to be received, delay or
+        deliver_at; text without NUL; a message type; a known intent; a destination it routes;
+        headers, if any, of text, none that `_fast` fills in but the ConversationId:
+        `_given_columns`) is built with the batch's other such rows, a few operations per column rather than some
+        per row, into `RowGroup`s of the staged rows `build` makes of them
+        (tests/test_stage_columns.py keeps the two equal); any other row is built by `build`, in
+        its turn. The rows of one (kind, route) come in the batch's order."""
+        n = len(batch)
+        plan = self._columns_plan(batch, now) if n else None
+        if plan is None:
+            yield from map(self.build, batch, itertools.repeat(now))
+            return
+        odd, keys, message_ids, texts, bodies = plan
+        counts = self.counts
+        done = start = 0  # plain rows yielded; the batch's first row not yielded
+        for stop in [*odd, n]:
+            if stop > start:
+                end = done + stop - start
+                for key, columns in _groups(keys, done, end, message_ids, texts, bodies):
+                    size = len(columns[0])
+                    counts[key] = counts.get(key, 0) + size
+                    nothing = (None,) * size  # ttbr_ms, delay_ms, due
+                    yield RowGroup(key[0], key[1], (*columns, nothing, nothing, nothing))
+                done = end
+            if stop < n:
+                yield self.build(batch.row(stop), now)
+            start = stop + 1
+
+    def _columns_plan(self, batch: InputColumns, now: datetime | str) -> tuple[list[int], _Keys, list[str], list[str],
+                                                                               list[Any]] | None:
+        """What `build_columns` needs: the rows it leaves to `build` (in order), then the (kind,
+        route) of the others (one for all, or a list: one each), their message ids, headers texts
+        and bodies, in order. None: every row to `build`."""
+        n = len(batch)
+        if not self._plain or not isinstance(now, str):
+            return None
+        columns = dict(zip(batch.names, batch.columns, strict=True))
+        odd: set[int] = set()
+        for name in _ROW_WISE_COLUMNS:
+            column = columns.get(name)
+            if column is not None and column.count(None) != n:
+                odd.update(i for i, v in enumerate(column) if v is not None)
+        if len(odd) == n:
+            return None
+        text: dict[str, list[Any]] = {}
+        for name in _TEXT_COLUMNS:
+            column = columns.get(name)
+            if column is None or column.count(None) == n:
+                continue  # as if absent
+            if not set(map(type, column)) <= _TEXT_TYPES:
+                return None
+            if "\x00" in "".join(filter(None, column)):
+                odd.update(i for i, v in enumerate(column) if v and "\x00" in v)
+            text[name] = column
+        message_types = text.get("message_type")
+        if message_types is None:
+            return None  # no row has a message type: refused, or given by its headers
+        if "" in message_types or None in message_types:
+            odd.update(i for i, v in enumerate(message_types) if not v)
+        bodies = columns.get("body")
+        if bodies is None:
+            bodies = [None] * n
+        else:
+            types = set(map(type, bodies))
+            if not types <= _BODY_TYPES:
+                return None
+            if str in types:
+                bodies = list(bodies)
+                for i, body in enumerate(bodies):
+                    if type(body) is str:
+                        try:
+                            bodies[i] = body.encode("utf-8")
+                        except UnicodeError:  # raised by `build`, in its turn
+                            odd.add(i)
+        try:
+            extra, conversations = _given_columns(columns.get("headers"), n, odd)
+        except Exception:  # noqa: BLE001 - `_RowByRow`, or headers not (key, value) pairs: `build` builds them
+            return None
+        intents, destinations = text.get("intent"), text.get("destination")
+        keys: _Keys
+        if intents is None and destinations is None:
+            key = self._key("Send", None)
+            if key is None:
+                return None
+            keys = key
+        else:  # one per row: (kind, route), (PUBLISH, None) for an event (routed by its type), None: `build`'s
+            pairs = list(zip(intents or itertools.repeat(None, n), destinations or itertools.repeat(None, n),
+                             strict=True))
+            known = {(intent, destination): self._key(_intent(intent), destination) for intent, destination in set(pairs)}
+            keys = list(map(known.__getitem__, pairs))  # type: ignore[arg-type]
+            if None in known.values():
+                odd.update(i for i, key in enumerate(keys) if key is None)
+        if len(odd) == n:
+            return None
+        if odd:  # the plain rows' columns
+            plain = [i for i in range(n) if i not in odd]
+            text = {name: [column[i] for i in plain] for name, column in text.items()}
+            bodies = [bodies[i] for i in plain]
+            if isinstance(keys, list):
+                keys = [keys[i] for i in plain]
+            if extra is not None and conversations is not None:
+                extra, conversations = [extra[i] for i in plain], [conversations[i] for i in plain]
+            message_types, intents = text["message_type"], text.get("intent")
+        if isinstance(keys, list) and (PUBLISH, None) in keys:
+            keys = [(PUBLISH, t) if k[1] is None else k for k, t in zip(keys, message_types, strict=True)]
+        m = n - len(odd)
+        given = text.get("message_id")
+        if given is None:
+            message_ids = self._id_block(m)
+        else:
+            missing = m - sum(map(bool, given))
+            new = iter(self._id_block(missing))
+            message_ids = [v or next(new) for v in given] if missing else given
+        if conversations is None:
+            new_conversations = self._id_block(m)
+        else:  # given, or new
+            new = iter(self._id_block(conversations.count(None)))
+            new_conversations = [next(new) if c is None else c for c in conversations]
+        reply_to, default = text.get("reply_to"), self.plan.reply_to
+        one_type = message_types[0] if len(set(message_types)) == 1 else None
+        texts = self._text.texts(
+            message_ids=message_ids,
+            intent="Send" if intents is None else list(map(_intents(intents).__getitem__, intents)),
+            enclosed=one_type if one_type is not None else message_types,
+            correlation_ids=text.get("correlation_id"),
+            reply_to=default if reply_to is None else [r or default for r in reply_to],
+            time_sent=now, conversations=new_conversations, given=extra,
+        )
+        return sorted(odd), keys, message_ids, texts, bodies
+
+    def _key(self, intent: str | None, destination: str | None) -> tuple[str, str | None] | None:
+        """(kind, route) of a plain row with this MessageIntent and destination, as `_fast`
+        routes it; (PUBLISH, None) for a published event (routed by its message type); None
+        when `build` would refuse (or fail) the row."""
+        if intent is None:
+            return None
+        if intent == "Publish":
+            return None if destination is not None else (PUBLISH, None)
+        if intent == "Reply" and destination is None:
+            return (SEND, "")
+        try:
+            return (SEND, self.route(destination, ""))
+        except Exception:  # noqa: BLE001 - refused, or failing, in its turn by `build`
+            return None
 
     def error(self, row: Mapping[str, Any], refused: _Refused) -> MessageError:
         """The error of a refused row: the column, the message, why. The message is named by
@@ -481,6 +643,93 @@ class MessageBuilder:
             headers[H.FORWARD_DESTINATION] = route
             return DELAYED, route
         return SEND, route
+
+
+#: the columns `build_columns` reads; it ignores any other, as `_fast` does (``failure``: only
+#: intents fail and retry read it, and their rows are built by `build`)
+_TEXT_COLUMNS = ("message_id", "message_type", "correlation_id", "reply_to", "destination", "intent")
+#: columns whose rows `build` builds when they hold a value
+_ROW_WISE_COLUMNS = ("time_to_be_received", "delay", "deliver_at")
+_TEXT_TYPES = frozenset((str, type(None)))
+_BODY_TYPES = frozenset((bytes, str, type(None)))
+#: (kind, route) of every row, or one per row (a route None: not known yet, or refused)
+_Keys = tuple[str, Any] | list[tuple[str, Any]]
+
+
+class _RowByRow(Exception):  # noqa: N818 - internal: `build_columns` leaves the batch to `build`
+    """A batch whose rows are better built by `build` (`_given_columns`: forwarded messages)."""
+
+
+def _given_columns(headers: list[Any] | None, n: int, odd: set[int]) -> tuple[list[str], list[str | None]] | tuple[None, None]:
+    """The ``headers`` column as `build_columns` takes it: per row, the text of its given headers
+    (`given_texts`) and its given ConversationId (None: a new one), for rows whose headers are
+    (key, value) pairs of text without NUL, each key once, none of `NOT_GIVEN_TEXT` (else the
+    row is added to `odd`). Rows with the same keys are done together. (None, None): no headers.
+    Raises `_RowByRow` when the first row with headers has one that `_fast` fills in (a
+    forwarded message's MessageId, say): its batch is likely all such rows, not worth a pass."""
+    if headers is None or headers.count(None) == n:
+        return None, None
+    first = next(filter(None, headers), None)  # forwarded messages' headers (a MessageId...): all row by row, unread
+    if first is None:
+        return None, None  # empty maps: as none
+    if type(first) is not list or not NOT_GIVEN_TEXT.isdisjoint(name for name, _ in first):
+        raise _RowByRow
+    by_names: dict[tuple[Any, ...], list[int]] = {}
+    for i, pairs in enumerate(headers):
+        if pairs:
+            if type(pairs) is not list:
+                odd.add(i)
+                continue
+            try:
+                by_names.setdefault(tuple([name for name, _ in pairs]), []).append(i)
+            except (TypeError, ValueError):
+                odd.add(i)
+    texts: list[str] = [""] * n
+    conversations: list[str | None] = [None] * n
+    for names, rows in by_names.items():
+        if (not all(type(name) is str for name in names) or len(set(names)) < len(names)
+                or "\x00" in "".join(names) or not NOT_GIVEN_TEXT.isdisjoint(names)):
+            odd.update(rows)
+            continue
+        values = [[headers[i][j][1] for i in rows] for j in range(len(names))]
+        bad = {r for column in values for r, v in enumerate(column) if type(v) is not str or "\x00" in v}
+        if bad:
+            odd.update(rows[r] for r in bad)
+            rows = [i for r, i in enumerate(rows) if r not in bad]
+            values = [[v for r, v in enumerate(column) if r not in bad] for column in values]
+        if not rows:
+            continue
+        if H.CONVERSATION_ID in names:
+            for i, value in zip(rows, values[names.index(H.CONVERSATION_ID)], strict=True):
+                conversations[i] = value
+        rest = [(name, column) for name, column in zip(names, values, strict=True) if name != H.CONVERSATION_ID]
+        if rest:
+            for i, text in zip(rows, given_texts([name for name, _ in rest], [column for _, column in rest]), strict=True):
+                texts[i] = text
+    return texts, conversations
+
+
+def _intent(value: str | None) -> str | None:
+    """The MessageIntent of an intent column's value, as `_fast` reads it (None: not one it takes)."""
+    return INTENTS.get((value or "send").strip().lower())
+
+
+def _intents(values: list[str | None]) -> dict[str | None, str]:
+    """The MessageIntent of each distinct value of a plain rows' intent column."""
+    return {value: INTENTS[(value or "send").strip().lower()] for value in set(values)}
+
+
+def _groups(keys: _Keys, start: int, end: int, *columns: list[Any]) -> list[tuple[tuple[str, str], list[list[Any]]]]:
+    """Rows ``start`` to ``end`` of `columns`, by (kind, route) (`keys`: one for all, or one each),
+    each key's in order."""
+    if isinstance(keys, tuple):
+        return [(keys, [c[start:end] for c in columns])]
+    if len(set(keys[start:end])) == 1:
+        return [(keys[start], [c[start:end] for c in columns])]
+    rows: dict[tuple[str, str], list[int]] = {}
+    for i in range(start, end):
+        rows.setdefault(keys[i], []).append(i)
+    return [(key, [[c[i] for i in picked] for c in columns]) for key, picked in rows.items()]
 
 
 _ENCLOSED = H.ENCLOSED_MESSAGE_TYPES

@@ -19,46 +19,46 @@ import functools
 import itertools
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from ...dialects import Dialect, QueueAddress
 from ...wire import uuid4s
 from ..routing import Target, insert_guarded
 from .fanout import Destination
-from .messages import SEND, StagedRow
+from .messages import GROUPED_FROM, SEND, RowGroup, StagedRow
 
 __all__ = ["RowGroup", "hand_over", "by_route", "InlineRows"]
 
 #: the queue columns `Dialect.send_rows` writes
 QUEUE_COLUMNS = frozenset({"id", "expires", "headers", "body"})
-#: `StagedRow` fields a `RowGroup` carries, column by column (the rest are the group's, or the driver's)
-_FIRST = StagedRow._fields.index("message_id")
 MESSAGE_ID, HEADERS, BODY, TTBR_MS = range(4)
 
 
-class RowGroup(NamedTuple):
-    """A task's handed-over messages of one (kind, route), column by column: `StagedRow`'s fields
-    from ``message_id`` on. A commit message pickles a few sequences of strings and bytes rather
-    than an object per message."""
+def hand_over(items: list[StagedRow | RowGroup]) -> list[RowGroup]:
+    """A task's messages as its commit message carries them: one group per (kind, route), its
+    messages in the order they came (rows one by one, or groups the builder made column-wise)."""
+    pieces: dict[tuple[str, str], list[list[StagedRow] | RowGroup]] = {}
+    open_rows: dict[tuple[str, str], list[StagedRow]] = {}  # the rows after a key's last group
+    for item in items:
+        key = (item.kind, item.route)
+        if type(item) is RowGroup:
+            open_rows.pop(key, None)
+            pieces.setdefault(key, []).append(item)
+            continue
+        rows = open_rows.get(key)
+        if rows is None:
+            rows = open_rows[key] = []
+            pieces.setdefault(key, []).append(rows)
+        rows.append(item)  # type: ignore[arg-type]
+    return [RowGroup(kind, route, _columns(parts)) for (kind, route), parts in pieces.items()]
 
-    kind: str
-    route: str
-    columns: tuple[tuple[Any, ...], ...]
 
-    def rows(self, sink: str, batch_id: int, attempt: str) -> list[StagedRow]:
-        return [StagedRow(sink, batch_id, attempt, self.kind, self.route, *values) for values in zip(*self.columns, strict=True)]
-
-
-def hand_over(rows: list[StagedRow]) -> list[RowGroup]:
-    """A task's rows as its commit message carries them."""
-    by_key: dict[tuple[str, str], list[StagedRow]] = {}
-    for row in rows:
-        key = (row.kind, row.route)
-        group = by_key.get(key)
-        if group is None:
-            group = by_key[key] = []
-        group.append(row)
-    return [RowGroup(kind, route, tuple(zip(*group, strict=True))[_FIRST:]) for (kind, route), group in by_key.items()]
+def _columns(parts: list[list[StagedRow] | RowGroup]) -> tuple[Any, ...]:
+    """One key's messages column by column (`RowGroup.columns`)."""
+    columns = [p.columns if isinstance(p, RowGroup) else tuple(zip(*p, strict=True))[GROUPED_FROM:] for p in parts]
+    if len(columns) == 1:
+        return columns[0]
+    return tuple(list(itertools.chain.from_iterable(c[i] for c in columns)) for i in range(len(columns[0])))
 
 
 def by_route(tasks: list[list[RowGroup]]) -> dict[tuple[str, str], list[RowGroup]]:

@@ -5,17 +5,19 @@ turns input rows into staged rows, one `MessageBuilder` per Spark task. No SQL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ...dialects import QueueAddress
 from ...errors import ConfigError, MessageError
 from .recovery import check_failure_type
 
-__all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "StagedRow", "SendPlan", "check_columns",
-           "topics_of"]
+__all__ = ["INPUT_COLUMNS", "SEND", "PUBLISH", "DELAYED", "StagedRow", "RowGroup", "InputColumns", "SendPlan",
+           "check_columns", "topics_of"]
 
 #: kinds of staged rows
 SEND, PUBLISH, DELAYED = "s", "p", "d"
@@ -61,6 +63,60 @@ class StagedRow(NamedTuple):
     def size(self) -> int:
         """Headers and body bytes: what a row costs in memory and on the wire."""
         return len(self.headers) + len(self.body or b"")
+
+
+#: `StagedRow` fields a `RowGroup` carries, column by column (the rest are the group's, or the driver's)
+GROUPED_FROM = StagedRow._fields.index("message_id")
+_new_staged_row = functools.partial(tuple.__new__, StagedRow)
+
+
+class RowGroup(NamedTuple):
+    """Messages of one (kind, route), column by column: `StagedRow`'s fields from ``message_id``
+    on, one sequence each. How a task hands its messages to the driver (a commit message pickles
+    a few sequences of strings and bytes rather than an object per message), and how the builder
+    makes the rows that take its column-wise path (`MessageBuilder.build_columns`)."""
+
+    kind: str
+    route: str
+    columns: tuple[Sequence[Any], ...]
+
+    def rows(self, sink: str, batch_id: int, attempt: str) -> list[StagedRow]:
+        fixed = (sink, batch_id, attempt, self.kind, self.route)
+        return list(map(_new_staged_row, map(fixed.__add__, zip(*self.columns, strict=True))))
+
+    @property
+    def size(self) -> int:
+        """Headers and body bytes of its messages (`StagedRow.size` summed)."""
+        _, headers, bodies = self.columns[:3]
+        return sum(map(len, headers)) + sum(map(len, filter(None, bodies)))
+
+
+class InputColumns:
+    """A slice of a task's input, column by column: the column names and one list of Python
+    values per column, all of one length. Iterating it gives its rows, each a dict (column name
+    -> value), as the builder's row-wise path takes them."""
+
+    __slots__ = ("names", "columns")
+
+    def __init__(self, names: Sequence[str], columns: Sequence[list[Any]]) -> None:
+        self.names = list(names)
+        self.columns = list(columns)
+
+    def __len__(self) -> int:
+        return len(self.columns[0]) if self.columns else 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        names = self.names
+        return (dict(zip(names, values, strict=True)) for values in zip(*self.columns, strict=True))
+
+    def row(self, i: int) -> dict[str, Any]:
+        return dict(zip(self.names, (column[i] for column in self.columns), strict=True))
+
+    @classmethod
+    def of(cls, rows: Sequence[dict[str, Any]]) -> InputColumns:
+        """Rows (dicts) as columns: every column any row has, None where a row has none."""
+        names = list(dict.fromkeys(itertools.chain.from_iterable(rows)))
+        return cls(names, [[row.get(name) for row in rows] for name in names])
 
 
 def check_columns(fields: Sequence[tuple[str, str]]) -> None:

@@ -19,8 +19,8 @@ from .. import session as db
 from ..executor import cached_connection
 from ..settings import SendSettings
 from .builder import MessageBuilder
-from .inline import RowGroup, hand_over
-from .messages import SendPlan, StagedRow
+from .inline import hand_over
+from .messages import InputColumns, RowGroup, SendPlan, StagedRow
 
 __all__ = ["STAGE_CHUNK", "STAGE_BYTES", "STAGE_RETRY_BYTES", "InputFailed", "TaskRows", "RouteCount", "StageReport",
            "stage_partition"]
@@ -41,23 +41,26 @@ class InputFailed(Exception):
 
 
 class TaskRows:
-    """A task's staged rows, read once from `source`. Those read so far are kept while they fit
-    in `STAGE_RETRY_BYTES`, so that an attempt after a transient fault can write them again."""
+    """A task's messages, read once from `source`: staged rows, and groups of them (`RowGroup`:
+    the builder's column-wise path; their rows are made when written, tagged with `sink`,
+    `batch_id` and the attempt). Those read so far are kept while they fit in
+    `STAGE_RETRY_BYTES`, so that an attempt after a transient fault can write them again."""
 
-    def __init__(self, source: Iterator[StagedRow]) -> None:
+    def __init__(self, source: Iterator[StagedRow | RowGroup], *, sink: str = "", batch_id: int = 0) -> None:
         self._source = source
-        self._kept: list[StagedRow] | None = []
+        self._sink, self._batch_id = sink, batch_id
+        self._kept: list[StagedRow | RowGroup] | None = []
         self._kept_bytes = 0
-        self._head: list[StagedRow] = []  # read by `within` but not kept: written first
+        self._head: list[StagedRow | RowGroup] = []  # read by `within` but not kept: written first
 
-    def within(self, limit: int) -> list[StagedRow] | None:
-        """Every row of the task if they total at most `limit` bytes; else None, and the rows read
-        so far are written first by `chunks`."""
-        taken: list[StagedRow] = []
+    def within(self, limit: int) -> list[StagedRow | RowGroup] | None:
+        """Every message of the task if they total at most `limit` bytes; else None, and the
+        messages read so far are written first by `chunks`."""
+        taken: list[StagedRow | RowGroup] = []
         size = 0
-        for row in self._fresh():
-            taken.append(row)
-            size += row.size
+        for item, item_size in self._fresh():
+            taken.append(item)
+            size += item_size
             if size > limit:
                 if self._kept is None:  # outgrew the retry budget too
                     self._head = taken
@@ -66,7 +69,7 @@ class TaskRows:
 
     @property
     def replayable(self) -> bool:
-        """Whether every row read so far is kept (false once they outgrew the budget)."""
+        """Whether every message read so far is kept (false once they outgrew the budget)."""
         return self._kept is not None
 
     def chunks(self, attempt: str) -> Iterator[list[StagedRow]]:
@@ -74,8 +77,11 @@ class TaskRows:
         writes of at most `STAGE_CHUNK` rows and about `STAGE_BYTES` bytes."""
         chunk: list[StagedRow] = []
         size = 0
-        read, self._head = self._head or [row._replace(attempt=attempt) for row in self._kept or ()], []
-        for row in itertools.chain(read, self._fresh()):
+        if self._head:
+            read, self._head = self._rows(self._head, attempt), []
+        else:
+            read = self._rows(list(self._kept or ()), attempt, retag=True)
+        for row in itertools.chain(read, self._rows((item for item, _ in self._fresh()), attempt)):
             chunk.append(row)
             size += row.size
             if len(chunk) >= STAGE_CHUNK or size >= STAGE_BYTES:
@@ -84,21 +90,32 @@ class TaskRows:
         if chunk:
             yield chunk
 
-    def _fresh(self) -> Iterator[StagedRow]:
+    def _rows(self, items: Iterable[StagedRow | RowGroup], attempt: str, *, retag: bool = False) -> Iterator[StagedRow]:
+        """The staged rows of `items`: a group's tagged with `attempt`, a row as it is (`retag`:
+        tagged with `attempt` too; a fresh row has the builder's attempt already)."""
+        for item in items:
+            if isinstance(item, RowGroup):
+                yield from item.rows(self._sink, self._batch_id, attempt)
+            else:
+                yield item._replace(attempt=attempt) if retag else item
+
+    def _fresh(self) -> Iterator[tuple[StagedRow | RowGroup, int]]:
+        """The messages not read yet, each with its size."""
         source = self._source
         while True:
             try:
-                row = next(source)
+                item = next(source)
             except StopIteration:
                 return
             except Exception as exc:
                 raise InputFailed from exc
+            size = item.size
             if self._kept is not None:
-                self._kept.append(row)
-                self._kept_bytes += row.size
+                self._kept.append(item)
+                self._kept_bytes += size
                 if self._kept_bytes > STAGE_RETRY_BYTES:
                     self._kept = None
-            yield row
+            yield item, size
 
 
 class RouteCount(NamedTuple):
@@ -136,26 +153,29 @@ def _check(conn: Any) -> None:
 def stage_partition(
     options: SendSettings,
     plan: SendPlan,
-    batches: Iterable[Iterable[Mapping[str, Any]]],
+    batches: Iterable[Iterable[Mapping[str, Any]] | InputColumns],
     *,
     batch_id: int,
     query_id: str | None,
     partition: int = 0,
 ) -> StageReport:
-    """One task's part of sending; returns what the driver needs to dispatch. Rows totalling at
+    """One task's part of sending; returns what the driver needs to dispatch. `batches`: the
+    task's input, each an iterable of row dicts or, column by column, `InputColumns` (built
+    column-wise: `MessageBuilder.build_all`). Rows totalling at
     most the task's share of `SendSettings.inline_bytes` (`inline_limit`, by its `partition`)
     travel in the report itself and nothing is written; otherwise every row is staged in one
     transaction (`_stage`)."""
     builder = MessageBuilder(plan, batch_id=batch_id, attempt=uuid.uuid4().hex)
     now = format_time(datetime.now(timezone.utc))  # TimeSent: one value per task
-    rows = TaskRows(map(builder.build, itertools.chain.from_iterable(batches), itertools.repeat(now)))
+    rows = TaskRows(builder.build_all(batches, now), sink=plan.sink, batch_id=batch_id)
     try:
         limit = options.inline_limit(partition)
         if limit:
             inline = rows.within(limit)
             if inline is not None:
-                return StageReport(builder.attempt, len(inline), _routes(builder), batch_id, query_id,
-                                   hand_over(inline), builder.invalid, builder.invalid_reason)
+                groups = hand_over(inline)
+                return StageReport(builder.attempt, sum(len(g.columns[0]) for g in groups), _routes(builder), batch_id,
+                                   query_id, groups, builder.invalid, builder.invalid_reason)
         staged = _stage(options, plan, builder, rows, batch_id)
     except InputFailed as failed:  # our input failed: not ours to retry, and no database fault
         raise failed.__cause__ from None  # type: ignore[misc]
