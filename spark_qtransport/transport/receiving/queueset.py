@@ -10,10 +10,12 @@ matching) is read to the end of what was claimed from it, then leaves the stream
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...dialects import Dialect, QueueAddress
 from ...errors import OffsetError, QueueNotFoundError
@@ -22,6 +24,8 @@ from ..session import Session
 from .admission import fair_shares
 from .planner import ClaimOffset, ClaimSlice
 from .receiver import Receiver
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..settings import StreamSettings
@@ -126,9 +130,23 @@ class QueueSet:
     def waiting(self, start: QueueSetOffset | None) -> int:
         """Messages a batch planned now could take, over every queue (`Receiver.waiting`)."""
         starts = start.queues if start is not None else {}
-        self._demand = {k: self.receiver(k, a, draining=False).waiting(starts.get(k))
-                        for k, a in self.current().items()}
-        return sum(self._demand.values())
+        demand: dict[str, int] = {}
+        for k, a in self.current().items():
+            r = self.receiver(k, a, draining=False)
+            demand[k] = self._vanishing(k, functools.partial(r.waiting, starts.get(k)), 0)
+        self._demand = demand
+        return sum(demand.values())
+
+    def _vanishing(self, key: str, work: Callable[[], T], gone: T) -> T:
+        """`work` for a queue a pattern matched at this trigger's start; `gone` if it was dropped
+        since (it leaves the stream at the next trigger, its held claims read to the end then)."""
+        try:
+            return work()
+        except QueueNotFoundError:
+            if self.selection.pattern is None:
+                raise
+            log.info("queue %s was dropped during this trigger; it leaves %s at the next", key, self.stream.describe())
+            return gone
 
     def latest(self, start: QueueSetOffset | None, limit: int | None, *, whole: bool = False,
                counted: bool = False) -> QueueSetOffset:
@@ -143,13 +161,24 @@ class QueueSet:
         self._demand = None
         shares = self._shares(active, starts, limit, demand)
         for k, r in active.items():
-            ends[k] = r.latest(self._start_for(k, r, starts), shares.get(k), whole=whole,
-                               counted=demand is not None and k in demand)
+            plan = functools.partial(self._latest_of, k, r, starts, shares.get(k), whole, demand is not None and k in demand)
+            end: ClaimOffset | None = self._vanishing(k, plan, None)
+            if end is not None:
+                ends[k] = end
+            elif k in starts:
+                ends[k] = starts[k]
         for k in sorted((starts.keys() | self.receivers.keys()) - now.keys() - (self._gone - starts.keys())):
             end = self._drain(k, starts.get(k), limit)
             if end is not None:
                 ends[k] = end
         return QueueSetOffset(ends)
+
+    def _latest_of(self, key: str, r: Receiver, starts: dict[str, ClaimOffset], share: int | None, whole: bool,
+                   counted: bool) -> ClaimOffset | None:
+        return r.latest(self._start_for(key, r, starts), share, whole=whole, counted=counted)
+
+    def _waiting_of(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> int:
+        return r.waiting(self._start_for(key, r, starts))
 
     def _start_for(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> ClaimOffset:
         """A queue's start: its position in the offset, or its claim table's beginning (joining)."""
@@ -163,7 +192,8 @@ class QueueSet:
             return {}
         if len(active) == 1:
             return dict.fromkeys(active, limit)
-        demand = {k: counted[k] if counted is not None and k in counted else r.waiting(self._start_for(k, r, starts))
+        demand = {k: counted[k] if counted is not None and k in counted
+                  else self._vanishing(k, functools.partial(self._waiting_of, k, r, starts), 0)
                   for k, r in active.items()}
         return fair_shares(demand, limit)
 
