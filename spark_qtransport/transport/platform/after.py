@@ -221,16 +221,18 @@ class AfterProcessing:
             return Chunk(0, after)
         parsed = decode_header_texts([text for _, text in rows])
         if None in parsed:
-            self._dead_letter(cur, [int(seq) for (seq, _), h in zip(rows, parsed, strict=True) if h is None])
+            self._dead_letter(cur, [int(seq) for (seq, _), h in zip(rows, parsed, strict=True) if h is None], drop=False)
         db.execute(cur, d.drop_claim_range(e.claims, e.options.consumer, lo=int(rows[0][0]), hi=int(rows[-1][0])))
         return Chunk(len(rows), int(rows[-1][0]))
 
-    def _dead_letter(self, cur: Any, keys: list[int]) -> None:
-        """Move the poison claims `keys` raw to the error queue, and delete them."""
+    def _dead_letter(self, cur: Any, keys: list[int], *, drop: bool = True) -> None:
+        """Move the poison claims `keys` raw to the error queue, and delete them (`drop`; not when
+        the caller deletes their whole range next)."""
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
         db.execute(cur, d.dead_letter_claims(e.claims, o.consumer, o.error_queue, keys=keys))
-        db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=keys))
+        if drop:
+            db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=keys))
         with self._count:
             self.stats.poison += len(keys)
 
