@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+from pyspark import __version__ as _pyspark_version
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -48,6 +49,10 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
 __all__ = ["SqlQueueDataSource", "SqlQueueStreamReader", "SCHEMA"]
 
 log = logging.getLogger("spark_qtransport.source")
+
+
+def pyspark_version() -> str:
+    return str(_pyspark_version)
 
 class SqlQueueDataSource(DataSource):
     """``format("sqlqueue")``: NServiceBus SQL Server / PostgreSQL transport queues."""
@@ -110,11 +115,20 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         m = self.stream.min_messages
         self._gate = None if m is None else TriggerGate(m, self.stream.max_trigger_delay)
         self._available_now = False
+        # Spark 4.0/4.1 (no admission control) call latestOffset() without a start: the reader
+        # keeps what Spark will start the next batch from (`_next_start`), learns a restarted
+        # run's position from its first batch (`_first_batch`), and tags this run's offsets
+        # (`_run`) so that first batch is always planned (see `_first_batch`)
+        self._next_start: dict[str, Any] | None = None
+        self._run: str | None = None
+        self._fresh = False  # initialOffset() was called: a new checkpoint
+        self._ack_in_foreground = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a copy for read(): no connection, no driver state.
         return {"stream": self.stream, "options": self.options, "_source": None, "_gate": None,
-                "_available_now": False}
+                "_available_now": False, "_next_start": None, "_run": None, "_fresh": False,
+                "_ack_in_foreground": False}
 
     def __repr__(self) -> str:
         o = self.options
@@ -141,6 +155,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @surfaced
     def initialOffset(self) -> dict[str, Any]:
+        self._fresh = True
         return self.source.initial_offset().to_dict()
 
     @surfaced
@@ -151,6 +166,41 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @surfaced
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        if HAS_ADMISSION_CONTROL:
+            return self._latest(start, limit)
+        # Spark 4.0/4.1: no start given. Spark starts the next batch from the offset returned
+        # last (or from the end of a batch it replayed): pass that on as the start
+        if self._next_start is None:
+            end = self._first_batch()
+        else:
+            end = self._latest(self._next_start, None)
+        self._next_start = end if self._run is None else {**end, "run": self._run}
+        return self._next_start
+
+    def _first_batch(self) -> dict[str, Any]:
+        """Spark 4.0/4.1, the first trigger of a run that replayed no batch: the claims this
+        endpoint holds and every message waiting now, as one batch (`Receiver.first_batch`).
+
+        The offset Spark committed last is not given to the source here, so this batch is what
+        tells it (as ``partitions(start, end)``); its ``run`` tag differs from every earlier
+        run's, so Spark always plans it, even when nothing is new, and ``commit`` of the last
+        run's last batch arrives with it: nothing stays claimed past one restart. And as Spark
+        runs ``Trigger.AvailableNow`` (and ``Trigger.Once``) as a single batch on these versions,
+        this batch is what drains the queue to where it stood at the start.
+        """
+        import uuid
+
+        self._run = uuid.uuid4().hex[:12]
+        self._ack_in_foreground = True  # the previous run's last batch, before this run may end
+        log.info(
+            "Spark %s gives Python sources no admission control: the first batch of this run of %s takes every "
+            "message waiting at its start (so Trigger.AvailableNow, which Spark runs as one batch here, drains "
+            "the queue); maxMessagesPerTrigger (%d) applies from the next batch",
+            pyspark_version(), self.stream.describe(), self.stream.max_messages,
+        )
+        return self.source.first_batch(fresh=self._fresh).to_dict()
+
+    def _latest(self, start: dict[str, Any] | None, limit: Any) -> dict[str, Any]:
         begin = self._offset(start) if start is not None else None
         rows: int | None = self.stream.max_messages
         least = self.stream.min_messages
@@ -195,12 +245,17 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @surfaced
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if not HAS_ADMISSION_CONTROL:  # a replayed batch: the next starts from its end
+            self._next_start = end
         return [_SlicePartition(p) for p in self.source.slices(self._offset(start), self._offset(end))]
 
     @surfaced
     def commit(self, end: dict[str, Any]) -> None:
         # Acknowledging runs in the background: Spark's next batch does not wait for the deletes.
-        self.source.ack(self._offset(end), background=True)
+        # Not the previous run's last batch on Spark 4.0/4.1 (see `_first_batch`): this run may
+        # be that one batch, and its process may end without waiting for a thread.
+        foreground, self._ack_in_foreground = self._ack_in_foreground, False
+        self.source.ack(self._offset(end), background=not foreground)
 
     @surfaced
     def stop(self) -> None:

@@ -122,6 +122,10 @@ class Planner:
         self._more = False  # the last claim was full: more is probably waiting
         self._low_water = _LowWater()
         self._ahead: Future[ClaimOutcome] | None = None
+        #: (claim table, claim sequence): the highest start of a batch Spark ran. Everything up to it
+        #: is processed, so no batch reads below it, even from a start below it (Spark 4.0/4.1: a
+        #: run's first batch may end below the start Spark gave it, see `Receiver.first_batch`)
+        self._floor: tuple[str, int] | None = None
 
     def start_after(self, start: ClaimOffset | None, table_id: str) -> int | None:
         """The claim sequence a batch planned from `start` begins after (None: not known yet)."""
@@ -133,7 +137,11 @@ class Planner:
                 self.endpoint.dialect.qualified(self.endpoint.claims), start.table, table_id,
             )
             return 0
-        return start.claim
+        return self._above_floor(start)
+
+    def _above_floor(self, start: ClaimOffset) -> int:
+        floor = self._floor
+        return max(start.claim, floor[1]) if floor is not None and floor[0] == start.table else start.claim
 
     def plan(self, after: int | None, limit: int | None, *, claim: bool = True, whole: bool = False) -> int:
         """The end of the next batch: claims held already, else claim at most `limit` (None: all).
@@ -260,7 +268,8 @@ class Planner:
 
     def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
         """The batch (start, end] cut into the slices Spark tasks read."""
-        after = start.claim if start.table == end.table else 0
+        after = self._above_floor(start) if start.table == end.table else 0
+        self._floor = (end.table, after)
         if end.claim <= after:
             return []
         o = self.endpoint.options

@@ -127,6 +127,17 @@ class QueueSet:
         for k, a in now.items():
             self.receiver(k, a, draining=False).prepare_available_now()
 
+    def first_batch(self, *, fresh: bool) -> QueueSetOffset:
+        """Spark 4.0/4.1, the first batch of a run: every queue's held claims and waiting messages
+        (`Receiver.first_batch`); no shares, as that batch takes all."""
+        ends: dict[str, ClaimOffset] = {}
+        for k, a in sorted(self.current().items()):
+            r = self.receiver(k, a, draining=False)
+            end = self._vanishing(k, functools.partial(r.first_batch, fresh=fresh), None)
+            if end is not None:
+                ends[k] = end
+        return QueueSetOffset(ends)
+
     def waiting(self, start: QueueSetOffset | None) -> int:
         """Messages a batch planned now could take, over every queue (`Receiver.waiting`)."""
         starts = start.queues if start is not None else {}

@@ -143,6 +143,34 @@ class Receiver:
                 self.monitor.flush()
         return ClaimOffset(end, self.table_id)
 
+    def first_batch(self, *, fresh: bool) -> ClaimOffset:
+        """Spark 4.0/4.1, the first batch of a run (`SqlQueueStreamReader._first_batch`): the
+        claims held and every message waiting now, up to the queue's highest sequence at this
+        moment (a producer that keeps sending does not make it endless). `fresh`: a new
+        checkpoint, which takes over what this endpoint holds (`_warn_of_takeover`).
+
+        Its end may lie below the start Spark gives it (nothing held and nothing waiting): the
+        batch is then empty, and the planner reads no later batch below that start
+        (`Planner.slices`)."""
+        self._housekeeping()
+        table = self.table_id
+        if not self.draining:
+            self._start_monitoring()
+        if fresh:
+            self._warn_of_takeover(ClaimOffset(0, table), 0)
+        self._takeover_checked = True
+        held = self.planner.held_max() or 0
+        if self.draining:
+            return ClaimOffset(held, table)
+        stmt = self.dialect.max_source_seq(self.options.queue)
+        (target,) = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("first batch target"))
+        saved, self.planner.target = self.planner.target, int(target) if target is not None else 0
+        try:
+            end = self.planner.plan(held, None)
+        finally:
+            self.planner.target = saved
+        return ClaimOffset(max(end, held), table)
+
     def _housekeeping(self) -> None:
         """What every trigger does before planning: apply the claim made ahead, stop on a failed
         acknowledgement, move due delayed messages (after the set-up)."""
