@@ -122,13 +122,14 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._next_start: dict[str, Any] | None = None
         self._run: str | None = None
         self._fresh = False  # initialOffset() was called: a new checkpoint
+        self._started = False  # this run's first batch was planned
         self._ack_in_foreground = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a copy for read(): no connection, no driver state.
         return {"stream": self.stream, "options": self.options, "_source": None, "_gate": None,
                 "_available_now": False, "_next_start": None, "_run": None, "_fresh": False,
-                "_ack_in_foreground": False}
+                "_started": False, "_ack_in_foreground": False}
 
     def __repr__(self) -> str:
         o = self.options
@@ -245,8 +246,13 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @surfaced
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        if not HAS_ADMISSION_CONTROL:  # a replayed batch: the next starts from its end
-            self._next_start = end
+        if not HAS_ADMISSION_CONTROL:
+            self._next_start = end  # a replayed batch: the next starts from its end
+            if self._run is not None and end.get("run") == self._run and not self._started:
+                # this run's first batch (`_first_batch`): Spark planned it after committing
+                # `start`, which it gives only here; the batch may end below it
+                self._started = True
+                self.source.processed(self._offset(start))
         return [_SlicePartition(p) for p in self.source.slices(self._offset(start), self._offset(end))]
 
     @surfaced

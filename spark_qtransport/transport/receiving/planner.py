@@ -122,9 +122,9 @@ class Planner:
         self._more = False  # the last claim was full: more is probably waiting
         self._low_water = _LowWater()
         self._ahead: Future[ClaimOutcome] | None = None
-        #: (claim table, claim sequence): the highest start of a batch Spark ran. Everything up to it
-        #: is processed, so no batch reads below it, even from a start below it (Spark 4.0/4.1: a
-        #: run's first batch may end below the start Spark gave it, see `Receiver.first_batch`)
+        #: (claim table, claim sequence): everything up to it is processed (`processed`), so no
+        #: batch reads below it, even from a start below it (Spark 4.0/4.1: a run's first batch
+        #: may end below the start Spark gave it, see `Receiver.first_batch`)
         self._floor: tuple[str, int] | None = None
 
     def start_after(self, start: ClaimOffset | None, table_id: str) -> int | None:
@@ -138,6 +138,13 @@ class Planner:
             )
             return 0
         return self._above_floor(start)
+
+    def processed(self, upto: ClaimOffset) -> None:
+        """Spark has processed every batch up to `upto`: no later batch reads at or below it.
+        (Only a caller that knows it: Spark 4.0 asks for the slices of a batch it is about to
+        replay with its end as start too, so a batch's start alone does not tell.)"""
+        if self._floor is None or self._floor[0] != upto.table or self._floor[1] < upto.claim:
+            self._floor = (upto.table, upto.claim)
 
     def _above_floor(self, start: ClaimOffset) -> int:
         floor = self._floor
@@ -269,7 +276,6 @@ class Planner:
     def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
         """The batch (start, end] cut into the slices Spark tasks read."""
         after = self._above_floor(start) if start.table == end.table else 0
-        self._floor = (end.table, after)
         if end.claim <= after:
             return []
         o = self.endpoint.options

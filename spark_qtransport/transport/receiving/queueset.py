@@ -238,6 +238,12 @@ class QueueSet:
 
     # -- partitions and acknowledgement -------------------------------------------------------
 
+    def processed(self, upto: QueueSetOffset) -> None:
+        """Every batch up to `upto` is processed, in each queue (`Receiver.processed`)."""
+        for k, e in upto.queues.items():
+            if k in self.receivers:
+                self.receivers[k].processed(e)
+
     def slices(self, start: QueueSetOffset, end: QueueSetOffset) -> list[ClaimSlice]:
         parts: list[ClaimSlice] = []
         for k, e in sorted(end.queues.items()):

@@ -150,8 +150,7 @@ class Receiver:
         checkpoint, which takes over what this endpoint holds (`_warn_of_takeover`).
 
         Its end may lie below the start Spark gives it (nothing held and nothing waiting): the
-        batch is then empty, and the planner reads no later batch below that start
-        (`Planner.slices`)."""
+        batch is then empty, and `processed` (told that start) keeps later batches above it."""
         self._housekeeping()
         table = self.table_id
         if not self.draining:
@@ -305,6 +304,10 @@ class Receiver:
             return None
 
     # -- partitions and acknowledgement -------------------------------------------------------
+
+    def processed(self, upto: ClaimOffset) -> None:
+        """Every batch up to `upto` is processed (`Planner.processed`)."""
+        self.planner.processed(upto)
 
     def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
         self.times.planned(end.claim)  # the batch's planning: its messages' ProcessingStarted
