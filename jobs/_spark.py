@@ -7,7 +7,12 @@ the session starts quietly: Delta's jars are fetched once by a child process who
 listing is shown only if it fails, and the JVM's stderr passes a filter that drops the lines it
 prints before log4j is configured (conf/log4j2.properties quiets the rest).
 
-    python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf now (make setup)
+Delta's jars are built per Spark line (``io.delta:delta-spark_<line>_2.13``): `read_conf` names
+the running pyspark's line in place of the file's, and on a line Delta has no release for yet it
+drops the Delta settings, so sessions start without Delta (`delta_available`; the jobs that write
+Delta tables end at once with `DELTA_MISSING`, `require_delta`).
+
+    python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf (this pyspark's line) now
     python jobs/_spark.py filter-stderr  # what `quiet_jvm_start` runs
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,8 +37,9 @@ DEFAULTS = ROOT / "conf" / "spark-defaults.conf"
 _PATHS = ("spark.jars.ivySettings", "spark.jars.ivy")
 
 
-def read_conf(path: Path = DEFAULTS) -> dict[str, str]:
-    """The settings of a spark-defaults.conf file, with project-relative paths made absolute."""
+def read_conf(path: Path = DEFAULTS, spark_line: str | None = None) -> dict[str, str]:
+    """The settings of a spark-defaults.conf file, with project-relative paths made absolute and
+    Delta's jars those of `spark_line` (default: the running pyspark's line; `for_spark_line`)."""
     conf: dict[str, str] = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -46,7 +53,86 @@ def read_conf(path: Path = DEFAULTS) -> dict[str, str]:
     if "spark.driver.extraJavaOptions" in conf:
         conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(
             "conf/log4j2.properties", str(ROOT / "conf" / "log4j2.properties"))
-    return conf
+    return for_spark_line(conf, spark_line or running_spark_line())
+
+
+#: the Spark lines Delta Lake publishes ``io.delta:delta-spark_<line>_2.13`` for, at the Delta
+#: version conf/spark-defaults.conf names (4.4.0: Maven Central has 4.0, 4.1 and 4.2, no 4.3)
+DELTA_LINES = ("4.0", "4.1", "4.2")
+#: a Delta artifact in ``spark.jars.packages``: its Spark line, Scala version and Delta version
+_DELTA_ARTIFACT = re.compile(r"io\.delta:delta-spark_(\d+\.\d+)_(\d+\.\d+):(\S+)")
+_DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+def running_spark_line() -> str | None:
+    """The release line of the pyspark this process imports ("4.1"), None without pyspark."""
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    return ".".join(pyspark.__version__.split(".")[:2])
+
+
+def for_spark_line(conf: dict[str, str], line: str | None) -> dict[str, str]:
+    """`conf` with its Delta artifact built for Spark `line`; on a line outside `DELTA_LINES`
+    without the Delta settings (the artifact, the extension, the catalog, ``spark.databricks.delta.*``),
+    so a session starts without Delta instead of failing to resolve jars that do not exist."""
+    packages = [p.strip() for p in conf.get("spark.jars.packages", "").split(",") if p.strip()]
+    found = [m for m in map(_DELTA_ARTIFACT.fullmatch, packages) if m]
+    if line is None or not found:
+        return conf
+    out = dict(conf)
+    if line in DELTA_LINES:
+        out["spark.jars.packages"] = ",".join(
+            _DELTA_ARTIFACT.sub(lambda m: f"io.delta:delta-spark_{line}_{m[2]}:{m[3]}", p) for p in packages)
+        return out
+    kept = [p for p in packages if not _DELTA_ARTIFACT.fullmatch(p)]
+    if kept:
+        out["spark.jars.packages"] = ",".join(kept)
+    else:
+        del out["spark.jars.packages"]
+    extensions = [e.strip() for e in out.pop("spark.sql.extensions", "").split(",")
+                  if e.strip() and e.strip() != _DELTA_EXTENSION]
+    if extensions:
+        out["spark.sql.extensions"] = ",".join(extensions)
+    if out.get("spark.sql.catalog.spark_catalog") == _DELTA_CATALOG:
+        del out["spark.sql.catalog.spark_catalog"]
+    return {k: v for k, v in out.items() if not k.startswith("spark.databricks.delta.")}
+
+
+def delta_artifact(conf: dict[str, str] | None = None) -> str | None:
+    """The Delta artifact in ``spark.jars.packages`` of `conf` (default: `read_conf`), None without."""
+    packages = (read_conf() if conf is None else conf).get("spark.jars.packages", "").split(",")
+    return next((p.strip() for p in packages if _DELTA_ARTIFACT.fullmatch(p.strip())), None)
+
+
+def delta_available(line: str | None = None) -> bool:
+    """Whether Delta Lake has a release for Spark `line` (default: the running pyspark's)."""
+    return (line or running_spark_line()) in DELTA_LINES
+
+
+def delta_missing(line: str | None = None) -> str:
+    """The one line a Delta job ends with on a Spark line Delta has no release for."""
+    line = line or running_spark_line() or "?"
+    return (f"Delta Lake has no release for Spark {line} yet (io.delta:delta-spark_{line}_2.13); "
+            f"run the Delta jobs on Spark {', '.join(DELTA_LINES[:-1])} or {DELTA_LINES[-1]}")
+
+
+def require_delta() -> None:
+    """For the jobs that write Delta tables, first thing: without Delta for the running Spark
+    line, end with `DELTA_MISSING` on stderr and exit code 2 (no traceback, nothing started)."""
+    if not delta_available():
+        print(delta_missing(), file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def __getattr__(name: str) -> Any:
+    # DELTA_MISSING names the running pyspark's line, found when asked: importing this module
+    # does not import pyspark (the stderr filter process imports it too)
+    if name == "DELTA_MISSING":
+        return delta_missing()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: settings that make a session Delta-enabled (taken from the defaults file by `delta_conf`)
@@ -191,13 +277,16 @@ def quiet_jvm_start() -> Iterator[None]:
 
 
 def delta_conf() -> dict[str, str]:
-    """The Delta settings of conf/spark-defaults.conf (for sessions built elsewhere, e.g. tests)."""
+    """The Delta settings of conf/spark-defaults.conf for the running pyspark's line (for sessions
+    built elsewhere, e.g. tests); without Delta on that line (`delta_available`), only the jar
+    cache's paths."""
     conf = read_conf()
     return {k: conf[k] for k in DELTA_KEYS if k in conf}
 
 
 def session(app: str, extra: dict[str, str] | None = None) -> Any:
-    """The job's SparkSession (Delta enabled), with the ``sqlqueue`` source registered."""
+    """The job's SparkSession (Delta enabled where its Spark line has Delta: `delta_available`),
+    with the ``sqlqueue`` source registered."""
     # Loopback only, and Python workers started with this interpreter (where the package is).
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

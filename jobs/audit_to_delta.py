@@ -195,7 +195,9 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
-    from _spark import session
+    from _spark import require_delta, session
+
+    require_delta()
 
     run(session("sqlqueue-audit-to-delta"), args)
     return 0

@@ -121,9 +121,11 @@ def main() -> int:
     if opts.orders < expired + invalid + deferred + 1:
         ap.error(f"--orders must be at least {expired + invalid + deferred + 1}")
 
-    from _spark import session
+    from _spark import require_delta, session
 
     from spark_qtransport.cli.embedded import EmbeddedPostgres
+
+    require_delta()
 
     work = Path(tempfile.mkdtemp(prefix="sqlqueue-demo-"))
     pg = None

@@ -163,7 +163,9 @@ def start(spark: Any, args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
-    from _spark import session
+    from _spark import require_delta, session
+
+    require_delta()
 
     spark = session("sqlqueue-endpoint")
     query = start(spark, args)

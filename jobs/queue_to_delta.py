@@ -80,7 +80,9 @@ def append_once(table: str, job_id: str):  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
-    from _spark import session
+    from _spark import require_delta, session
+
+    require_delta()
 
     spark = session("sqlqueue-queue-to-delta")
     reader = (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", args.queue)
