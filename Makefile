@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: setup system-deps test test-fast chaos demo bench lint wheel clean
+.PHONY: setup system-deps test test-fast compat compat-table chaos demo bench lint wheel clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,16 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
+
+# the compatibility suite (tests marked compat) on the Spark lines besides the development pin:
+# 4.0 and 4.1 (Databricks 17.3 LTS, 18 LTS) and 4.3, each in its own .venv-spark<line>; fails when
+# docs/spark-versions.md's table differs from what ran (tests/compat/README.md)
+compat: setup
+	$(PY) tests/compat/run.py --check-table docs/spark-versions.md
+
+# the same on all four lines (4.2, the development pin, too), then docs/spark-versions.md written again
+compat-table: setup
+	$(PY) tests/compat/run.py --lines 4.0,4.1,4.2,4.3 --write-table docs/spark-versions.md
 
 # the long chaos run: 20 job kills under a faster producer, a 1,000,000-message backlog, two
 # minutes of competition; writes reports/chaos.md and its plots (reports/*.png)
@@ -61,4 +71,4 @@ wheel: setup
 	$(PY) -m build --wheel --outdir dist .
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-spark*/ build dist *.egg-info .pytest_cache

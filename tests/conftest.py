@@ -109,5 +109,16 @@ def spark() -> Iterator[object]:
 
 
 @pytest.fixture
+def delta() -> None:
+    """For a test that writes Delta tables: skipped, saying why, on a Spark line Delta has no release
+    for (the compatibility runs list the reason in docs/spark-versions.md)."""
+    sys.path.insert(0, str(ROOT / "jobs"))
+    import _spark
+
+    if not _spark.delta_available():
+        pytest.skip(_spark.delta_missing())
+
+
+@pytest.fixture
 def checkpoint(tmp_path: Path) -> str:
     return str(tmp_path / "checkpoint")

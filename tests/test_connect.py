@@ -106,6 +106,7 @@ def test_stream_writer_over_connect_is_exactly_once(connect: Any, pg: Backend, q
     assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(audit)) == [f"m{i:03d}" for i in range(50)]
 
 
+@pytest.mark.compat
 def test_two_queue_sinks_with_one_name_are_refused_over_connect(connect: Any, pg: Backend, queues: Any, checkpoint: str) -> None:
     q = queues
     first, second = (QueueSink(url=pg.url, endpoint=q.sales, destination=q.billing) for _ in range(2))

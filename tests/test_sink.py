@@ -80,6 +80,7 @@ def subscribe(pg: Backend, table: str, queue: str, topic: str) -> None:
         c.execute(f'INSERT INTO "{table}" VALUES (%s, %s, %s)', (queue, "Billing", topic))
 
 
+@pytest.mark.compat
 def test_endpoint_replies_defers_and_publishes_exactly_once(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
     e = endpoint
     subscribe(pg, e.subscriptions, e.billing, "Sales.Events.OrderAccepted")
@@ -271,6 +272,7 @@ def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
     assert pg.count(pg.claims(e.sales)) == 0
 
 
+@pytest.mark.compat
 def test_two_queue_sinks_in_one_batch_need_their_own_sink_names(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
     """The second call with the same sink name would look like a replay to the outbox: refused,
     never skipped. With its own sinkName each call is sent once."""

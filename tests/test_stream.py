@@ -60,6 +60,7 @@ def queues(pg: Backend, names: Any) -> tuple[str, str]:
     return pg.create_queue(names("Sales")), pg.create_queue(names("error"))
 
 
+@pytest.mark.compat
 def test_message_is_available_in_a_stream(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
     q, e = queues
     h = nsb_headers("order-7", **{"NServiceBus.MessageIntent": "Send"})
@@ -110,6 +111,7 @@ def test_an_available_now_run_leaves_nothing_claimed(spark: Any, pg: Backend, qu
     assert pg.count(f'"{q}.Claims"') == 0
 
 
+@pytest.mark.compat
 def test_stop_during_a_batch(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
     """A batch stopped mid-way is neither delivered nor lost: the restart replays it, complete."""
     q, e = queues
@@ -153,6 +155,7 @@ def test_expired_and_poison_messages_in_a_stream(spark: Any, pg: Backend, queues
     assert latest[-1]["queue"] == f'"public"."{q}"' and latest[-1]["endpoint"] == q  # progress names its queue
 
 
+@pytest.mark.compat
 def test_nsb_producers_arrive_exactly_once_in_fifo_order(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
     q, e = queues
     producers, per_producer = 3, 400
