@@ -35,7 +35,6 @@ def delta_versions(table: Path) -> int:
     return len(list((table / "_delta_log").glob("*.json")))
 
 
-@pytest.mark.compat
 @pytest.mark.usefixtures("delta")
 def test_queue_to_delta_exactly_once_across_a_kill(spark: Any, pg: Backend, names: Any, tmp_path: Path) -> None:
     q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
