@@ -116,7 +116,6 @@ def test_sigkill_at_awkward_points_loses_and_duplicates_nothing(pg: Backend, nam
     assert pg.count(claims) <= 400  # only the last batch's claims, acknowledged on the next run
 
 
-@pytest.mark.compat
 def test_killing_only_the_driver_process_and_restarting_at_once(pg: Backend, names: Any, tmp_path: Path) -> None:
     """The way an operator (or a scheduler) kills a job: SIGKILL to the driver's Python process
     only, and an immediate restart while the old JVM and workers may still be exiting."""

@@ -16,6 +16,7 @@ from chispa import assert_df_equality
 
 from backends import Backend, nsb_headers
 from processes import ROOT, Job, wait_for
+from spark_qtransport.spark.versions import capabilities
 
 JOBS = ROOT / "jobs"
 
@@ -35,19 +36,25 @@ def delta_versions(table: Path) -> int:
     return len(list((table / "_delta_log").glob("*.json")))
 
 
+@pytest.mark.compat
 @pytest.mark.usefixtures("delta")
 def test_queue_to_delta_exactly_once_across_a_kill(spark: Any, pg: Backend, names: Any, tmp_path: Path) -> None:
     q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
     table, ckpt = tmp_path / "bronze", tmp_path / "ckpt"
     args = ["--url", pg.url, "--queue", q, "--error-queue", e, "--table", str(table), "--checkpoint", str(ckpt),
             "--max-messages", "100", "--job-id", "bronze-test"]
-    produce(pg, q, range(0, 600))
+    produce(pg, q, range(0, 100))  # Spark 4.0/4.1: a run's first batch takes all that waits
     job = Job(JOBS / "queue_to_delta.py", [*args, "--trigger", "200ms"], log=tmp_path / "job.log")
+    wait_for(lambda: delta_versions(table) >= 1, 240, "a first Delta commit", job)
+    produce(pg, q, range(100, 600))
     wait_for(lambda: delta_versions(table) >= 2, 240, "two Delta commits", job)
     job.kill()  # SIGKILL driver, JVM and workers mid-stream
     produce(pg, q, range(600, 1000), content_type="application/octet-stream")
-    again = Job(JOBS / "queue_to_delta.py", [*args, "--trigger", "available-now"], log=tmp_path / "job.log")
-    assert again.wait(300) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    # on Spark 4.0/4.1 an AvailableNow run is one batch: a replay of the killed run's batch if there
+    # is one, then its own; the next run acknowledges the last
+    for _ in range(1 if capabilities().admission_control else 3):
+        again = Job(JOBS / "queue_to_delta.py", [*args, "--trigger", "available-now"], log=tmp_path / "job.log")
+        assert again.wait(300) == 0, (tmp_path / "job.log").read_text()[-3000:]
 
     bronze = spark.read.format("delta").load(str(table))
     assert bronze.count() == 1000 and bronze.select("message_id").distinct().count() == 1000

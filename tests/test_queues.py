@@ -118,6 +118,7 @@ def test_three_queues_by_list_in_one_stream(spark: Any, pg: Backend, names: Any,
     assert processed == {big: 1201, small: 100, tiny: 5}
 
 
+@pytest.mark.compat
 def test_pattern_over_five_queues_in_two_schemas_across_a_sigkill(pg: Backend, names: Any, tmp_path: Path) -> None:
     tag = names("t").lower()
     a, b = f"{tag}_a", f"{tag}_b"

@@ -16,9 +16,13 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport import QueueSink, publish, reply
+from spark_qtransport.spark.versions import capabilities
 from spark_qtransport.wire import H
 
 pytestmark = pytest.mark.usefixtures("spark")
+
+#: Spark 4.0/4.1: no admission control (a run's first batch takes all that waits, see test_versions)
+ADMISSION = capabilities().admission_control
 
 
 def source(spark: Any, pg: Backend, queue: str, error: str, **options: str) -> Any:
@@ -160,6 +164,7 @@ def test_delayed_table_option_is_where_the_sink_stores_and_the_reader_moves_from
     assert pg.count(deferred) == 0
 
 
+@pytest.mark.compat
 def test_foreach_batch_parquet_and_queues_stay_exactly_once_on_replay(
     spark: Any, pg: Backend, endpoint: Any, checkpoint: str, tmp_path: Path,
 ) -> None:
@@ -185,7 +190,7 @@ def test_foreach_batch_parquet_and_queues_stay_exactly_once_on_replay(
 
     drained(run(processingTime="100 milliseconds"))
     last = max(calls)
-    assert calls == [0, 1, 2]
+    assert calls == ([0, 1, 2] if ADMISSION else [0])  # 4.0/4.1: a run's first batch takes all that waits
     for name in (str(last), f".{last}.crc"):  # the commit and Hadoop's checksum of it
         (Path(checkpoint) / "commits" / name).unlink()
     calls.clear()
@@ -214,7 +219,9 @@ def test_checkpoint_reset_with_a_reused_endpoint_fails_loudly(spark: Any, pg: Ba
     with pytest.raises(Exception, match=r"(?s)already dispatched.*sinkName"):
         start(checkpoint).awaitTermination(180)
     assert pg.count(e.billing) == 5  # only the first run's messages; nothing skipped silently...
-    assert pg.count(f'"{e.sales}.Claims"') == 5  # ...the second run's are still held, not lost
+    # ...the second run's are still held, not lost (4.0/4.1: and the first run's one batch, which the
+    # new checkpoint took over: it is acknowledged only when its own next batch is planned)
+    assert pg.count(f'"{e.sales}.Claims"') == (5 if ADMISSION else 10)
 
 
 def test_bad_input_columns_fail_at_start_and_name_the_column(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
@@ -235,6 +242,7 @@ def test_bad_input_columns_fail_at_start_and_name_the_column(spark: Any, pg: Bac
         QueueSink(url=pg.url, endpoint=endpoint.sales, destinaton="x")
 
 
+@pytest.mark.compat
 def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
     spark: Any, pg: Backend, endpoint: Any, checkpoint: str,
 ) -> None:
@@ -265,6 +273,8 @@ def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
     assert pg.count(e.error) == 0 and pg.count(pg.claims(e.sales)) == 11  # all claimed, none acknowledged
     pg.create_queue(sink_errors)
     finish(start())
+    if not ADMISSION:  # AvailableNow is the replayed batch alone; the poison moves at the next start
+        finish(start())
     assert pg.count(e.billing) == 9
     [(_, headers, _)] = pg.rows(sink_errors)
     assert json.loads(headers)["NServiceBus.FailedQ"] == f'"public"."{missing}"'
@@ -301,6 +311,7 @@ def test_two_queue_sinks_in_one_batch_need_their_own_sink_names(spark: Any, pg: 
     assert pg.count(e.billing) == 5 + 5 and pg.count(e.reminders) == 5
 
 
+@pytest.mark.compat
 def test_stream_writer_replay_after_deleting_the_last_commit_sends_nothing_twice(
     spark: Any, pg: Backend, endpoint: Any, checkpoint: str,
 ) -> None:

@@ -193,13 +193,18 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         self._run = uuid.uuid4().hex[:12]
         self._ack_in_foreground = True  # the previous run's last batch, before this run may end
-        log.info(
-            "Spark %s gives Python sources no admission control: the first batch of this run of %s takes every "
-            "message waiting at its start (so Trigger.AvailableNow, which Spark runs as one batch here, drains "
-            "the queue); maxMessagesPerTrigger (%d) applies from the next batch",
-            pyspark_version(), self.stream.describe(), self.stream.max_messages,
+        before = self.source.claimed
+        end = self.source.first_batch(fresh=self._fresh).to_dict()
+        taken = self.source.claimed - before
+        # a warning where maxMessagesPerTrigger was not kept, else a note
+        log.log(
+            logging.WARNING if taken > self.stream.max_messages else logging.INFO,
+            "Spark %s gives Python sources no admission control: the first batch of this run of %s takes the %d "
+            "message(s) waiting at its start (Trigger.AvailableNow, which Spark runs as one batch here, drains "
+            "the queue so); maxMessagesPerTrigger (%d) applies from the next batch",
+            pyspark_version(), self.stream.describe(), taken, self.stream.max_messages,
         )
-        return self.source.first_batch(fresh=self._fresh).to_dict()
+        return end
 
     def _latest(self, start: dict[str, Any] | None, limit: Any) -> dict[str, Any]:
         begin = self._offset(start) if start is not None else None
@@ -246,8 +251,10 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @surfaced
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        if not HAS_ADMISSION_CONTROL:
-            self._next_start = end  # a replayed batch: the next starts from its end
+        # Spark 4.0 asks for the slices of (end, end] of the last logged batch when a run starts
+        # (no batch: it says nothing); a replayed batch's end is where the next starts
+        if not HAS_ADMISSION_CONTROL and start != end:
+            self._next_start = end
             if self._run is not None and end.get("run") == self._run and not self._started:
                 # this run's first batch (`_first_batch`): Spark planned it after committing
                 # `start`, which it gives only here; the batch may end below it

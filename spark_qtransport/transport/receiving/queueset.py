@@ -70,6 +70,11 @@ class QueueSet:
         #: each queue's messages waiting, as `waiting` last counted them (`latest(counted=True)` uses them)
         self._demand: dict[str, int] | None = None
 
+    @property
+    def claimed(self) -> int:
+        """Messages this query's claims took so far, over every queue."""
+        return sum(r.claimed for r in self.receivers.values())
+
     # -- queues ---------------------------------------------------------------------------------
 
     def key(self, address: QueueAddress) -> str:

@@ -95,6 +95,11 @@ class Receiver:
         self.set_up.draining = value
 
     @property
+    def claimed(self) -> int:
+        """Messages this query's claims took so far (`ReceiveStats.claimed`)."""
+        return self.stats.claimed
+
+    @property
     def dialect(self) -> Dialect:
         return self.endpoint.dialect
 
@@ -158,6 +163,9 @@ class Receiver:
         if fresh:
             self._warn_of_takeover(ClaimOffset(0, table), 0)
         self._takeover_checked = True
+        # the previous run's last batch is acknowledged by Spark's commit() of this batch's start;
+        # this run's batches stay replayable until Spark commits them (`_release_previous_run`)
+        self._released = True
         held = self.planner.held_max() or 0
         if self.draining:
             return ClaimOffset(held, table)
