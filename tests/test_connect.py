@@ -16,6 +16,7 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport import QueueSink
+from spark_qtransport.spark.versions import capabilities
 from spark_qtransport.wire import H
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +117,10 @@ def test_two_queue_sinks_with_one_name_are_refused_over_connect(connect: Any, pg
         first(invoices(batch), batch_id)
         second(invoices(batch), batch_id)
 
-    with pytest.raises(Exception, match="called twice in batch 0"):
+    # pyspark 4.3's Connect foreachBatch session lists no active query (so QueueSink cannot tell
+    # two calls in one batch apart): there the outbox refuses the second call instead
+    refused = "called twice in batch 0" if capabilities().line != "4.3" else "(?s)already dispatched.*Nothing was sent"
+    with pytest.raises(Exception, match=refused):
         (source(connect, pg, q.sales, q.error).writeStream.foreachBatch(both)
          .option("checkpointLocation", checkpoint).trigger(availableNow=True).start().awaitTermination(180))
 
