@@ -296,10 +296,13 @@ def test_two_queries_and_an_nsb_endpoint_compete_without_sharing(spark: Any, pg:
     try:
         # One after the other, each once the previous one has its first rows: on a loaded
         # machine a query's first batch takes seconds, and the others could drain it all first.
-        # Each starts on 50 messages (on Spark 4.0/4.1 a run's first batch takes all that waits),
-        # the rest follow once both run.
+        # On Spark 4.0/4.1 a run's first batch takes all that waits: there each query starts on
+        # 50 messages, and the rest follow once both run.
+        if ADMISSION:
+            send(total)
         for name, sink in sinks.items():
-            send(50)
+            if not ADMISSION:
+                send(50)
             queries.append(
                 reader(spark, pg, q, e, endpoint=name, maxMessagesPerTrigger="50")
                 .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / name))
