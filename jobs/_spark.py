@@ -10,7 +10,7 @@ prints before log4j is configured (conf/log4j2.properties quiets the rest).
 Delta's jars are built per Spark line (``io.delta:delta-spark_<line>_2.13``): `read_conf` names
 the running pyspark's line in place of the file's, and on a line Delta has no release for yet it
 drops the Delta settings, so sessions start without Delta (`delta_available`; the jobs that write
-Delta tables end at once with `DELTA_MISSING`, `require_delta`).
+Delta tables end at once with the line of `delta_missing`, `require_delta`).
 
     python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf (this pyspark's line) now
     python jobs/_spark.py filter-stderr  # what `quiet_jvm_start` runs
@@ -121,18 +121,10 @@ def delta_missing(line: str | None = None) -> str:
 
 def require_delta() -> None:
     """For the jobs that write Delta tables, first thing: without Delta for the running Spark
-    line, end with `DELTA_MISSING` on stderr and exit code 2 (no traceback, nothing started)."""
+    line, end with `delta_missing()` on stderr and exit code 2 (no traceback, nothing started)."""
     if not delta_available():
         print(delta_missing(), file=sys.stderr, flush=True)
         sys.exit(2)
-
-
-def __getattr__(name: str) -> Any:
-    # DELTA_MISSING names the running pyspark's line, found when asked: importing this module
-    # does not import pyspark (the stderr filter process imports it too)
-    if name == "DELTA_MISSING":
-        return delta_missing()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: settings that make a session Delta-enabled (taken from the defaults file by `delta_conf`)

@@ -28,9 +28,9 @@ def stream(spark: Any, pg: Backend, queue: str, error: str, **options: str) -> A
     return r.load()
 
 
-def claims(pg: Backend, queue: str) -> int:
-    return pg.count(f'"{queue.split(",")[0]}.Claims"') if "," not in queue else sum(
-        pg.count(f'"{q}.Claims"') for q in queue.split(","))
+def claims(pg: Backend, queues: str) -> int:
+    """Claims held in the claim tables of `queues` (a comma-separated list)."""
+    return sum(pg.count(f'"{q}.Claims"') for q in queues.split(","))
 
 
 def test_the_capabilities_are_those_of_the_line() -> None:

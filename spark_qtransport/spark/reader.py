@@ -11,11 +11,12 @@ Which Spark calls run where (pyspark 4.2 Python Data Source API):
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark import __version__ as _pyspark_version
+from pyspark import __version__ as PYSPARK_VERSION
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -49,10 +50,6 @@ except ImportError:  # pragma: no cover - Spark 4.0/4.1
 __all__ = ["SqlQueueDataSource", "SqlQueueStreamReader", "SCHEMA"]
 
 log = logging.getLogger("spark_qtransport.source")
-
-
-def pyspark_version() -> str:
-    return str(_pyspark_version)
 
 class SqlQueueDataSource(DataSource):
     """``format("sqlqueue")``: NServiceBus SQL Server / PostgreSQL transport queues."""
@@ -189,8 +186,6 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         runs ``Trigger.AvailableNow`` (and ``Trigger.Once``) as a single batch on these versions,
         this batch is what drains the queue to where it stood at the start.
         """
-        import uuid
-
         self._run = uuid.uuid4().hex[:12]
         self._ack_in_foreground = True  # the previous run's last batch, before this run may end
         before = self.source.claimed
@@ -202,7 +197,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "Spark %s gives Python sources no admission control: the first batch of this run of %s takes the %d "
             "message(s) waiting at its start (Trigger.AvailableNow, which Spark runs as one batch here, drains "
             "the queue so); maxMessagesPerTrigger (%d) applies from the next batch",
-            pyspark_version(), self.stream.describe(), taken, self.stream.max_messages,
+            PYSPARK_VERSION, self.stream.describe(), taken, self.stream.max_messages,
         )
         return end
 

@@ -169,9 +169,7 @@ class Receiver:
         held = self.planner.held_max() or 0
         if self.draining:
             return ClaimOffset(held, table)
-        stmt = self.dialect.max_source_seq(self.options.queue)
-        (target,) = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("first batch target"))
-        saved, self.planner.target = self.planner.target, int(target) if target is not None else 0
+        saved, self.planner.target = self.planner.target, self._high_water()
         try:
             end = self.planner.plan(held, None)
         finally:
@@ -253,9 +251,14 @@ class Receiver:
         messages due by now are moved in first: they are available now too."""
         self._available_now = True
         self.move_delayed()
+        self.planner.target = self._high_water()
+
+    def _high_water(self) -> int:
+        """The queue's highest sequence now (0 when empty): what a run that takes "what is there
+        now" claims up to (AvailableNow; Spark 4.0/4.1's first batch of a run)."""
         stmt = self.dialect.max_source_seq(self.options.queue)
-        (target,) = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("available-now target"))
-        self.planner.target = int(target) if target is not None else 0
+        (high,) = self.main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("queue high-water mark"))
+        return int(high) if high is not None else 0
 
     # -- progress -----------------------------------------------------------------------------
 
