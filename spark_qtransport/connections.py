@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -57,6 +57,12 @@ class ConnectionURL:
     password: str | None = field(default=None, repr=False)
     query: tuple[tuple[str, str], ...] = ()
     odbc: str | None = field(default=None, repr=False)  # raw ODBC connection string
+    #: how this database is waited for (options `outageTimeout`, `responseTimeout`, not part of
+    #: the URL): seconds of transient faults ridden through before an operation fails (0: none),
+    #: and seconds a transaction may go without an answer before its server is asked whether it is
+    #: still working on it (and the connection cut if not: a failover that left it hanging)
+    outage: float = field(default=120.0, compare=False)
+    response: float = field(default=30.0, compare=False)
 
     def __str__(self) -> str:
         return self.masked
@@ -79,12 +85,13 @@ class ConnectionURL:
         return f"{scheme}://{auth}{host}/{self.database or ''}" + (f"?{q}" if q else "")
 
     def with_credentials(self, user: str | None, password: str | None) -> ConnectionURL:
-        return ConnectionURL(
-            self.dialect, self.host, self.port, self.database,
-            user if user is not None else self.user,
-            password if password is not None else self.password,
-            self.query, self.odbc,
-        )
+        return replace(self, user=user if user is not None else self.user,
+                       password=password if password is not None else self.password)
+
+    def waiting(self, *, outage: float | None = None, response: float | None = None) -> ConnectionURL:
+        """This URL with how its database is waited for (`outage`, `response`) changed."""
+        return replace(self, outage=self.outage if outage is None else outage,
+                       response=self.response if response is None else response)
 
     def key(self) -> tuple[Any, ...]:
         """Identity for connection caches (includes the secret; never print it)."""

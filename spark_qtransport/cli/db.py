@@ -15,7 +15,7 @@ from ..dialects import Dialect, QueueAddress, Statement, dialect_named
 from ..errors import QueueNotFoundError
 from ..transport import session as db
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
-from ..transport.session import BACKOFF, Backoff, Session
+from ..transport.session import Backoff, Session
 from .app import command_what, delayed_rule, need_url
 
 __all__ = ["CommandDb", "Peeked", "open_db", "resolve"]
@@ -120,11 +120,13 @@ class CommandDb:
 
 
 @contextmanager
-def open_db(url: str | None, *, backoff: Backoff = BACKOFF) -> Iterator[CommandDb]:
+def open_db(url: str | None, *, attempts: int | None = None) -> Iterator[CommandDb]:
     """The command's database (its --url must be given); the connection is closed at the end.
-    `backoff`: the retry policy of its transactions (the package's unless a command gives up sooner)."""
+    Its transactions ride through an outage of the URL's `outageTimeout`, or give up after
+    `attempts` (a command that tries again by itself, as a scrape)."""
     parsed = need_url(url)
-    session = Session(dialect_named(parsed.dialect), parsed, what=command_what(), backoff=backoff)
+    session = Session(dialect_named(parsed.dialect), parsed, what=command_what(),
+                      backoff=Backoff.of(parsed, attempts=attempts))
     try:
         yield CommandDb(session)
     finally:

@@ -208,6 +208,13 @@ class EmbeddedPostgres:
         self._started = False
         self.start()
 
+    def crash(self) -> None:
+        """Stop the server as a crash does (``pg_ctl stop -m immediate``: every session cut, no
+        checkpoint), keeping its data and port; `start()` brings it back through crash recovery.
+        For outage tests."""
+        self._run([str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"])
+        self._started = False
+
     def stop(self) -> None:
         atexit.unregister(self._stop_at_exit)
         if self._started:

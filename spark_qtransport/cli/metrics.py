@@ -21,7 +21,6 @@ import click
 
 from ..dialects.base import one_line
 from ..errors import QTransportError
-from ..transport.session import Backoff
 from .app import delayed_options, main, url_option
 from .db import CommandDb, open_db
 from .output import echo, escape
@@ -33,8 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["SnapshotCollector", "families", "metrics"]
 
 #: one attempt and one retry on a new connection (a restarted server): a scrape gives up within
-#: about a second (plus the connect timeout) and the next one tries again
-BACKOFF = Backoff(attempts=2, first=0.2)
+#: about a second (plus the connect timeout), serves sqlqueue_up 0, and the next one tries again
+ATTEMPTS = 2
 
 #: the oldest rows of an error queue counted by FailedQ per round, unless --failures-limit says otherwise
 FAILURES_LIMIT = 100_000
@@ -197,7 +196,7 @@ def metrics(queues: tuple[str, ...], listen: tuple[str, int] | None, once: bool,
         line = _error_line(exc)  # our errors name the command already
         echo(f"error: {line if line.startswith('sqlqueue metrics') else 'sqlqueue metrics: ' + line}", err=True)
 
-    with open_db(url, backoff=BACKOFF) as s:
+    with open_db(url, attempts=ATTEMPTS) as s:
         def take(db: CommandDb = s) -> Snapshot:
             rule = db.delayed_rule(delayed_table, delayed_suffix, names=len(queues))
             return take_snapshot(db, queues, rule, error_queues, failures_limit=failures_limit)

@@ -54,11 +54,18 @@ ALLOW_OPTIONS: dict[str, tuple[str, str]] = {
     "allowedQueues": ("any", "comma-separated name patterns (`Sales*`, `*.Replies`) that ADDRESSES may name; others go to the error queue"),
 }
 
+#: how the database is waited for: the reader's and the sink's (driver and executors alike)
+WAIT_OPTIONS: dict[str, tuple[str, str]] = {
+    "outageTimeout": ("2m", "how long a database outage (server restarting, failover, every session terminated) is ridden through before the query fails: claims, reads, acknowledgements, staging and dispatch wait and retry with backoff, one WARNING when it starts and one INFO when it ends (`30s`, `5m`; `0`: fail at the first fault), as NServiceBus's receive circuit breaker"),
+    "responseTimeout": ("30s", "a transaction without an answer this long: the server is asked, on a connection of its own, whether it is still running it; if not, or if it cannot be asked, the connection is taken for lost (a failover that left it hanging) and the work retried on a new one (SQL Server: the driver's query timeout, four times this)"),
+}
+
 #: option key (as documented) -> (default shown in docs, meaning)
 OPTIONS: dict[str, tuple[str, str]] = {
     "url": (f"${URL_ENV}", "postgresql://, sqlserver:// (mssql://) URL or odbc:<connection string>"),
     "user": ("from url", "database user; overrides the URL's"),
     "password": ("from url", "database password; overrides the URL's (Spark redacts options named password)"),
+    **WAIT_OPTIONS,
     "queue": ("required (or queuePattern)", "queue address to receive from, NServiceBus syntax; several, comma-separated (`Sales, Billing`), are read in one stream, each with its own claims, consumer lock and FIFO order, and the `queue` column says where each row came from"),
     "queuePattern": ("none", "instead of `queue`: every queue table whose schema and name match this pattern (`*`, `?`; e.g. `\"tenant_*\".\"audit\"`, `*.Replies`; without a schema, the default one), resolved again at each trigger as Kafka's subscribePattern is: a queue that appears joins from its head, one that disappears is read to the end of what was claimed from it and then dropped. Never matches the stream's error, audit, forwardTo or monitoring queue, nor the transport's own tables"),
     "endpoint": ("the queue's table name", "consumer identity: owns its claims; one running query per endpoint and queue; give each job its own (a new checkpoint takes over the claims its endpoint holds)"),
@@ -185,7 +192,11 @@ def resolve_url(opts: Mapping[str, str]) -> ConnectionURL:
     if not raw:
         raise ConfigError(f"option 'url' is required (or set {URL_ENV}): e.g. postgresql://user@host:5432/db", option="url")
     url = parse_url(raw, option="url")
-    return url.with_credentials(opts.get(OPT_USER), opts.get(OPT_PASSWORD))
+    outage, response = (None if opts.get(k.lower()) in (None, "") else parse_duration(opts[k.lower()], option=k)
+                        for k in WAIT_OPTIONS)
+    if response is not None and response < 1:
+        raise ConfigError("option 'responseTimeout' must be at least 1s", option="responseTimeout")
+    return url.with_credentials(opts.get(OPT_USER), opts.get(OPT_PASSWORD)).waiting(outage=outage, response=response)
 
 
 class ReaderOptions:
@@ -299,6 +310,7 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
     "url": (f"${URL_ENV}", "as for reading"),
     "user": ("from url", "as for reading"),
     "password": ("from url", "as for reading"),
+    **{k: (v[0], "as for reading") for k, v in WAIT_OPTIONS.items()},
     "endpoint": ("required", "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and its delayed table (`<endpoint>.Delayed`)"),
     "destination": ("none", "queue address for rows whose `destination` column is null or absent"),
     "sinkName": (defaults.DEFAULT_SINK, "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)"),

@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import logging
+import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,63 +23,152 @@ from typing import Any, TypeVar
 
 from ..dialects import Dialect, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
+from .watchdog import WATCHDOG
 
-__all__ = ["Backoff", "Session", "with_retries", "args", "execute", "results", "first", "one", "rows", "columns", "rowcount",
+__all__ = ["Backoff", "Session", "with_retries", "OUTAGES", "OUTAGE_TIMEOUT", "seconds_text", "args", "execute", "results", "first", "one", "rows", "columns", "rowcount",
            "rollback", "close", "describe", "explain", "retrying", "install"]
 
 log = logging.getLogger("spark_qtransport.db")
 
 T = TypeVar("T")
 
-#: attempts of one transaction that meets transient faults (connection lost, deadlock victim,
-#: server restarting): waits of 0.2, 0.4, 0.8, 1.6 and 3.2 s between them ride out a restart
-RETRIES = 6
+#: seconds of transient faults an operation rides through by default (option `outageTimeout`): as
+#: NServiceBus's receive circuit breaker, which raises its critical error after 2 minutes
+OUTAGE_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
 class Backoff:
-    """The retry policy: `attempts` in all, waiting `first` seconds after the first failure and
-    twice as long after each next one, at most `longest`."""
+    """The retry policy. Transient faults are ridden through for `bound` seconds from the start
+    of the database's outage (0: not at all), waiting `first` seconds after the first failure and
+    twice as long after each next one, at most `longest`; each wait is jittered (half to all of
+    it), so that the processes that lost one server do not all come back at the same instant.
 
-    attempts: int = RETRIES
+    `attempts`: best-effort work (monitoring reports, a metrics scrape) gives up after this many
+    attempts whatever the bound, and leaves the outage's log lines to the work that waits it out.
+    `database`: the masked URL the outage is reported for."""
+
+    bound: float = OUTAGE_TIMEOUT
     first: float = 0.2
     longest: float = 5.0
+    attempts: int | None = None
+    database: str = "the database"
+
+    @staticmethod
+    def of(url: Any, *, attempts: int | None = None) -> Backoff:
+        """The policy for `url`'s database (its `outageTimeout`)."""
+        return Backoff(bound=float(getattr(url, "outage", OUTAGE_TIMEOUT)), attempts=attempts,
+                       database=str(url))
 
     def wait(self, failed_attempt: int) -> float:
-        return min(self.first * 2 ** (failed_attempt - 1), self.longest)
+        full = min(self.first * 2 ** (failed_attempt - 1), self.longest)
+        return random.uniform(full / 2, full)
+
+    def gives_up(self, failed_attempt: int, outage_seconds: float) -> bool:
+        """After `failed_attempt`, the outage `outage_seconds` old (the last wait ends at the bound)."""
+        if self.attempts is not None:
+            return failed_attempt >= self.attempts
+        return outage_seconds >= self.bound
 
 
 BACKOFF = Backoff()
 
 
+def seconds_text(seconds: float) -> str:
+    """``2 min``, ``90 s``, ``0.5 s``: a bound as a person reads it."""
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+class Outages:
+    """When each database's outage began, per process: the one WARNING when it starts and the one
+    INFO when it ends, however many sessions meet it (a claim, an acknowledgement in the
+    background, monitoring), and the start every retry loop measures its bound from."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: dict[str, float] = {}
+
+    def began(self, backoff: Backoff, what: str, text: str) -> float:
+        """A transient fault of `what`: when its database's outage began."""
+        now = time.monotonic()
+        if backoff.attempts is not None:
+            log.debug("%s failed (%s)", what, text)
+            return self._since.get(backoff.database, now)
+        with self._lock:
+            since = self._since.setdefault(backoff.database, now)
+        if since == now and backoff.bound > 0:
+            log.warning("%s failed (%s); retrying for up to %s (outageTimeout) until %s answers", what, text,
+                        seconds_text(backoff.bound), backoff.database)
+        return since
+
+    def ended(self, backoff: Backoff) -> None:
+        if not self._since:
+            return
+        with self._lock:
+            since = self._since.pop(backoff.database, None)
+        if since is not None:
+            log.info("%s answers again, after %.1f s", backoff.database, time.monotonic() - since)
+
+
+#: this process's outages
+OUTAGES = Outages()
+
+
 def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, backoff: Backoff = BACKOFF,
                  after_failure: Callable[[BaseException], None] | None = None) -> T:
-    """`attempt(n)` for n = 1, 2, ... until it returns. Our own errors propagate as they are,
-    but for those that say they are transient (`QTransportError.transient`), retried. A
-    driver error that is permanent (`Dialect.is_transient` false: a wrong password, a missing
-    table, no permission), or transient on the last attempt, is raised as `QueueNotFoundError` /
-    `DatabaseError` naming `what`, with the driver's error as its cause. Any other exception (a bug,
-    bad input) propagates as it is: only the driver's errors are "database failures". After a
-    transient fault `after_failure(exc)` runs (drop the connection), and the policy's wait."""
-    for n in range(1, backoff.attempts + 1):
+    """`attempt(n)` for n = 1, 2, ... until it returns, riding through the database's outage for
+    `backoff.bound` seconds. Our own errors propagate as they are, but for those that say they are
+    transient (`QTransportError.transient`), retried. A driver error that is permanent
+    (`Dialect.is_transient` false: a wrong password, a missing table, no permission) is raised as
+    `QueueNotFoundError` / `DatabaseError` naming `what`, with the driver's error as its cause; a
+    transient one past the bound as a `DatabaseError` naming the database and the bound. Any other
+    exception (a bug, bad input) propagates as it is: only the driver's errors are "database
+    failures". After a transient fault `after_failure(exc)` runs (drop the connection), then the
+    policy's wait."""
+    n = 0
+    while True:
+        n += 1
         try:
-            return attempt(n)
+            result = attempt(n)
         except QTransportError as exc:
-            if not exc.transient or n == backoff.attempts:
+            if not exc.transient:
                 raise
             failure: BaseException = exc
-            log.warning("%s: %s; retrying in %.1fs", what, exc, backoff.wait(n))
+            text = str(exc)
         except Exception as exc:
             if not dialect.is_driver_error(exc):
                 raise
-            if not dialect.is_transient(exc) or n == backoff.attempts:
+            if not dialect.is_transient(exc):
                 raise explain(dialect, what, exc) from exc
-            failure = exc
-            log.warning("%s failed (%s); retrying in %.1fs", what, dialect.error_text(exc), backoff.wait(n))
+            failure, text = exc, dialect.error_text(exc)
+        else:
+            OUTAGES.ended(backoff)
+            return result
+        since = OUTAGES.began(backoff, what, text)
+        outage = time.monotonic() - since
+        if backoff.gives_up(n, outage):
+            raise _gave_up(dialect, what, failure, text, backoff, outage) from failure
         if after_failure is not None:
             after_failure(failure)
-        time.sleep(backoff.wait(n))
-    raise AssertionError("unreachable")
+        time.sleep(min(backoff.wait(n), max(backoff.bound - outage, 0.0)) if backoff.attempts is None
+                   else backoff.wait(n))
+
+
+def _gave_up(dialect: Dialect, what: str, failure: BaseException, text: str, backoff: Backoff,
+             seconds: float) -> QTransportError:
+    if backoff.attempts is not None:
+        if isinstance(failure, QTransportError):
+            return failure
+        return explain(dialect, what, failure)  # type: ignore[arg-type]
+    if backoff.bound <= 0:
+        why = "outageTimeout is 0: no outage is waited out"
+    else:
+        why = (f"{backoff.database} has not answered for {seconds:.0f} s, longer than outageTimeout "
+               f"({seconds_text(backoff.bound)})")
+    fields = {"operation": what, "sqlstate": None if isinstance(failure, QTransportError) else dialect.sqlstate(failure)}
+    return DatabaseError(f"{what} failed: {why}: {text}", **fields)
 
 
 def args(stmt: Statement) -> tuple[Any, ...]:
@@ -207,10 +298,12 @@ def retrying(
     discard: Callable[[Any], None],
     what: str,
     backoff: Backoff = BACKOFF,
+    url: Any = None,
 ) -> T:
     """Run `fn(conn)` in a transaction and commit, through `with_retries`: after a transient fault
     (in `fn`, at commit or while connecting) roll back, `discard` the connection and run it again
-    on a new one. A failure always rolls back.
+    on a new one. A failure always rolls back. With `url`, the transaction is watched for a
+    connection that hangs (`watchdog.py`, its `responseTimeout`).
 
     `fn` must be safe to run again after a failure whose commit may or may not have happened
     (the dispatch finds its own outbox record; claims and acknowledgements are idempotent)."""
@@ -221,8 +314,13 @@ def retrying(
         try:
             conn = connection()
             held.append(conn)
-            result = fn(conn)
-            conn.commit()
+            if url is None:
+                result = fn(conn)
+                conn.commit()
+                return result
+            with WATCHDOG.watching(dialect, url, conn, what):
+                result = fn(conn)
+                conn.commit()
             return result
         except BaseException:
             if held:
@@ -240,12 +338,13 @@ class Session:
     """One connection, opened when first needed, and transactions on it retried by the policy.
     `on_connect(conn)` runs on each new connection (set-up, locks); if it fails the connection is
     closed. After a transient fault the connection is dropped and the next attempt opens another.
-    `backoff`: its retry policy (best-effort work, such as monitoring reports, gives up sooner)."""
+    `backoff`: its retry policy; by default the URL's (`Backoff.of`: its `outageTimeout`);
+    best-effort work, such as monitoring reports, gives up sooner."""
 
     def __init__(self, dialect: Dialect, url: Any, *, what: str = "",
-                 on_connect: Callable[[Any], None] | None = None, backoff: Backoff = BACKOFF) -> None:
+                 on_connect: Callable[[Any], None] | None = None, backoff: Backoff | None = None) -> None:
         self.dialect, self.url, self.what = dialect, url, what
-        self.backoff = backoff
+        self.backoff = backoff if backoff is not None else Backoff.of(url)
         self._on_connect = on_connect
         self._conn: Any = None
 
@@ -274,7 +373,7 @@ class Session:
     def run(self, fn: Callable[[Any], T], what: str | None = None) -> T:
         """`fn(conn)` in a transaction, committed; retried on a new connection after a transient fault."""
         return retrying(self.dialect, fn, connection=self.connection, discard=self.drop, what=what or self.what,
-                        backoff=self.backoff)
+                        backoff=self.backoff, url=self.url)
 
     def close(self) -> None:
         if self._conn is not None:

@@ -19,6 +19,23 @@ class DriverSupport(ABC):
     def connect(self, url: Any) -> Any:
         """Open a DB-API connection (autocommit off, READ COMMITTED) for a `ConnectionURL`."""
 
+    # -- connections that hang (see transport/watchdog.py) ----------------------------------------
+
+    def backend_of(self, conn: Any) -> Any:
+        """The server's id of `conn`'s session, for `is_working`; None: this dialect's hangs are
+        left to the driver's own timeout (`connect` sets it)."""
+        return None
+
+    def is_working(self, probe: Any, backend: Any) -> bool:
+        """Asked on another connection (`probe`): is the server running a statement of `backend`
+        now? False when it waits for the client, or the session is gone."""
+        return False
+
+    def cut(self, conn: Any) -> None:
+        """End `conn`'s socket under a thread blocked on it: its read fails at once, as if the
+        server had closed it. By default `conn` is closed."""
+        conn.close()
+
     def savepoint(self, name: str) -> Statement:
         return Statement(f"SAVEPOINT {name}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from ...connections import mask
@@ -133,6 +135,20 @@ class PostgresDriver(DriverSupport):
             conn.close()
             raise
         return conn
+
+    def backend_of(self, conn: Any) -> Any:
+        return conn.info.backend_pid
+
+    def is_working(self, probe: Any, backend: Any) -> bool:
+        # a role sees the state of its own sessions in pg_stat_activity, no privilege needed
+        row = probe.execute("SELECT state FROM pg_catalog.pg_stat_activity WHERE pid = %s", (backend,)).fetchone()
+        return row is not None and row[0] == "active"
+
+    def cut(self, conn: Any) -> None:
+        # shutdown() acts on the socket, not on the descriptor: the copy's shutdown makes the
+        # blocked recv() of libpq return, and psycopg raises "server closed the connection"
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def is_driver_error(self, exc: BaseException) -> bool:
         return _is_psycopg_error(exc)

@@ -92,6 +92,10 @@ class SqlServerDriver(DriverSupport):
         # effect before the process's first pyodbc connection.
         pyodbc.pooling = False
         conn = pyodbc.connect(without_reconnect(url.odbc_string()), autocommit=False)
+        # A hanging connection (a failover that left the socket open) ends in the driver's own
+        # query timeout (HYT00, transient): the server cannot be asked about another session
+        # without VIEW SERVER STATE. Four times `responseTimeout`, as long statements are legitimate.
+        conn.timeout = int(max(url.response, 0) * 4)
         try:
             # READCOMMITTED: READPAST and UPDLOCK keep their meaning (SNAPSHOT would break them).
             # Set on every connection: a pooled connection keeps its previous isolation level.

@@ -82,9 +82,9 @@ MAX_ENTRIES = 100_000  # 10,000 msg/s at the default interval; about 130 bytes a
 ENTRIES_PER_REPORT = 2048
 #: seconds `flush` and `close` wait for the reporter thread
 FLUSH_TIMEOUT = 10.0
-#: the retry policy of a send: one attempt; on a fault its reports are dropped, the connection is
-#: closed and the next round opens another (no retry waits: `close` stays quick)
-BACKOFF = db.Backoff(attempts=1)
+#: a send makes one attempt; on a fault its reports are dropped, the connection is closed and the
+#: next round opens another (no retry waits: `close` stays quick)
+ATTEMPTS = 1
 
 _VERSION = 1
 #: an entry's time is an int32 of ticks after the report's base: about 214.7 seconds
@@ -208,7 +208,7 @@ class Monitor:
         self._requested = self._done = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._session = db.Session(self.dialect, settings.url, backoff=BACKOFF,
+        self._session = db.Session(self.dialect, settings.url, backoff=db.Backoff.of(settings.url, attempts=ATTEMPTS),
                                    what=f"sending monitoring reports to {self.dialect.format_address(self.address)}")
         self._failing = False
         #: reports sent and dropped (rounds that failed), for tests and logs

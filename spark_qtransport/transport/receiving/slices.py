@@ -18,6 +18,7 @@ from ...dialects import Dialect, dialect_named
 from ...errors import OffsetError
 from .. import session as db
 from ..executor import cached_connection, give_back
+from ..watchdog import WATCHDOG
 from .decode import ReceivedMessage, rows_batch
 from .planner import ClaimSlice
 
@@ -50,7 +51,8 @@ class _SliceCursor:
             rest = replace(self.part, after=self.after)
             self.conn, self.cur = cached_connection(self.dialect, rest.url, lambda conn: _open(self.dialect, rest, conn),
                                                     what=f"reading {rest!r}", log=log)
-        rows = self.cur.fetchmany(self.size)
+        with WATCHDOG.watching(self.dialect, self.part.url, self.conn, f"reading {self.part!r}"):
+            rows = self.cur.fetchmany(self.size)
         if not rows:
             self.cur.close()
             self.conn.commit()
@@ -97,7 +99,8 @@ def read_chunks(
     slice_cursor = _SliceCursor(dialect, part, chunk=chunk, budget=budget)
     try:
         while True:
-            rows = db.with_retries(dialect, f"reading {part!r}", slice_cursor.fetch, after_failure=slice_cursor.drop)
+            rows = db.with_retries(dialect, f"reading {part!r}", slice_cursor.fetch, after_failure=slice_cursor.drop,
+                                   backoff=db.Backoff.of(part.url))
             if not rows:
                 return
             yield rows

@@ -18,6 +18,7 @@ from ...wire import format_time
 from .. import session as db
 from ..executor import cached_connection
 from ..settings import SendSettings
+from ..watchdog import WATCHDOG
 from .builder import MessageBuilder
 from .inline import hand_over
 from .messages import InputColumns, RowGroup, SendPlan, StagedRow
@@ -199,9 +200,11 @@ def _stage(options: SendSettings, plan: SendPlan, builder: MessageBuilder, rows:
             conn, _checked = cached_connection(dialect, options.url, _check, what=what, log=log)
             staged = 0
             for chunk in rows.chunks(builder.attempt):
-                dialect.stage_rows(conn, options.staging, chunk)
+                with WATCHDOG.watching(dialect, options.url, conn, what):
+                    dialect.stage_rows(conn, options.staging, chunk)
                 staged += len(chunk)
-            conn.commit()
+            with WATCHDOG.watching(dialect, options.url, conn, what):
+                conn.commit()
         except BaseException:
             if conn is not None:
                 db.rollback(conn)
@@ -215,7 +218,7 @@ def _stage(options: SendSettings, plan: SendPlan, builder: MessageBuilder, rows:
             raise db.explain(dialect, what, exc) from exc  # type: ignore[arg-type]
         builder.attempt = uuid.uuid4().hex
 
-    return db.with_retries(dialect, what, attempt, after_failure=again)
+    return db.with_retries(dialect, what, attempt, after_failure=again, backoff=db.Backoff.of(options.url))
 
 
 def _routes(builder: MessageBuilder) -> tuple[RouteCount, ...]:
