@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from faultproxy import FaultProxy
 
+from backends import Backend, nsb_headers
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import dialect_for
 from spark_qtransport.errors import DatabaseError
@@ -28,7 +29,10 @@ from spark_qtransport.transport.session import Session
 def server() -> Iterator[Any]:
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
-    with EmbeddedPostgres(fsync=False) as pg:
+    # a crash keeps what the server acknowledged: commits wait for their WAL to be written (to the
+    # kernel: the machine does not crash here). Without it (synchronous_commit off) a crash loses
+    # the last commits the server confirmed, and no client can make up for that.
+    with EmbeddedPostgres(fsync=False, settings={"synchronous_commit": "on"}) as pg:
         yield pg
 
 
@@ -117,3 +121,127 @@ def test_a_long_statement_is_not_taken_for_a_hang(alive: Any, caplog: pytest.Log
     assert s.run(lambda conn: conn.execute("SELECT pg_sleep(2.5), 5").fetchone()[1]) == 5
     assert lines(caplog, logging.WARNING) == []
     s.close()
+
+
+# -- a stream and its sink ------------------------------------------------------------------------
+
+def _count(pg: Backend, table: str) -> int:
+    """Rows in `table`, or -1 while the server is away."""
+    try:
+        return pg.count(table)
+    except Exception:  # noqa: BLE001 - the server is down: not counted yet
+        return -1
+
+
+def _until(cond: Any, timeout: float, what: str, query: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if query is not None and not query.isActive:
+            raise AssertionError(f"the query ended while waiting for {what}: {query.exception()}")
+        if time.monotonic() > deadline:
+            pg = Backend(query._url) if hasattr(query, "_url") else None
+            raise AssertionError(f"timed out waiting for {what}: {query and query.lastProgress}; "
+                                 f"{_activity(pg) if pg else ''}")
+        time.sleep(0.2)
+
+
+def _activity(pg: Backend) -> list[Any]:
+    with pg.connect() as c:
+        return c.execute("SELECT pid, state, wait_event, left(query, 120) FROM pg_stat_activity "
+                         "WHERE application_name = 'spark-qtransport' AND pid <> pg_backend_pid()").fetchall()
+
+
+def _pipeline(spark: Any, url: str, q: str, out: str, e: str, checkpoint: str, **options: str) -> Any:
+    from pyspark.sql import functions as F
+
+    reader = (spark.readStream.format("sqlqueue").option("url", url).option("queue", q).option("errorQueue", e)
+              .option("maxMessagesPerTrigger", "25").option("numPartitions", "1"))
+    writer_options = {"inlineBytes": options.pop("inlineBytes", "0")}  # tasks stage: staging meets the outage
+    for key, value in options.items():
+        reader = reader.option(key, value)
+        writer_options[key] = value
+    query = (reader.load()
+            .select("body", F.concat("message_id", F.lit("-out")).alias("message_id"), F.lit("Outage.Out").alias("message_type"))
+            .coalesce(1).writeStream.format("sqlqueue").option("url", url).option("endpoint", q).option("destination", out)
+            .options(**writer_options).option("checkpointLocation", checkpoint)
+            .trigger(processingTime="100 milliseconds").start())
+    query._url = url
+    return query
+
+
+def _sent_ids(pg: Backend, out: str) -> list[str]:
+    with pg.connect() as c:
+        return [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(out)} ORDER BY seq")]
+
+
+def _state(pg: Backend, q: str, out: str, e: str, n: int) -> str:
+    got = set(_sent_ids(pg, out))
+    missing = sorted({f"m{i:04d}-out" for i in range(n)} - got)
+    with pg.connect() as c:
+        claimed = [r[0] for r in c.execute("SELECT headers::json->>'NServiceBus.MessageId' FROM "
+                                           f"{pg.q(pg.claims(q))} ORDER BY 1")]
+    return (f"out={len(got)} queue={_count(pg, q)} staged={_count(pg, chr(34) + q + '.Staging' + chr(34))} "
+            f"error={_count(pg, e)} missing={missing[:3]}..{missing[-3:]} claimed={len(claimed)}: {claimed[:3]}..")
+
+
+def _terminate_every_session(pg: Backend) -> int:
+    with pg.connect() as c:
+        return len(c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE application_name = 'spark-qtransport' AND pid <> pg_backend_pid()").fetchall())
+
+
+def test_a_stream_rides_through_outages_and_fails_with_one_line_past_the_bound(
+        spark: Any, alive: Any, names: Any, tmp_path: Any) -> None:
+    pg = Backend(alive.url)
+    q, out, e = pg.create_queue(names("Outage")), pg.create_queue(names("OutageOut")), pg.create_queue(names("error"))
+    n = 300
+    pg.send_many(q, [(nsb_headers(f"m{i:04d}"), b"x" * 200) for i in range(n)])
+    checkpoint = str(tmp_path / "checkpoint")
+    query = _pipeline(spark, alive.url, q, out, e, checkpoint, outageTimeout="90s")
+    try:
+        _until(lambda: _count(pg, out) >= 50, 120, "the first messages", query)
+        alive.crash()  # whatever the stream was doing: claiming, reading, staging, dispatching, acknowledging
+        time.sleep(5)
+        alive.start()
+        _until(lambda: _count(pg, out) >= 150, 120, "messages after the restart", query)
+        assert _terminate_every_session(pg) >= 1
+        try:
+            _until(lambda: _count(pg, out) >= n, 120, "every message", query)
+        except AssertionError as exc:
+            got = set(_sent_ids(pg, out))
+            missing = sorted(set(f"m{i:04d}-out" for i in range(n)) - got)
+            raise AssertionError(f"{exc}\n{_state(pg, q, out, e, n)}") from None
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    ids = _sent_ids(pg, out)
+    expected = [f"m{i:04d}-out" for i in range(n)]
+    assert len(ids) == len(set(ids)) == n, "exactly once"
+    assert ids == expected, "in the order they were sent"
+
+    # past the bound: one line naming the database and the bound; the next run finishes the work
+    pg.send_many(q, [(nsb_headers(f"p{i:04d}"), b"y" * 200) for i in range(50)])
+    query = _pipeline(spark, alive.url, q, out, e, checkpoint, outageTimeout="3s")
+    try:
+        _until(lambda: _count(pg, out) >= n + 50, 120, "the second run", query)
+        alive.crash()
+        started = time.monotonic()
+        with pytest.raises(Exception) as failed:
+            query.awaitTermination(120)
+        took = time.monotonic() - started
+    finally:
+        query.stop()
+        alive.start()
+    text = str(failed.value)
+    print("PAST THE BOUND:", text)
+    assert "longer than outageTimeout (3 s)" in text and f"127.0.0.1:{alive.port}" in text, text[:2000]
+    assert took < 60
+    pg.send_many(q, [(nsb_headers(f"r{i:04d}"), b"z" * 200) for i in range(30)])
+    query = _pipeline(spark, alive.url, q, out, e, checkpoint)
+    try:
+        _until(lambda: _count(pg, out) >= n + 80, 120, "the run after the failure", query)
+    finally:
+        query.stop()
+    ids = _sent_ids(pg, out)
+    assert len(ids) == len(set(ids)) == n + 80
+    assert _count(pg, q) == 0 and _count(pg, e) == 0

@@ -84,32 +84,46 @@ def seconds_text(seconds: float) -> str:
 class Outages:
     """When each database's outage began, per process: the one WARNING when it starts and the one
     INFO when it ends, however many sessions meet it (a claim, an acknowledgement in the
-    background, monitoring), and the start every retry loop measures its bound from."""
+    background, monitoring), and the start every retry loop measures its bound from.
+
+    A single fault that the next attempt cures (a connection the server dropped while idle, or
+    that the outage broke and its end found stale; a terminated session) is a reconnection,
+    logged at DEBUG; the outage is declared when a retry fails too."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._since: dict[str, float] = {}
+        self._declared: set[str] = set()
 
-    def began(self, backoff: Backoff, what: str, text: str) -> float:
-        """A transient fault of `what`: when its database's outage began."""
+    def began(self, backoff: Backoff, what: str, text: str, failed_attempt: int) -> float:
+        """A transient fault of `what`, its `failed_attempt`-th: when its database's outage began."""
         now = time.monotonic()
+        key = backoff.database
         if backoff.attempts is not None:
             log.debug("%s failed (%s)", what, text)
-            return self._since.get(backoff.database, now)
+            return self._since.get(key, now)
         with self._lock:
-            since = self._since.setdefault(backoff.database, now)
-        if since == now and backoff.bound > 0:
+            since = self._since.setdefault(key, now)
+            declare = (failed_attempt > 1 or backoff.bound <= 0) and key not in self._declared
+            if declare:
+                self._declared.add(key)
+        if declare and backoff.bound > 0:
             log.warning("%s failed (%s); retrying for up to %s (outageTimeout) until %s answers", what, text,
-                        seconds_text(backoff.bound), backoff.database)
+                        seconds_text(backoff.bound), key)
+        else:
+            log.debug("%s failed (%s); reconnecting", what, text)
         return since
 
     def ended(self, backoff: Backoff) -> None:
         if not self._since:
             return
+        key = backoff.database
         with self._lock:
-            since = self._since.pop(backoff.database, None)
-        if since is not None:
-            log.info("%s answers again, after %.1f s", backoff.database, time.monotonic() - since)
+            since = self._since.pop(key, None)
+            declared = key in self._declared
+            self._declared.discard(key)
+        if since is not None and declared:
+            log.info("%s answers again, after %.1f s", key, time.monotonic() - since)
 
 
 #: this process's outages
@@ -146,7 +160,7 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
         else:
             OUTAGES.ended(backoff)
             return result
-        since = OUTAGES.began(backoff, what, text)
+        since = OUTAGES.began(backoff, what, text, n)
         outage = time.monotonic() - since
         if backoff.gives_up(n, outage):
             raise _gave_up(dialect, what, failure, text, backoff, outage) from failure
