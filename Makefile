@@ -43,10 +43,10 @@ compat: setup
 compat-table: setup
 	$(PY) tests/compat/run.py --lines 4.0,4.1,4.2,4.3 --write-table docs/spark-versions.md
 
-# the long chaos run: 20 job kills under a faster producer, a 1,000,000-message backlog, two
+# the long chaos run: 20 job kills under a faster producer, the database killed three times (5 s, 60 s, past the bound), a 1,000,000-message backlog, two
 # minutes of competition; writes reports/chaos.md and its plots (reports/*.png)
 chaos: setup
-	SQLQUEUE_CHAOS_KILLS=20 SQLQUEUE_CHAOS_PAUSE=0.05 SQLQUEUE_CHAOS_BACKLOG=1000000 \
+	SQLQUEUE_CHAOS_KILLS=20 SQLQUEUE_CHAOS_PAUSE=0.05 SQLQUEUE_CHAOS_BACKLOG=1000000 SQLQUEUE_CHAOS_OUTAGES=5,60,past \
 	  SQLQUEUE_CHAOS_COMPETE_SECONDS=120 SQLQUEUE_CHAOS_REPORT=reports \
 	  $(PY) -m pytest -s tests/chaos
 

@@ -209,7 +209,7 @@ def test_a_stream_rides_through_outages_and_fails_with_one_line_past_the_bound(
             _until(lambda: _count(pg, out) >= n, 120, "every message", query)
         except AssertionError as exc:
             got = set(_sent_ids(pg, out))
-            missing = sorted(set(f"m{i:04d}-out" for i in range(n)) - got)
+            sorted(set(f"m{i:04d}-out" for i in range(n)) - got)
             raise AssertionError(f"{exc}\n{_state(pg, q, out, e, n)}") from None
         assert query.isActive and query.exception() is None
     finally:

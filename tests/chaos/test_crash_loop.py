@@ -1,13 +1,16 @@
 """Crash loop: queue -> Spark -> queue under a continuous NServiceBus producer, while the driver is
 SIGKILLed at random moments, the connector's database sessions are terminated at random moments
 (whatever they are doing: claim, read, acknowledge, stage, dispatch) and PostgreSQL itself is
-restarted once mid-stream. Runs alternate between tasks that hand their messages to the driver and
+killed (``pg_ctl stop -m immediate``) and started again after each outage of SQLQUEUE_CHAOS_OUTAGES
+(seconds, comma-separated; ``past`` = longer than the job's outageTimeout): the job rides through the
+shorter ones and fails with one line naming the database and the bound after the last. Runs alternate between tasks that hand their messages to the driver and
 tasks that stage them (inlineBytes 0), so replays cross from one way to the other. After a final run
 every produced message is at the output exactly once, and (the reader audits, ``auditQueue``) in the
 audit queue exactly once, and nothing is left claimed or staged.
 
-``make test`` runs a short version (SQLQUEUE_CHAOS_KILLS=2, a producer of about 250 msg/s);
-``make chaos`` runs 20 kills under about 700 msg/s (SQLQUEUE_CHAOS_PAUSE=0.05) and writes a
+``make test`` runs a short version (SQLQUEUE_CHAOS_KILLS=2, a producer of about 250 msg/s, one
+outage of 4 s); ``make chaos`` runs 20 kills under about 700 msg/s (SQLQUEUE_CHAOS_PAUSE=0.05) and
+outages of 5 s, 60 s and past the 2-minute bound (SQLQUEUE_CHAOS_OUTAGES=5,60,past), and writes a
 report section with a rate plot (SQLQUEUE_CHAOS_REPORT, see report.py). The random seed is
 SQLQUEUE_CRASH_SEED (printed).
 """
@@ -39,7 +42,10 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     seed = int(os.environ.get("SQLQUEUE_CRASH_SEED", "20261122"))
     print(f"crash loop: {kills} kills, SQLQUEUE_CRASH_SEED={seed}")
     rnd = random.Random(seed)
-    with EmbeddedPostgres(fsync=False) as server:
+    outages = [o.strip() for o in os.environ.get("SQLQUEUE_CHAOS_OUTAGES", "4").split(",") if o.strip()]
+    at = {(k + 1) * kills // (len(outages) + 1): o for k, o in enumerate(outages)}  # round -> outage
+    # commits wait for their WAL: a killed server keeps what it confirmed (see tests/test_outages.py)
+    with EmbeddedPostgres(fsync=False, settings={"synchronous_commit": "on"}) as server:
         pg = Backend(server.url)
         q, out, e, audit = (pg.create_queue(n) for n in ("Orders", "Out", "error", "audit"))
         url = server.url + "?options=-c%20client_connection_check_interval%3D200"
@@ -59,8 +65,8 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         killer.start()
         sampler.start()
         rounds: list[dict[str, Any]] = []
-        restarted = False
         peak_memory = 0.0
+        ridden: list[str] = []
         try:
             n = 0
             while sum(r["outcome"] == "killed" for r in rounds) < kills and n < 3 * kills:
@@ -73,10 +79,14 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
                 deadline = time.monotonic() + 180
                 while not any(markers.glob("batch-*")) and job.proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if n == kills // 2 and not restarted:
-                    restarted = True
-                    events.append((sampler.now(), "PostgreSQL restart"))
-                    server.restart()  # mid-stream: the job rides through it or fails and is restarted
+                outage = at.pop(n, None) if job.proc.poll() is None else None
+                if outage is not None:
+                    ridden.append(outage_round(server, job, markers, outage, events, sampler, log))
+                    if outage == "past":
+                        rounds.append({"round": n, "batches": len(list(markers.glob("batch-*"))),
+                                       "outcome": f"failed past the bound (exit {job.proc.returncode})"})
+                        n += 1
+                        continue
                 time.sleep(rnd.uniform(0.5, 3.0))
                 peak_memory = max(peak_memory, sum(memory_mb(job).values()))
                 exited = job.proc.poll()
@@ -112,8 +122,10 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             peak_memory=max([peak_memory, *(s["memory"] for s in samples)]), producer_retries=producer.errors,
             seconds=sampler.now(), seed=seed, pause=producer.pause, rate=producer.sent / max(sampler.now(), 1),
         )
+        figures["outages"] = ", ".join(ridden) or "none"
         write_section(rounds, samples, events, figures)
         assert figures["kills"] == kills, rounds
+        assert len(ridden) == len(outages), f"every outage took place: {ridden}"
         assert figures["duplicated"] == 0, "no message was sent twice"
         assert figures["lost"] == 0, "every produced message was sent"
         assert figures["audit_duplicated"] == 0 and figures["audit_lost"] == 0, "every message audited once"
@@ -122,27 +134,60 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         assert figures["claimed"] == 0, "nothing is left claimed"
 
 
+#: seconds the job waits out an outage (its outageTimeout, the default)
+BOUND = 120.0
+
+
+def outage_round(server: Any, job: Job, markers: Path, outage: str, events: list[tuple[float, str]],
+                 sampler: Sampler, log: Path) -> str:
+    """Kill the server under a running job and start it again after `outage` seconds; the job rides
+    through (a new micro-batch after the restart) or, past the bound, fails with one line naming
+    the database and the bound. Returns what happened, for the report."""
+    past = outage == "past"
+    events.append((sampler.now(), f"PostgreSQL killed ({outage})"))
+    server.crash()
+    started = time.monotonic()
+    if past:
+        code = job.proc.wait(BOUND + 120)
+        took = time.monotonic() - started
+        server.start()
+        tail = log.read_text(errors="replace")[-20000:]
+        assert code != 0 and "longer than outageTimeout (2 min)" in tail, tail[-3000:]
+        return f"past the bound: failed after {took:.0f} s"
+    time.sleep(float(outage))
+    server.start()
+    events.append((sampler.now(), "PostgreSQL started"))
+    before = set(markers.glob("batch-*"))
+    deadline = time.monotonic() + 120
+    while set(markers.glob("batch-*")) <= before and job.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job.proc.poll() is None, f"the job rode through a {outage} s outage: {log.read_text()[-3000:]}"
+    assert set(markers.glob("batch-*")) > before, "micro-batches went on after the outage"
+    return f"{outage} s: ridden through"
+
+
 def write_section(rounds: list[dict[str, Any]], samples: list[dict[str, float]], events: list[tuple[float, str]],
                   f: dict[str, Any]) -> None:
-    # purple lines: the PostgreSQL restart, the start of the final drain and of the release run
+    # purple lines: the PostgreSQL kills and starts, the start of the final drain and of the release run
     png = plot("crash-loop", samples, totals={"produced": "produced", "delivered": "at the output"},
                levels={"claimed": "claimed rows", "memory": "job memory (PSS, MB)"}, events=events,
-               title=f"crash loop: {f['kills']} SIGKILLs, {f['terminated']} sessions terminated, 1 PostgreSQL restart")
+               title=f"crash loop: {f['kills']} SIGKILLs, {f['terminated']} sessions terminated, outages {f['outages']}")
     lines = [
         "## Crash loop",
         "",
         "queue -> Spark -> queue (`writeStream.format(\"sqlqueue\")`), the reader auditing every message, a continuous NServiceBus producer,",
         "the job (driver, JVM, workers) SIGKILLed at random moments, the connector's sessions terminated",
-        "at random moments, PostgreSQL restarted once mid-stream; then a run that drains the queue and",
+        "at random moments, PostgreSQL killed (`pg_ctl stop -m immediate`) and started again after each outage; then a run that drains the queue and",
         "one more on the empty queue (it acknowledges the drain's last batch).",
         f"Reproduce: `SQLQUEUE_CRASH_SEED={f['seed']} SQLQUEUE_CHAOS_KILLS={f['kills']} SQLQUEUE_CHAOS_PAUSE={f['pause']} "
+        f"SQLQUEUE_CHAOS_OUTAGES={os.environ.get('SQLQUEUE_CHAOS_OUTAGES', '4')} "
         "SQLQUEUE_CHAOS_REPORT=reports .venv/bin/python -m pytest -s tests/chaos/test_crash_loop.py`.",
         "",
         *table([
             ("job SIGKILLs while running", f["kills"]),
             ("runs that failed on their own (restarted)", f["failed"]),
             ("connector sessions terminated (`pg_terminate_backend`)", f["terminated"]),
-            ("PostgreSQL restarts", 1),
+            ("PostgreSQL outages (server killed, started again after)", f["outages"]),
             ("messages produced", f"{f['sent']:,} (about {f['rate']:.0f} msg/s over the run)"),
             ("messages at the output", f"{f['received']:,}"),
             ("lost", f["lost"]),
