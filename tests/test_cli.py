@@ -123,7 +123,7 @@ def test_delayed_table_flag_names_one_endpoint_s_table(pg: Backend, names: Any, 
     ("args", "code", "message"),
     [
         (("send", "Nowhere_x", "--endpoint", "S", "--type", "T", "--body", "x"), 1, "Nowhere_x\" does not exist"),
-        (("send", "--endpoint", "S", "--intent", "publish", "--body", "x"), 1, "has no message type"),
+        (("send", "--endpoint", "S", "--intent", "publish", "--body", "x"), 2, "--type is required"),
         (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--header", "novalue"), 2, "KEY=VALUE"),
         (("send", "--endpoint", "S", "--type", "T", "--body", "x"), 2, "QUEUE is required"),
         (("send", "B", "--endpoint", "S", "--type", "T", "--body", "x", "--delay", "soon"), 1, "option '--delay'"),

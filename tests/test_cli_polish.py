@@ -45,7 +45,7 @@ def test_dotted_endpoint_is_one_table_in_the_default_schema(pg: Backend, names: 
     [(_, headers, _)] = pg.rows(billing)
     assert decode_headers(headers)[H.ORIGINATING_ENDPOINT] == web  # type: ignore[index]
     assert pg.count(f'"{web}.Outbox"') == 1
-    created = json.loads(run("create-queue", web, "--delayed", "--json").output)
+    created = json.loads(run("create-queue", web, "--delayed", "--json").stdout)  # a note on stderr
     assert [r["table"] for r in created] == [f'"public"."{web}"', f'"public"."{web}.Delayed"']
     run("send", web, "--endpoint", web, "--type", "T", "--body", "later", "--delay", "1h")
     assert [r["queue"] for r in json.loads(run("stats", web, "--json").output)] == [f'"public"."{web}"']

@@ -12,9 +12,10 @@ from typing import Any, NamedTuple, TypeVar
 import click
 
 from ..dialects import Dialect, QueueAddress, Statement, dialect_named
-from ..errors import QueueNotFoundError
+from ..errors import ConfigError, QueueNotFoundError
 from ..transport import session as db
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
+from ..transport.routing import queue_shape_problem
 from ..transport.session import Backoff, Session
 from .app import command_what, delayed_rule, need_url
 
@@ -27,6 +28,9 @@ _ENDPOINT_NAME = re.compile(r"[\w-]+(?:\.[\w-]+)+")
 
 #: the tables a dotted name may already stand for, besides the queue itself
 _COMPANIONS = ("Staging", "Outbox", DEFAULT_DELAYED_SUFFIX, "Claims")
+#: what the connector's tables beside a queue or endpoint are, for a command given one as a queue
+_COMPANION_KINDS = {"Claims": "the connector's claim table of queue", "Staging": "the sink's staging table of endpoint",
+                    "Outbox": "the sink's outbox table of endpoint"}
 
 
 #: the bytes of each body `peek` reads: enough for PREVIEW_CHARS characters of UTF-8 text
@@ -111,11 +115,21 @@ class CommandDb:
         return delayed_rule(self.d, resolved, suffix, names=names)
 
     def queue(self, text: str, option: str = "QUEUE") -> QueueAddress:
-        """An existing queue's address."""
+        """An existing queue's address; a table of another shape (the connector's own tables
+        beside a queue, anything else) is named for what it is."""
         address = self.address(text, option=option)
-        if not self.exists(address):
-            name = self.d.format_address(address)
+        columns = dict(self.all(self.d.queue_columns(address)))
+        name = self.d.format_address(address)
+        if not columns:
             raise QueueNotFoundError(f"queue {name} does not exist", queue=name, option=option)
+        problem = queue_shape_problem(columns)
+        if problem is not None:
+            owner, dot, suffix = address.table.rpartition(".")
+            what = _COMPANION_KINDS.get(suffix) if dot else None
+            if what is not None:
+                raise ConfigError(f"{name} is {what} {self.d.format_address(address.with_table(owner))}, not a queue",
+                                  queue=name, option=option)
+            raise ConfigError(f"{name} is not a queue: {problem}", queue=name, option=option)
         return address
 
 

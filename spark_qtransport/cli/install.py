@@ -57,6 +57,12 @@ def create_queue(names: tuple[str, ...], seq_bits: str, delayed: bool, allow_lon
         plans = []
         for name in names:
             address = s.address(name, option="NAME")
+            dotted = d.split_address(name.strip())
+            if d.dot_splits_schema and dotted.schema is not None and address.schema is None:
+                echo(f"note: there is no schema {escape(d.quote(dotted.schema))}, so {escape(name.strip())} is the "
+                     f"table {escape(d.qualified(address))} (one name with a dot, as NServiceBus endpoints have); for "
+                     f"table {escape(d.quote(dotted.table))} in schema {escape(d.quote(dotted.schema))}, create the "
+                     "schema first", err=True)
             if delayed:
                 rule.check(d, address, {})
             plans.append([address, *([rule.table_for(d, address)] if delayed else [])])

@@ -124,6 +124,9 @@ def send(queue: str | None, body: str, endpoint: str, message_type: str | None, 
     need_url(url)
     if queue is None and intent != "publish":
         raise click.UsageError("QUEUE is required (only --intent publish sends to the subscribers instead)")
+    if not message_type and not headers.get("NServiceBus.EnclosedMessageTypes"):
+        raise click.UsageError("--type is required: the message's .NET type name (NServiceBus.EnclosedMessageTypes), "
+                               "e.g. --type Billing.Messages.Charge")
     data = _read_body(body)
     names = _resolved(url, {"--endpoint": endpoint, "--error-queue": error_queue,
                             **({"QUEUE": queue} if queue is not None else {}),

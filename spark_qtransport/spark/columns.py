@@ -95,7 +95,7 @@ def _failure(reason: Any, exception_type: Any, stack_trace: Any, max_retries: An
     ]
 
 
-def fail(reason: Any = None, *, exception_type: Any = PROCESSING_FAILED, stack_trace: Any = None) -> list[Any]:
+def fail(reason: Any = None, exception_type: Any = PROCESSING_FAILED, stack_trace: Any = None) -> list[Any]:
     """Columns that move each received message to the sink's error queue, as NServiceBus's
     recoverability does: same MessageId, headers and body, ``NServiceBus.Retries`` and
     ``FLRetries`` removed, ``NServiceBus.FailedQ`` = the queue it was received from,
@@ -105,7 +105,7 @@ def fail(reason: Any = None, *, exception_type: Any = PROCESSING_FAILED, stack_t
     return _received(FAIL, _failure(reason, exception_type, stack_trace, None, None))
 
 
-def retry_later(reason: Any = None, *, exception_type: Any = PROCESSING_FAILED, stack_trace: Any = None,
+def retry_later(reason: Any = None, exception_type: Any = PROCESSING_FAILED, stack_trace: Any = None,
                 max_retries: Any = DEFAULT_MAX_RETRIES, delay: Any = DEFAULT_DELAY) -> list[Any]:
     """Columns that send each received message back to its own queue after ``delay x attempt``
     seconds (through the endpoint's delayed delivery), as NServiceBus's delayed retries do: same

@@ -327,7 +327,7 @@ WRITER_OPTIONS: dict[str, tuple[str, str]] = {
 }
 _WRITER_KNOWN = {k.lower() for k in WRITER_OPTIONS}
 #: options Spark adds itself, and the ones QueueSink passes to the batch writer
-_WRITER_INTERNAL = {"checkpointlocation", "path", "_batchid", "_queryid"}
+_WRITER_INTERNAL = {"checkpointlocation", "path", "queryname", "_batchid", "_queryid"}  # set by Spark
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}

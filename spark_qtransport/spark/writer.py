@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -69,7 +69,7 @@ _CALLED: dict[tuple[Any, ...], None] = {}  # QueueSink calls of running queries 
 #: batch id staged rows of a one-off write (no stream, no QueueSink) are tagged with
 ONE_OFF = -1
 
-_SET_UP: dict[tuple[Any, ...], SendPlan] = {}  # per Python process: set up each sink once
+_SET_UP: dict[tuple[Any, ...], SendPlan] = {}  # per Python process: set up each sink (all its options) once
 
 
 @dataclass
@@ -83,7 +83,9 @@ def prepare(options: Mapping[str, str], schema: Any) -> tuple[SendSettings, Send
     """Validate options and input columns; set up the endpoint's tables (once per process)."""
     parsed = WriterOptions.parse(options)
     check_columns([(f.name, f.dataType.simpleString()) for f in schema.fields])
-    key = (parsed.url.key(), parsed.endpoint, parsed.sink, parsed.destination, parsed.create_queues)
+    # every option is part of the key (a notebook cell run again with another errorQueue,
+    # invalidRows or contentType gets a plan of its own), but the batch a QueueSink call is for
+    key = (parsed.url.key(), replace(parsed, batch_id=None, query_id=None))
     plan = _SET_UP.get(key)
     if plan is None:
         plan = _SET_UP[key] = set_up_sender(parsed)

@@ -54,7 +54,10 @@ class QueuePattern:
         raw = str(text).strip()
         if not raw:
             raise ConfigError(f"option '{option}' is empty: give a pattern such as \"tenant_*\".\"audit\"", option=option)
-        address = dialect.split_address(raw)
+        try:
+            address = dialect.split_address(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"option '{option}': invalid pattern {raw!r}: {exc}", option=option) from None
         if address.catalog:
             raise ConfigError(f"option '{option}': a pattern matches queues of the connection's database; "
                               f"it cannot name a catalog ({raw!r})", option=option)

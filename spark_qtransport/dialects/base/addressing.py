@@ -55,8 +55,8 @@ class AddressingSql(ABC):
             raise ConfigError(f"option '{option}' is empty: give a queue name such as {self.address_example}",
                               option=option)
         text = str(text).strip() if self.trims_addresses else str(text)
-        address = self.split_address(text)
         try:
+            address = self.split_address(text)
             self.check_address(address)
         except ConfigError as exc:
             raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}", option=option,

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from ...errors import ConfigError
 from ..base import AddressingSql, QueueAddress, Statement
+
+#: a quoted identifier: quotes inside doubled
+_QUOTED = re.compile(r'"(?:[^"]|"")*"')
+
+
+def _whole(part: str, offset: int) -> str:
+    """`part` (at `offset` in the address), checked: quoted whole, or not starting with a quote."""
+    if not part.startswith('"'):
+        return part
+    m = _QUOTED.match(part)
+    if m is None:
+        raise ConfigError(f"the quote at position {offset + 1} is never closed")
+    if m.end() != len(part):
+        raise ConfigError(f"text after the closing quote at position {offset + m.end()}: a quoted name ends its part")
+    return part
 
 
 class PostgresAddressing(AddressingSql):
@@ -40,21 +57,27 @@ class PostgresAddressing(AddressingSql):
         self.check_name("table", name)
         return '"' + name.replace('"', '""') + '"'
 
+    def split_address(self, text: str) -> QueueAddress:
+        """``table``, ``schema.table``, ``"schema"."table"``: split at the first unquoted dot, as
+        NServiceBus's QueueAddress.Parse does. A part that starts with a quote is quoted whole
+        (``"a""b"`` for ``a"b``): a quote left open, or text after the closing one, is an error
+        naming its position (1-based); an unquoted part is taken as it is."""
+        quotes, cut = 0, None
+        for i, ch in enumerate(text):
+            if ch == '"':
+                quotes += 1
+            elif ch == "." and quotes % 2 == 0:
+                cut = i
+                break
+        if cut is None:
+            return QueueAddress(self._unquote(_whole(text, 0)))
+        return QueueAddress(self._unquote(_whole(text[cut + 1 :], cut + 1)), self._unquote(_whole(text[:cut], 0)))
+
     @staticmethod
     def _unquote(part: str) -> str:
         if len(part) >= 2 and part.startswith('"') and part.endswith('"'):
             return part[1:-1].replace('""', '"')
         return part
-
-    def split_address(self, text: str) -> QueueAddress:
-        """``table``, ``schema.table``, ``"schema"."table"``: split at the first unquoted dot."""
-        quotes = 0
-        for i, ch in enumerate(text):
-            if ch == '"':
-                quotes += 1
-            elif ch == "." and quotes % 2 == 0:
-                return QueueAddress(self._unquote(text[i + 1 :]), self._unquote(text[:i]))
-        return QueueAddress(self._unquote(text))
 
     def schema_and_tables(self, schema: str, tables: list[str]) -> Statement | None:
         return Statement(
