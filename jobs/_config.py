@@ -90,12 +90,15 @@ def exit_with(main: Any) -> None:
     """Run a job's `main` and exit with its status. Our errors (a missing queue, a bad option, a
     database refusing) end it with one line naming what is at fault, whether they come from the
     job itself or out of Spark's exceptions (`spark_qtransport.unwrap`); anything else keeps its
-    traceback. Ctrl-C exits with 130."""
+    traceback. Ctrl-C and SIGTERM stop it quietly (`_stops`): exit code 130 or 143."""
+    from _stops import STOPS, shut_down
+
+    STOPS.install()
     try:
         code = main()
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        code = 130
+        if STOPS.requested:
+            shut_down()
+            code = STOPS.code
     except Exception as exc:
         from spark_qtransport import unwrap
 

@@ -24,11 +24,20 @@ class RunSummary:
     batches: int = 0
     messages: int = 0
     seconds: float = 0.0
+    #: the signal that stopped the run (`_stops`), or None
+    stopped: str | None = None
 
     def __str__(self) -> str:
         rate = self.messages / self.seconds if self.seconds else 0.0
         return (f"{plural(self.messages, 'message')} in {plural(self.batches, 'micro-batch', 'micro-batches')}, "
                 f"{self.seconds:.1f} s ({per_second(rate)})")
+
+    @property
+    def outcome(self) -> str:
+        """``done: ...`` or, after a signal, ``stopped (Ctrl-C): ...; the checkpoint resumes the rest``."""
+        if self.stopped is None:
+            return f"done: {self}"
+        return f"stopped ({self.stopped}): {self}; the next run resumes from the checkpoint"
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:
@@ -74,7 +83,8 @@ def line(report: Any) -> str:
 
 def follow(query: Any, *, poll: float = 1.0, out: Any = None) -> RunSummary:
     """Wait for `query` to end, printing a line per finished batch; the run's summary. Raises
-    what the query failed with, as ``awaitTermination()`` does."""
+    what the query failed with, as ``awaitTermination()`` does. After Ctrl-C or SIGTERM
+    (`_stops`) the query is stopped between two polls, and the summary says so."""
     import sys
 
     out = out or sys.stdout
@@ -90,16 +100,21 @@ def follow(query: Any, *, poll: float = 1.0, out: Any = None) -> RunSummary:
             summary.messages += rows
             print(line(report), file=out, flush=True)
 
+    from _stops import STOPS, stop_query
+
+    STOPS.running = True
     try:
         while not query.awaitTermination(poll):
             report_new()
-    except KeyboardInterrupt:  # the summary of what ran; the checkpoint resumes the rest
-        print("interrupted: stopping the query (its checkpoint resumes where it stopped)", file=out, flush=True)
-        try:
-            query.stop()
-        except Exception:  # noqa: BLE001 - the JVM may be going down with the same Ctrl-C
-            pass
+            if STOPS.requested:
+                stop_query(query)
+                break
+    except Exception:
+        if not STOPS.requested:
+            raise  # the query failed; after a signal it ended as asked (`_stops.gated`)
     finally:
+        STOPS.running = False
         report_new()
         summary.seconds = time.monotonic() - started
+        summary.stopped = STOPS.name if STOPS.requested else None
     return summary

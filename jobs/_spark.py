@@ -295,6 +295,10 @@ def session(app: str, extra: dict[str, str] | None = None) -> Any:
         builder = builder.config(key, value)
     with quiet_jvm_start():
         spark = builder.getOrCreate()
+    from _stops import STOPS
+
+    if STOPS.installed:  # the SparkContext replaced our SIGINT handler with its own
+        STOPS.install()
     if not type(spark).__module__.startswith("pyspark.sql.connect"):  # Spark Connect: no sparkContext
         remember_jars(spark, conf)
         spark.sparkContext.setLogLevel("ERROR")

@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _config  # noqa: E402
+from _stops import STOPS  # noqa: E402
 
 JOB = "audit_to_delta"
 
@@ -179,7 +180,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, int]:
     paths = tables(args)
     before = {name: count(spark, path) for name, path in paths.items()}
     rows = platform_rows(messages(spark, args, [*audit, *errors], poison), errors)
-    query = (rows.writeStream.foreachBatch(append_once(paths, args.job_id))
+    query = (rows.writeStream.foreachBatch(STOPS.gated(append_once(paths, args.job_id)))
              .option("checkpointLocation", args.checkpoint).trigger(**_config.trigger(args.trigger))
              .queryName(JOB).start())
     print(f"draining {', '.join(audit)} into {paths['audit']} and {', '.join(errors)} into {paths['failures']} "
@@ -188,7 +189,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, int]:
 
     summary = follow(query)
     added = {name: count(spark, path) - before[name] for name, path in paths.items()}
-    print(f"done: {summary}; audit +{plural(added['audit'], 'row')}, failures +{plural(added['failures'], 'row')}",
+    print(f"{summary.outcome}; audit +{plural(added['audit'], 'row')}, failures +{plural(added['failures'], 'row')}",
           flush=True)
     return added
 

@@ -104,11 +104,15 @@ def count(url: str, table: str, where: str = "") -> int:
 
 
 def run_endpoint(spark: Any, args: argparse.Namespace) -> tuple[Any, float]:
+    from _progress import follow
     from endpoint import start
 
     started = time.monotonic()
     query = start(spark, args)
-    query.awaitTermination()
+    with open(os.devnull, "w") as quiet:  # the report says it all
+        summary = follow(query, out=quiet)
+    if summary.stopped is not None:
+        print(summary.outcome, flush=True)
     return query, time.monotonic() - started
 
 
@@ -122,6 +126,7 @@ def main() -> int:
         ap.error(f"--orders must be at least {expired + invalid + deferred + 1}")
 
     from _spark import require_delta, session
+    from _stops import STOPS
 
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
@@ -133,6 +138,7 @@ def main() -> int:
     if not url:
         print("starting an embedded PostgreSQL ...", flush=True)
         pg = EmbeddedPostgres().start()
+        STOPS.on_exit(pg.stop)
         url = pg.url
     spark = None
     try:
@@ -148,12 +154,16 @@ def main() -> int:
                                   max_messages=5000, reminder_delay=2.0, job_id="demo",
                                   subscription_table="SubscriptionRouting")
         query, elapsed = run_endpoint(spark, args)
+        if STOPS.requested:
+            return STOPS.code
         progress = [p for p in query.recentProgress if p["numInputRows"]]
         received = sum(p["numInputRows"] for p in progress)
         dropped = max((json.loads(p["sources"][0]["latestOffset"]).get("expired", 0) for p in progress), default=0)
 
         time.sleep(2.5)  # the reminders fall due; a second AvailableNow run moves and receives them
         second, _ = run_endpoint(spark, args)
+        if STOPS.requested:
+            return STOPS.code
 
         received += sum(p["numInputRows"] for p in second.recentProgress)
         # one Spark job for the three Delta counts
@@ -202,4 +212,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import _config
+
+    _config.exit_with(main)

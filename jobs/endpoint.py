@@ -32,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _config  # noqa: E402
+from _stops import STOPS  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # The handler: edit this part.
@@ -157,7 +158,7 @@ def start(spark: Any, args: argparse.Namespace) -> Any:
     received = (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", args.queue)
                 .option("errorQueue", args.error_queue).option("maxMessagesPerTrigger", str(args.max_messages))
                 .load())
-    return (received.writeStream.foreachBatch(batch_handler(args)).option("checkpointLocation", args.checkpoint)
+    return (received.writeStream.foreachBatch(STOPS.gated(batch_handler(args))).option("checkpointLocation", args.checkpoint)
             .trigger(**_config.trigger(args.trigger)).queryName("endpoint").start())
 
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"endpoint {args.queue}: handling into {args.table} (checkpoint {args.checkpoint})", flush=True)
     from _progress import follow
 
-    print(f"done: {follow(query)}", flush=True)
+    print(follow(query).outcome, flush=True)
     return 0
 
 

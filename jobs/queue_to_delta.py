@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _config  # noqa: E402
+from _stops import STOPS  # noqa: E402
 
 DEFAULTS: dict[str, Any] = {
     "url": os.environ.get("SQLQUEUE_URL"),
@@ -88,13 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     reader = (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", args.queue)
               .option("errorQueue", args.error_queue).option("maxMessagesPerTrigger", str(args.max_messages)))
     reader = reader.option("endpoint", endpoint(args))
-    query = (bronze(reader.load()).writeStream.foreachBatch(append_once(args.table, args.job_id))
+    query = (bronze(reader.load()).writeStream.foreachBatch(STOPS.gated(append_once(args.table, args.job_id)))
              .option("checkpointLocation", args.checkpoint).trigger(**_config.trigger(args.trigger))
              .queryName("queue_to_delta").start())
     print(f"draining {args.queue} into {args.table} (checkpoint {args.checkpoint})", flush=True)
     from _progress import follow
 
-    print(f"done: {follow(query)}", flush=True)
+    print(follow(query).outcome, flush=True)
     return 0
 
 

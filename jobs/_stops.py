@@ -1,0 +1,160 @@
+"""Stopping a job: Ctrl-C (SIGINT) and SIGTERM (what schedulers and Databricks send), quietly.
+
+Python's default turns SIGINT into a KeyboardInterrupt wherever the main thread is, most often in
+the middle of a py4j call to the JVM: py4j's "reentrant call" errors, half-sent commands, the
+stream thread interrupted mid-write, over a thousand lines of Java and Python stacks. SIGTERM's
+default kills Python and leaves the JVM to run its shutdown hooks under a live query.
+
+Here a signal only records that a stop was asked for:
+
+- while the job starts (no query yet: nothing read, nothing to finish) it ends at once with one
+  line, after the clean-ups registered with `on_exit` (the demo's embedded PostgreSQL);
+- while a query runs, the batch under way finishes: no write is interrupted (an interrupted
+  foreachBatch call sends Spark a Python traceback inside a Java one, and Spark's check of that
+  text for an interruption overflows its stack). A batch that would start after the signal
+  (`gated`: the jobs' foreachBatch functions) ends the query before it writes anything, or
+  `_progress.follow`, between two polls, stops a query that runs no batch. Spark's JVM logging is
+  off from then on (a query ended on purpose is not news), the job prints its summary, and
+  `exit_with` stops Spark and exits with 130 (SIGINT) or 143 (SIGTERM);
+- a second signal ends it at once.
+
+Nothing is lost either way: the checkpoint and the claims resume where the stop landed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["STOPS", "StopRequested", "Stops", "quiet_jvm", "shut_down", "stop_query"]
+
+NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+class Stops:
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.running = False
+        self.installed = False
+        self.in_batch = 0
+        self._cleanups: list[Callable[[], None]] = []
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM; again after pyspark's SparkContext put in its own SIGINT handler
+        (it cancels the jobs and raises KeyboardInterrupt, in the middle of a py4j call)."""
+        self.installed = True
+        for signum in NAMES:
+            signal.signal(signum, self._handle)
+
+    def on_exit(self, cleanup: Callable[[], None]) -> None:
+        """Run `cleanup` when a signal ends the job before its query runs."""
+        self._cleanups.append(cleanup)
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def code(self) -> int:
+        return 128 + int(self.signum or signal.SIGINT)
+
+    @property
+    def name(self) -> str:
+        return NAMES.get(self.signum or signal.SIGINT, "a signal")
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        again = self.signum is not None
+        self.signum = signum
+        if self.running and not again:
+            print(f"stopping ({self.name}): the query stops, its checkpoint resumes the rest", file=sys.stderr,
+                  flush=True)
+            return
+        print(f"stopped ({self.name}) {'at once' if again else 'while starting: nothing was read'}",
+              file=sys.stderr, flush=True)
+        for cleanup in reversed(self._cleanups):
+            try:
+                cleanup()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+        os._exit(self.code)  # the JVM exits when its gateway's pipe closes with this process
+
+
+    def gated(self, fn: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
+        """A foreachBatch function that starts no batch after a stop was asked for (the query
+        ends there, its checkpoint replays that batch next run) and says when one runs."""
+
+        def run(batch: Any, batch_id: int) -> None:
+            if self.requested:
+                quiet_jvm()
+                raise StopRequested(f"stopped ({self.name}) before batch {batch_id}")
+            self.in_batch += 1
+            try:
+                fn(batch, batch_id)
+            finally:
+                self.in_batch -= 1
+
+        return run
+
+
+class StopRequested(Exception):  # noqa: N818 - what it is, not an error
+    """Raised in a foreachBatch function after Ctrl-C or SIGTERM: the query ends before the batch."""
+
+
+#: this job's stops
+STOPS = Stops()
+
+
+def quiet_jvm() -> None:
+    """Spark's JVM logging off: after a stop was asked for, what it logs is not news."""
+    try:
+        from pyspark import SparkContext
+
+        sc = SparkContext._active_spark_context
+        if sc is not None:
+            sc.setLogLevel("OFF")
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: nothing logs here
+        pass
+
+
+def stop_query(query: Any, *, wait: float = 120.0) -> None:
+    """End a running query after a signal: once no batch runs (the next one, `gated`, ends it
+    first), or after `wait` seconds, stopped as it is."""
+    import time
+
+    quiet_jvm()
+    deadline = time.monotonic() + wait
+    try:
+        while query.isActive and time.monotonic() < deadline:
+            if not STOPS.in_batch and not query.status.get("isTriggerActive", False):
+                break
+            time.sleep(0.05)
+        query.stop()
+    except Exception:  # noqa: BLE001 - stopping anyway
+        pass
+
+
+def shut_down() -> None:
+    """After a stop: Spark stopped and its JVM ended (at most 8 s after Spark's stop)."""
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        gateway = SparkContext._gateway
+        if spark is not None:
+            spark.stop()
+        proc = getattr(gateway, "proc", None)
+        if gateway is not None:
+            gateway.shutdown()
+        if proc is not None:
+            if proc.stdin is not None:
+                proc.stdin.close()  # the gateway server exits at the end of its input
+            try:
+                proc.wait(8)
+            except Exception:  # noqa: BLE001 - still there: it goes now
+                proc.kill()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass

@@ -1,0 +1,176 @@
+"""Ctrl-C and SIGTERM of the jobs and the demo, as a terminal and a scheduler send them.
+
+A terminal's Ctrl-C goes to the whole foreground process group (the Python driver and the JVM it
+started); a scheduler's SIGTERM (Databricks, Kubernetes, systemd) to the main process. Either way
+the job prints at most 5 lines from the signal on, the run's summary among them, exits with
+130 (SIGINT) or 143 (SIGTERM), its JVM is gone within 10 s, and a rerun loses and duplicates
+nothing. Each case is a real process started as spark-submit would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from backends import Backend, nsb_headers
+from processes import ROOT
+
+JOBS = ROOT / "jobs"
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Stopped:
+    code: int
+    before: list[str]  # the lines printed before the signal
+    after: list[str]  # the lines printed from the signal on
+    jvm_seconds: float  # from the driver's exit until its JVM was gone
+
+
+def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float, log: Path,
+              timeout: float = 240) -> Stopped:
+    """Start `script`, wait for a line containing `ready` (or `ready` seconds), send `signum`
+    (SIGINT: to the process group, as a terminal's Ctrl-C; SIGTERM: to the driver), and wait for
+    it to end."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("SQLQUEUE_URL", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, str(script), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        if isinstance(ready, float):
+            time.sleep(ready)
+        while isinstance(ready, str) and ready not in log.read_text(errors="replace"):
+            assert proc.poll() is None, f"the job ended before {ready!r}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {ready!r} in {timeout} s: {log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        jvms = [p for p in psutil.Process(proc.pid).children(recursive=True) if "java" in p.name()]
+        before = log.read_text(errors="replace").splitlines()
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        code = proc.wait(120)
+        exited = time.monotonic()
+        _, alive = psutil.wait_procs(jvms, timeout=15)
+        jvm_seconds = time.monotonic() - exited if not alive else float("inf")
+        lines = log.read_text(errors="replace").splitlines()
+        return Stopped(code, before, lines[len(before):], jvm_seconds)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for p in psutil.process_iter():
+            try:
+                if p.pid != os.getpid() and os.getpgid(p.pid) == proc.pid:
+                    p.kill()
+            except (psutil.Error, ProcessLookupError):
+                pass
+
+
+def quiet(stopped: Stopped, signum: int) -> None:
+    shown = "\n".join(stopped.after)
+    assert stopped.code == 128 + signum, f"exit code {stopped.code}:\n{shown[-3000:]}"
+    assert len(stopped.after) <= 5, f"{len(stopped.after)} lines after the signal:\n{shown[-3000:]}"
+    assert any(line.startswith("stopped") for line in stopped.after), shown
+    assert stopped.jvm_seconds <= 10, f"the JVM outlived the driver by {stopped.jvm_seconds:.1f} s"
+
+
+def produce(pg: Backend, queue: str, ids: range) -> None:
+    pg.send_many(queue, [(nsb_headers(f"order-{i:05d}"), json.dumps({"OrderId": i, "Amount": 5, "Customer": "c"}).encode())
+                         for i in ids])
+
+
+@pytest.mark.usefixtures("delta")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_queue_to_delta_stops_quietly_and_loses_nothing(spark: Any, pg: Backend, names: Any, tmp_path: Path,
+                                                         signum: int) -> None:
+    q, e = pg.create_queue(names("Stop")), pg.create_queue(names("error"))
+    table, ckpt = tmp_path / "bronze", tmp_path / "ckpt"
+    args = ["--url", pg.url, "--queue", q, "--error-queue", e, "--table", str(table), "--checkpoint", str(ckpt),
+            "--max-messages", "50", "--job-id", f"stop-{uuid.uuid4().hex[:6]}"]
+    produce(pg, q, range(0, 2000))
+    stopped = interrupt(JOBS / "queue_to_delta.py", [*args, "--trigger", "100ms"], signum, ready="batch 1:",
+                        log=tmp_path / "job.log")
+    quiet(stopped, signum)
+    again = subprocess.run([sys.executable, str(JOBS / "queue_to_delta.py"), *args, "--trigger", "available-now",
+                            "--max-messages", "5000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    bronze = spark.read.format("delta").load(str(table))
+    assert bronze.count() == bronze.select("message_id").distinct().count() == 2000
+
+
+def _endpoint_config(pg: Backend, names: Any, tmp_path: Path, trigger: str) -> tuple[Path, str]:
+    from spark_qtransport.dialects import dialect_named
+
+    d = dialect_named("postgres")
+    sales, e, web = pg.create_queue(names("Sales")), pg.create_queue(names("error")), pg.create_queue(names("Web"))
+    subs = names("Subscriptions")
+    with pg.connect() as c:
+        for stmt in [*d.create_delayed(d.companion(d.parse_address(sales), "Delayed")),
+                     *d.create_subscriptions(d.parse_address(subs))]:
+            c.execute(stmt.sql, stmt.params)
+    pg.send_many(sales, [(nsb_headers(f"o{i}", **{"NServiceBus.ReplyToAddress": web}),
+                          json.dumps({"OrderId": i, "Amount": 5.5, "Customer": "c"}).encode()) for i in range(1500)])
+    config = tmp_path / "endpoint.toml"
+    config.write_text(
+        "[endpoint]\n"
+        f"queue = {json.dumps(sales)}\nerror_queue = {json.dumps(e)}\ntable = {json.dumps(str(tmp_path / 'sales'))}\n"
+        f"checkpoint = {json.dumps(str(tmp_path / 'ckpt'))}\ntrigger = {json.dumps(trigger)}\nreminder_delay = 600\n"
+        f"max_messages = 50\nsubscription_table = {json.dumps(subs)}\njob_id = \"endpoint-{uuid.uuid4().hex[:6]}\"\n"
+    )
+    return config, web
+
+
+@pytest.mark.usefixtures("delta")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_endpoint_job_stops_quietly_and_loses_nothing(spark: Any, pg: Backend, names: Any, tmp_path: Path,
+                                                       signum: int) -> None:
+    config, web = _endpoint_config(pg, names, tmp_path, "100ms")
+    stopped = interrupt(JOBS / "endpoint.py", ["--config", str(config), "--url", pg.url], signum, ready="batch 1:",
+                        log=tmp_path / "job.log")
+    quiet(stopped, signum)
+    config.write_text(config.read_text().replace('trigger = "100ms"', 'trigger = "available-now"')
+                      .replace("max_messages = 50", "max_messages = 5000"))
+    again = subprocess.run([sys.executable, str(JOBS / "endpoint.py"), "--config", str(config), "--url", pg.url],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    with pg.connect() as c:
+        replies = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.RelatedTo' FROM {pg.q(web)}")]
+    assert sorted(replies) == sorted(f"o{i}" for i in range(1500)), "every order answered once"
+
+
+@pytest.mark.usefixtures("delta")
+def test_ctrl_c_while_a_job_starts_is_one_line(pg: Backend, names: Any, tmp_path: Path) -> None:
+    config, web = _endpoint_config(pg, names, tmp_path, "100ms")
+    stopped = interrupt(JOBS / "endpoint.py", ["--config", str(config), "--url", pg.url], signal.SIGINT,
+                        ready=4.0, log=tmp_path / "job.log")  # the JVM is starting
+    shown = "\n".join(stopped.after)
+    assert stopped.code == 130, shown[-3000:]
+    assert len(stopped.after) <= 2, shown[-3000:]
+    assert stopped.jvm_seconds <= 10
+    assert pg.count(web) == 0
+
+
+@pytest.mark.usefixtures("delta")
+def test_ctrl_c_of_the_demo(tmp_path: Path) -> None:
+    stopped = interrupt(JOBS / "demo.py", ["--orders", "3000"], signal.SIGINT, ready="PlaceOrder commands",
+                        log=tmp_path / "demo.log")
+    shown = "\n".join(stopped.after)
+    assert stopped.code == 130, shown[-3000:]
+    assert len(stopped.after) <= 5, shown[-3000:]
+    assert stopped.jvm_seconds <= 10
