@@ -245,3 +245,78 @@ def test_a_stream_rides_through_outages_and_fails_with_one_line_past_the_bound(
     ids = _sent_ids(pg, out)
     assert len(ids) == len(set(ids)) == n + 80
     assert _count(pg, q) == 0 and _count(pg, e) == 0
+
+
+def _arm_sleep(pg: Backend, table: str, tag: str) -> None:
+    """The first connector statement that inserts into `table` sleeps (the server is killed then)."""
+    with pg.connect() as c:
+        c.execute(f"CREATE SEQUENCE sleep_seq_{tag}")
+        c.execute(f"CREATE FUNCTION sleep_fn_{tag}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                  "IF current_setting('application_name') = 'spark-qtransport' "
+                  f"AND nextval('public.sleep_seq_{tag}') = 1 THEN PERFORM pg_sleep(60); END IF; RETURN NULL; END $$")
+        c.execute(f"CREATE TRIGGER sleep_{tag} AFTER INSERT ON {pg.q(table)} FOR EACH STATEMENT "
+                  f"EXECUTE FUNCTION sleep_fn_{tag}()")
+
+
+def _sleeping(pg: Backend) -> bool:
+    try:
+        with pg.connect() as c:
+            return bool(c.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                                  "AND application_name = 'spark-qtransport'").fetchone()[0])
+    except Exception:  # noqa: BLE001 - down
+        return False
+
+
+@pytest.mark.parametrize("phase", ["staging", "dispatch"])
+def test_the_sink_rides_through_a_server_killed_while_it(spark: Any, alive: Any, names: Any, tmp_path: Any,
+                                                         phase: str) -> None:
+    """Staging: tasks that stage (inlineBytes 0) stage again from the rows they kept. Dispatch:
+    the tasks handed their messages to the driver (the default below inlineBytes), which writes
+    them again. (A batch staged before the server restarts and dispatched after cannot ride
+    through: a crash empties the UNLOGGED staging table; the dispatch fails naming it, and the
+    restarted query stages the batch again.)"""
+    pg = Backend(alive.url)
+    q, out, e = pg.create_queue(names("Sink")), pg.create_queue(names("SinkOut")), pg.create_queue(names("error"))
+    n = 120
+    pg.send_many(q, [(nsb_headers(f"m{i:04d}"), b"x" * 100) for i in range(20)])
+    checkpoint = str(tmp_path / "checkpoint")
+    query = _pipeline(spark, alive.url, q, out, e, checkpoint, outageTimeout="60s",
+                      inlineBytes="0" if phase == "staging" else str(2**28))
+    try:
+        _until(lambda: _count(pg, out) >= 20, 120, "the first batch (it creates the staging table)", query)
+        _arm_sleep(pg, f'"{q}.Staging"' if phase == "staging" else out, names.tag)
+        pg.send_many(q, [(nsb_headers(f"m{i:04d}"), b"x" * 100) for i in range(20, n)])
+        _until(lambda: _sleeping(pg), 120, f"a connector session sleeping in {phase}", query)
+        alive.crash()
+        time.sleep(5)
+        alive.start()
+        _until(lambda: _count(pg, out) >= n, 180, "every message", query)
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    ids = _sent_ids(pg, out)
+    assert ids == [f"m{i:04d}-out" for i in range(n)], "exactly once, in order"
+    assert _count(pg, f'"{q}.Staging"') == 0
+
+
+def test_metrics_serve_up_0_during_an_outage_and_recover(alive: Any, names: Any) -> None:
+    from test_metrics import Exporter, value
+
+    pg = Backend(alive.url)
+    q = pg.create_queue(names("Watched"))
+    pg.send(q, nsb_headers("w1"), b"{}")
+    exporter = Exporter(alive.url, "--cache-seconds", "0")
+    try:
+        assert value(exporter.scrape(), "sqlqueue_up") == 1
+        alive.crash()
+        down = [exporter.scrape(), exporter.scrape()]  # each within the scrape's own two attempts
+        assert [value(s, "sqlqueue_up") for s in down] == [0, 0]
+        alive.start()
+        deadline = time.monotonic() + 30
+        while value(up := exporter.scrape(), "sqlqueue_up") != 1:
+            assert time.monotonic() < deadline, "the exporter reads the database again"
+            time.sleep(0.5)
+        assert value(up, "sqlqueue_queue_messages", queue=f'"public"."{q}"') == 1
+    finally:
+        err = exporter.stop()
+    assert "Traceback" not in err
