@@ -55,11 +55,17 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def register(spark: Any) -> None:
-    """Register the ``sqlqueue`` data source with a SparkSession (needed once per session)."""
+def register(spark: Any, *, report_failures: bool = True) -> None:
+    """Register the ``sqlqueue`` data source with a SparkSession (needed once per session). With
+    `report_failures` (the default) any query of the session that fails logs one line saying
+    why, awaited or not (`spark.failures`)."""
     from .spark.reader import SqlQueueDataSource
 
     spark.dataSource.register(SqlQueueDataSource)
+    if report_failures:
+        from .spark.failures import report_failures as add_listener
+
+        add_listener(spark)
 
 
 def __getattr__(name: str) -> Any:
