@@ -85,7 +85,7 @@ queue "public"."Sales": claimed 1950, dropped 50 expired, moved 1 poison to "pub
     assert spark_noise("replied to 3 orders\nWARNING: Using incubator modules: jdk.incubator.vector\n") == []
 
 
-def test_the_quick_start_runs_as_written(pg_url: str, tmp_path: Path) -> None:
+def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path) -> None:
     """The README's quick start, verbatim: its commands in bash (against a database of its own on
     the test server, where `sqlqueue dev-db` would run one), its script as quickstart.py."""
     import os
@@ -115,3 +115,34 @@ def test_the_quick_start_runs_as_written(pg_url: str, tmp_path: Path) -> None:
         assert not spark_noise(done.stdout + done.stderr), done.stderr[-3000:]
         peeked = done.stdout[done.stdout.index("seq  native_id"):]  # the table `sqlqueue peek Web` prints
         assert peeked.count("Shop.OrderAccepted") == 3 * run, peeked
+
+    # ## Sending, continuing quickstart.py: its prerequisites, then each block in order, each run
+    # after new orders arrive, with Delta from conf/spark-defaults.conf as the section says
+    (tmp_path / ".cache").symlink_to(Path(__file__).resolve().parent.parent / ".cache")  # Delta's jars
+    sending = _section("Sending")
+    prerequisites = _blocks(sending, "bash")[0]
+    stream_writer, foreach_batch = _blocks(sending, "python")[:2]
+    preamble = script[:script.index("replies = ")]  # its session, url and orders; its own query left out
+    send = 'for i in 4 5 6; do sqlqueue send Sales --endpoint Web --type Shop.PlaceOrder --body "{\\"order\\": $i}"; done'
+    sh = ". .venv/bin/activate\n"
+    for block in (prerequisites, send):
+        done = subprocess.run(["bash", "-e", "-c", sh + block], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with_delta = {**env, "SPARK_CONF_DIR": "conf"}
+    for name, block in (("stream_writer", stream_writer), ("foreach_batch", foreach_batch)):
+        (tmp_path / f"{name}.py").write_text(preamble + block, encoding="utf-8")
+        done = subprocess.run([str(tmp_path / ".venv/bin/python"), f"{name}.py"], cwd=tmp_path, env=with_delta,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert not done.stderr.strip() or "WARNING: Using incubator modules" in done.stderr, done.stderr[-3000:]
+        if name == "stream_writer":
+            subprocess.run(["bash", "-e", "-c", sh + send], cwd=tmp_path, env=env, check=True, capture_output=True)
+    with psycopg.connect(url) as c:
+        types = [r[0] for r in c.execute("SELECT headers::json->>'NServiceBus.EnclosedMessageTypes' FROM \"Web\"")]
+        reminders = c.execute('SELECT count(*) FROM "Sales.Delayed"').fetchone()[0]
+    # the quick start's two runs, the stream writer's orders 4-6, the foreachBatch's second 4-6
+    assert sorted(types) == sorted(["Shop.OrderAccepted"] * 6 + ["Shop.Messages.OrderAccepted, Shop.Messages"] * 3
+                                   + ["Shop.OrderAccepted"] * 3), types
+    assert reminders == 3
+    assert len(list((tmp_path / "orders-delta").glob("*.parquet"))) >= 1
