@@ -2411,6 +2411,9 @@ class TestErrors:
             ("42000", "[42000] [Microsoft]...Resource ID : 1. The request limit for the database is 200 and has been"
                       " reached. (10928); [42000] ... The service is currently busy. (40501)"),
             ("HY000", "[HY000] [FreeTDS][SQL Server]Server is busy (49918) (SQLExecDirectW)"),
+            # SqlClient's list, as NServiceBus's endpoints meet a failover (SqlConfigurableRetryFactory)
+            *[("42000", f"[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]failing over ({n}) (SQLExecDirectW)")
+              for n in (20, 64, 233, 997, 1204, 1222, 4221, 10053, 10054, 10060, 10929, 40143, 40197, 40540, 49919, 49920)],
         ],
     )
     def test_transient(self, state: str, message: str) -> None:

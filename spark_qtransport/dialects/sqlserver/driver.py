@@ -28,17 +28,23 @@ _PERMANENT_NUMBERS = frozenset(
 )
 
 
-# error numbers worth a retry on a new connection
+# error numbers worth a retry on a new connection: Microsoft.Data.SqlClient's transient list
+# (SqlConfigurableRetryFactory, the list its retry logic and NServiceBus's connection resiliency
+# rely on), but for 4060 ("cannot open database": a misspelt database name too, permanent here)
 _TRANSIENT_NUMBERS = frozenset(
     {
         -2,  # client timeout (SqlClient's number; ODBC reports SQLSTATE HYT00)
+        20,  # the instance does not support encryption / connection closed during the handshake
+        64,  # the specified network name is no longer available (a connection dropped at login)
         233,  # no process on the other end of the pipe
+        997,  # overlapped I/O operation in progress (a connection broken mid-login)
+        1204,  # the instance cannot obtain a LOCK resource at this time
         1205,  # deadlock victim
         1222,  # lock request time out period exceeded
         4221,  # login to a read-secondary failed: replica not yet available (Azure SQL)
         10053, 10054, 10060,  # connection aborted / reset / timed out
         10928, 10929,  # Azure SQL: resource limit reached
-        40197, 40501, 40613,  # Azure SQL: service error, busy, database unavailable
+        40143, 40197, 40501, 40540, 40613,  # Azure SQL: failover in progress, service error, busy, unavailable
         49918, 49919, 49920,  # Azure SQL: too many operations in progress
     }
 )
