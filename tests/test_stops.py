@@ -95,10 +95,13 @@ def produce(pg: Backend, queue: str, ids: range) -> None:
                          for i in ids])
 
 
+#: the other signal of each job runs in `make chaos` (tests/chaos/test_stops_other_signal.py)
+QUEUE_TO_DELTA_SIGNAL, ENDPOINT_SIGNAL = signal.SIGINT, signal.SIGTERM
+
+
 @pytest.mark.usefixtures("delta")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_queue_to_delta_stops_quietly_and_loses_nothing(spark: Any, pg: Backend, names: Any, tmp_path: Path,
-                                                         signum: int) -> None:
+                                                         signum: int = QUEUE_TO_DELTA_SIGNAL) -> None:
     q, e = pg.create_queue(names("Stop")), pg.create_queue(names("error"))
     table, ckpt = tmp_path / "bronze", tmp_path / "ckpt"
     args = ["--url", pg.url, "--queue", q, "--error-queue", e, "--table", str(table), "--checkpoint", str(ckpt),
@@ -107,8 +110,6 @@ def test_queue_to_delta_stops_quietly_and_loses_nothing(spark: Any, pg: Backend,
     stopped = interrupt(JOBS / "queue_to_delta.py", [*args, "--trigger", "100ms"], signum, ready="batch 1:",
                         log=tmp_path / "job.log")
     quiet(stopped, signum)
-    if signum == signal.SIGTERM:
-        return  # the same stop as Ctrl-C's from here on: the rerun is checked once
     again = subprocess.run([sys.executable, str(JOBS / "queue_to_delta.py"), *args, "--trigger", "available-now",
                             "--max-messages", "5000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
@@ -139,15 +140,12 @@ def _endpoint_config(pg: Backend, names: Any, tmp_path: Path, trigger: str) -> t
 
 
 @pytest.mark.usefixtures("delta")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_endpoint_job_stops_quietly_and_loses_nothing(spark: Any, pg: Backend, names: Any, tmp_path: Path,
-                                                       signum: int) -> None:
+                                                       signum: int = ENDPOINT_SIGNAL) -> None:
     config, web = _endpoint_config(pg, names, tmp_path, "100ms")
     stopped = interrupt(JOBS / "endpoint.py", ["--config", str(config), "--url", pg.url], signum, ready="batch 1:",
                         log=tmp_path / "job.log")
     quiet(stopped, signum)
-    if signum == signal.SIGINT:
-        return  # the same stop as SIGTERM's from here on: the rerun is checked once
     config.write_text(config.read_text().replace('trigger = "100ms"', 'trigger = "available-now"')
                       .replace("max_messages = 50", "max_messages = 5000"))
     again = subprocess.run([sys.executable, str(JOBS / "endpoint.py"), "--config", str(config), "--url", pg.url],

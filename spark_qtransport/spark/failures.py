@@ -49,7 +49,11 @@ def report_failures(spark: Any) -> None:
     if getattr(spark, "_sqlqueue_failures", None) is not None:
         return
     listener = _listener()
-    spark.streams.addListener(listener)
+    try:
+        spark.streams.addListener(listener)
+    except Exception as exc:  # noqa: BLE001 - a session without listeners still reads and sends
+        log.debug("no failure listener on this session: %s", exc)
+        return
     try:
         spark._sqlqueue_failures = listener
     except AttributeError:  # a session object that takes no attributes: a second call adds another

@@ -1,0 +1,27 @@
+"""The stop tests of `tests/test_stops.py` with each job's other signal: SIGTERM of
+queue_to_delta.py, Ctrl-C of endpoint.py (``make test`` runs Ctrl-C of the one and SIGTERM of
+the other, and both with the demo's Ctrl-C and a Ctrl-C while a job starts); ``make chaos`` only."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_stops import test_endpoint_job_stops_quietly_and_loses_nothing as endpoint_stop
+from test_stops import test_queue_to_delta_stops_quietly_and_loses_nothing as queue_to_delta_stop
+
+from backends import Backend
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delta"),
+              pytest.mark.skipif(not os.environ.get("SQLQUEUE_CHAOS_KILLS"), reason="make chaos only (the long run)")]
+
+
+def test_queue_to_delta_sigterm(spark: Any, pg: Backend, names: Any, tmp_path: Path) -> None:
+    queue_to_delta_stop(spark, pg, names, tmp_path, signal.SIGTERM)
+
+
+def test_endpoint_ctrl_c(spark: Any, pg: Backend, names: Any, tmp_path: Path) -> None:
+    endpoint_stop(spark, pg, names, tmp_path, signal.SIGINT)
