@@ -146,3 +146,29 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
                                    + ["Shop.OrderAccepted"] * 3), types
     assert reminders == 3
     assert len(list((tmp_path / "orders-delta").glob("*.parquet"))) >= 1
+
+    # then the other python blocks in the order written, in one session: several queues and waiting
+    # for a batch (Options), failing and retrying (Sending), the platform (its query run until it
+    # processed what waits, then stopped) and platform columns; after orders of the platform's shape
+    options = _blocks(_section("Options"), "python")
+    platform_blocks = _blocks(_section("The Particular platform"), "python")
+    failing = _blocks(sending, "python")[2]
+    assert "queuePattern" in options[1] and "minMessagesPerTrigger" in options[2] and "retry_later" in failing
+    platform_queues = re.search(r"\(`(sqlqueue create-queue audit [^`]+)`", _section("The Particular platform"))
+    assert platform_queues is not None
+    orders = ['{"order_id": "A1", "amount": 5}', "not an order", '{"order_id": "U1", "amount": 0}']
+    setup = sh + platform_queues.group(1) + "\n" + "\n".join(
+        f"sqlqueue send Sales --endpoint Web --type Shop.PlaceOrder --body '{o}'" for o in orders)
+    done = subprocess.run(["bash", "-e", "-c", setup], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_platform = "\nplatform.processAllAvailable()\nplatform.stop()\n"
+    script = preamble + options[1] + options[2] + failing + platform_blocks[0] + run_platform + platform_blocks[1]
+    (tmp_path / "blocks.py").write_text(script, encoding="utf-8")
+    done = subprocess.run([str(tmp_path / ".venv/bin/python"), "blocks.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with psycopg.connect(url) as c:
+        failed = c.execute("SELECT headers::json->>'NServiceBus.ExceptionInfo.Message' FROM \"error\"").fetchall()
+        retried = c.execute("""SELECT count(*) FROM "Sales.Delayed" WHERE headers LIKE '%Retries%'""").fetchone()[0]
+        accepted = c.execute("""SELECT count(*) FROM "Web" WHERE convert_from(body, 'UTF8') LIKE '%A1%'""").fetchone()[0]
+    assert failed == [("the body is not an order",)] and retried == 1 and accepted == 1, (failed, retried, accepted)
