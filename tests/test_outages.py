@@ -87,6 +87,26 @@ def test_past_the_bound_one_error_names_the_database_and_the_bound(alive: Any) -
     assert 1.0 < took < 8.0, took
 
 
+def test_an_outage_given_up_on_is_over_when_nobody_meets_it(alive: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that gave up past the bound leaves no outage behind: a fault long after it (here
+    after STALE, shortened) starts a new one, which the next attempt rides through."""
+    from spark_qtransport.transport import session as db
+
+    monkeypatch.setattr(db, "STALE", 0.5)
+    s = session(alive.url, outage=1.0)
+    assert s.run(answer) == 42
+    alive.crash()
+    with pytest.raises(DatabaseError, match="outageTimeout"):
+        s.run(answer)
+    alive.start()
+    time.sleep(1.0)
+    with Backend(alive.url).connect() as c:  # the next attempt's connection is terminated once
+        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'spark-qtransport'"
+                  " AND pid <> pg_backend_pid()")
+    assert s.run(lambda conn: answer(conn, 5)) == 5
+    s.close()
+
+
 def test_an_outage_timeout_of_zero_fails_at_the_first_fault(alive: Any) -> None:
     s = session(alive.url, outage=0.0)
     assert s.run(answer) == 42

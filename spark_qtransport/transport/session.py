@@ -81,6 +81,11 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+#: seconds without a fault after which an outage counts as over (the longest wait between two
+#: attempts is 5 s, plus a connect timeout of 10 s)
+STALE = 30.0
+
+
 class Outages:
     """When each database's outage began, per process: the one WARNING when it starts and the one
     INFO when it ends, however many sessions meet it (a claim, an acknowledgement in the
@@ -93,16 +98,24 @@ class Outages:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._since: dict[str, float] = {}
+        self._last: dict[str, float] = {}
         self._declared: set[str] = set()
 
     def began(self, backoff: Backoff, what: str, text: str, failed_attempt: int) -> float:
-        """A transient fault of `what`, its `failed_attempt`-th: when its database's outage began."""
+        """A transient fault of `what`, its `failed_attempt`-th: when its database's outage began.
+        An outage nobody has met for `STALE` seconds is over (whoever met it last gave up, and
+        nothing has asked since): a call's first fault then starts another. A call keeps the
+        start it got at its first fault (`with_retries`), however long its attempts take."""
         now = time.monotonic()
         key = backoff.database
         if backoff.attempts is not None:
             log.debug("%s failed (%s)", what, text)
             return self._since.get(key, now)
         with self._lock:
+            if failed_attempt == 1 and now - self._last.get(key, now) > STALE:
+                self._since.pop(key, None)
+                self._declared.discard(key)
+            self._last[key] = now
             since = self._since.setdefault(key, now)
             declare = (failed_attempt > 1 or backoff.bound <= 0) and key not in self._declared
             if declare:
@@ -141,7 +154,7 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
     exception (a bug, bad input) propagates as it is: only the driver's errors are "database
     failures". After a transient fault `after_failure(exc)` runs (drop the connection), then the
     policy's wait."""
-    n = 0
+    n, call_since = 0, None
     while True:
         n += 1
         try:
@@ -161,7 +174,8 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
             OUTAGES.ended(backoff)
             return result
         since = OUTAGES.began(backoff, what, text, n)
-        outage = time.monotonic() - since
+        call_since = since if call_since is None else call_since
+        outage = time.monotonic() - call_since
         if backoff.gives_up(n, outage):
             raise _gave_up(dialect, what, failure, text, backoff, outage) from failure
         if after_failure is not None:
