@@ -315,7 +315,9 @@ class QueueSink:
     def __call__(self, df: Any, batch_id: int) -> None:
         from .. import register
 
-        register(df.sparkSession)
+        # the batch's session (over Connect, the foreachBatch worker's own): the source only; a
+        # failure listener there would start a listener stream inside every batch
+        register(df.sparkSession, report_failures=False)
         query_id, run_id = streaming_ids(df, self.query_name)
         self._once_per_batch(run_id, batch_id)
         writer = df.write.format("sqlqueue").mode("append").options(**self.options).option("_batchId", str(int(batch_id)))
