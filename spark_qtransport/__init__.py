@@ -57,12 +57,14 @@ __version__ = "0.1.0"
 
 def register(spark: Any, *, report_failures: bool = True) -> None:
     """Register the ``sqlqueue`` data source with a SparkSession (needed once per session). With
-    `report_failures` (the default) any query of the session that fails logs one line saying
-    why, awaited or not (`spark.failures`)."""
+    `report_failures` (the default) any query of a classic session that fails logs one line
+    saying why, awaited or not (`spark.failures`). Over Spark Connect call
+    `spark_qtransport.spark.failures.report_failures(spark)` for it: a Connect listener keeps a
+    gRPC stream open, and a process that forks while gRPC threads run can crash the child."""
     from .spark.reader import SqlQueueDataSource
 
     spark.dataSource.register(SqlQueueDataSource)
-    if report_failures:
+    if report_failures and not type(spark).__module__.startswith("pyspark.sql.connect"):
         from .spark.failures import report_failures as add_listener
 
         add_listener(spark)

@@ -53,12 +53,19 @@ def test_a_background_query_that_fails_says_why_in_one_line(spark: Any, pg: Back
 
 def test_over_spark_connect_too(connect: Any, pg: Backend, names: Any, tmp_path: Any,
                                 caplog: pytest.LogCaptureFixture) -> None:
+    from spark_qtransport.spark.failures import report_failures
+
     caplog.set_level(logging.ERROR, "spark_qtransport")
-    name = names("remote")
-    query = _background_failure(connect, pg, names, str(tmp_path / "ckpt"), name)
-    _ended(query)
-    [line] = _failure_lines(caplog, name)
-    assert line.startswith(f"query '{name}' failed: QueueNotFoundError: ") and "\n" not in line, line
+    report_failures(connect)  # opt-in over Connect (register leaves it out: its gRPC stream)
+    try:
+        name = names("remote")
+        query = _background_failure(connect, pg, names, str(tmp_path / "ckpt"), name)
+        _ended(query)
+        [line] = _failure_lines(caplog, name)
+        assert line.startswith(f"query '{name}' failed: QueueNotFoundError: ") and "\n" not in line, line
+    finally:  # no listener stream left running in the test session
+        connect.streams.removeListener(connect._sqlqueue_failures)
+        del connect._sqlqueue_failures
 
 
 def test_spark_s_own_failures_are_its_first_line() -> None:
