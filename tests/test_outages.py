@@ -100,9 +100,7 @@ def test_an_outage_given_up_on_is_over_when_nobody_meets_it(alive: Any, monkeypa
         s.run(answer)
     alive.start()
     time.sleep(1.0)
-    with Backend(alive.url).connect() as c:  # the next attempt's connection is terminated once
-        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'spark-qtransport'"
-                  " AND pid <> pg_backend_pid()")
+    _terminate_every_session(Backend(alive.url))  # the next attempt's connection is terminated once
     assert s.run(lambda conn: answer(conn, 5)) == 5
     s.close()
 

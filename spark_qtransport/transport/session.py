@@ -342,11 +342,7 @@ def retrying(
         try:
             conn = connection()
             held.append(conn)
-            if url is None:
-                result = fn(conn)
-                conn.commit()
-                return result
-            with WATCHDOG.watching(dialect, url, conn, what):
+            with WATCHDOG.watching(dialect, url, conn, what):  # without a url: not watched
                 result = fn(conn)
                 conn.commit()
             return result
