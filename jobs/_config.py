@@ -97,7 +97,6 @@ def exit_with(main: Any) -> None:
     try:
         code = main()
         if STOPS.requested:
-            shut_down()
             code = STOPS.code
     except Exception as exc:
         from spark_qtransport import unwrap
@@ -107,4 +106,7 @@ def exit_with(main: Any) -> None:
             raise
         print(f"error: {ours}", file=sys.stderr, flush=True)
         code = 1
+    # Spark stopped before Python exits, however the job ended: under spark-submit the JVM outlives
+    # this process, and a listener's last events would find no Python to call (Py4J stacks)
+    shut_down()
     sys.exit(code)
