@@ -1,7 +1,9 @@
 """A queue -> Spark -> queue job that test_crash_send.py starts in its own process and kills.
 
 Each received message ``m`` becomes one message ``m-out`` sent to OUT through
-``writeStream.format("sqlqueue")`` (stage on executors, dispatch on the driver). The test makes
+``writeStream.format("sqlqueue")`` (stage on executors, dispatch on the driver). With
+SQLQUEUE_CHILD_FAIL_EVERY=N, a message whose id ends in a multiple of N is rejected with fail()
+instead (to ERROR, through the same sink); SQLQUEUE_CHILD_AUDIT_QUEUE is the reader's auditQueue. The test makes
 the job stall at the moment it wants (database triggers on our tables) and SIGKILLs it there.
 
 Usage: send_crash_child.py URL QUEUE OUT ERROR CHECKPOINT MARKER_DIR [available-now]
@@ -22,24 +24,31 @@ def main() -> None:
 
     from pyspark.sql import functions as F
 
+    from spark_qtransport import fail
+
     spark = child_spark()
-    messages = (
+    received = (
         spark.readStream.format("sqlqueue").option("url", url).option("queue", queue).option("errorQueue", error)
         .option("maxMessagesPerTrigger", os.environ.get("SQLQUEUE_CHILD_MAX_MESSAGES", "300"))
         .options(**({"auditQueue": os.environ["SQLQUEUE_CHILD_AUDIT_QUEUE"]} if os.environ.get("SQLQUEUE_CHILD_AUDIT_QUEUE") else {}))
         .load()
-        .select(
-            F.col("body"),
-            F.concat(F.col("message_id"), F.lit("-out")).alias("message_id"),
-            F.lit("Crash.Messages.Out").alias("message_type"),
-        )
     )
+    fail_every = int(os.environ.get("SQLQUEUE_CHILD_FAIL_EVERY", "0"))
+    rejected = F.regexp_extract("message_id", r"(\d+)$", 1).cast("long") % max(fail_every, 1) == 0
+    messages = (received.where(~rejected) if fail_every else received).select(
+        F.col("body"),
+        F.concat(F.col("message_id"), F.lit("-out")).alias("message_id"),
+        F.lit("Crash.Messages.Out").alias("message_type"),
+    )
+    if fail_every:
+        messages = messages.unionByName(received.where(rejected).select(*fail(reason="rejected by the test")),
+                                        allowMissingColumns=True)
 
     def progress(batch_id: int) -> None:
         (Path(marker_dir) / f"batch-{batch_id}").touch()
 
     writer = (messages.writeStream.format("sqlqueue").option("url", url).option("endpoint", queue)
-              .option("destination", out).option("checkpointLocation", checkpoint)
+              .option("destination", out).option("errorQueue", error).option("checkpointLocation", checkpoint)
               .option("inlineBytes", os.environ.get("SQLQUEUE_CHILD_INLINE_BYTES", str(256 * 2**20))))
     query = writer.trigger(availableNow=True).start() if available_now else writer.trigger(
         processingTime="200 milliseconds").start()

@@ -26,6 +26,8 @@ from processes import Job, kill_at_random, run_to_end, wait_for
 pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("send_crash_child.py")
+#: the kill test rejects every FAIL_EVERY-th message with fail()
+FAIL_EVERY = 7
 
 #: point -> (table suffix or "out", trigger timing, level, the job's inlineBytes)
 POINTS = {
@@ -36,8 +38,15 @@ POINTS = {
 }
 
 
-def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: Any, tmp_path: Path) -> None:
+def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: Any, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every seventh message is rejected with fail() and the reader audits: after every kill, each
+    rejected message is in the error queue once and never audited, each other one sent and
+    audited once (the dispatch marks the claims it failed in its own transaction)."""
     q, out, e = pg.create_queue(names("Orders")), pg.create_queue(names("Out")), pg.create_queue(names("error"))
+    audit = pg.create_queue(names("audit"))
+    monkeypatch.setenv("SQLQUEUE_CHILD_AUDIT_QUEUE", audit)
+    monkeypatch.setenv("SQLQUEUE_CHILD_FAIL_EVERY", str(FAIL_EVERY))
     markers, log = tmp_path / "markers", tmp_path / "job.log"
     markers.mkdir()
     url = pg.url + "?options=-c%20client_connection_check_interval%3D200"
@@ -92,13 +101,17 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
     produce(200)
     run_to_end(CHILD, args, log=log)
 
-    with pg.connect() as c:
-        ids = [r[0] for r in c.execute(
-            f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{out}\" ORDER BY 1")]
+    def ids_in(table: str) -> list[str]:
+        with pg.connect() as c:
+            return [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{table}\" ORDER BY 1")]
+
+    ids, failed, audited = ids_in(out), ids_in(e), ids_in(audit)
     assert len(kills) == 5
     assert len(ids) == len(set(ids)), "no message was sent twice"
-    assert ids == [f"m{i:06d}-out" for i in range(sent)], "every message was sent"
-    assert pg.count(q) == 0 and pg.count(e) == 0
+    assert ids == [f"m{i:06d}-out" for i in range(sent) if i % FAIL_EVERY], "every message was sent"
+    assert failed == [f"m{i:06d}" for i in range(0, sent, FAIL_EVERY)], "every rejected message failed once"
+    assert audited == [f"m{i:06d}" for i in range(sent) if i % FAIL_EVERY], "only what succeeded is audited, once"
+    assert pg.count(q) == 0
     assert pg.count(f'"{q}.Staging"') == 0, "nothing is left staged"
 
 

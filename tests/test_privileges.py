@@ -197,6 +197,52 @@ def test_the_postgres_13_to_15_helper_is_created_only_when_missing(pg: Backend, 
     assert_restricted(pg, app)
 
 
+def test_a_claim_table_of_an_earlier_version_gets_its_failed_column(pg: Backend, app: Role) -> None:
+    """A claim table made before the ``failed`` column (the sink marks the claims it failed, which
+    are then not audited): a role that may not alter it is told, in one error, what to run; the
+    claim table's DDL (``sqlqueue ddl --part claims``) run again by its owner adds the column; an
+    owner's reader adds it by itself."""
+    from spark_qtransport.errors import SchemaError
+    from spark_qtransport.transport.receiving.receiver import Receiver
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    a, b, error = app.address("A"), app.address("B"), app.address("error")
+    for q in (a, b, error):
+        pg.create_queue(q)
+    for table in ("A.Claims", "B.Claims"):  # as earlier versions made them
+        with pg.connect() as c:
+            c.execute(f'CREATE TABLE "{app.schema}"."{table}" (consumer text NOT NULL, claim_seq bigint GENERATED'
+                      " ALWAYS AS IDENTITY, id uuid NOT NULL, expires timestamp, headers text NOT NULL, body bytea,"
+                      " source_seq bigint NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now(),"
+                      " PRIMARY KEY (consumer, claim_seq))")
+    grant_printed(pg, app, "--queue", a, "--error-queue", error, "--for", "receiving", "--part", "queue",
+                  "--part", "claims")
+
+    def start(url: str, queue: str) -> None:
+        r = Receiver(ReceiveSettings.create(url, queue, error_queue=error, claim_ahead=False))
+        try:
+            assert r.table_id  # set up: claim table, consumer lock
+        finally:
+            r.close()
+
+    def has_column(table: str) -> bool:
+        with pg.connect() as c:
+            return bool(c.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = %s"
+                                  " AND table_name = %s AND column_name = 'failed'", (app.schema, table)).fetchone()[0])
+
+    with pytest.raises(SchemaError, match=r'claim table "[^"]+"."A.Claims" was made by an earlier version and lacks '
+                                          r"column 'failed', which this role could not add .*sqlqueue ddl --part claims"):
+        start(app.url, a)
+    assert not has_column("A.Claims")
+    with pg.connect() as c:  # the owner runs the claim table's DDL again
+        c.execute(cli("", "ddl", "--queue", a, "--part", "claims").output)
+    assert has_column("A.Claims")
+    start(app.url, a)  # no DDL needed now
+    start(pg.url, b)  # an owner's reader adds it
+    assert has_column("B.Claims")
+    assert_restricted(pg, app)
+
+
 def test_vacuum_is_left_to_autovacuum_where_the_role_may_not_vacuum(
     pg: Backend, app: Role, caplog: pytest.LogCaptureFixture
 ) -> None:

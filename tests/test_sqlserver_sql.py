@@ -234,6 +234,8 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "control_messages": [D.control_messages(e, headers=[consumer, "{}"])],
         "set_claim_headers": [D.set_claim_headers(c, consumer, keys=[3, 4], headers=[consumer, "{}"])],
         "drop_claims": [D.drop_claims(c, consumer, keys=[3, 4])],
+        "mark_failed": [D.mark_failed(c, keys=[3, 4])],
+        "upgrade_claims": D.upgrade_claims(c),
         **operation_statements(q, e, c, dl, o, subs, consumer),
     }
 
@@ -514,7 +516,7 @@ class TestEveryStatement:
                 assert stack and stack.pop() == w, (w, stmt.sql)
         assert not stack
         assert stmt.sql.count("BEGIN TRANSACTION") == stmt.sql.count("COMMIT TRANSACTION") - (
-            1 if "ERROR_NUMBER() IN (2714, 1913)" in stmt.sql else 0
+            1 if "ERROR_NUMBER() IN (2714, 1913)" in stmt.sql or "ERROR_NUMBER() = 2705" in stmt.sql else 0
         )
 
     @pytest.mark.parametrize(("method", "stmt"), ALL)
@@ -678,22 +680,64 @@ class TestInstallers:
             D.create_queue(QueueAddress("q"), seq_bits=16)
 
     def test_claims_table(self) -> None:
-        s = one(D.create_claims(D.claims_table(D.parse_address("Sales"))))
+        s, upgrade = D.create_claims(D.claims_table(D.parse_address("Sales")))
+        assert [upgrade] == D.upgrade_claims(D.claims_table(D.parse_address("Sales")))
         flat = _flat(s.sql)
         assert s.params == ("[dbo].[Sales.Claims]",)
         for column in ("Consumer nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL", "ClaimSeq bigint IDENTITY(1,1) NOT NULL",
                        "Id uniqueidentifier NOT NULL", "Expires datetime NULL", "Headers nvarchar(max) NOT NULL",
                        "Body varbinary(max) NULL", "SourceSeq bigint NOT NULL",
-                       "ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME()",
+                       "ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME()", "Failed bit NULL",
                        "PRIMARY KEY CLUSTERED (Consumer, ClaimSeq)"):
             assert column in flat
         assert "ALTER TABLE [dbo].[Sales.Claims] SET (LOCK_ESCALATION = DISABLE);" in flat
         assert "sp_getapplock" in flat and flat.count("OBJECT_ID(@table) AND type = N'U'") == 2
 
 
+    def test_claims_upgrade_is_nservicebus_add_column(self) -> None:
+        """Compared with NServiceBus's AddMessageBodyStringColumn (SqlConstants): no table or the
+        column there -> nothing, no lock; else the table's installer lock, check again, ALTER
+        TABLE ... ADD. Ours holds the lock in a transaction (as `_create_batch`), so a failure
+        releases it, and takes "already there" (2705, someone without the lock) as done."""
+        c = D.claims_table(D.parse_address("Sales@[b]@[cat]"))
+        (s,) = D.upgrade_claims(c)
+        flat = _flat(s.sql)
+        assert s.params == ("[cat].[b].[Sales.Claims]", "Failed", "Failed")
+        assert ("IF EXISTS (SELECT * FROM [cat].sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')"
+                " AND NOT EXISTS (SELECT * FROM [cat].sys.columns WHERE object_id = OBJECT_ID(@table) AND name = ?)") in flat
+        lock, check, alter = (flat.index(t) for t in (
+            "sp_getapplock @Resource = @lock", "IF NOT EXISTS (SELECT * FROM [cat].sys.columns",
+            "ALTER TABLE [cat].[b].[Sales.Claims] ADD Failed bit NULL;"))
+        assert lock < check < alter
+        assert "DECLARE @lock nvarchar(255) = @table + N'_lock';" in flat  # the installer's resource (catalog given)
+        assert "IF ERROR_NUMBER() = 2705 AND XACT_STATE() = 1 COMMIT TRANSACTION;" in flat
+        # nullable, no default: a metadata change on a table readers use; never NOT NULL
+        assert "NOT NULL" not in flat.split("ALTER TABLE")[1]
+
+
 class TestReceiveStatements:
     Q, E = QueueAddress("Sales"), QueueAddress("error")
     C = QueueAddress("Sales.Claims")
+
+    def test_mark_failed(self) -> None:
+        """The sink marks claims it does not know the consumer of: by ClaimSeq only (an identity:
+        unique in the table), never a claim already marked, row locks only."""
+        s = D.mark_failed(self.C, keys=[9, 3])
+        assert s.params == ("[9,3]",)
+        assert _flat(s.sql) == (
+            "UPDATE c SET Failed = 1 FROM [dbo].[Sales.Claims] AS c WITH (ROWLOCK)"
+            " JOIN OPENJSON(?) WITH (KeyRow bigint '$') AS k ON c.ClaimSeq = k.KeyRow"
+            " WHERE c.Failed IS NULL OR c.Failed = 0")
+        _marks_match(s)
+
+    def test_acknowledgements_see_failed_claims(self) -> None:
+        """A claim made before the column has Failed NULL: not failed. The chunk read gives it as
+        a fourth column; the retry acknowledgements never pick a failed claim."""
+        rows = _flat(D.ack_rows(self.C, "Billing", upto=9, batch=10).sql)
+        assert rows.startswith("SELECT TOP (?) ClaimSeq, Headers, ClaimedAt, ISNULL(Failed, 0) FROM")
+        retried = _flat(D.claims_with_header(self.C, "Billing", upto=9, header="ServiceControl.Retry.AcknowledgementQueue",
+                                             limit=5).sql)
+        assert "AND (Failed IS NULL OR Failed = 0)" in retried
 
     def claim(self, **kw: Any) -> Statement:
         args = {"consumer": "Billing", "limit": 100, "after": 0, "upto": None, **kw}
@@ -1909,7 +1953,7 @@ class TestOperationStatements:
         (purge,) = [t for t in parse_all(D.purge_expired(self.Q, limit=1).sql) if isinstance(t, exp.Delete)]
         assert {c.name for c in purge.find_all(exp.Column) if not c.table} <= queue
         assert _used_columns(D.delayed_stats(self.DL)) <= _columns_of(D.create_delayed(self.DL))
-        assert _used_columns(D.claim_stats(self.C)) == {"Consumer", "ClaimedAt"} <= _columns_of(D.create_claims(self.C))
+        assert _used_columns(D.claim_stats(self.C)) == {"Consumer", "ClaimedAt"} <= _columns_of(D.create_claims(self.C)[:1])
         subscriptions = _columns_of(D.create_subscriptions(self.SUBS))
         assert _used_columns(D.unsubscribe(self.SUBS, endpoint="e", topic="t")) <= subscriptions
         (merge,) = parse_all(D.subscribe(self.SUBS, queue_address="q", endpoint="e", topic="t").sql)
@@ -3131,7 +3175,7 @@ class TestTrust:
         assert D.unlock_consumer(c, "billing").params == D.try_lock_consumer(c, "Billing").params
         assert D.try_lock_consumer(c, "Billing2").params != D.try_lock_consumer(c, "Billing").params
         # new claim tables compare Consumer exactly, as staging and outbox compare Sink
-        assert "Consumer nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL" in _flat(one(D.create_claims(c)).sql)
+        assert "Consumer nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL" in _flat(D.create_claims(c)[0].sql)
 
     def test_consumer_lock_keyed_by_object_id_not_spelling(self) -> None:
         """However the queue is spelled, the SQL text is the same: the resource is built on the

@@ -92,6 +92,7 @@ def _failure(reason: Any, exception_type: Any, stack_trace: Any, max_retries: An
         F.col("queue").alias("failed_q"),
         _col(max_retries).cast("int").alias("max_retries"),
         _col(delay).cast("double").alias("delay"),
+        F.col("claim_seq").alias("claim_seq"),
     ]
 
 
@@ -101,7 +102,9 @@ def fail(reason: Any = None, exception_type: Any = PROCESSING_FAILED, stack_trac
     ``FLRetries`` removed, ``NServiceBus.FailedQ`` = the queue it was received from,
     ``ExceptionInfo.ExceptionType`` / ``.Message`` (`reason`, at most 16,384 characters) /
     ``.StackTrace``, TimeOfFailure, ProcessingEndpoint (the sink's endpoint), ProcessingMachine
-    and the host ids. Each argument is a column or a literal; a NULL reason is an empty message."""
+    and the host ids. Each argument is a column or a literal; a NULL reason is an empty message.
+    Reads the received row's ``body``, ``message_id``, ``headers``, ``queue`` and ``claim_seq``:
+    the message is not audited by the reader's ``auditQueue`` (the sink marks its claim failed)."""
     return _received(FAIL, _failure(reason, exception_type, stack_trace, None, None))
 
 

@@ -18,6 +18,7 @@ from .operations import PEEK_PREVIEW_MAX, OperationsSql, check_preview
 from .receive import ReceiveSql
 from .send import SendSql
 from .values import (
+    FAILED_COLUMN,
     LATEST_TIME,
     STAGED_COLUMNS,
     TABLE_PRIVILEGES,
@@ -30,7 +31,7 @@ from .values import (
 )
 
 __all__ = [
-    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimResult", "LATEST_TIME", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
     "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
 ]

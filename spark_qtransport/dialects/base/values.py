@@ -9,14 +9,19 @@ from typing import Any
 
 from ...errors import ConfigError
 
-__all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
-           "one_line"]
+__all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "FAILED_COLUMN",
+           "check_privileges", "one_line"]
 
 
 #: columns of a staged row, in the order executors write them (see `Dialect.stage_rows`)
 STAGED_COLUMNS = (
     "sink", "batch_id", "attempt", "kind", "route", "message_id", "headers", "body", "ttbr_ms", "delay_ms", "due",
 )
+
+
+#: the claim table's column (lower-cased, as `queue_columns` names it) that marks a claim the
+#: pipeline failed or retried through the sink: its acknowledgement makes no after-processing copy
+FAILED_COLUMN = "failed"
 
 
 #: the table privileges the connector ever needs (and `Dialect.grants` / `Dialect.privileges` take)

@@ -70,10 +70,20 @@ class PostgresInstall(InstallSql):
                 "    body bytea,\n"
                 "    source_seq bigint NOT NULL,\n"
                 "    claimed_at timestamptz NOT NULL DEFAULT now(),\n"
+                "    failed boolean,\n"
                 "    PRIMARY KEY (consumer, claim_seq)\n"
                 ")"
-            )
+            ),
+            self._add_failed(claims),
         ]
+
+    def upgrade_claims(self, claims: QueueAddress) -> list[Statement]:
+        return [self._ddl_lock(claims), self._add_failed(claims)]
+
+    def _add_failed(self, claims: QueueAddress) -> Statement:
+        # A table made before the column was: nullable without a default, so no rewrite. Under the
+        # installers' lock (the caller's first statement), as NServiceBus adds BodyString.
+        return Statement(f"ALTER TABLE {self.qualified(claims)} ADD COLUMN IF NOT EXISTS failed boolean")
 
     def create_staging(self, staging: QueueAddress) -> list[Statement]:
         t = self.qualified(staging)

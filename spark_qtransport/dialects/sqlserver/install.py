@@ -60,6 +60,38 @@ BEGIN
 END"""
 
 
+#: adding a column to a table made by an earlier version (see `SqlServerInstall.upgrade_claims`)
+_ADD_COLUMN_BATCH = """\
+SET NOCOUNT ON;
+DECLARE @table {qname} = ?;
+DECLARE @lock nvarchar(255) = {lock};
+DECLARE @rc int;
+-- Fast path: the column is there (or the table is not), no lock is taken.
+IF EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+    AND NOT EXISTS (SELECT * FROM {sys}columns WHERE object_id = OBJECT_ID(@table) AND name = ?)
+BEGIN
+    BEGIN TRANSACTION;
+    BEGIN TRY
+        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
+        -- Check again under the lock: another installer may have been first.
+        IF NOT EXISTS (SELECT * FROM {sys}columns WHERE object_id = OBJECT_ID(@table) AND name = ?)
+            {ddl}
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- 2705: the column exists, added by someone not taking the lock. It is there: done.
+        IF ERROR_NUMBER() = 2705 AND XACT_STATE() = 1
+            COMMIT TRANSACTION;
+        ELSE
+        BEGIN
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END
+    END CATCH
+END"""
+
+
 #: the first batch of every script for people. A filtered index (the queue's Index_Expires)
 #: can only be created, and a table that has one only written to, with QUOTED_IDENTIFIER and
 #: ANSI_NULLS ON. Every ODBC or SqlClient connection (the connector's, NServiceBus's, SSMS's)
@@ -135,11 +167,25 @@ CREATE TABLE {t} (
     Body varbinary(max) NULL,
     SourceSeq bigint NOT NULL,
     ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+    Failed bit NULL,
     PRIMARY KEY CLUSTERED (Consumer, ClaimSeq)
 );
 ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
 """
-        return [self._create_batch(claims, ddl)]
+        return [self._create_batch(claims, ddl), *self.upgrade_claims(claims)]
+
+    def upgrade_claims(self, claims: QueueAddress) -> list[Statement]:
+        # A claim table made before the column was. NServiceBus's AddMessageBodyStringColumn
+        # checks sys.columns, takes the table's installer lock and checks again before its ALTER
+        # TABLE ... ADD; so does this batch, with the lock of `_create_batch`. Nullable without a
+        # default: a metadata change, no rewrite.
+        sys_ = self._sys(claims)
+        sql = _ADD_COLUMN_BATCH.format(
+            qname=QNAME, sys=sys_,
+            lock="@table + N'_lock'" if claims.catalog else "QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock'",
+            ddl=f"ALTER TABLE {self.qualified(claims)} ADD Failed bit NULL;",
+        )
+        return [Statement(sql, (self.qualified(claims), "Failed", "Failed"))]
 
     def create_staging(self, staging: QueueAddress) -> list[Statement]:
         t = self.qualified(staging)

@@ -48,7 +48,7 @@ def receiving(d: Dialect, queue: QueueAddress, *, error_queue: QueueAddress,
     moves due messages), and the queues of `platform` (`ReceiveSettings.platform_queues`)."""
     return [
         Need(queue, DML, "queue", True, "claims messages (deletes them), the delayed mover inserts"),
-        Need(d.claims_table(queue), DML, "claims", False, "claimed messages until their batch commits"),
+        Need(d.claims_table(queue), DML, "claims", False, "claimed messages until their batch commits; the sink marks those it failed"),
         Need(error_queue, WRITE, "queue", True, "poison messages, retry acknowledgements"),
         Need(delayed.table_for(d, queue), DML, "delayed", False, "moves due delayed messages"),
         *(Need(address, WRITE, "queue", True, PLATFORM_WHY[option]) for option, address in (platform or {}).items()),

@@ -15,6 +15,14 @@ everything "after processing" is written in the transaction that deletes the cla
   (logged): ServiceControl Audit then acknowledges on the endpoint's behalf when it sees the audit
   copy without that header.
 
+**Only what succeeded.** A message the pipeline failed or retried (`fail()`, `retry_later()`)
+through the sink of the same query was not processed: the sink's dispatch marked its claim
+failed (`mark_failed`, in the transaction that sent its error or retry copy, before Spark commits
+the batch), and its acknowledgement makes no audit or forwardTo copy, no retry acknowledgement and
+no monitoring timing, as NServiceBus audits only what its handlers processed. A stream whose
+output goes elsewhere (a ``foreachBatch`` without `QueueSink`) marks nothing: all it acknowledges
+is audited.
+
 Each chunk of an acknowledgement reads its claims' headers (never bodies), writes the copies and
 deletes the claims in one transaction, so each message is audited, forwarded and acknowledged
 exactly once however the driver dies: a repeated acknowledgement finds no claims. Expired messages
@@ -147,6 +155,7 @@ class AfterStats:
     retry_acks: int = 0
     retry_acks_refused: int = 0
     poison: int = 0  # claims moved to the error queue by acknowledgements
+    failed: int = 0  # claims the pipeline failed or retried through the sink: acknowledged without copies
 
 
 class AfterProcessing:
@@ -183,33 +192,42 @@ class AfterProcessing:
             return Chunk(0, after)
         chunk = Chunk(len(rows), int(rows[-1][0]))
         ended = self._clock()
-        parsed = decode_header_texts([text for _, text, _ in rows])
+        parsed = decode_header_texts([text for _, text, _, _ in rows])
         if not d.poison_at_claim and None in parsed:
-            poison = [int(seq) for (seq, _, _), h in zip(rows, parsed, strict=True) if h is None]
+            poison = [int(seq) for (seq, *_), h in zip(rows, parsed, strict=True) if h is None]
             self._dead_letter(cur, poison)
             rows, parsed = [r for r, h in zip(rows, parsed, strict=True) if h is not None], [h for h in parsed if h is not None]
             if not rows:
                 return chunk
-        keys = [int(seq) for seq, _, _ in rows]
+        keys = [int(seq) for seq, *_ in rows]
+        # the messages the pipeline failed or retried (the sink marked their claims): processing
+        # did not succeed, so no audit or forwardTo copy, no retry acknowledgement, no timing
+        done = [not failed for *_, failed in rows]
+        if not all(done):
+            rows = [r for r, ok in zip(rows, done, strict=True) if ok]
+            parsed = [h for h, ok in zip(parsed, done, strict=True) if ok]
+            with self._count:
+                self.stats.failed += len(keys) - len(rows)
+        kept = [int(seq) for seq, *_ in rows]
         _, acked = self._acknowledge_retries(
-            cur, [(k, h) for k, h in zip(keys, parsed, strict=True) if h is not None], ended)
-        starts = [self._started(int(seq), claimed_at, ended) for seq, _, claimed_at in rows]
-        if o.audit_queue is not None:
+            cur, [(k, h) for k, h in zip(kept, parsed, strict=True) if h is not None], ended)
+        starts = [self._started(int(seq), claimed_at, ended) for seq, _, claimed_at, _ in rows]
+        if o.audit_queue is not None and kept:
             texts = [
                 text if h is None else encode_headers(audit_headers(
                     h, started=start, ended=ended, endpoint=o.consumer, acknowledged=key in acked))
-                for key, (_, text, _), h, start in zip(keys, rows, parsed, starts, strict=True)
+                for key, (_, text, _, _), h, start in zip(kept, rows, parsed, starts, strict=True)
             ]
             ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
-            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.audit_queue, keys=keys, headers=texts, ttbr_ms=ttbr))
-        if o.forward_to is not None:
-            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.forward_to, keys=keys, headers=None))
+            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.audit_queue, keys=kept, headers=texts, ttbr_ms=ttbr))
+        if o.forward_to is not None and kept:
+            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.forward_to, keys=kept, headers=None))
         db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=keys))
         if self._observe is not None:
             self._processed = [self._timed(h or {}, start, ended) for h, start in zip(parsed, starts, strict=True)]
         with self._count:
-            self.stats.audited += len(keys) if o.audit_queue is not None else 0
-            self.stats.forwarded += len(keys) if o.forward_to is not None else 0
+            self.stats.audited += len(kept) if o.audit_queue is not None else 0
+            self.stats.forwarded += len(kept) if o.forward_to is not None else 0
         return chunk
 
     def ack_plain_chunk(self, cur: Any, *, upto: int, batch: int, after: int = 0) -> Chunk:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import FAILED_COLUMN, Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
 from .. import session as db
 from ..operations.install import warn_about_name
@@ -117,11 +117,34 @@ class EndpointSetUp:
         """DDL only for what is missing: once a DBA has created the tables (and, on PostgreSQL
         13-15, the helper function), table privileges are enough to run."""
         d, claims = self.endpoint.dialect, self.endpoint.claims
-        ddl = [] if db.columns(cur, d.queue_columns(claims)) else d.create_claims(claims)
+        columns = db.columns(cur, d.queue_columns(claims))
+        ddl = [] if columns else d.create_claims(claims)
+        if columns and FAILED_COLUMN not in columns:
+            self._upgrade_claims(conn, cur)
         helpers = d.helpers_exist(claims)
         if helpers is not None and not db.one(cur, helpers)[0]:
             ddl += d.create_helpers(claims)
         db.install(d, cur, ddl)
+        conn.commit()
+
+    def _upgrade_claims(self, conn: Any, cur: Any) -> None:
+        """A claim table an earlier version made: add the column that marks the claims the
+        pipeline failed (`FAILED_COLUMN`), or say what the table's owner must run."""
+        d, claims = self.endpoint.dialect, self.endpoint.claims
+        log.info("claim table %s: adding column %r (marks the messages the pipeline failed or retried, "
+                 "which are not audited)", d.qualified(claims), FAILED_COLUMN)
+        try:
+            db.install(d, cur, d.upgrade_claims(claims))
+        except Exception as exc:
+            if not d.is_driver_error(exc) or d.is_transient(exc):
+                raise  # a fault: the session's retry policy; anything else is not ours to explain
+            db.rollback(conn)
+            raise SchemaError(
+                f"claim table {d.qualified(claims)} was made by an earlier version and lacks column "
+                f"{FAILED_COLUMN!r}, which this role could not add ({d.error_text(exc)}); run the claim table's DDL again as "
+                "its owner (sqlqueue ddl --part claims, or sql/), then restart the query",
+                queue=self.endpoint.queue_text, operation="set-up",
+            ) from exc
         conn.commit()
 
     def _lock_consumer(self, conn: Any, cur: Any) -> None:

@@ -34,7 +34,7 @@ from ...wire import (
     uuid4_texts,
 )
 from .messages import DELAYED, PUBLISH, SEND, InputColumns, RowGroup, SendPlan, StagedRow
-from .recovery import RECOVERY, RETRY, InvalidFailure, failure_of, next_attempt, retried_headers
+from .recovery import RECOVERY, RETRY, InvalidFailure, claim_of, failure_of, next_attempt, retried_headers
 from .recovery import SOURCE as RECOVERY_SOURCE
 
 __all__ = ["MessageBuilder", "INVALID_TYPE"]
@@ -126,6 +126,9 @@ class MessageBuilder:
         self.counts: dict[tuple[str, str], int] = {}
         self.invalid = 0  # rows refused and staged as error copies (counted in `counts` too)
         self.invalid_reason: str | None = None  # the first one's error
+        #: claims the rows of intent fail and retry came from: queue (as the row names it) -> claim
+        #: sequences; the dispatch marks them failed (`recovery`: not audited)
+        self.failed_claims: dict[str, set[int]] = {}
         self._ids = uuid4_texts()
         self._id_block = uuid4_list  # n new ids at once, for the column-wise path (`build_columns`)
         self._text = SentHeaderText(endpoint=plan.endpoint, machine=self.machine, content_type=plan.content_type,
@@ -356,6 +359,7 @@ class MessageBuilder:
         intent = (raw_intent if isinstance(raw_intent, str) else "send").strip().lower() or "send"
         recovering = intent in RECOVERY
         if recovering:  # a received message (fail, retry): its headers as they came
+            self._note_failed(row)
             headers: dict[str, str | None] = {**given, H.MESSAGE_ID: message_id}
         else:
             headers = self._copy_headers(row, message_id, intent, given, now)
@@ -534,6 +538,7 @@ class MessageBuilder:
         retry headers, or the error queue once its retries are spent. Same MessageId, headers
         (without the transport's ForwardDestination) and body as received."""
         plan, get = self.plan, row.get
+        self._note_failed(row)
         message_id = get("message_id")
         if not message_id or not isinstance(message_id, str):
             raise _Refused("message_id", f"{intent} needs the received message's id (column message_id), not "
@@ -575,6 +580,14 @@ class MessageBuilder:
         return StagedRow(sink=plan.sink, batch_id=self.batch_id, attempt=self.attempt, kind=kind, route=route,
                          message_id=message_id, headers=encode_headers(headers), body=body, ttbr_ms=None,
                          delay_ms=delay_ms, due=None)
+
+    def _note_failed(self, row: Mapping[str, Any]) -> None:
+        """Keep the claim a fail or retry row names (its ``failure``'s ``failed_q`` and
+        ``claim_seq``), whatever becomes of the row: a refused one goes to the error queue too."""
+        failure = row.get("failure")
+        queue, seq = _failed_q_of(failure), claim_of(failure)
+        if queue is not None and seq is not None:
+            self.failed_claims.setdefault(queue, set()).add(seq)
 
     def _timing(self, row: Mapping[str, Any], message_id: str) -> _Timing:
         """The row's time to be received, delay and deliver_at, checked. A deliver_at in the past

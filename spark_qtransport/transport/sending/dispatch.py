@@ -7,6 +7,8 @@ over straight into their queues (`inline`), moves the staged rows of the attempt
 successful into their destination queues (due now) or ``<endpoint>.Delayed`` (due later), fans
 published events out to the queues subscribed in ``SubscriptionRouting``, deletes the staged rows
 and checks that every staged row was found. Rows of failed attempts are ignored and deleted.
+In the same transaction it marks the claims of the received messages the batch failed or retried
+(`recovery`: ``fail()``, ``retry_later()``), so the reader's acknowledgement does not audit them.
 
 A crash before the dispatch commits sends nothing (Spark replays the batch and stages it again);
 after it, the replay is skipped. Destinations come from data (the ``destination`` column, a
@@ -28,8 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ...dialects import Dialect
-from ...errors import DispatchError, QueueNotFoundError
+from ...dialects import FAILED_COLUMN, Dialect
+from ...errors import ConfigError, DispatchError, QueueNotFoundError
 from ...wire import decode_headers
 from .. import session as db
 from ..delayed import DelayedMover, MoveResult
@@ -50,6 +52,9 @@ log = logging.getLogger("spark_qtransport.send")
 
 T = TypeVar("T")
 
+#: claims marked failed per statement
+_MARK_CHUNK = 10_000
+
 
 @dataclass
 class DispatchResult:
@@ -60,6 +65,7 @@ class DispatchResult:
     published: int = 0
     failed: int = 0  # refused by the routing path: to the endpoint's error queue instead
     invalid: int = 0  # rows the tasks could not build: error copies to the error queue (counted in `sent`)
+    marked: int = 0  # claims of received messages the batch failed or retried, marked: never audited
     destinations: dict[str, int] = field(default_factory=dict)
     moved: MoveResult | None = None
 
@@ -125,6 +131,8 @@ class _Batch:
     handed: dict[tuple[str, str], list[RowGroup]]  # the rows tasks handed over, by (kind, route)
     invalid: int = 0  # of `rows`: error copies of rows the tasks could not build
     invalid_reason: str | None = None  # the first one's error
+    #: the claims its fail and retry rows came from: queue (as the rows name it) -> claim sequences
+    failed_claims: dict[str, set[int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, batch_id: int, reports: list[StageReport]) -> _Batch:
@@ -136,9 +144,13 @@ class _Batch:
                 if report.inline is None:
                     staged_routes.add((r.kind, r.route))
         staged = [r for r in reports if r.inline is None]
+        failed: dict[str, set[int]] = {}
+        for report in reports:
+            for queue, seqs in report.failed_claims:
+                failed.setdefault(queue, set()).update(seqs)
         return cls(batch_id, [r.attempt for r in staged], sum(r.rows for r in staged), routes, staged_routes,
                    by_route([r.inline for r in reports if r.inline is not None]), sum(r.invalid for r in reports),
-                   next((r.invalid_reason for r in reports if r.invalid_reason), None))
+                   next((r.invalid_reason for r in reports if r.invalid_reason), None), failed)
 
     @property
     def rows(self) -> int:
@@ -231,8 +243,34 @@ class Dispatcher:
                 queue=d.format_address(o.staging), operation="dispatch",
             )
         self._delete_leftovers(cur, batch.batch_id)
+        result.marked = sum(self._mark_failed(cur, queue, sorted(seqs)) for queue, seqs in batch.failed_claims.items())
         self.outbox.finish(cur, batch.batch_id, sent=result.sent, delayed=result.delayed, published=result.published)
         return result
+
+    def _mark_failed(self, cur: Any, queue: str, seqs: list[int]) -> int:
+        """Mark the claims of `queue` that this batch failed or retried, in its transaction: the
+        reader's acknowledgement, which comes after Spark commits the batch, then makes no audit
+        copy of them (`recovery`). The queue is the one the rows name; one that is not an address,
+        or has no claim table with the column, marks nothing. A refusal (privileges) costs only
+        the marks: logged, and the batch goes on; those messages are audited as before."""
+        d = self.dialect
+        try:
+            claims = d.claims_table(d.parse_address(queue))
+        except ConfigError:
+            return 0
+        if FAILED_COLUMN not in db.columns(cur, d.queue_columns(claims)):
+            log.debug("no claim table with column %r for queue %r: %d failed message(s) not marked",
+                      FAILED_COLUMN, queue, len(seqs))
+            return 0
+        marked = 0
+        for i in range(0, len(seqs), _MARK_CHUNK):
+            n, problem = insert_guarded(cur, d, d.mark_failed(claims, keys=seqs[i:i + _MARK_CHUNK]))
+            if problem is not None:
+                log.warning("could not mark %d failed message(s) of queue %s in %s (%s): the reader audits them",
+                            len(seqs), queue, d.qualified(claims), problem)
+                return marked
+            marked += n
+        return marked
 
     def _destinations(self, cur: Any, router: Router, batch: _Batch) -> dict[str, Destination]:
         """The queues the batch goes to, by canonical address (or why not): its SEND routes and

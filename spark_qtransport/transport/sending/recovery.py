@@ -10,7 +10,11 @@ message its handler could not process. No SQL; `builder.MessageBuilder` calls th
   retries were performed, or the last one is more than a day old (DefaultRecoverabilityPolicy,
   HasReachedMaxTime), it fails instead.
 
-The row's ``failure`` column holds the struct `FAILURE_FIELDS` describes.
+The row's ``failure`` column holds the struct `FAILURE_FIELDS` describes. Its ``failed_q`` and
+``claim_seq`` (the received row's ``queue`` and ``claim_seq``) name the claim: the dispatch that
+sends the copy marks that claim failed in the same transaction, so the reader's acknowledgement
+makes no audit copy, forwardTo copy or ServicePulse retry acknowledgement of it (NServiceBus audits
+only what its handlers processed successfully).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, NamedTuple
 from ...wire import H, format_time, parse_time, retries_performed
 
 __all__ = ["FAIL", "RETRY", "RECOVERY", "FAILURE_FIELDS", "PROCESSING_FAILED", "SOURCE", "DEFAULT_DELAY",
-           "DEFAULT_MAX_RETRIES", "MAX_AGE", "Failure", "InvalidFailure", "failure_of",
+           "DEFAULT_MAX_RETRIES", "MAX_AGE", "Failure", "InvalidFailure", "claim_of", "failure_of",
            "reached_max_time", "next_attempt", "retried_headers", "check_failure_type"]
 
 FAIL, RETRY = "fail", "retry"
@@ -38,6 +42,8 @@ FAILURE_FIELDS: dict[str, tuple[str, ...]] = {
     "failed_q": ("string",),
     "max_retries": ("int", "bigint", "smallint", "tinyint"),
     "delay": ("double", "float", "int", "bigint", "smallint", "tinyint", "decimal"),
+    # the received message's claim: the dispatch marks it failed, so it is not audited
+    "claim_seq": ("bigint", "int"),
 }
 
 #: NServiceBus.ExceptionInfo.ExceptionType when none is given
@@ -60,6 +66,7 @@ class Failure(NamedTuple):
     failed_q: str | None
     max_retries: int
     delay: float  # seconds per attempt
+    claim_seq: int | None = None  # the received message's claim (None: not from a claim of ours)
 
 
 class InvalidFailure(ValueError):  # noqa: N818 - becomes the builder's refusal of the row
@@ -126,7 +133,19 @@ def failure_of(value: Any, intent: str, max_seconds: float) -> Failure:
             raise InvalidFailure("delay", f"{delay!r} s x {max_retries} retries is longer than {max_seconds:.0f} s")
     exception_type = _text(fields.get("exception_type"), "exception_type") or PROCESSING_FAILED
     return Failure(exception_type, _text(fields.get("message"), "message"),
-                   _text(fields.get("stack_trace"), "stack_trace"), failed_q, max_retries, delay)
+                   _text(fields.get("stack_trace"), "stack_trace"), failed_q, max_retries, delay,
+                   claim_of(fields))
+
+
+def claim_of(failure: Any) -> int | None:
+    """The ``claim_seq`` of a ``failure`` value (a mapping, a Spark Row or None), if it holds a
+    whole number; None otherwise. Never raises: an unreadable one marks nothing."""
+    try:
+        fields = failure if isinstance(failure, Mapping) else failure.asDict()
+        seq = fields.get("claim_seq")
+    except Exception:  # noqa: BLE001 - not a struct: refused by `failure_of`, if read at all
+        return None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
 
 
 def reached_max_time(headers: Mapping[str, Any], now: datetime) -> bool:

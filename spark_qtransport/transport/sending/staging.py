@@ -140,6 +140,8 @@ class StageReport:
     inline: list[RowGroup] | None = None  # a small task's rows, handed to the driver (nothing staged)
     invalid: int = 0  # rows the builder refused, staged as error copies for the error queue (in `rows`)
     invalid_reason: str | None = None  # the first one's error
+    #: the claims its fail and retry rows came from, (queue as the rows name it, claim sequences)
+    failed_claims: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 # -- the task ---------------------------------------------------------------------------
@@ -176,12 +178,12 @@ def stage_partition(
             if inline is not None:
                 groups = hand_over(inline)
                 return StageReport(builder.attempt, sum(len(g.columns[0]) for g in groups), _routes(builder), batch_id,
-                                   query_id, groups, builder.invalid, builder.invalid_reason)
+                                   query_id, groups, builder.invalid, builder.invalid_reason, _failed(builder))
         staged = _stage(options, plan, builder, rows, batch_id)
     except InputFailed as failed:  # our input failed: not ours to retry, and no database fault
         raise failed.__cause__ from None  # type: ignore[misc]
     return StageReport(builder.attempt, staged, _routes(builder), batch_id, query_id, None, builder.invalid,
-                       builder.invalid_reason)
+                       builder.invalid_reason, _failed(builder))
 
 
 def _stage(options: SendSettings, plan: SendPlan, builder: MessageBuilder, rows: TaskRows, batch_id: int) -> int:
@@ -223,3 +225,7 @@ def _stage(options: SendSettings, plan: SendPlan, builder: MessageBuilder, rows:
 
 def _routes(builder: MessageBuilder) -> tuple[RouteCount, ...]:
     return tuple(RouteCount(kind, route, n) for (kind, route), n in sorted(builder.counts.items()))
+
+
+def _failed(builder: MessageBuilder) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((queue, tuple(sorted(seqs))) for queue, seqs in sorted(builder.failed_claims.items()))
