@@ -104,7 +104,8 @@ def test_stream_writer_over_connect_is_exactly_once(connect: Any, pg: Backend, q
     across_a_restart_and_a_replay(pg, q.sales, checkpoint, run)
     assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(q.billing)) == EXPECTED
     assert [(h[H.MESSAGE_ID], h[H.EXCEPTION_MESSAGE]) for h, _ in pg.drain(failed)] == [("m007", "seven")]
-    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(audit)) == [f"m{i:03d}" for i in range(50)]
+    # m007 failed: not audited (the sink marked its claim), as NServiceBus audits only what succeeded
+    assert sorted(h[H.MESSAGE_ID] for h, _ in pg.drain(audit)) == [f"m{i:03d}" for i in range(50) if i != 7]
 
 
 @pytest.mark.compat
