@@ -162,7 +162,14 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
     done = subprocess.run(["bash", "-e", "-c", setup], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_platform = "\nplatform.processAllAvailable()\nplatform.stop()\n"
-    script = preamble + options[1] + options[2] + failing + platform_blocks[0] + run_platform + platform_blocks[1]
+    # "What it is" first, in a namespace of its own (its `orders` is another endpoint's), its
+    # example URL the test database's: it makes the stream it says, with the documented columns
+    (what_it_is,) = _blocks(_section("What it is"), "python")
+    assert '"postgresql://app@db:5432/shop"' in what_it_is
+    first = (f"_ns = {{'spark': spark}}\nexec({what_it_is.replace(chr(34) + 'postgresql://app@db:5432/shop' + chr(34), 'url')!r},"
+             " {**globals(), **_ns}, _ns)\nassert _ns['orders'].isStreaming and 'claim_seq' in _ns['orders'].columns\n")
+    script = (preamble + first + options[1] + options[2] + failing + platform_blocks[0] + run_platform
+              + platform_blocks[1])
     (tmp_path / "blocks.py").write_text(script, encoding="utf-8")
     done = subprocess.run([str(tmp_path / ".venv/bin/python"), "blocks.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
