@@ -110,3 +110,20 @@ def test_a_server_its_program_forgot_to_stop_is_stopped_when_the_program_ends(tm
     assert done.returncode == 0, done.stderr
     url, base = done.stdout.split()
     assert not _listening(url) and not Path(base).exists()
+
+
+def test_dev_db_says_when_its_server_was_killed() -> None:
+    """A server killed under it (SIGKILL leaves postmaster.pid behind) ends dev-db with one line
+    naming the server's log, exit code 1, instead of a program that runs on as if it were alive."""
+    proc, url, lines = _start([*SQLQUEUE, "dev-db"])
+    data = Path(lines[0].split(" data in ", 1)[1].split(" ", 1)[0])
+    try:
+        pid = int(next(data.rglob("postmaster.pid")).read_text().split("\n", 1)[0])
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, (out, err)
+    assert out.splitlines()[-1].startswith("PostgreSQL stopped on its own; its log: "), out
+    assert "Traceback" not in err and not _listening(url)

@@ -10,6 +10,7 @@ naming the database and the bound. A connection that hangs is found by the watch
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -338,3 +339,45 @@ def test_metrics_serve_up_0_during_an_outage_and_recover(alive: Any, names: Any)
     finally:
         err = exporter.stop()
     assert "Traceback" not in err
+
+
+def test_stats_watch_waits_through_an_outage_and_says_so(alive: Any, names: Any) -> None:
+    """`sqlqueue stats --watch` across a server killed and started again: no refresh fails, the
+    refreshes go on afterwards, and stderr holds the outage's two lines (declared, over), nothing else."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    pg = Backend(alive.url)
+    q = pg.create_queue(names("Watched"))
+    pg.send(q, nsb_headers("w1"), b"{}")
+    proc = subprocess.Popen([sys.executable, "-m", "spark_qtransport.cli", "stats", q, "--watch", "0.2", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SQLQUEUE_URL": alive.url, "SQLQUEUE_OUTAGE_TIMEOUT": "60s",
+                                 "PYTHONUNBUFFERED": "1"})
+    refreshes: list[float] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            assert json.loads(line)["queues"][0]["messages"] == 1
+            refreshes.append(time.monotonic())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        _until(lambda: len(refreshes) >= 2, 60, "the first refreshes", None)
+        alive.crash()
+        time.sleep(3)
+        alive.start()
+        restarted = time.monotonic()
+        _until(lambda: bool(refreshes) and refreshes[-1] > restarted, 60, "a refresh after the restart", None)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    said = err.splitlines()
+    assert len(said) == 2, err
+    assert said[0].startswith("warning: ") and "retrying for up to 1 min (outageTimeout)" in said[0], err
+    assert said[1].startswith("info: ") and "answers again, after" in said[1], err

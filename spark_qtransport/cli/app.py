@@ -19,7 +19,7 @@ from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect
 from ..dialects.base import one_line
 from ..errors import ConfigError, QTransportError
-from ..spark.options import URL_ENV
+from ..spark.options import URL_ENV, parse_duration
 from ..transport.delayed import DelayedTableRule
 from ..transport.routing import RoutingPolicy
 from .output import echo, escape, escaped_logging, escaped_usage_error
@@ -28,6 +28,9 @@ __all__ = ["Group", "main", "url_option", "allow_options", "routing_policy", "de
            "need_url", "usage_url", "command_what"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: the environment variable of the group's --outage-timeout
+OUTAGE_ENV = "SQLQUEUE_OUTAGE_TIMEOUT"
 
 
 def url_option(f: F) -> F:
@@ -69,10 +72,19 @@ def delayed_rule(d: Dialect, table: str | None, suffix: str | None, *, names: in
 
 
 def need_url(url: str | None) -> ConnectionURL:
-    """The --url of a command that connects: missing or malformed is wrong usage (exit 2)."""
+    """The --url of a command that connects: missing or malformed is wrong usage (exit 2). It
+    waits out an outage for the group's --outage-timeout."""
     if not url:
         raise click.UsageError(f"--url is required (or set {URL_ENV}), e.g. postgresql://postgres@127.0.0.1:5432/postgres")
-    return usage_url(url)
+    parsed = usage_url(url)
+    ctx = click.get_current_context(silent=True)
+    outage = ctx.find_root().params.get("outage_timeout") if ctx is not None else None
+    if outage is None:
+        return parsed
+    try:
+        return parsed.waiting(outage=parse_duration(outage, option="--outage-timeout"))
+    except ConfigError as exc:
+        raise click.UsageError(one_line(exc.message)) from None
 
 
 def usage_url(url: str) -> ConnectionURL:
@@ -141,7 +153,11 @@ class Group(click.Group):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="sqlqueue", message="%(prog)s %(version)s")
-def main() -> None:
+@click.option("--outage-timeout", envvar=OUTAGE_ENV, metavar="DURATION",
+              help="how long a command waits out a database outage (30s, 2m; 0: fail at the first fault); "
+                   f"default 2m, as the option outageTimeout; ${OUTAGE_ENV}")
+@click.pass_context
+def main(ctx: click.Context, outage_timeout: str | None) -> None:
     """Operate NServiceBus SQL Server / PostgreSQL transport queues used by spark-qtransport.
 
     \b

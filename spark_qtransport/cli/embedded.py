@@ -253,6 +253,24 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _postmaster_alive(pid_file: Path) -> bool:
+    """Whether the server of this data directory runs: its ``postmaster.pid`` names a live process.
+    A killed server leaves the file behind (only a clean stop removes it)."""
+    try:
+        first = pid_file.read_text().split("\n", 1)[0]
+    except FileNotFoundError:
+        return False
+    except OSError:  # cannot tell
+        return True
+    try:
+        os.kill(int(first), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, PermissionError):  # being written, or not ours to signal: cannot tell
+        return True
+    return True
+
+
 def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = None,
           echo: Callable[[str], None] | None = None) -> int:
     """Run a local PostgreSQL until Ctrl-C or SIGTERM, then stop it cleanly: ``sqlqueue dev-db``.
@@ -280,7 +298,7 @@ def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = 
         pid_file = pg.data_dir / "postmaster.pid"
         while True:
             time.sleep(1)
-            if not pid_file.exists():
+            if not _postmaster_alive(pid_file):
                 out(f"PostgreSQL stopped on its own; its log: {pg.log_file}")
                 code = 1
                 break

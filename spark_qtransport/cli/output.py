@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
+from ..transport.session import OUTAGE_LOGGER
+
 __all__ = ["json_option", "show", "show_json_line", "escape", "echo", "echo_script", "escaped_usage_error", "escaped_logging"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,12 +79,20 @@ def escaped_logging() -> Iterator[None]:
     if logger.hasHandlers():
         yield
         return
-    handler = _EscapingHandler(logging.WARNING)
+    # warnings, and both lines of a database outage (its end is INFO: a command waiting through
+    # one says when it goes on)
+    handler = _EscapingHandler(logging.INFO)
+    handler.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == OUTAGE_LOGGER)
+    outage = logging.getLogger(OUTAGE_LOGGER)
+    level = outage.level
+    if outage.getEffectiveLevel() > logging.INFO:
+        outage.setLevel(logging.INFO)
     logger.addHandler(handler)
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        outage.setLevel(level)
 
 
 def json_option(f: F) -> F:

@@ -29,6 +29,9 @@ __all__ = ["Backoff", "Session", "with_retries", "OUTAGES", "OUTAGE_TIMEOUT", "s
            "rollback", "close", "describe", "explain", "retrying", "install"]
 
 log = logging.getLogger("spark_qtransport.db")
+#: an outage's two lines (declared, over): a logger of their own, so a front end can show them
+OUTAGE_LOGGER = "spark_qtransport.outage"
+outage_log = logging.getLogger(OUTAGE_LOGGER)
 
 T = TypeVar("T")
 
@@ -121,7 +124,7 @@ class Outages:
             if declare:
                 self._declared.add(key)
         if declare and backoff.bound > 0:
-            log.warning("%s failed (%s); retrying for up to %s (outageTimeout) until %s answers", what, text,
+            outage_log.warning("%s failed (%s); retrying for up to %s (outageTimeout) until %s answers", what, text,
                         seconds_text(backoff.bound), key)
         else:
             log.debug("%s failed (%s); reconnecting", what, text)
@@ -136,7 +139,7 @@ class Outages:
             declared = key in self._declared
             self._declared.discard(key)
         if since is not None and declared:
-            log.info("%s answers again, after %.1f s", key, time.monotonic() - since)
+            outage_log.info("%s answers again, after %.1f s", key, time.monotonic() - since)
 
 
 #: this process's outages
