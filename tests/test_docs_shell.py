@@ -1,6 +1,6 @@
 """README's shell examples, run as written and in the order written: the Operations transcripts
-(every `$ sqlqueue ...` line, its output and exit code), the `### Metrics for Prometheus` block
-and the spark-submit block of `## Jobs (spark-submit) and Delta`. Each block is read from README.md
+(every `$ sqlqueue ...` line, its output and exit code), the `### Metrics for Prometheus` block,
+the DBA's commands of `## Permissions` and the spark-submit block of `## Jobs (spark-submit) and Delta`. Each block is read from README.md
 under its heading, so a README edit is what runs.
 
 What differs from a person at a terminal, and why (every substitution is asserted to apply, so a
@@ -18,6 +18,8 @@ README edit that removes its target fails here instead of being skipped):
 - `--listen` servers listen on port 0 (a free port, which the README says port 0 picks) instead of
   9188, which may be taken; each is scraped once and stopped with SIGTERM.
 - `--once`'s file goes to a temporary directory instead of /var/lib/node_exporter/textfile/.
+- `## Permissions`: the DBA's role is `app_role` with a suffix (roles belong to the server, not to a
+  database); each "run what it prints" is run through psycopg, where a DBA would use psql.
 - The spark-submit block's /tmp paths are temporary directories of the test; it runs in the
   checkout with SPARK_LOCAL_IP=127.0.0.1 (as the quick start's script sets it), after the queues
   the paragraph before it names were made as it says, and Sales given three messages with
@@ -274,6 +276,45 @@ def delta_rows(table: Path) -> list[str]:
                 files.pop(action["remove"]["path"], None)
     return [m for path in files for m in pq.read_table(table / unquote(path), columns=["message_id"])
             .column("message_id").to_pylist()]
+
+
+def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) -> None:
+    """`## Permissions`: the DBA's commands, in order, as an owner; "run what it prints" is run (as
+    the DBA would, with psql; here through psycopg). The role then holds exactly the privileges of
+    the section's table. The role's name gets a suffix: roles are the server's, not a database's."""
+    url = database(pg_url, "permissions")
+    env = shell_env(url)
+    role = f"app_role_{uuid.uuid4().hex[:8]}"
+    (dba,) = [body for language, body in blocks(section("## Permissions")) if body.startswith("sqlqueue create-queue")]
+    dba = substitute(dba, {"app_role": role})
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f'CREATE ROLE "{role}" NOLOGIN')
+    try:
+        for line in dba.splitlines():
+            command, _, comment = line.partition("#")
+            done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=120)
+            assert done.returncode == 0, (line, done.stdout, done.stderr)
+            if "run what it prints" in comment:
+                with psycopg.connect(url, autocommit=True) as c:
+                    c.execute(done.stdout)
+        table = section("## Permissions").split("| endpoint | table | privileges |", 1)[1]
+        assert "| | `<queue>.Claims` | `SELECT, INSERT, UPDATE, DELETE` |" in table
+        dml, write, read = ("SELECT, INSERT, UPDATE, DELETE", "SELECT, INSERT", "SELECT")
+        expected = {"Sales": dml, "Sales.Claims": dml, "Sales.Delayed": dml, "Sales.Staging": dml, "Sales.Outbox": dml,
+                    "error": write, "Billing": write, "SubscriptionRouting": read}
+        with psycopg.connect(url) as c:
+            for name, privileges in expected.items():
+                held = [p for p in ("SELECT", "INSERT", "UPDATE", "DELETE") if c.execute(
+                    "SELECT has_table_privilege(%s, %s, %s)", (role, f'"public"."{name}"', p)).fetchone()[0]]
+                assert ", ".join(held) == privileges, (name, held)
+            columns = [r[0] for r in c.execute("SELECT column_name FROM information_schema.columns WHERE"
+                                               " table_name = 'Sales.Claims' ORDER BY ordinal_position")]
+        assert columns[-1] == "failed"  # the claim table as this version makes it
+    finally:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f'DROP OWNED BY "{role}"')
+            c.execute(f'DROP ROLE "{role}"')
 
 
 @pytest.mark.slow
