@@ -61,6 +61,18 @@ def requests(pg: Backend, q: Any, n: int) -> dict[str, tuple[dict[str, str], byt
     return sent
 
 
+def sink_and_replay(sink: QueueSink, out: Any, batch: Any, batch_id: int) -> None:
+    """`sink` the batch's rows, then the same batch again, as a restarted run replays it (a new run id)."""
+    sink(out, batch_id)
+    sc = batch.sparkSession.sparkContext
+    run = sc.getLocalProperty(RUN_ID_PROPERTY)
+    sc.setLocalProperty(RUN_ID_PROPERTY, str(uuid.uuid4()))
+    try:
+        sink(out, batch_id)
+    finally:
+        sc.setLocalProperty(RUN_ID_PROPERTY, run)
+
+
 def assert_failed(pg: Backend, q: Any, h: dict[str, str], original: dict[str, str], endpoint: str) -> None:
     """`h`: the error copy of `original`, received from Sales by a sink of `endpoint`."""
     assert h[H.FAILED_Q] == pg.dialect.format_address(pg.address(q.sales))  # the address syntax, as ReplyToAddress
@@ -129,14 +141,7 @@ def test_a_replayed_batch_through_queue_sink_sends_its_error_copies_once(
 
     def handle(batch: Any, batch_id: int) -> None:
         out = batch.select(*fail(reason=F.when(F.col("message_id") != "order-0", F.col("message_id"))))
-        sink(out, batch_id)
-        sc = batch.sparkSession.sparkContext
-        run = sc.getLocalProperty(RUN_ID_PROPERTY)
-        sc.setLocalProperty(RUN_ID_PROPERTY, str(uuid.uuid4()))  # the batch again, as a restarted run replays it
-        try:
-            sink(out, batch_id)
-        finally:
-            sc.setLocalProperty(RUN_ID_PROPERTY, run)
+        sink_and_replay(sink, out, batch, batch_id)
         replayed.append(batch_id)
 
     finish(received(spark, pg, q).writeStream.foreachBatch(handle).option("checkpointLocation", checkpoint)
@@ -174,14 +179,7 @@ def test_only_what_succeeded_is_audited_and_forwarded(spark: Any, pg: Backend, q
                                                          F.lit("Billing.Invoice").alias("message_type"))
                .unionByName(batch.where(rejected).select(*fail(reason="no lines")), allowMissingColumns=True)
                .unionByName(batch.where(retried).select(*retry_later(reason="busy", delay=0)), allowMissingColumns=True))
-        sink(out, batch_id)
-        sc = batch.sparkSession.sparkContext
-        run = sc.getLocalProperty(RUN_ID_PROPERTY)
-        sc.setLocalProperty(RUN_ID_PROPERTY, str(uuid.uuid4()))  # the batch again, as a restarted run replays it
-        try:
-            sink(out, batch_id)
-        finally:
-            sc.setLocalProperty(RUN_ID_PROPERTY, run)
+        sink_and_replay(sink, out, batch, batch_id)
 
     for _ in range(3):  # the retry comes back after the first run; each run acknowledges the one before
         finish(received(spark, pg, q, auditQueue=audit, forwardTo=forward, endpoint="Sales.Spark")

@@ -73,12 +73,14 @@ BEGIN
         IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
         -- Check again under the lock: another installer may have been first.
         IF NOT EXISTS (SELECT * FROM sys.columns WHERE object_id = OBJECT_ID(@table) AND name = N'Failed')
+        BEGIN
             ALTER TABLE [dbo].[Sales.Claims] ADD Failed bit NULL;
+        END
         COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         -- 2705: the column exists, added by someone not taking the lock. It is there: done.
-        IF ERROR_NUMBER() = 2705 AND XACT_STATE() = 1
+        IF ERROR_NUMBER() IN (2705) AND XACT_STATE() = 1
             COMMIT TRANSACTION;
         ELSE
         BEGIN

@@ -26,30 +26,30 @@ _CREATE_SCHEMA = """\
         END
 """
 
-#: the idempotent creation of a table (see `SqlServerInstall._create_batch`)
-_CREATE_BATCH = """\
+#: DDL run once, the NServiceBus installer way (see `SqlServerInstall._locked_batch`): a check
+#: without a lock, then the table's installer lock inside a transaction, the check again, the DDL
+_LOCKED_BATCH = """\
 SET NOCOUNT ON;
 DECLARE @table {qname} = ?;
 DECLARE @lock nvarchar(255) = {lock};
 DECLARE @rc int;
-{declare_schema}-- Fast path: the table exists, no lock is taken.
-IF NOT EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+{declare_schema}-- Fast path: {fast_path}, no lock is taken.
+IF {needed}
 BEGIN
     BEGIN TRANSACTION;
     BEGIN TRY
         EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
         IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
 {create_schema}        -- Check again under the lock: another installer may have been first.
-        IF NOT EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+        IF {needed_again}
         BEGIN
 {ddl}
         END
         COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- 2714 table and 1913 index already exist: created by someone not taking the lock
-        -- (sys.objects may lag under load, says NServiceBus). The table is there: done.
-        IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1
+        -- {done_why}
+        IF ERROR_NUMBER() IN ({done}) AND XACT_STATE() = 1
             COMMIT TRANSACTION;
         ELSE
         BEGIN
@@ -59,37 +59,9 @@ BEGIN
     END CATCH
 END"""
 
-
-#: adding a column to a table made by an earlier version (see `SqlServerInstall.upgrade_claims`)
-_ADD_COLUMN_BATCH = """\
-SET NOCOUNT ON;
-DECLARE @table {qname} = ?;
-DECLARE @lock nvarchar(255) = {lock};
-DECLARE @rc int;
--- Fast path: the column is there (or the table is not), no lock is taken.
-IF EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
-    AND NOT EXISTS (SELECT * FROM {sys}columns WHERE object_id = OBJECT_ID(@table) AND name = ?)
-BEGIN
-    BEGIN TRANSACTION;
-    BEGIN TRY
-        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
-        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
-        -- Check again under the lock: another installer may have been first.
-        IF NOT EXISTS (SELECT * FROM {sys}columns WHERE object_id = OBJECT_ID(@table) AND name = ?)
-            {ddl}
-        COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        -- 2705: the column exists, added by someone not taking the lock. It is there: done.
-        IF ERROR_NUMBER() = 2705 AND XACT_STATE() = 1
-            COMMIT TRANSACTION;
-        ELSE
-        BEGIN
-            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-            THROW;
-        END
-    END CATCH
-END"""
+#: `_LOCKED_BATCH`'s table test (``{sys}``: the table's catalog views)
+_TABLE_EXISTS = "EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')"
+_COLUMN_EXISTS = "EXISTS (SELECT * FROM {sys}columns WHERE object_id = OBJECT_ID(@table) AND name = ?)"
 
 
 #: the first batch of every script for people. A filtered index (the queue's Index_Expires)
@@ -122,8 +94,21 @@ class SqlServerInstall(SqlServerAddressing, InstallSql):
             params += [table.schema, self.quote(table.schema)]
             declare_schema = "DECLARE @schema sysname = ?;\nDECLARE @createSchema nvarchar(max) = N'CREATE SCHEMA ' + ?;\n"
             create_schema = _CREATE_SCHEMA.format(sys=sys_)
-        sql = _CREATE_BATCH.format(
-            qname=QNAME, sys=sys_, declare_schema=declare_schema, create_schema=create_schema,
+        missing = "NOT " + _TABLE_EXISTS.format(sys=sys_)
+        return self._locked_batch(
+            table, ddl, params, fast_path="the table exists", needed=missing, needed_again=missing,
+            done="2714, 1913", done_why="2714 table and 1913 index already exist: created by someone not taking the lock\n"
+            "        -- (sys.objects may lag under load, says NServiceBus). The table is there: done.",
+            declare_schema=declare_schema, create_schema=create_schema)
+
+    def _locked_batch(self, table: QueueAddress, ddl: str, params: list[Any], *, fast_path: str, needed: str,
+                      needed_again: str, done: str, done_why: str, declare_schema: str = "",
+                      create_schema: str = "") -> Statement:
+        """`_LOCKED_BATCH` for `table`: `ddl` runs when `needed` holds, then, under the lock, when
+        `needed_again` does; errors `done` (someone else did it without the lock) end it as done."""
+        sql = _LOCKED_BATCH.format(
+            qname=QNAME, declare_schema=declare_schema, create_schema=create_schema, fast_path=fast_path,
+            needed=needed, needed_again=needed_again, done=done, done_why=done_why,
             lock="@table + N'_lock'" if table.catalog else "QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock'",
             ddl="\n".join("            " + line if line else "" for line in ddl.strip().splitlines()),
         )
@@ -176,16 +161,16 @@ ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
 
     def upgrade_claims(self, claims: QueueAddress) -> list[Statement]:
         # A claim table made before the column was. NServiceBus's AddMessageBodyStringColumn
-        # checks sys.columns, takes the table's installer lock and checks again before its ALTER
-        # TABLE ... ADD; so does this batch, with the lock of `_create_batch`. Nullable without a
-        # default: a metadata change, no rewrite.
+        # checks sys.objects and sys.columns, takes the table's installer lock and checks again
+        # before its ALTER TABLE ... ADD; so does this batch, with `_create_batch`'s lock held in a
+        # transaction. Nullable without a default: a metadata change, no rewrite.
         sys_ = self._sys(claims)
-        sql = _ADD_COLUMN_BATCH.format(
-            qname=QNAME, sys=sys_,
-            lock="@table + N'_lock'" if claims.catalog else "QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock'",
-            ddl=f"ALTER TABLE {self.qualified(claims)} ADD Failed bit NULL;",
-        )
-        return [Statement(sql, (self.qualified(claims), "Failed", "Failed"))]
+        column = _COLUMN_EXISTS.format(sys=sys_)
+        return [self._locked_batch(
+            claims, f"ALTER TABLE {self.qualified(claims)} ADD Failed bit NULL;", [self.qualified(claims), "Failed", "Failed"],
+            fast_path="the column is there (or the table is not)",
+            needed=f"{_TABLE_EXISTS.format(sys=sys_)}\n    AND NOT {column}", needed_again=f"NOT {column}",
+            done="2705", done_why="2705: the column exists, added by someone not taking the lock. It is there: done.")]
 
     def create_staging(self, staging: QueueAddress) -> list[Statement]:
         t = self.qualified(staging)
