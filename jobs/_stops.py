@@ -79,7 +79,8 @@ class Stops:
                 cleanup()
             except Exception:  # noqa: BLE001 - exiting anyway
                 pass
-        os._exit(self.code)  # the JVM exits when its gateway's pipe closes with this process
+        _kill_jvm()
+        os._exit(self.code)
 
 
     def gated(self, fn: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
@@ -105,6 +106,20 @@ class StopRequested(Exception):  # noqa: N818 - what it is, not an error
 
 #: this job's stops
 STOPS = Stops()
+
+
+def _kill_jvm() -> None:
+    """The JVM this process launched, killed outright (nothing ran, nothing to flush). Left to exit
+    when its gateway's pipe closes, a JVM still starting runs its shutdown hooks beside its own
+    start-up and logs their races (an executor fetching a file into a directory a hook deleted) as
+    stacks. Safe in a signal handler: no py4j call, pyspark not imported here if it was not."""
+    context = sys.modules.get("pyspark.context")
+    proc = getattr(getattr(getattr(context, "SparkContext", None), "_gateway", None), "proc", None)
+    try:
+        if proc is not None:
+            proc.kill()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
 
 
 def quiet_jvm() -> None:
