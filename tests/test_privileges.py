@@ -230,6 +230,9 @@ def test_a_claim_table_of_an_earlier_version_gets_its_failed_column(pg: Backend,
             return bool(c.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = %s"
                                   " AND table_name = %s AND column_name = 'failed'", (app.schema, table)).fetchone()[0])
 
+    doctor = json.loads(cli(pg.url, "doctor", a, "--json").output)
+    assert [f["level"] for f in doctor if f["table"].endswith('"A.Claims"')] == ["info", "warning"], doctor
+    assert "made by an earlier version: no column 'failed'" in doctor[-1]["finding"], doctor
     with pytest.raises(SchemaError, match=r'claim table "[^"]+"."A.Claims" was made by an earlier version and lacks '
                                           r"column 'failed', which this role could not add .*sqlqueue ddl --part claims"):
         start(app.url, a)
