@@ -106,7 +106,9 @@ def exit_with(main: Any) -> None:
             raise
         print(f"error: {ours}", file=sys.stderr, flush=True)
         code = 1
-    # Spark stopped before Python exits, however the job ended: under spark-submit the JVM outlives
-    # this process, and a listener's last events would find no Python to call (Py4J stacks)
-    shut_down()
+    # the job's Spark stopped before Python exits, however the job ended: under spark-submit the JVM
+    # outlives this process, and a listener's last events would find no Python to call (Py4J stacks).
+    # A session the job was lent (a caller's, in the same process) is the caller's to stop.
+    if STOPS.requested or STOPS.started_spark:
+        shut_down()
     sys.exit(code)

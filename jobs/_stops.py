@@ -40,6 +40,8 @@ class Stops:
         self.running = False
         self.installed = False
         self.in_batch = 0
+        #: the job made its SparkSession (`_spark.session`); not when a caller lent it one (a test)
+        self.started_spark = False
         self._cleanups: list[Callable[[], None]] = []
 
     def install(self) -> None:

@@ -123,3 +123,4 @@ def test_a_missing_queue_ends_the_job_with_one_line(spark: Any, pg: Backend, nam
     err = capsys.readouterr().err
     assert err.startswith("error: ") and names("Nowhere") in err and "does not exist" in err, err
     assert "Traceback" not in err and "delayed" not in err, err
+    assert spark.range(3).count() == 3  # the session the job was lent is still the caller's, running
