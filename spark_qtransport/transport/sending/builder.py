@@ -34,7 +34,7 @@ from ...wire import (
     uuid4_texts,
 )
 from .messages import DELAYED, PUBLISH, SEND, InputColumns, RowGroup, SendPlan, StagedRow
-from .recovery import RECOVERY, RETRY, InvalidFailure, claim_of, failure_of, next_attempt, retried_headers
+from .recovery import RECOVERY, RETRY, InvalidFailure, claim_of, failed_q_of, failure_of, next_attempt, retried_headers
 from .recovery import SOURCE as RECOVERY_SOURCE
 
 __all__ = ["MessageBuilder", "INVALID_TYPE"]
@@ -369,7 +369,7 @@ class MessageBuilder:
         failed_q = plan.failed_q or plan.endpoint
         destination = row.get("destination")
         if recovering and destination is None:  # where it was received
-            destination = _failed_q_of(row.get("failure"))
+            destination = failed_q_of(row.get("failure"))
         if error.column != "destination" and intent != "publish" and (destination is None or isinstance(destination, str)):
             try:
                 failed_q = self.route(destination, message_id) or failed_q
@@ -585,7 +585,7 @@ class MessageBuilder:
         """Keep the claim a fail or retry row names (its ``failure``'s ``failed_q`` and
         ``claim_seq``), whatever becomes of the row: a refused one goes to the error queue too."""
         failure = row.get("failure")
-        queue, seq = _failed_q_of(failure), claim_of(failure)
+        queue, seq = failed_q_of(failure), claim_of(failure)
         if queue is not None and seq is not None:
             self.failed_claims.setdefault(queue, set()).add(seq)
 
@@ -769,15 +769,6 @@ def _given_headers(given: Any, message_id: str) -> dict[str, Any]:
         _no_nul(key, "headers", message_id)
         _no_nul(value, "headers", message_id, field=f"headers[{key!r}]")
     return headers
-
-
-def _failed_q_of(failure: Any) -> str | None:
-    """The ``failed_q`` field of a ``failure`` value, if it holds text. Never raises."""
-    try:
-        value = (failure if isinstance(failure, Mapping) else failure.asDict()).get("failed_q")
-    except Exception:  # noqa: BLE001 - no struct: none
-        return None
-    return value if isinstance(value, str) and value else None
 
 
 def _related_to(given: Any) -> str | None:

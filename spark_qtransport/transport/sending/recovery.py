@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from ...wire import H, format_time, parse_time, retries_performed
 
 __all__ = ["FAIL", "RETRY", "RECOVERY", "FAILURE_FIELDS", "PROCESSING_FAILED", "SOURCE", "DEFAULT_DELAY",
-           "DEFAULT_MAX_RETRIES", "MAX_AGE", "Failure", "InvalidFailure", "claim_of", "failure_of",
+           "DEFAULT_MAX_RETRIES", "MAX_AGE", "Failure", "InvalidFailure", "claim_of", "failed_q_of", "failure_of",
            "reached_max_time", "next_attempt", "retried_headers", "check_failure_type"]
 
 FAIL, RETRY = "fail", "retry"
@@ -137,14 +137,25 @@ def failure_of(value: Any, intent: str, max_seconds: float) -> Failure:
                    claim_of(fields))
 
 
-def claim_of(failure: Any) -> int | None:
-    """The ``claim_seq`` of a ``failure`` value (a mapping, a Spark Row or None), if it holds a
-    whole number; None otherwise. Never raises: an unreadable one marks nothing."""
+def _field(failure: Any, name: str) -> Any:
+    """One field of a ``failure`` value (a mapping, a Spark Row); None when it has none or is not
+    a struct. Never raises: what `failure_of` would refuse reads as nothing here."""
     try:
-        fields = failure if isinstance(failure, Mapping) else failure.asDict()
-        seq = fields.get("claim_seq")
-    except Exception:  # noqa: BLE001 - not a struct: refused by `failure_of`, if read at all
+        return (failure if isinstance(failure, Mapping) else failure.asDict()).get(name)
+    except Exception:  # noqa: BLE001 - not a struct
         return None
+
+
+def failed_q_of(failure: Any) -> str | None:
+    """The ``failed_q`` of a ``failure`` value, if it holds text."""
+    value = _field(failure, "failed_q")
+    return value if isinstance(value, str) and value else None
+
+
+def claim_of(failure: Any) -> int | None:
+    """The ``claim_seq`` of a ``failure`` value, if it holds a whole number (an unreadable one
+    marks nothing)."""
+    seq = _field(failure, "claim_seq")
     return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
 
 
