@@ -155,7 +155,6 @@ class AfterStats:
     retry_acks: int = 0
     retry_acks_refused: int = 0
     poison: int = 0  # claims moved to the error queue by acknowledgements
-    failed: int = 0  # claims the pipeline failed or retried through the sink: acknowledged without copies
 
 
 class AfterProcessing:
@@ -206,8 +205,6 @@ class AfterProcessing:
         if not all(done):
             rows = [r for r, ok in zip(rows, done, strict=True) if ok]
             parsed = [h for h, ok in zip(parsed, done, strict=True) if ok]
-            with self._count:
-                self.stats.failed += len(keys) - len(rows)
         kept = [int(seq) for seq, *_ in rows]
         _, acked = self._acknowledge_retries(
             cur, [(k, h) for k, h in zip(kept, parsed, strict=True) if h is not None], ended)
