@@ -4,23 +4,18 @@
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import pytest
 from test_stream import Collect, run_available_now
 
 from backends import Backend, nsb_headers
-from processes import Job, run_to_end, wait_for
 from spark_qtransport.dialects import dialect_named
 from spark_qtransport.transport.receiving.admission import TriggerGate, fair_shares
 from spark_qtransport.transport.selection import QueuePattern, split_queue_list
-
-CHILD = Path(__file__).with_name("crash_child.py")
 
 
 def produce(pg: Backend, queue: str, start: int, n: int) -> None:
@@ -116,76 +111,6 @@ def test_three_queues_by_list_in_one_stream(spark: Any, pg: Backend, names: Any,
             f"SELECT headers::jsonb ->> 'NServiceBus.ProcessingEndpoint', count(*) FROM \"{audit}\" GROUP BY 1"
         ).fetchall())
     assert processed == {big: 1201, small: 100, tiny: 5}
-
-
-@pytest.mark.compat
-def test_pattern_over_five_queues_in_two_schemas_across_a_sigkill(pg: Backend, names: Any, tmp_path: Path) -> None:
-    tag = names("t").lower()
-    a, b = f"{tag}_a", f"{tag}_b"
-    queues = [f"{a}.q1", f"{a}.q2", f"{b}.q1", f"{b}.q2"]
-    for name in queues:
-        pg.create_queue(name)
-    pg.create_queue(f"{a}.other")  # not matched by the pattern
-    e = pg.create_queue(names("error"))
-    sink = names("sink")
-    with pg.connect() as c:
-        c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
-        c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint, seq bigserial)')
-    checkpoint, markers, log = tmp_path / "ckpt", tmp_path / "markers", tmp_path / "job.log"
-    markers.mkdir()
-    url = pg.url + "?options=-c%20client_connection_check_interval%3D200"
-    args = [url, "-", e, str(checkpoint), sink, str(markers)]
-    env = {"CRASH_QUEUE_PATTERN": f'"{tag}_*"."q*"'}
-    sent: dict[str, int] = defaultdict(int)
-
-    def more(queue: str, n: int) -> None:
-        produce(pg, queue, sent[queue], n)
-        sent[queue] += n
-
-    for name, n in zip(queues, (500, 150, 40, 300), strict=True):
-        more(name, n)
-    more(f"{a}.other", 5)
-    job = Job(CHILD, args, log=log, env=env)
-    wait_for(lambda: any(markers.glob("batch-*")), 180, "a first batch", job)
-    # a queue created mid-stream joins; one dropped once drained leaves after its claims are read
-    pg.create_queue(f"{b}.q3")
-    more(f"{b}.q3", 200)
-    wait_for(lambda: pg.count(f"{a}.q2") == 0, 120, "queue q2 drained", job)
-    pg.drop(f"{a}.q2")
-    wait_for(lambda: delivered(pg, sink, f"{b}.q3") > 0, 120, "the new queue read", job)
-    more(f"{a}.q1", 200)
-    time.sleep(0.3)
-    job.kill()
-    more(f"{b}.q1", 100)
-    run_to_end(CHILD, args, log=log, env=env)
-
-    with pg.connect() as c:
-        order = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}_log" ORDER BY seq')]
-    first, seen = [], set()
-    for m in order:  # replays after the kill deliver again (at least once); first deliveries keep FIFO
-        if m not in seen:
-            seen.add(m)
-            first.append(m)
-    fifo_and_once(first, _expected(sent))
-    assert pg.count(f"{a}.other") == 5
-    for name in (f"{a}.q1", f"{b}.q1", f"{b}.q2", f"{b}.q3"):
-        assert pg.count(name) == 0
-    text = log.read_text()
-    assert re.search(rf'queue "?{a}"?\."?q2"? left', text), "one line says the dropped queue left"
-
-
-def _expected(sent: dict[str, int]) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for name, n in sent.items():
-        if not name.endswith(".other"):
-            counts[name.replace(".", "/")] += n
-    return dict(counts)
-
-
-def delivered(pg: Backend, sink: str, queue: str) -> int:
-    tag = queue.replace(".", "/")
-    with pg.connect() as c:
-        return int(c.execute(f"SELECT count(*) FROM \"{sink}\" WHERE message_id LIKE %s", (f"{tag}-%",)).fetchone()[0])
 
 
 def test_min_messages_per_trigger_waits_for_a_batch_or_the_delay(spark: Any, pg: Backend, names: Any,

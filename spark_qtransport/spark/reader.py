@@ -23,8 +23,8 @@ from pyspark.sql.types import StructType
 from ..errors import ConfigError
 from ..transport.receiving.admission import TriggerGate
 from ..transport.receiving.queueset import QueueSet, QueueSetOffset
-from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, read_batches, read_slice
-from ..transport.settings import ReceiveSettings, StreamSettings
+from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, pack, read_batches, read_slice
+from ..transport.settings import MAX_AUTO_PARTITIONS, PARTITION_TARGET_ROWS, ReceiveSettings, StreamSettings
 from .options import ReaderOptions
 from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
 from .surface import surfaced
@@ -91,12 +91,15 @@ class SqlQueueDataSource(DataSource):
 
 
 class _SlicePartition(InputPartition):
-    def __init__(self, part: ClaimSlice) -> None:
-        super().__init__(part)
-        self.part = part
+    """One Spark task: one slice, or several queues' small slices (`pack`), read in turn."""
+
+    def __init__(self, parts: list[ClaimSlice]) -> None:
+        super().__init__(parts)
+        self.parts = parts
 
     def __repr__(self) -> str:
-        return repr(self.part)
+        shown = ", ".join(repr(p) for p in self.parts[:3])
+        return shown + (f" and {len(self.parts) - 3} more" if len(self.parts) > 3 else "")
 
 
 class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -255,7 +258,8 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # `start`, which it gives only here; the batch may end below it
                 self._started = True
                 self.source.processed(self._offset(start))
-        return [_SlicePartition(p) for p in self.source.slices(self._offset(start), self._offset(end))]
+        parts = self.source.slices(self._offset(start), self._offset(end))
+        return [_SlicePartition(group) for group in pack(parts, PARTITION_TARGET_ROWS, MAX_AUTO_PARTITIONS)]
 
     @surfaced
     def commit(self, end: dict[str, Any]) -> None:
@@ -278,9 +282,11 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Arrow record batches built column by column (transport.receiving.decode): Spark takes them
         # as they are. pyspark keeps the first batch a read yields referenced until the read ends:
         # make it empty.
-        part: ClaimSlice = partition.part  # type: ignore[attr-defined]
+        parts: list[ClaimSlice] = partition.parts  # type: ignore[attr-defined]
         if not ARROW_READS:  # Spark 4.0/4.1: plain rows, converted by Spark
-            yield from read_slice(part)
+            for part in parts:
+                yield from read_slice(part)
             return
         yield pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
-        yield from read_batches(part)
+        for part in parts:
+            yield from read_batches(part)

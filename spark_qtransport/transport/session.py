@@ -146,6 +146,24 @@ class Outages:
 OUTAGES = Outages()
 
 
+#: seconds a refused connection (the server has none left) is tried again before the error: a
+#: slot another client frees soon is taken, but waiting out an outage's bound would only hide it
+NO_SLOT_WAIT = 10.0
+#: the connection limit each database reported (`StreamSessions`), by its masked URL
+CONNECTION_LIMITS: dict[str, int] = {}
+
+
+def _no_slot(dialect: Dialect, what: str, exc: BaseException, backoff: Backoff, waited: float) -> DatabaseError:
+    limit = CONNECTION_LIMITS.get(backoff.database)
+    limit_text = f"its connection limit ({limit})" if limit is not None else "its connection limit (max_connections)"
+    return DatabaseError(
+        f"{what} failed: {backoff.database} has reached {limit_text} and refused a new connection for "
+        f"{waited:.0f} s ({dialect.error_text(exc)}). A stream needs at most 3 connections on the driver whatever "
+        "number of queues it reads, plus one per executor task running; free connections or raise the limit",
+        operation=what, sqlstate=dialect.sqlstate(exc),
+    )
+
+
 def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, backoff: Backoff = BACKOFF,
                  after_failure: Callable[[BaseException], None] | None = None) -> T:
     """`attempt(n)` for n = 1, 2, ... until it returns, riding through the database's outage for
@@ -157,7 +175,7 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
     exception (a bug, bad input) propagates as it is: only the driver's errors are "database
     failures". After a transient fault `after_failure(exc)` runs (drop the connection), then the
     policy's wait."""
-    n, call_since = 0, None
+    n, call_since, full_since = 0, None, None
     while True:
         n += 1
         try:
@@ -170,6 +188,16 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
         except Exception as exc:
             if not dialect.is_driver_error(exc):
                 raise
+            if dialect.is_out_of_connections(exc):
+                full_since = time.monotonic() if full_since is None else full_since
+                waited = time.monotonic() - full_since
+                if waited >= NO_SLOT_WAIT or backoff.attempts is not None and n >= backoff.attempts:
+                    raise _no_slot(dialect, what, exc, backoff, waited) from exc
+                log.debug("%s: no connection left on the server (%s); trying again", what, dialect.error_text(exc))
+                if after_failure is not None:
+                    after_failure(exc)
+                time.sleep(backoff.wait(n))
+                continue
             if not dialect.is_transient(exc):
                 raise explain(dialect, what, exc) from exc
             failure, text = exc, dialect.error_text(exc)
@@ -374,14 +402,23 @@ class Session:
         self.backoff = backoff if backoff is not None else Backoff.of(url)
         self._on_connect = on_connect
         self._conn: Any = None
+        #: connections opened so far: what was learnt on one (a claim's outcome, a lock) may not
+        #: hold on the next, after a fault whose commit is unknown
+        self.generation = 0
 
     @property
     def connected(self) -> bool:
         return self._conn is not None
 
+    @property
+    def current(self) -> Any:
+        """The open connection, or None (opens none)."""
+        return self._conn
+
     def connection(self) -> Any:
         if self._conn is None:
             conn = self.dialect.connect(self.url)
+            self.generation += 1
             if self._on_connect is not None:
                 try:
                     self._on_connect(conn)

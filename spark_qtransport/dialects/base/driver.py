@@ -50,6 +50,17 @@ class DriverSupport(ABC):
         """True for faults worth a retry on a new connection (connection lost, deadlock victim...)."""
 
     @abstractmethod
+    def is_out_of_connections(self, exc: BaseException) -> bool:
+        """True when the server refused a connection because it has none left (PostgreSQL's
+        max_connections, a role's or database's CONNECTION LIMIT; SQL Server's user connections).
+        Waited on briefly, then reported in one line (`session.with_retries`), never ridden
+        through as an outage: holding on does not free a slot."""
+
+    @abstractmethod
+    def connection_limit(self) -> Statement:
+        """One row, one column: the server's connection limit (for the error when it is reached)."""
+
+    @abstractmethod
     def is_driver_error(self, exc: BaseException) -> bool:
         """True for the driver's own errors (the database or the connection failed); other
         exceptions are bugs or bad input and are never retried or reported as database failures."""

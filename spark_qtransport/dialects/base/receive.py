@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 
 from .addressing import AddressingSql
 from .values import ClaimFailures, QueueAddress, Statement
@@ -120,6 +121,18 @@ class ReceiveSql(AddressingSql):
     @abstractmethod
     def backlog(self, queue: QueueAddress) -> Statement:
         """One row, one column: an estimate of the messages waiting (span of unlocked sequences)."""
+
+    @abstractmethod
+    def tables_exist(self, tables: Sequence[QueueAddress]) -> Statement:
+        """One statement: a row (i, 1 or 0) per table of `tables`, whether that ordinary table
+        exists (a stream looking for its queues' delayed tables at once)."""
+
+    @abstractmethod
+    def backlogs(self, queues: Sequence[QueueAddress]) -> Statement:
+        """One statement for several queues' backlogs (a stream's idle check): a row (i, estimate)
+        per queue, i its index in `queues`; the estimate the span of sequences. Reads only: no
+        row locks, no writes, nothing that blocks on a competing consumer. An empty queue reads
+        as 0; a queue some rows of which other consumers hold may read above what a claim finds."""
 
     @abstractmethod
     def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:

@@ -7,7 +7,7 @@ import socket
 from typing import Any
 
 from ...connections import mask
-from ..base import DriverSupport, one_line
+from ..base import DriverSupport, Statement, one_line
 
 # A server error carries its SQLSTATE: transient are those below and class 08 (connection
 # exception); everything else (28P01/28000 authentication, 3D000 no database, 42501 permission,
@@ -27,6 +27,13 @@ _TRANSIENT_STATES = frozenset({
     "57P05",  # terminating connection due to idle-session timeout
 })
 
+
+#: libpq's words for a server with no connection left (53300, which it does not carry while connecting)
+_NO_SLOTS = (
+    "sorry, too many clients already",
+    "too many connections",  # per role, per database
+    "remaining connection slots are reserved",
+)
 
 _PERMANENT_MESSAGES = (
     "password authentication failed",  # 28P01
@@ -71,9 +78,7 @@ _TRANSIENT_MESSAGES = (
     "the database system is shutting down",
     "the database system is in recovery mode",
     "the database system is not yet accepting connections",
-    "sorry, too many clients already",  # 53300
-    "too many connections",  # 53300 (per role, per database)
-    "remaining connection slots are reserved",  # 53300
+    *_NO_SLOTS,
     "network is unreachable",
     "no route to host",
     "temporary failure in name resolution",  # the resolver, not the name, failed
@@ -159,6 +164,15 @@ class PostgresDriver(DriverSupport):
 
     def is_transient(self, exc: BaseException) -> bool:
         return _classify(exc) == "transient"
+
+    def is_out_of_connections(self, exc: BaseException) -> bool:
+        if self.sqlstate(exc) == "53300":
+            return True
+        text = str(exc).lower()
+        return _is_psycopg_error(exc) and any(m in text for m in _NO_SLOTS)
+
+    def connection_limit(self) -> Statement:
+        return Statement("SELECT pg_catalog.current_setting('max_connections')::int")
 
     def is_undefined_table(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) == "42P01"

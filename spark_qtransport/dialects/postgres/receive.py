@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from ...wire import RETRY_COUNTERS
@@ -309,6 +310,24 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
             f"SELECT COALESCE((SELECT seq FROM {q} ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)"
             f" - (SELECT seq FROM {q} ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) + 1, 0)"
         )
+
+    def tables_exist(self, tables: Sequence[QueueAddress]) -> Statement:
+        return Statement(
+            "SELECT t.i - 1, EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass(t.name)"
+            " AND c.relkind IN ('r', 'p'))::int"
+            " FROM pg_catalog.unnest(%(names)s::text[]) WITH ORDINALITY AS t(name, i)",
+            {"names": [self.qualified(t) for t in tables]},
+        )
+
+    def backlogs(self, queues: Sequence[QueueAddress]) -> Statement:
+        # Each queue's two ends by its seq index (two index probes; a plain MVCC read, so it
+        # neither locks the rows other consumers skip nor writes), one UNION ALL branch a queue.
+        branches = []
+        for i, queue in enumerate(queues):
+            q = self.qualified(queue)
+            branches.append(f"SELECT {int(i)}, COALESCE((SELECT seq FROM {q} ORDER BY seq DESC LIMIT 1)"
+                            f" - (SELECT seq FROM {q} ORDER BY seq LIMIT 1) + 1, 0)")
+        return Statement(" UNION ALL ".join(branches))
 
     def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
         c = self.qualified(claims)

@@ -199,6 +199,14 @@ class SqlServerDriver(DriverSupport):
             return True
         return bool(numbers & _TRANSIENT_NUMBERS)
 
+    def is_out_of_connections(self, exc: BaseException) -> bool:
+        # 17809: "Could not connect because the maximum number of '%d' user connections has
+        # already been reached" (sp_configure 'user connections')
+        return 17809 in self._diagnostics(exc)[1]
+
+    def connection_limit(self) -> Statement:
+        return Statement("SELECT @@MAX_CONNECTIONS")
+
     def is_undefined_table(self, exc: BaseException) -> bool:
         state, numbers = self._diagnostics(exc)
         return state == "42S02" or 208 in numbers

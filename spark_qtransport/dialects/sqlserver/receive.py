@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from ...errors import ConfigError, QTransportError
@@ -377,6 +378,25 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             "SELECT isnull(cast(max(RowVersion) - min(RowVersion) + 1 AS bigint), 0)"
             f" FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK)"
         )
+
+    def tables_exist(self, tables: Sequence[QueueAddress]) -> Statement:
+        # OBJECT_ID with type 'U': user tables only (no view, no synonym); three-part names reach
+        # another database as queue_columns does
+        return Statement(
+            "SELECT CAST(j.[key] AS int), CASE WHEN OBJECT_ID(j.[value], N'U') IS NULL THEN 0 ELSE 1 END"
+            " FROM OPENJSON(?) AS j",
+            (json.dumps([self.qualified(t) for t in tables]),),
+        )
+
+    def backlogs(self, queues: Sequence[QueueAddress]) -> Statement:
+        # NServiceBus's peek (`backlog`) for each queue, one UNION ALL branch a queue: the same
+        # READPAST, READCOMMITTEDLOCK read, so a row being received or inserted is skipped, never
+        # waited on.
+        return Statement(" UNION ALL ".join(
+            f"SELECT {int(i)}, (SELECT isnull(cast(max(RowVersion) - min(RowVersion) + 1 AS bigint), 0)"
+            f" FROM {self.qualified(queue)} WITH (READPAST, READCOMMITTEDLOCK))"
+            for i, queue in enumerate(queues)
+        ))
 
     def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
         c = self.qualified(claims)

@@ -39,6 +39,10 @@ class Acker:
         #: (claim table id, claim sequence): this consumer's claims up to it are deleted
         self._gone: tuple[str, int] = ("", 0)
 
+    def done(self, table: str) -> int:
+        """The claim sequence up to which this consumer's claims in `table` are deleted."""
+        return self._gone[1] if self._gone[0] == table else 0
+
     def ack(self, end: ClaimOffset) -> int:
         """Acknowledge now; the number of claims deleted."""
         return self._ack(self._main, end)
@@ -130,6 +134,7 @@ class Acker:
             n = session.run(lambda c: db.rowcount(c.cursor(), stmt), what)
             total += n
             if n < batch:
+                self._gone = (end.table, max(self.done(end.table), end.claim))
                 return total
 
 

@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 class Background:
     """One thread: claims ahead, acknowledgements and backlog estimates run one at a time, in the
-    order submitted, on the receiver's second connection. Work on it returns its result through
+    order submitted, on the stream's second connection (`StreamSessions.ahead`). Work on it returns its result through
     its Future; it never writes the receiver's state."""
 
     def __init__(self) -> None:
@@ -27,6 +27,11 @@ class Background:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlqueue-background")
         return self._pool.submit(fn, *args)
+
+    def drain(self) -> None:
+        """Wait for what was submitted so far; the thread stays."""
+        if self._pool is not None:
+            self._pool.submit(lambda: None).result()
 
     def shutdown(self) -> None:
         """Wait for what was submitted, then end the thread."""

@@ -56,6 +56,11 @@ class Claimer:
         self.endpoint = endpoint
         self._main, self._ahead, self._background = main, ahead, background
 
+    def generations(self) -> tuple[int, int]:
+        """Connections opened so far by both sessions: a claim whose commit went unanswered was
+        followed by a new one (`Session.generation`)."""
+        return self._main.generation, self._ahead.generation
+
     def claim(self, request: ClaimRequest) -> ClaimOutcome:
         """Claim now, on the main session."""
         return self._claim(self._main, request)

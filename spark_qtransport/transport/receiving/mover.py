@@ -41,8 +41,7 @@ class DueDelayed:
         d, now = self.endpoint.dialect, self._clock()
         try:
             if self._checked_at is None or now - self._checked_at > DELAYED_RECHECK:
-                self._mover = self._find(self._delayed)
-                self._checked_at = now
+                self._find(self._delayed)
             if self._mover is not None:
                 self._mover.move(self._main.connection())
         except Exception as exc:  # noqa: BLE001
@@ -51,11 +50,27 @@ class DueDelayed:
             log.warning("moving due delayed messages of %s failed: %s", self.endpoint.options.queue,
                         db.describe(d, exc))
 
+    def to_check(self) -> QueueAddress | None:
+        """The delayed table, if it is time to look again whether it exists (a stream over many
+        queues looks for all of theirs in one statement, then tells each `found`)."""
+        if self._delayed is None:
+            return None
+        if self._checked_at is not None and self._clock() - self._checked_at <= DELAYED_RECHECK:
+            return None
+        return self._delayed
+
+    def found(self, exists: bool) -> None:
+        """Whether the delayed table exists, as looked up just now."""
+        d, o = self.endpoint.dialect, self.endpoint.options
+        assert self._delayed is not None
+        self._mover = (self._mover or DelayedMover(d, self._delayed, o.queue, o.error_queue, policy=o.routing)) \
+            if exists else None
+        self._checked_at = self._clock()
+
     def _find(self, delayed: QueueAddress) -> DelayedMover | None:
         """The mover of the delayed table, if it exists."""
-        d, o = self.endpoint.dialect, self.endpoint.options
+        d = self.endpoint.dialect
         cols = self._main.run(lambda c: db.columns(c.cursor(), d.queue_columns(delayed)),
                               self.endpoint.what("find delayed table"))
-        if not cols:
-            return None
-        return self._mover or DelayedMover(d, delayed, o.queue, o.error_queue, policy=o.routing)
+        self.found(bool(cols))
+        return self._mover

@@ -126,6 +126,10 @@ class Planner:
         #: batch reads below it, even from a start below it (Spark 4.0/4.1: a run's first batch
         #: may end below the start Spark gave it, see `Receiver.first_batch`)
         self._floor: tuple[str, int] | None = None
+        #: the highest claim sequence this consumer may hold, as last read or claimed since, and
+        #: the sessions' generations then (`held_max`)
+        self._held: int | None = None
+        self._held_seen: tuple[int, int] | None = None
 
     def start_after(self, start: ClaimOffset | None, table_id: str) -> int | None:
         """The claim sequence a batch planned from `start` begins after (None: not known yet)."""
@@ -183,11 +187,21 @@ class Planner:
             self._ahead = self._claimer.claim_ahead(self._request(limit))
         return end
 
-    def held_max(self) -> int | None:
-        """The highest claim sequence this consumer holds (None: it holds none)."""
-        stmt = self.endpoint.dialect.max_claim(self.endpoint.claims, self.endpoint.options.consumer)
-        held_max, _ = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
-        return None if held_max is None else int(held_max)
+    def held_max(self, *, fresh: bool = False) -> int | None:
+        """The highest claim sequence this consumer holds (None: it holds none), or a bound above it.
+
+        Read from the claim table once, then kept: the consumer lock makes this query the only one
+        that adds claims of its consumer, so each claim's highest sequence keeps the bound, and an
+        acknowledgement only deletes claims at or below a batch's start. Read again with `fresh`
+        and after either session opened a new connection (a claim whose commit went unanswered
+        may have committed). An idle queue so costs no statement per trigger."""
+        seen = self._claimer.generations()
+        if fresh or self._held_seen != seen:
+            stmt = self.endpoint.dialect.max_claim(self.endpoint.claims, self.endpoint.options.consumer)
+            held_max, _ = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
+            self._held = None if held_max is None else int(held_max)
+            self._held_seen = self._claimer.generations()
+        return self._held
 
     def settle_ahead(self) -> None:
         """Wait for the claim made ahead, if any, and apply it. A failed one is simply made again,
@@ -222,6 +236,8 @@ class Planner:
             self._low_water = _LowWater()
             return outcome
         self._record(outcome)
+        if result.max_claim is not None and self._held_seen is not None:
+            self._held = max(self._held or 0, result.max_claim)
         if outcome.full and result.max_source is not None:
             since = self._low_water.since if outcome.scanned_from else outcome.request.planned_at
             self._low_water = _LowWater(result.max_source, since)

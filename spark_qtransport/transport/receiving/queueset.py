@@ -14,16 +14,19 @@ import functools
 import json
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...dialects import Dialect, QueueAddress
 from ...errors import OffsetError, QueueNotFoundError
+from .. import session as db
 from ..selection import QueueSelection
 from ..session import Session
 from .admission import fair_shares
 from .planner import ClaimOffset, ClaimSlice
 from .receiver import Receiver
+from .sessions import StreamSessions
 
 T = TypeVar("T")
 
@@ -33,6 +36,10 @@ if TYPE_CHECKING:
 __all__ = ["QueueSet", "QueueSetOffset"]
 
 log = logging.getLogger("spark_qtransport.receive")
+
+#: queues whose backlogs one statement reads: its locks (two relations a queue, held to its end)
+#: stay well inside the server's lock table, shared by all sessions
+BACKLOGS_PER_STATEMENT = 100
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,16 @@ class QueueSet:
         self.selection: QueueSelection = stream.selection
         self.dialect: Dialect = stream.dialect
         self.receivers: dict[str, Receiver] = {}
-        self._lister = Session(self.dialect, stream.url, what=f"resolving {stream.describe()}")
+        #: the stream's few connections and its background thread, shared by every queue
+        self.sessions = StreamSessions(self.dialect, stream.url, what=f"connecting for {stream.describe()}")
         self._frozen: list[QueueAddress] | None = None  # AvailableNow: the queues at its start
         self._now: dict[str, QueueAddress] | None = None  # the last resolution
         self._gone: set[str] = set()  # queues that left the stream, read to their end
         #: each queue's messages waiting, as `waiting` last counted them (`latest(counted=True)` uses them)
         self._demand: dict[str, int] | None = None
+        #: each queue's backlog as last estimated in the background, for progress (`report`)
+        self._backlogs: dict[str, int] = {}
+        self._backlogs_refresh: Future[dict[str, int] | None] | None = None
 
     @property
     def claimed(self) -> int:
@@ -90,7 +101,7 @@ class QueueSet:
             found = list(self.selection.queues)
         else:
             o = self.stream
-            found = self._lister.run(
+            found = self.sessions.main.run(
                 lambda c: self.selection.resolve(c.cursor(), self.dialect, excluded=o.excluded,
                                                  own_table=lambda a: o.routing.is_own_table(self.dialect, a)),
                 f"resolving {o.describe()}",
@@ -115,7 +126,8 @@ class QueueSet:
         r = self.receivers.get(key)
         if r is None:
             target = address if address is not None else self.dialect.parse_address(key, option="queue")
-            r = self.receivers[key] = Receiver(self.stream.settings_for(target), draining=draining)
+            r = self.receivers[key] = Receiver(self.stream.settings_for(target), draining=draining,
+                                               sessions=self.sessions)
         else:  # it may have left the stream, or come back (a dropped queue created again)
             r.draining = draining
         return r
@@ -144,14 +156,60 @@ class QueueSet:
         return QueueSetOffset(ends)
 
     def waiting(self, start: QueueSetOffset | None) -> int:
-        """Messages a batch planned now could take, over every queue (`Receiver.waiting`)."""
-        starts = start.queues if start is not None else {}
-        demand: dict[str, int] = {}
-        for k, a in self.current().items():
-            r = self.receiver(k, a, draining=False)
-            demand[k] = self._vanishing(k, functools.partial(r.waiting, starts.get(k)), 0)
-        self._demand = demand
-        return sum(demand.values())
+        """Messages a batch planned now could take, over every queue (`count`)."""
+        self._demand = self.count(start.queues if start is not None else {}, self._active())
+        return sum(self._demand.values())
+
+    def _active(self) -> dict[str, Receiver]:
+        return {k: self.receiver(k, a, draining=False) for k, a in self.current().items()}
+
+    def count(self, starts: dict[str, ClaimOffset], active: dict[str, Receiver]) -> dict[str, int]:
+        """Each queue's messages a batch planned now could take: its claims held beyond its start
+        (known without a statement) and its backlog, every queue's in one round trip
+        (`Dialect.backlogs`, `BACKLOGS_PER_STATEMENT` queues a statement). Does each queue's
+        housekeeping first (a claim made ahead applied, due delayed messages moved)."""
+        self._find_delayed(active)
+        held: dict[str, int] = {}
+        for k, r in active.items():
+            held[k] = self._vanishing(k, functools.partial(self._held_of, k, r, starts), -1)
+        live = {k: r for k, r in active.items() if held[k] >= 0}
+        estimates = self._estimates(live, self.sessions.main)
+        return {k: held[k] + estimates.get(k, 0) for k in live}
+
+    def _find_delayed(self, active: dict[str, Receiver]) -> None:
+        """Whether the queues' delayed tables exist, looked up for all that are due in one
+        statement (a queue alone looks every `DELAYED_RECHECK` seconds)."""
+        due = {k: t for k, r in active.items() if (t := r.delayed.to_check()) is not None}
+        if not due:
+            return
+        keys = sorted(due)
+        stmt = self.dialect.tables_exist([due[k] for k in keys])
+        rows = self.sessions.main.run(lambda c: db.rows(c.cursor(), stmt), f"delayed tables of {self.stream.describe()}")
+        for i, exists in rows:
+            active[keys[int(i)]].delayed.found(bool(exists))
+
+    def _held_of(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> int:
+        r.housekeeping()
+        return r.held_beyond(self._start_for(key, r, starts))
+
+    def _estimates(self, receivers: dict[str, Receiver], session: Session) -> dict[str, int]:
+        """The backlog estimates of `receivers`' queues, a statement per `BACKLOGS_PER_STATEMENT`.
+        A queue dropped meanwhile fails its statement: that part is estimated queue by queue."""
+        keys = sorted(receivers)
+        found: dict[str, int] = {}
+        for i in range(0, len(keys), BACKLOGS_PER_STATEMENT):
+            part = keys[i:i + BACKLOGS_PER_STATEMENT]
+            stmt = self.dialect.backlogs([receivers[k].options.queue for k in part])
+            try:
+                got = session.run(lambda c, stmt=stmt: db.rows(c.cursor(), stmt),  # type: ignore[misc]
+                                  f"backlog of {self.stream.describe()}")
+            except QueueNotFoundError:
+                for k in part:
+                    found[k] = self._vanishing(k, functools.partial(receivers[k].estimate, session), 0)
+                continue
+            for n, estimate in got:
+                found[part[int(n)]] = int(estimate or 0)
+        return found
 
     def _vanishing(self, key: str, work: Callable[[], T], gone: T) -> T:
         """`work` for a queue a pattern matched at this trigger's start; `gone` if it was dropped
@@ -168,50 +226,32 @@ class QueueSet:
                counted: bool = False) -> QueueSetOffset:
         """Plan the next batch over every queue: each queue's share of `limit` (None: all), the
         held claims of leaving queues; a leaving queue with nothing left leaves the offset.
-        `counted`: `waiting` ran in this trigger; its counts make the shares."""
+        Every queue is counted first (`count`: a statement for many queues); a queue with nothing
+        waiting tries no claim. `counted`: `waiting` ran in this trigger; its counts are used."""
         starts = dict(start.queues) if start is not None else {}
-        now = self.current()
-        ends: dict[str, ClaimOffset] = {}
-        active = {k: self.receiver(k, a, draining=False) for k, a in now.items()}
-        demand = self._demand if counted else None
+        active = self._active()
+        demand = self._demand if counted and self._demand is not None else self.count(starts, active)
         self._demand = None
-        shares = self._shares(active, starts, limit, demand)
+        shares = fair_shares(demand, limit) if limit is not None and len(active) > 1 else {}
+        ends: dict[str, ClaimOffset] = {}
         for k, r in active.items():
-            plan = functools.partial(self._latest_of, k, r, starts, shares.get(k), whole, demand is not None and k in demand)
+            share = shares.get(k, limit)
+            plan = functools.partial(r.latest, self._start_for(k, r, starts), share, whole=whole, counted=True,
+                                     idle=not demand.get(k, 0))
             end: ClaimOffset | None = self._vanishing(k, plan, None)
             if end is not None:
                 ends[k] = end
             elif k in starts:
                 ends[k] = starts[k]
-        for k in sorted((starts.keys() | self.receivers.keys()) - now.keys() - (self._gone - starts.keys())):
+        for k in sorted((starts.keys() | self.receivers.keys()) - active.keys() - (self._gone - starts.keys())):
             end = self._drain(k, starts.get(k), limit)
             if end is not None:
                 ends[k] = end
         return QueueSetOffset(ends)
 
-    def _latest_of(self, key: str, r: Receiver, starts: dict[str, ClaimOffset], share: int | None, whole: bool,
-                   counted: bool) -> ClaimOffset | None:
-        return r.latest(self._start_for(key, r, starts), share, whole=whole, counted=counted)
-
-    def _waiting_of(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> int:
-        return r.waiting(self._start_for(key, r, starts))
-
     def _start_for(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> ClaimOffset:
         """A queue's start: its position in the offset, or its claim table's beginning (joining)."""
         return starts.get(key) or r.initial_offset()
-
-    def _shares(self, active: dict[str, Receiver], starts: dict[str, ClaimOffset], limit: int | None,
-                counted: dict[str, int] | None) -> dict[str, int]:
-        """Each queue's rows of `limit` (none: no limit). `counted`: what `waiting` counted in this
-        trigger (minMessagesPerTrigger asked first), used rather than counted again."""
-        if limit is None or not active:
-            return {}
-        if len(active) == 1:
-            return dict.fromkeys(active, limit)
-        demand = {k: counted[k] if counted is not None and k in counted
-                  else self._vanishing(k, functools.partial(self._waiting_of, k, r, starts), 0)
-                  for k, r in active.items()}
-        return fair_shares(demand, limit)
 
     def _drain(self, key: str, start: ClaimOffset | None, limit: int | None) -> ClaimOffset | None:
         """A queue that left the selection: its held claims form batches until none is left, then
@@ -238,8 +278,23 @@ class QueueSet:
     # -- progress -----------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        queues = {k: {**r.report(), "backlog": r.reported_backlog()} for k, r in sorted(self.receivers.items())}
+        """Each queue's offset, counters and backlog. The backlogs are estimated on the background
+        thread, after the trigger's claims (a statement per `BACKLOGS_PER_STATEMENT` queues); the
+        last estimate finished is reported."""
+        done = self._backlogs_refresh
+        if done is not None and done.done() and done.result() is not None:
+            self._backlogs = done.result() or {}
+        receivers = dict(self.receivers)
+        self._backlogs_refresh = self.sessions.background.submit(self._refresh_backlogs, receivers)
+        queues = {k: {**r.report(), "backlog": self._backlogs.get(k, 0)} for k, r in sorted(receivers.items())}
         return {"queues": queues, "backlog": sum(q["backlog"] for q in queues.values())}
+
+    def _refresh_backlogs(self, receivers: dict[str, Receiver]) -> dict[str, int] | None:
+        try:
+            return self._estimates({k: r for k, r in receivers.items() if not r.draining}, self.sessions.ahead)
+        except Exception as exc:  # noqa: BLE001 - a progress metric must not fail the query
+            log.info("backlog estimate for %s failed: %s", self.stream.describe(), db.describe(self.dialect, exc))
+            return None
 
     # -- partitions and acknowledgement -------------------------------------------------------
 
@@ -275,7 +330,10 @@ class QueueSet:
             except Exception as exc:  # noqa: BLE001 - close every queue's receiver, then report
                 errors.append(exc)
         self.receivers.clear()
-        self._lister.close()
+        try:
+            self.sessions.close()
+        except Exception as exc:  # noqa: BLE001 - see above
+            errors.append(exc)
         if errors:
             raise errors[0]
 

@@ -39,36 +39,41 @@ from ..platform.after import AfterProcessing, BatchTimes
 from ..platform.monitoring import Monitor
 from ..session import Session
 from .acker import Acker
-from .background import Background
 from .claimer import Claimer
 from .mover import DueDelayed
 from .planner import ClaimOffset, ClaimSlice, Planner, ReceiveStats
+from .sessions import StreamSessions
 from .setup import Endpoint, EndpointSetUp
-from .slices import read_batches, read_chunks, read_slice
+from .slices import pack, read_batches, read_chunks, read_slice
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
 
-__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "read_batches", "read_chunks", "read_slice", "ReceiveStats"]
+__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "pack", "read_batches", "read_chunks", "read_slice", "ReceiveStats"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
 
 class Receiver:
-    """The driver side of one streaming query: claims, acknowledges, reports backlog.
+    """The driver side of one queue of a streaming query: claims, acknowledges, reports backlog.
 
-    Two sessions: `main` (set up by `EndpointSetUp`, holds the consumer lock) for what Spark waits
-    on, `ahead` for the background thread's claims, acknowledgements and backlog estimates."""
+    Two sessions (`StreamSessions`, shared by a stream's queues): `main` (set up by
+    `EndpointSetUp`, holds the consumer lock) for what Spark waits on, `ahead` for the background
+    thread's claims, acknowledgements and backlog estimates."""
 
     def __init__(self, options: ReceiveSettings, *, clock: Callable[[], float] = time.monotonic,
-                 draining: bool = False) -> None:
+                 draining: bool = False, sessions: StreamSessions | None = None) -> None:
         self.options = options
         self.endpoint = Endpoint(options, options.dialect, options.dialect.claims_table(options.queue))
         self.stats = ReceiveStats()
         self.set_up = EndpointSetUp(self.endpoint, clock=clock, draining=draining)
-        self.main = Session(self.dialect, options.url, what=self.endpoint.what("connecting"), on_connect=self.set_up)
-        self.ahead = Session(self.dialect, options.url, what=self.endpoint.what("connecting"))
-        self.background = Background()
+        #: the stream's connections and background thread: its own for a one-queue stream, else the
+        #: `QueueSet`'s, shared by every queue of the stream (`sessions.py`)
+        self._owns_sessions = sessions is None
+        self.sessions = sessions if sessions is not None else StreamSessions(
+            self.dialect, options.url, what=self.endpoint.what("connecting"))
+        self.sessions.join(self.set_up)
+        self.main, self.ahead, self.background = self.sessions.main, self.sessions.ahead, self.sessions.background
         self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background)
         self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock)
         self.times = BatchTimes()
@@ -109,10 +114,11 @@ class Receiver:
 
     @property
     def table_id(self) -> str:
-        if self.set_up.table_id is None:
+        if self.set_up.table_id is None or self.set_up.conn is not self.main.current:
             # through the session: a failure to connect or set up (a wrong password, a missing
-            # database) is our DatabaseError naming the queue, a transient one is retried
-            self.main.run(lambda conn: None)
+            # database) is our DatabaseError naming the queue, a transient one is retried. A new
+            # connection ran the set-up already; a queue joining a stream's open one runs it here.
+            self.main.run(self.set_up.ensure, self.endpoint.what("set-up"))
         assert self.set_up.table_id is not None
         return self.set_up.table_id
 
@@ -124,18 +130,19 @@ class Receiver:
         return ClaimOffset(0, self.table_id)
 
     def latest(self, start: ClaimOffset | None, limit: int | None, *, whole: bool = False,
-               counted: bool = False) -> ClaimOffset:
+               counted: bool = False, idle: bool = False) -> ClaimOffset:
         """Plan the next batch: claims it holds already, else claim at most `limit` (None: all).
         See `Planner.plan` (and `whole`); a claim made ahead for this batch is applied first.
-        `counted`: `waiting` ran in this trigger, and did its housekeeping."""
+        `counted`: `waiting` (or the stream's count of every queue) ran in this trigger, and did
+        its housekeeping. `idle`: that count found nothing waiting, so no claim is tried."""
         if not counted:
-            self._housekeeping()
+            self.housekeeping()
         after = self.planner.start_after(start, self.table_id)  # after the set-up (`table_id`)
         if not self.draining:
             self._start_monitoring()
         self._release_previous_run(start, after)
         self._warn_of_takeover(start, after)
-        end = self.planner.plan(after, limit, claim=not self.draining, whole=whole)
+        end = self.planner.plan(after, limit, claim=not (self.draining or idle), whole=whole)
         if self._available_now and after and end == after and after > self._acked:
             # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
             # It asks for the next offset only once `start` is in its commit log, so those claims
@@ -156,7 +163,7 @@ class Receiver:
 
         Its end may lie below the start Spark gives it (nothing held and nothing waiting): the
         batch is then empty, and `processed` (told that start) keeps later batches above it."""
-        self._housekeeping()
+        self.housekeeping()
         table = self.table_id
         if not self.draining:
             self._start_monitoring()
@@ -166,7 +173,7 @@ class Receiver:
         # the previous run's last batch is acknowledged by Spark's commit() of this batch's start;
         # this run's batches stay replayable until Spark commits them (`_release_previous_run`)
         self._released = True
-        held = self.planner.held_max() or 0
+        held = self.planner.held_max(fresh=True) or 0
         if self.draining:
             return ClaimOffset(held, table)
         saved, self.planner.target = self.planner.target, self._high_water()
@@ -176,7 +183,7 @@ class Receiver:
             self.planner.target = saved
         return ClaimOffset(max(end, held), table)
 
-    def _housekeeping(self) -> None:
+    def housekeeping(self) -> None:
         """What every trigger does before planning: apply the claim made ahead, stop on a failed
         acknowledgement, move due delayed messages (after the set-up)."""
         self.planner.settle_ahead()
@@ -188,12 +195,16 @@ class Receiver:
         """Messages a batch planned now from `start` could take: claims held beyond it (a claim
         made ahead, a previous run's) and the queue's backlog estimate. Does the trigger's
         housekeeping first, so a held-back trigger still moves due delayed messages."""
-        self._housekeeping()
+        self.housekeeping()
+        # not kept as the reported backlog: that is the estimate after this trigger's claim
+        return self.held_beyond(start) + (0 if self.draining else self.estimate(self.main))
+
+    def held_beyond(self, start: ClaimOffset | None) -> int:
+        """Claims held beyond `start` (a claim made ahead, a previous run's); no statement once
+        the claim state is known (`Planner.held_max`)."""
         after = self.planner.start_after(start, self.table_id) or 0
         held_max = self.planner.held_max()
-        held = max(0, held_max - after) if held_max is not None else 0
-        # not kept as the reported backlog: that is the estimate after this trigger's claim
-        return held + (0 if self.draining else self._estimate(self.main))
+        return max(0, held_max - after) if held_max is not None else 0
 
     def _start_monitoring(self) -> None:
         """Start ServicePulse's reporter (it sends every interval from now on). The set-up checked
@@ -264,10 +275,10 @@ class Receiver:
 
     def backlog(self) -> int:
         """Messages waiting, estimated from the span of unlocked sequences (skips held rows)."""
-        self._backlog = self._estimate(self.main)
+        self._backlog = self.estimate(self.main)
         return self._backlog
 
-    def _estimate(self, session: Session) -> int:
+    def estimate(self, session: Session) -> int:
         stmt = self.dialect.backlog(self.options.queue)
         (n,) = session.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("backlog"))
         return int(n or 0)
@@ -309,7 +320,7 @@ class Receiver:
 
     def _refresh_backlog(self) -> int | None:
         try:
-            return self._estimate(self.ahead)
+            return self.estimate(self.ahead)
         except Exception as exc:  # noqa: BLE001 - a progress metric must not fail the query
             log.info("backlog estimate for %s failed: %s", self.options.queue, db.describe(self.dialect, exc))
             return None
@@ -334,6 +345,8 @@ class Receiver:
         if end.table != self.table_id:
             log.info("not acknowledging offset of a claim table that no longer exists: %s", end)
             return 0
+        if end.claim <= self.acker.done(end.table):
+            return 0  # acknowledged already: an idle queue's repeated commit costs no statement
         self._acked = max(self._acked, end.claim)
         if background:
             self.acker.ack_in_background(end)
@@ -345,10 +358,16 @@ class Receiver:
         try:
             self.planner.settle_ahead()
         finally:
-            self.background.shutdown()  # the last acknowledgement's timings reach monitoring first
+            # the last acknowledgement's timings reach monitoring first
+            if self._owns_sessions:
+                self.background.shutdown()
+            else:
+                self.background.drain()
             if self.monitor is not None:
                 self.monitor.close()
-            self.ahead.close()
-            if self.main.connected:
-                self.set_up.unlock(self.main.connection())
-            self.main.drop()
+            if self._owns_sessions:
+                if self.main.connected:
+                    self.set_up.unlock(self.main.connection())
+                self.sessions.close()
+            else:
+                self.sessions.leave(self.set_up)

@@ -56,7 +56,15 @@ class EndpointSetUp:
         #: a queue leaving a stream, maybe dropped: only its claim table and the lock are needed
         self.draining = draining
         self.table_id: str | None = None
+        #: the connection this set-up last ran on (its consumer lock is held there)
+        self.conn: Any = None
         self._clock = clock
+
+    def ensure(self, conn: Any) -> None:
+        """The set-up on `conn`, unless it ran there already (a stream's shared connection runs
+        every queue's set-up when it opens; a queue that joins later runs its own here)."""
+        if self.conn is not conn:
+            self(conn)
 
     def __call__(self, conn: Any) -> None:
         """Check the queues, create our claim table, take the consumer lock (once per connection)."""
@@ -78,6 +86,7 @@ class EndpointSetUp:
         if self.table_id is not None and str(table_id) != self.table_id:
             log.warning("claim table %s was recreated while this query ran", d.qualified(claims))
         self.table_id = str(table_id)
+        self.conn = conn
 
     def _check_server(self, cur: Any) -> None:
         d = self.endpoint.dialect
@@ -180,5 +189,6 @@ class EndpointSetUp:
             db.rollback(conn)
             db.execute(conn.cursor(), d.unlock_consumer(self.endpoint.claims, self.endpoint.options.consumer))
             conn.commit()
+            self.conn = None
         except Exception:  # noqa: BLE001 - closing the connection releases the lock anyway
             pass

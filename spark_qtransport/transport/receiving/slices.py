@@ -22,7 +22,7 @@ from ..watchdog import WATCHDOG
 from .decode import ReceivedMessage, rows_batch
 from .planner import ClaimSlice
 
-__all__ = ["FETCH_BYTES", "ReceivedMessage", "read_batches", "read_chunks", "read_slice"]
+__all__ = ["FETCH_BYTES", "ReceivedMessage", "pack", "read_batches", "read_chunks", "read_slice"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -143,3 +143,23 @@ def read_slice(part: ClaimSlice) -> Iterator[ReceivedMessage]:
     for batch in read_batches(part):
         for row in batch.to_pylist():
             yield ReceivedMessage(**{**row, "headers": dict(row["headers"])})
+
+
+def pack(parts: list[ClaimSlice], rows: int, tasks: int) -> list[list[ClaimSlice]]:
+    """The slices of a batch grouped into Spark tasks: several queues' small slices share a task
+    (read one after the other on its one connection), so a batch over hundreds of tenant queues is
+    at most about `tasks` tasks of at most `rows` claims, not one per queue. A queue cut into
+    several slices (for parallelism) keeps them in separate tasks."""
+    total = sum(p.upto - p.after for p in parts)
+    target = max(1, min(rows, -(-total // max(tasks, 1))))
+    groups: list[list[ClaimSlice]] = []
+    size, queues = 0, set[str]()
+    for part in parts:
+        n = part.upto - part.after
+        if not groups or size + n > target or part.queue in queues:
+            groups.append([])
+            size, queues = 0, set()
+        groups[-1].append(part)
+        size += n
+        queues.add(part.queue)
+    return groups

@@ -1,0 +1,101 @@
+"""The driver's connections of one stream, shared by all its queues.
+
+A stream over one queue or a thousand holds the same few server connections on the driver:
+
+- `main`: what Spark waits on (pattern resolution, backlogs, claims, a run's first and last
+  acknowledgements, due delayed messages). It holds every queue's consumer lock: each new
+  connection runs the set-up of every queue of the stream (`SetUps`), and a queue that joins runs
+  its own set-up on the connection open then (`EndpointSetUp.ensure`).
+- `ahead`: the one background thread's (`Background`): claims ahead, acknowledgements, the
+  backlog reported in progress. One thread for every queue: their work runs in the order given.
+
+Monitoring reports have a session of their own (best-effort, its own retry policy), also one
+for the stream. So a stream holds at most three connections on the driver whatever it reads,
+plus one per executor read task. Made and closed by the stream's owner: `QueueSet` for a
+stream over several queues, `Receiver` for one over a single queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ...dialects import Dialect
+from ...errors import QueueNotFoundError
+from .. import session as db
+from ..session import Session
+from .background import Background
+
+if TYPE_CHECKING:
+    from .setup import EndpointSetUp
+
+__all__ = ["SetUps", "StreamSessions"]
+
+log = logging.getLogger("spark_qtransport.receive")
+
+
+class SetUps:
+    """`on_connect` of a stream's main session: every queue's set-up (checks, claim table, consumer
+    lock) on each new connection. A queue whose tables are gone is skipped here (its own receiver
+    meets the error when it next runs, and leaves a pattern's stream): one dropped tenant must not
+    cost the others their connection."""
+
+    def __init__(self) -> None:
+        self._set_ups: dict[int, EndpointSetUp] = {}
+
+    def add(self, set_up: EndpointSetUp) -> None:
+        self._set_ups[id(set_up)] = set_up
+
+    def remove(self, set_up: EndpointSetUp) -> None:
+        self._set_ups.pop(id(set_up), None)
+
+    def __len__(self) -> int:
+        return len(self._set_ups)
+
+    def __call__(self, conn: Any) -> None:
+        several = len(self._set_ups) > 1
+        for set_up in list(self._set_ups.values()):
+            try:
+                set_up(conn)
+            except QueueNotFoundError as exc:
+                if not several:
+                    raise
+                log.info("set-up of %s skipped on a new connection: %s", set_up.endpoint.queue_text, exc)
+
+
+class StreamSessions:
+    """The main and background sessions and the background thread of one stream (see the module)."""
+
+    def __init__(self, dialect: Dialect, url: Any, *, what: str) -> None:
+        self.set_ups = SetUps()
+        self.dialect = dialect
+        self.main = Session(dialect, url, what=what, on_connect=self._connected)
+        self.ahead = Session(dialect, url, what=what)
+        self.background = Background()
+
+    def _connected(self, conn: Any) -> None:
+        """A new main connection: note the server's connection limit (named if it is ever
+        reached: `session.CONNECTION_LIMITS`), then every queue's set-up."""
+        (limit,) = db.one(conn.cursor(), self.dialect.connection_limit())
+        conn.commit()
+        if limit is not None:
+            db.CONNECTION_LIMITS[self.main.backoff.database] = int(limit)
+        self.set_ups(conn)
+
+    def join(self, set_up: EndpointSetUp) -> None:
+        """A queue's set-up runs on every new main connection from now on."""
+        self.set_ups.add(set_up)
+
+    def leave(self, set_up: EndpointSetUp) -> None:
+        """A queue leaves the stream: its consumer lock is released, the connection stays."""
+        self.set_ups.remove(set_up)
+        if self.main.connected:
+            set_up.unlock(self.main.connection())
+
+    def close(self) -> None:
+        """Wait for the background work, then close both connections (releasing every lock)."""
+        try:
+            self.background.shutdown()
+        finally:
+            self.ahead.close()
+            self.main.close()
