@@ -11,6 +11,18 @@ CHECK FAILED and the script exits 1. The layouts run interleaved, --repeat times
 
     python bench/queues.py [--messages 100000] [--queues 5] [--per-trigger 20000] [--size 1024] [--repeat 2]
 
+With --tenants 10,100,1000 it measures instead what a stream over many queues costs (schema per
+tenant, tables by NServiceBus's DDL, one stream by `queuePattern`), for each count:
+- busy: --messages messages spread over the queues, drained (AvailableNow, --per-trigger a batch):
+  msg/s, PostgreSQL CPU and WAL per message, statements per batch;
+- idle: the same stream over the empty queues for --idle-seconds (triggers every 500 ms): per
+  trigger its time (median, p90), the statements it ran and the server's CPU;
+and for both the most connections the stream held (pg_stat_activity) and the threads of the
+driver's source runner process. Statements are counted by pg_stat_statements, so this mode starts
+its own embedded server (with the library preloaded) and ignores $SQLQUEUE_URL.
+
+    python bench/queues.py --tenants 10,100,1000 [--messages 20000] [--per-trigger 5000] [--idle-seconds 15]
+
 Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
 """
 
@@ -69,7 +81,13 @@ def main() -> int:
     ap.set_defaults(messages=100_000, per_trigger=20_000)
     ap.add_argument("--queues", type=int, default=5, help="queues the messages are spread over (default 5)")
     ap.add_argument("--repeat", type=int, default=2, help="repetitions of the interleaved layouts (default 2)")
+    ap.add_argument("--tenants", help="measure streams over this many tenant queues instead, e.g. 10,100,1000")
+    ap.add_argument("--idle-seconds", type=float, default=15.0, help="how long each idle stream is measured")
     args = ap.parse_args()
+    if args.tenants:
+        from tenants import scale
+
+        return scale(args, [int(t) for t in args.tenants.split(",")])
     n, k, size = args.messages, args.per_trigger, args.size
     layouts = {"1 queue": layout(1), f"{args.queues} queues": layout(args.queues)}
     runs = []

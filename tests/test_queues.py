@@ -62,6 +62,29 @@ def test_trigger_gate_waits_for_min_or_delay() -> None:
     assert gate.held == 2
 
 
+def test_backlogs_of_many_queues_in_one_statement_never_wait_on_a_held_row(pg: Backend, names: Any) -> None:
+    """The stream's idle check (`Dialect.backlogs`, `tables_exist`) on a real server: the span of
+    each queue, 0 for an empty one; a row another consumer holds (NServiceBus's receive, its
+    transaction open) neither blocks the read nor is locked by it."""
+    empty, busy, held = (pg.create_queue(names(n), nsb=True) for n in ("empty", "busy", "held"))
+    produce(pg, busy, 0, 5)
+    produce(pg, held, 0, 2)
+    d = pg.dialect
+    queues = [pg.address(q) for q in (empty, busy, held)]
+    with pg.connect(autocommit=False) as receiver, pg.connect() as c:
+        assert pg.receive_one(held, receiver) is not None  # holds the first row, transaction open
+        c.execute("SET lock_timeout = '2s'")  # a read that waited would fail here
+        rows = dict(c.execute(d.backlogs(queues).sql).fetchall())
+        assert rows == {0: 0, 1: 5, 2: 2}
+        exists = d.tables_exist([queues[0], pg.address(names("missing")), d.claims_table(queues[1])])
+        assert dict(c.execute(exists.sql, exists.params).fetchall()) == {0: 1, 1: 0, 2: 0}
+        # the rows it read are not locked: a competing receive takes the other one at once
+        with pg.connect(autocommit=False) as other:
+            assert pg.receive_one(held, other) is not None
+            other.rollback()
+        receiver.rollback()
+
+
 def test_queue_lists_and_patterns_parse() -> None:
     assert split_queue_list('Sales, "x"."a,b" ,[c,d]@[dbo]') == ["Sales", '"x"."a,b"', "[c,d]@[dbo]"]
     pg = dialect_named("postgres")

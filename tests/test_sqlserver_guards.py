@@ -54,6 +54,7 @@ def every_statement() -> dict[str, list[Statement]]:
     out["create_helpers"] = D.create_helpers(c)
     out["dispatch_plans"] = D.dispatch_plans()
     out["list_queues"] = [D.list_queues()]
+    out["connection_limit"] = [D.connection_limit()]
     return out
 
 

@@ -219,6 +219,8 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "claim": D.claim(q, c, e, consumer=consumer, limit=500, after=0, upto=None),
         "claim_upto": D.claim(q, c, e, consumer=consumer, limit=5000, after=7, upto=12345),
         "backlog": [D.backlog(q)],
+        "backlogs": [D.backlogs([q, e, q])],
+        "tables_exist": [D.tables_exist([q, dl])],
         "max_claim": [D.max_claim(c, consumer)],
         "nth_claim": [D.nth_claim(c, consumer, after=3, n=50)],
         "read_claims": [D.read_claims(c, consumer, after=3, upto=9)],
@@ -729,6 +731,39 @@ class TestReceiveStatements:
             " JOIN OPENJSON(?) WITH (KeyRow bigint '$') AS k ON c.ClaimSeq = k.KeyRow"
             " WHERE c.Failed IS NULL OR c.Failed = 0")
         _marks_match(s)
+
+    def test_backlogs_of_many_queues_are_nservicebus_peeks_in_one_statement(self) -> None:
+        """A stream's idle check: the backlog statement (`backlog`, the span of RowVersion, READPAST
+        so a row being received is skipped, never waited on) once per queue, one UNION ALL branch
+        each, tagged with its index. ServiceControl's QueueLengthProvider batches the same peek
+        (10 queues a command, WITH (nolock), a result each); ours stays a locking read that skips
+        held rows, as our one-queue backlog does. A branch's value can never be NULL (isnull)."""
+        s = D.backlogs([self.Q, self.E])
+        assert s.params is None
+        branches = _flat(s.sql).split(" UNION ALL ")
+        assert len(branches) == 2
+        for i, (branch, queue) in enumerate(zip(branches, (self.Q, self.E), strict=True)):
+            peek = _flat(D.backlog(queue).sql)
+            assert branch == f"SELECT {i}, ({peek})"
+            assert "WITH (READPAST, READCOMMITTEDLOCK)" in branch
+
+    def test_tables_exist_binds_names_and_sees_user_tables_only(self) -> None:
+        """Whether each delayed table exists, for many queues in one statement: the names travel
+        as one JSON parameter (never pasted), OBJECT_ID with type 'U' (no view, no synonym)."""
+        dl = D.companion(self.Q, "Delayed")
+        s = D.tables_exist([self.Q, dl])
+        assert s.params == (json.dumps([D.qualified(self.Q), D.qualified(dl)]),)
+        assert "OBJECT_ID(j.[value], N'U')" in s.sql and "OPENJSON(?)" in s.sql
+        assert D.qualified(dl) not in s.sql
+
+    def test_out_of_connections_is_its_own_class(self) -> None:
+        """17809 (the server's user connections are all taken) is waited on briefly and then
+        reported naming the limit (@@MAX_CONNECTIONS), not ridden through as an outage."""
+        full = Exception("08001", "[08001] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Could not connect "
+                         "because the maximum number of '30' user connections has already been reached. (17809)")
+        lost = Exception("08S01", "[08S01] [Microsoft][ODBC Driver 18 for SQL Server]Communication link failure (0)")
+        assert D.is_out_of_connections(full) and not D.is_out_of_connections(lost)
+        assert D.connection_limit().sql == "SELECT @@MAX_CONNECTIONS"
 
     def test_acknowledgements_see_failed_claims(self) -> None:
         """A claim made before the column has Failed NULL: not failed. The chunk read gives it as

@@ -402,8 +402,8 @@ class Session:
         self.backoff = backoff if backoff is not None else Backoff.of(url)
         self._on_connect = on_connect
         self._conn: Any = None
-        #: connections opened so far: what was learnt on one (a claim's outcome, a lock) may not
-        #: hold on the next, after a fault whose commit is unknown
+        #: connections opened and dropped so far: what was learnt on one (a claim's outcome, a
+        #: lock) may not hold once it is gone, after a fault whose commit is unknown
         self.generation = 0
 
     @property
@@ -433,6 +433,7 @@ class Session:
         if self._conn is not None and (conn is None or conn is self._conn):
             close(self._conn)
             self._conn = None
+            self.generation += 1
 
     def run(self, fn: Callable[[Any], T], what: str | None = None) -> T:
         """`fn(conn)` in a transaction, committed; retried on a new connection after a transient fault."""

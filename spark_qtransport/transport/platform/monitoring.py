@@ -60,7 +60,7 @@ from ..routing import Router
 from ..settings import ReceiveSettings
 from .processed import Processed
 
-__all__ = ["Monitor", "encode_report", "encode_reports", "ticks", "METRICS", "MAX_DELTA_TICKS"]
+__all__ = ["Monitor", "ReportSession", "encode_report", "encode_reports", "ticks", "METRICS", "MAX_DELTA_TICKS"]
 
 log = logging.getLogger("spark_qtransport.monitoring")
 
@@ -163,6 +163,31 @@ class _Reservoir:
             self.entries[j] = entry
 
 
+class ReportSession:
+    """The connection monitoring reports are sent on, one round at a time: a stream's monitors (one
+    a queue) share one, so reporting for a thousand queues holds one connection. Best-effort: its
+    retry policy gives up after `ATTEMPTS`."""
+
+    def __init__(self, settings: ReceiveSettings) -> None:
+        assert settings.monitoring_queue is not None
+        d, url = settings.dialect, settings.url
+        self._lock = threading.Lock()
+        self._session = db.Session(d, url, backoff=db.Backoff.of(url, attempts=ATTEMPTS),
+                                   what=f"sending monitoring reports to {d.format_address(settings.monitoring_queue)}")
+
+    def run(self, fn: Callable[[Any], None]) -> None:
+        with self._lock:
+            self._session.run(fn)
+
+    def drop(self) -> None:
+        with self._lock:
+            self._session.drop()
+
+    def close(self) -> None:
+        with self._lock:
+            self._session.close()
+
+
 class Monitor:
     """The ServicePulse reporter of one receiver (settings.consumer the endpoint's name,
     settings.queue its input queue, settings.monitoring_queue where the reports go).
@@ -181,7 +206,8 @@ class Monitor:
     kept: a uniform sample when more arrive (see the module)."""
 
     def __init__(self, settings: ReceiveSettings, *, max_entries: int = MAX_ENTRIES, timeout: float = FLUSH_TIMEOUT,
-                 per_report: int = ENTRIES_PER_REPORT, seed: int | None = None) -> None:
+                 per_report: int = ENTRIES_PER_REPORT, seed: int | None = None,
+                 reports: ReportSession | None = None) -> None:
         if settings.monitoring_queue is None:
             raise ConfigError("monitoring needs option 'monitoringQueue'", option="monitoringQueue")
         if max_entries < 1:
@@ -208,8 +234,9 @@ class Monitor:
         self._requested = self._done = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._session = db.Session(self.dialect, settings.url, backoff=db.Backoff.of(settings.url, attempts=ATTEMPTS),
-                                   what=f"sending monitoring reports to {self.dialect.format_address(self.address)}")
+        #: the connection reports go on: the stream's, shared by its queues' monitors, or its own
+        self._owns_session = reports is None
+        self._session = reports if reports is not None else ReportSession(settings)
         self._failing = False
         #: reports sent and dropped (rounds that failed), for tests and logs
         self.sent = self.dropped = 0
@@ -312,7 +339,8 @@ class Monitor:
                 if stopping:
                     return
         finally:
-            self._session.close()
+            if self._owns_session:
+                self._session.close()
 
     def _take(self) -> dict[str, list[Entry]]:
         with self._lock:

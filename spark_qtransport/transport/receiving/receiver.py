@@ -77,7 +77,8 @@ class Receiver:
         self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background)
         self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock)
         self.times = BatchTimes()
-        self.monitor = Monitor(options) if options.monitoring_queue is not None else None
+        self.monitor = (Monitor(options, reports=self.sessions.reports(options))
+                        if options.monitoring_queue is not None else None)
         self.after = AfterProcessing(self.endpoint, self.times,
                                      observe=None if self.monitor is None else self.monitor.observe)
         self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats, self.after)
@@ -118,7 +119,7 @@ class Receiver:
             # through the session: a failure to connect or set up (a wrong password, a missing
             # database) is our DatabaseError naming the queue, a transient one is retried. A new
             # connection ran the set-up already; a queue joining a stream's open one runs it here.
-            self.main.run(self.set_up.ensure, self.endpoint.what("set-up"))
+            self.main.run(self.set_up.ensure)
         assert self.set_up.table_id is not None
         return self.set_up.table_id
 

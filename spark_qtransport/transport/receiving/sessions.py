@@ -9,8 +9,8 @@ A stream over one queue or a thousand holds the same few server connections on t
 - `ahead`: the one background thread's (`Background`): claims ahead, acknowledgements, the
   backlog reported in progress. One thread for every queue: their work runs in the order given.
 
-Monitoring reports have a session of their own (best-effort, its own retry policy), also one
-for the stream. So a stream holds at most three connections on the driver whatever it reads,
+Monitoring reports have a session of their own (`reports`: best-effort, its own retry policy),
+also one for the stream, shared by every queue's monitor. So a stream holds at most three connections on the driver whatever it reads,
 plus one per executor read task. Made and closed by the stream's owner: `QueueSet` for a
 stream over several queues, `Receiver` for one over a single queue.
 """
@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 from ...dialects import Dialect
 from ...errors import QueueNotFoundError
 from .. import session as db
+from ..platform.monitoring import ReportSession
 from ..session import Session
 from .background import Background
 
 if TYPE_CHECKING:
+    from ..settings import ReceiveSettings
     from .setup import EndpointSetUp
 
 __all__ = ["SetUps", "StreamSessions"]
@@ -72,6 +74,13 @@ class StreamSessions:
         self.main = Session(dialect, url, what=what, on_connect=self._connected)
         self.ahead = Session(dialect, url, what=what)
         self.background = Background()
+        self._reports: ReportSession | None = None
+
+    def reports(self, settings: ReceiveSettings) -> ReportSession:
+        """The session every queue's monitor sends its reports on (opened on the first report)."""
+        if self._reports is None:
+            self._reports = ReportSession(settings)
+        return self._reports
 
     def _connected(self, conn: Any) -> None:
         """A new main connection: note the server's connection limit (named if it is ever
@@ -99,3 +108,5 @@ class StreamSessions:
         finally:
             self.ahead.close()
             self.main.close()
+            if self._reports is not None:
+                self._reports.close()

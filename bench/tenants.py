@@ -1,0 +1,203 @@
+"""`bench/queues.py --tenants 10,100,1000`: what one stream over many tenant queues costs, busy and
+idle (see queues.py for what is measured). Tables by NServiceBus's DDL, one schema per tenant."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from _common import Cost, Meter, stream_rates
+
+PATTERN = '"bench_t*"."audit"'
+#: NServiceBus's PostgreSQL transport's queue table (its CreateQueueText), in a tenant's schema
+QUEUE_DDL = ('CREATE TABLE "{0}"."audit" (id uuid NOT NULL PRIMARY KEY, expires timestamp, headers text NOT NULL, '
+             "body bytea, seq serial NOT NULL UNIQUE)")
+NOT_OURS = "query NOT ILIKE '%pg_stat%' AND query NOT ILIKE '%bench_t%.audit\" (id%'"
+
+
+def schemas(n: int) -> list[str]:
+    return [f"bench_t{i:04d}" for i in range(n)]
+
+
+def create(url: str, n: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url) as c:
+        for s in schemas(n):
+            c.execute(f'CREATE SCHEMA "{s}"')
+            c.execute(QUEUE_DDL.format(s))
+        c.execute('CREATE TABLE IF NOT EXISTS "error" (id uuid NOT NULL PRIMARY KEY, expires timestamp, '
+                  "headers text NOT NULL, body bytea, seq serial NOT NULL UNIQUE)")
+
+
+def fill(url: str, n: int, messages: int, size: int) -> None:
+    """`messages` spread evenly over the tenants, NServiceBus-shaped headers, random bodies."""
+    import os
+    import uuid
+
+    import psycopg
+    from _common import nsb_headers
+
+    with psycopg.connect(url) as c:
+        for i, s in enumerate(schemas(n)):
+            k = messages // n + (1 if i < messages % n else 0)
+            with c.cursor().copy(f'COPY "{s}"."audit" (id, headers, body) FROM STDIN') as copy:
+                for _ in range(k):
+                    copy.write_row((uuid.uuid4(), nsb_headers(), os.urandom(size)))
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE")
+        c.execute("CHECKPOINT")
+
+
+def drop(url: str, n: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        for s in schemas(n):
+            c.execute(f'DROP SCHEMA "{s}" CASCADE')
+
+
+def statements(conn: Any) -> int:
+    (calls,) = conn.execute(f"SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE {NOT_OURS}").fetchone()
+    return int(calls)
+
+
+class Watch:
+    """The most connections the connector held (pg_stat_activity, by its application name) and
+    the most threads of the driver's source runner process, sampled every 100 ms."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.connections, self.threads = url, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        import psutil
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as c:
+            while not self._stop.wait(0.1):
+                (n,) = c.execute("SELECT count(*) FROM pg_stat_activity"
+                                 " WHERE application_name = 'spark-qtransport'").fetchone()
+                self.connections = max(self.connections, int(n))
+                for p in psutil.process_iter(["cmdline", "num_threads"]):
+                    if "pyspark.sql.streaming.python_streaming_source_runner" in (p.info["cmdline"] or ()):
+                        self.threads = max(self.threads, int(p.info["num_threads"] or 0))
+
+
+def reader(spark: Any, url: str, per_trigger: int) -> Any:
+    return (spark.readStream.format("sqlqueue").option("url", url).option("queuePattern", PATTERN)
+            .option("maxMessagesPerTrigger", str(per_trigger)).load())
+
+
+@contextlib.contextmanager
+def checkpoint() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="bench-ckpt-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, per_trigger: int) -> dict[str, Any]:
+    fill(url, n, messages, size)
+    cost = Cost()
+    before = statements(meter.conn)
+    with Watch(url) as watch, checkpoint() as ckpt, meter.measure(cost):
+        t = time.perf_counter()
+        q = (reader(spark, url, per_trigger).writeStream.format("noop").option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        wall = time.perf_counter() - t
+    r = stream_rates(q.recentProgress, messages, wall)
+    return {**r, "pg_cpu_us_per_msg": cost.pg / messages * 1e6, "wal_bytes_per_msg": cost.wal / messages,
+            "statements_per_batch": (statements(meter.conn) - before) / max(r["batches"], 1),
+            "connections": watch.connections, "threads": watch.threads, "check": r["rows"] == messages}
+
+
+def idle(spark: Any, url: str, meter: Meter, seconds: float) -> dict[str, Any]:
+    """The stream over the empty queues: every trigger's progress is kept
+    (noDataProgressEventInterval 0), measured after the first few (set-up, first claims)."""
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "0")
+    with Watch(url) as watch, checkpoint() as ckpt:
+        q = (reader(spark, url, 1000).writeStream.format("noop").option("checkpointLocation", ckpt)
+             .trigger(processingTime="500 milliseconds").start())
+        try:
+            deadline = time.monotonic() + 600
+            while len(q.recentProgress) < 4 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            seen, cpu, calls = len(q.recentProgress), meter.pg_cpu(), statements(meter.conn)
+            time.sleep(seconds)
+            progress = q.recentProgress
+            cpu, calls = meter.pg_cpu() - cpu, statements(meter.conn) - calls
+            triggers = [p for p in progress[seen:] if not p["numInputRows"]]
+        finally:
+            q.stop()
+    spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+    ms = sorted(p["durationMs"]["triggerExecution"] for p in triggers)
+    k = max(len(triggers), 1)
+    return {"triggers": len(triggers), "trigger_ms_p50": statistics.median(ms) if ms else float("nan"),
+            "trigger_ms_p90": ms[int(len(ms) * 0.9)] if ms else float("nan"),
+            "latest_offset_ms_p50": statistics.median(p["durationMs"].get("latestOffset", 0) for p in triggers)
+            if triggers else float("nan"),
+            "statements_per_trigger": calls / k, "pg_cpu_ms_per_trigger": cpu * 1000 / k,
+            "connections": watch.connections, "threads": watch.threads}
+
+
+def scale(args: argparse.Namespace, counts: list[int]) -> int:
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(fsync=True, settings={"shared_preload_libraries": "pg_stat_statements", "max_connections": "100",
+                                                "pg_stat_statements.max": "20000"}).start()
+    rows = []
+    try:
+        import psycopg
+
+        with psycopg.connect(pg.url, autocommit=True) as c:
+            c.execute("CREATE EXTENSION pg_stat_statements")
+        print(f"PostgreSQL: embedded, fsync on, max_connections {pg.settings.get('max_connections', 'default')};"
+              f" {args.messages:,} x {args.size} B bodies a busy run, maxMessagesPerTrigger {args.per_trigger:,}\n")
+        from _spark import session
+
+        spark = session("sqlqueue-tenants")
+        try:
+            with contextlib.closing(Meter(pg.url)) as meter:
+                for n in counts:
+                    create(pg.url, n)
+                    b = busy(spark, pg.url, meter, n, args.messages, args.size, args.per_trigger)
+                    i = idle(spark, pg.url, meter, args.idle_seconds)
+                    rows.append((n, b, i))
+                    print(f"  {n} queues: busy {b['steady_rate']:,.0f} msg/s steady; idle trigger"
+                          f" {i['trigger_ms_p50']:.0f} ms, {i['statements_per_trigger']:.1f} statements", flush=True)
+                    drop(pg.url, n)
+        finally:
+            spark.stop()
+    finally:
+        pg.stop()
+    print("\n| queues | busy msg/s steady | wall msg/s | PG CPU µs/msg | WAL B/msg | statements/batch |"
+          " idle trigger ms p50 / p90 | latestOffset ms p50 | statements/idle trigger | PG CPU ms/idle trigger |"
+          " connections (most) | driver threads (most) | check |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|")
+    for n, b, i in rows:
+        print(f"| {n:,} | {b['steady_rate']:,.0f} | {b['wall_rate']:,.0f} | {b['pg_cpu_us_per_msg']:,.1f}"
+              f" | {b['wal_bytes_per_msg']:,.0f} | {b['statements_per_batch']:,.1f}"
+              f" | {i['trigger_ms_p50']:.0f} / {i['trigger_ms_p90']:.0f} | {i['latest_offset_ms_p50']:.0f}"
+              f" | {i['statements_per_trigger']:.1f} | {i['pg_cpu_ms_per_trigger']:.1f}"
+              f" | {max(b['connections'], i['connections'])} | {max(b['threads'], i['threads'])}"
+              f" | {'ok' if b['check'] else 'CHECK FAILED'} |")
+    return 0 if all(b["check"] for _, b, _ in rows) else 1
