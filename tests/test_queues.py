@@ -85,6 +85,27 @@ def test_backlogs_of_many_queues_in_one_statement_never_wait_on_a_held_row(pg: B
         receiver.rollback()
 
 
+def test_small_slices_of_many_queues_share_a_few_tasks() -> None:
+    """300 queues with a few claims each are a handful of Spark tasks, not 300; a queue cut into
+    several slices keeps them in separate tasks; large slices stay alone."""
+    from spark_qtransport.connections import parse_url
+    from spark_qtransport.transport.receiving.receiver import ClaimSlice, pack
+
+    url, d = parse_url("postgresql://h/db"), dialect_named("postgres")
+
+    def part(queue: str, after: int, upto: int) -> ClaimSlice:
+        return ClaimSlice(url, "postgres", queue, d.parse_address(queue + ".Claims"), "c", "1", after, upto)
+
+    tenants = [part(f"t{i}", 10, 12) for i in range(300)]
+    groups = pack(tenants, 25_000, 16)
+    assert 14 <= len(groups) <= 17 and sum(len(g) for g in groups) == 300
+    assert [p for g in groups for p in g] == tenants  # order kept: each queue's slices in order
+    one = [part("Sales", i * 100, (i + 1) * 100) for i in range(4)]  # numPartitions 4 on one queue
+    assert pack(one, 25_000, 16) == [[p] for p in one]
+    big = [part("A", 0, 30_000), part("B", 0, 20_000), part("C", 0, 10)]
+    assert pack(big, 25_000, 16) == [[big[0]], [big[1]], [big[2]]]
+
+
 def test_queue_lists_and_patterns_parse() -> None:
     assert split_queue_list('Sales, "x"."a,b" ,[c,d]@[dbo]') == ["Sales", '"x"."a,b"', "[c,d]@[dbo]"]
     pg = dialect_named("postgres")
@@ -94,6 +115,12 @@ def test_queue_lists_and_patterns_parse() -> None:
     assert QueuePattern.parse(pg, "Sales*").matches(pg, "public", "Sales.Replies")
     ms = dialect_named("sqlserver")
     assert QueuePattern.parse(ms, "*.Replies").matches(ms, "DBO", "sales.replies")  # as SQL Server compares
+    # the catalog query reads only candidates: LIKE patterns wider than the glob, wildcards escaped
+    assert p.like(pg) == ("tenant\\_%", "audit")
+    assert QueuePattern.parse(pg, "Sales*").like(pg) == ("public", "Sales%")
+    assert QueuePattern.parse(pg, '"a%b"."q[12]?"').like(pg) == ("a\\%b", "q__")
+    stmt = ms.list_queues(like=QueuePattern.parse(ms, "audit@[t_*]").like(ms))
+    assert stmt.params == ("t\\_%", "audit") and "s.name LIKE ? ESCAPE N'\\'" in stmt.sql
 
 
 # -- streams --------------------------------------------------------------------------------------

@@ -30,11 +30,12 @@ TENANTS, JOINING, PER_TENANT = 300, 20, 8
 
 @pytest.fixture(scope="module")
 def small() -> Iterator[Backend]:
-    """A server of its own, with max_connections 30. The test's own connections name themselves
+    """A server of its own, with max_connections 30 (and pg_stat_statements). The test's own connections name themselves
     (the connector's are named spark-qtransport); `small.stream_url` is the stream's."""
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
-    with EmbeddedPostgres(fsync=False, settings={"max_connections": str(MAX_CONNECTIONS)}) as pg:
+    with EmbeddedPostgres(fsync=False, settings={"max_connections": str(MAX_CONNECTIONS),
+                                                 "shared_preload_libraries": "pg_stat_statements"}) as pg:
         be = Backend(pg.url + ("&" if "?" in pg.url else "?") + "application_name=tests")
         be.stream_url = pg.url  # type: ignore[attr-defined]
         yield be
@@ -196,3 +197,58 @@ def test_a_server_out_of_connections_is_one_line_naming_the_limit(small: Backend
     assert "\n" not in text
     assert f"connection limit ({MAX_CONNECTIONS})" in text and "connecting for queue Sales" in text
     assert "at most 3 connections on the driver" in text
+
+
+def test_an_idle_trigger_runs_the_same_few_statements_for_60_queues(small: Backend) -> None:
+    """No statement of its own per idle queue: the pattern resolved, every backlog in one
+    statement, the progress backlog in one more; a queue created meanwhile joins at the next
+    trigger. Every consumer lock is held on the one main connection."""
+    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.transport.receiving.queueset import QueueSet
+
+    be = small
+    with be.connect() as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        for i in range(60):
+            c.execute(f'CREATE SCHEMA "idle_{i:02d}"')
+            c.execute(PG_NSB_CREATE_QUEUE.format(f'"idle_{i:02d}"."audit"'))
+    be.create_queue("error")
+    qs = QueueSet(ReaderOptions.stream({"url": be.stream_url, "queuePattern": '"idle_*"."audit"',  # type: ignore[attr-defined]
+                                        "errorQueue": "error"}))
+
+    def trigger(start: Any) -> Any:
+        end = qs.latest(start, 1000)
+        qs.ack(end, background=True)
+        qs.report()
+        qs.sessions.background.drain()
+        return end
+
+    def statements() -> int:
+        with be.connect() as c:
+            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+                                 " WHERE query NOT ILIKE '%pg_stat%'").fetchone()[0])
+
+    try:
+        end = qs.initial_offset()
+        for _ in range(3):  # set-ups, a first acknowledgement of each queue's start
+            end = trigger(end)
+        before = statements()
+        for _ in range(5):
+            end = trigger(end)
+        per_trigger = (statements() - before) / 5
+        # three transactions (BEGIN, the statement, COMMIT): the resolution, the backlogs, the
+        # progress backlogs; a queue alone would run a claim or two per trigger (60 queues: 120+)
+        assert per_trigger <= 9, per_trigger
+        main = qs.sessions.main.current.info.backend_pid
+        with be.connect() as c:
+            (locks,) = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+                                 (main,)).fetchone()
+        assert locks == 60
+        with be.connect() as c:
+            c.execute('CREATE SCHEMA "idle_60"')
+            c.execute(PG_NSB_CREATE_QUEUE.format('"idle_60"."audit"'))
+        be.send("idle_60.audit", nsb_headers("late-1"), b"{}")
+        end = trigger(end)
+        assert end.queues['"idle_60"."audit"'].claim > 0, "the new queue joins at the next trigger"
+    finally:
+        qs.close()

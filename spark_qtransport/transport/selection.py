@@ -39,6 +39,25 @@ def split_queue_list(text: str, *, option: str = "queue") -> list[str]:
     return items
 
 
+def _like(glob: str) -> str:
+    out, i = [], 0
+    while i < len(glob):
+        ch = glob[i]
+        if ch == "*":
+            out.append("%")
+        elif ch == "?":
+            out.append("_")
+        elif ch == "[" and (end := glob.find("]", i + 2)) != -1:
+            out.append("_")
+            i = end
+        elif ch in "%_\\[":
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class QueuePattern:
     """Glob patterns (``*``, ``?``, ``[...]``) over a queue's schema and table name, written in the
@@ -64,6 +83,12 @@ class QueuePattern:
         if not address.table:
             raise ConfigError(f"option '{option}': {raw!r} has no table part", option=option)
         return cls(raw, address.table, address.schema)
+
+    def like(self, dialect: Dialect) -> tuple[str, str]:
+        """LIKE patterns (escape character a backslash) for schema and table that every name the
+        pattern matches also matches (``[...]`` widened to any one character): the catalog query
+        then reads only the candidates, which `matches` judges exactly."""
+        return _like(self.schema or dialect.default_schema), _like(self.table)
 
     def matches(self, dialect: Dialect, schema: str, table: str) -> bool:
         fold = dialect.fold_name
@@ -95,9 +120,16 @@ class QueueSelection:
         transport's own tables (`own_table(address)`: claims, staging, outbox, delayed)."""
         if self.pattern is None:
             return list(self.queues)
+        return self.matching(db.rows(cur, dialect.list_queues(like=self.pattern.like(dialect))), dialect,
+                             excluded=excluded, own_table=own_table)
+
+    def matching(self, rows: Iterable[Any], dialect: Dialect, *, excluded: Iterable[QueueAddress] = (),
+                 own_table: Any = None) -> list[QueueAddress]:
+        """The queues among the catalog's `rows` (schema, table) that the pattern matches (`resolve`)."""
+        assert self.pattern is not None
         skip = {dialect.fold_name(dialect.qualified(q)) for q in excluded}
         found = []
-        for schema, table in db.rows(cur, dialect.list_queues()):
+        for schema, table in rows:
             address = QueueAddress(str(table), str(schema))
             if not self.pattern.matches(dialect, str(schema), str(table)):
                 continue

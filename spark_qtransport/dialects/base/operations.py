@@ -61,9 +61,12 @@ class OperationsSql(AddressingSql):
         sessions' rows."""
 
     @abstractmethod
-    def list_queues(self) -> Statement:
+    def list_queues(self, *, like: tuple[str, str] | None = None) -> Statement:
         """Rows (schema, table) of every table of the database shaped like a queue table (id,
-        headers, body, expires and a sequence column), ordered."""
+        headers, body, expires and a sequence column), ordered. With `like`, only those whose
+        schema and name match these LIKE patterns (escape: backslash), compared case-insensitively
+        (a superset the caller filters exactly): a pattern over a thousand tenants reads their
+        tables, not the whole catalog's."""
 
     @abstractmethod
     def queue_stats(self, queue: QueueAddress) -> Statement:

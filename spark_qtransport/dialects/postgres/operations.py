@@ -61,13 +61,21 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
             {"limit": int(limit), "preview": check_preview(preview)},
         )
 
-    def list_queues(self) -> Statement:
+    def list_queues(self, *, like: tuple[str, str] | None = None) -> Statement:
+        # Each table's schema by its oid (an index lookup a candidate), never a join: psycopg
+        # prepares a statement run often, and a generic plan of a join filtered by names is a
+        # nested loop over every schema (a thousand tenants: seconds instead of milliseconds).
+        table = "" if like is None else " AND c.relname ILIKE %(table)s"
+        schema = "" if like is None else " AND t.nspname ILIKE %(schema)s"
         return Statement(
-            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%%'"
-            " AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            "WITH t AS MATERIALIZED (SELECT (SELECT n.nspname FROM pg_namespace n WHERE n.oid = c.relnamespace)"
+            f" AS nspname, c.relname, c.oid FROM pg_class c WHERE c.relkind IN ('r', 'p'){table})"
+            " SELECT t.nspname, t.relname FROM t"
+            f" WHERE t.nspname <> 'information_schema' AND t.nspname NOT LIKE 'pg\\_%%'{schema}"
+            " AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped"
             " AND lower(a.attname) IN ('id', 'headers', 'body', 'expires', 'seq')) = 5"
-            " ORDER BY 1, 2"
+            " ORDER BY 1, 2",
+            None if like is None else {"schema": like[0], "table": like[1]},
         )
 
     def queue_stats(self, queue: QueueAddress) -> Statement:

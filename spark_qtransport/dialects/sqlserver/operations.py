@@ -95,12 +95,16 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
             (self._check_limit(limit), check_preview(preview)),
         )
 
-    def list_queues(self) -> Statement:
+    def list_queues(self, *, like: tuple[str, str] | None = None) -> Statement:
+        # names compare as the database's collation does (case-insensitively by default); the
+        # caller's exact match decides
+        names = "" if like is None else " AND s.name LIKE ? ESCAPE N'\\' AND t.name LIKE ? ESCAPE N'\\' AND"
         return Statement(
             "SELECT s.name, t.name FROM sys.tables AS t JOIN sys.schemas AS s ON s.schema_id = t.schema_id"
-            " WHERE (SELECT COUNT(*) FROM sys.columns AS c WHERE c.object_id = t.object_id"
+            f" WHERE{names} (SELECT COUNT(*) FROM sys.columns AS c WHERE c.object_id = t.object_id"
             " AND LOWER(c.name) IN (N'id', N'headers', N'body', N'expires', N'rowversion')) = 5"
-            " ORDER BY s.name, t.name"
+            " ORDER BY s.name, t.name",
+            None if like is None else (like[0], like[1]),
         )
 
     def nullable_columns(self, table: QueueAddress) -> Statement:

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Dialect, QueueAddress, Statement
 from ...errors import OffsetError, QueueNotFoundError
 from .. import session as db
 from ..selection import QueueSelection
@@ -37,9 +37,10 @@ __all__ = ["QueueSet", "QueueSetOffset"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
-#: queues whose backlogs one statement reads: its locks (two relations a queue, held to its end)
-#: stay well inside the server's lock table, shared by all sessions
-BACKLOGS_PER_STATEMENT = 100
+#: queues whose backlogs one statement reads, in a transaction of its own: its locks (two relations
+#: a queue, held to its end) stay well inside the server's lock table, which all sessions share
+#: (max_locks_per_transaction x max_connections: 1,920 entries at 30 connections)
+BACKLOGS_PER_STATEMENT = 200
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,12 @@ class QueueSet:
         #: each queue's backlog as last estimated in the background, for progress (`report`)
         self._backlogs: dict[str, int] = {}
         self._backlogs_refresh: Future[dict[str, int] | None] | None = None
+        #: the last list of queues found and the same by key (`current`)
+        self._keyed: tuple[list[QueueAddress], dict[str, QueueAddress]] | None = None
+        #: the catalog rows the pattern was last judged on, and the queues it matched
+        self._matched: tuple[tuple[Any, ...], list[QueueAddress]] | None = None
+        #: the backlog statement of each part of the queues (`_estimates`), kept while they stay
+        self._backlog_sql: dict[tuple[str, ...], Statement] = {}
 
     @property
     def claimed(self) -> int:
@@ -100,13 +107,10 @@ class QueueSet:
         elif self.selection.pattern is None:
             found = list(self.selection.queues)
         else:
-            o = self.stream
-            found = self.sessions.main.run(
-                lambda c: self.selection.resolve(c.cursor(), self.dialect, excluded=o.excluded,
-                                                 own_table=lambda a: o.routing.is_own_table(self.dialect, a)),
-                f"resolving {o.describe()}",
-            )
-        queues = {self.key(a): a for a in found}
+            found = self._resolve()
+        if self._keyed is None or self._keyed[0] is not found:
+            self._keyed = (found, {self.key(a): a for a in found})
+        queues = dict(self._keyed[1])
         if not queues and (self._now is None or self._now):
             log.warning("%s matches no queue table (yet): nothing to read", self.stream.describe())
         if self._now is not None:
@@ -115,6 +119,19 @@ class QueueSet:
         self._now = queues
         self._gone -= queues.keys()  # a queue created again joins again
         return queues
+
+    def _resolve(self) -> list[QueueAddress]:
+        """The queues the pattern matches now: one catalog statement; its rows judged again only
+        when they changed since the last trigger."""
+        o, d = self.stream, self.dialect
+        assert self.selection.pattern is not None
+        stmt = d.list_queues(like=self.selection.pattern.like(d))
+        rows = tuple(tuple(r) for r in self.sessions.main.run(lambda c: db.rows(c.cursor(), stmt),
+                                                              f"resolving {o.describe()}"))
+        if self._matched is None or self._matched[0] != rows:
+            self._matched = (rows, self.selection.matching(
+                rows, d, excluded=o.excluded, own_table=lambda a: o.routing.is_own_table(d, a)))
+        return self._matched[1]
 
     def receiver(self, key: str, address: QueueAddress | None = None, *, draining: bool | None = None) -> Receiver:
         """The queue's receiver, made on first use. `draining` None: whether the queue has left the
@@ -176,6 +193,14 @@ class QueueSet:
         estimates = self._estimates(live, self.sessions.main)
         return {k: held[k] + estimates.get(k, 0) for k in live}
 
+    def _backlog_statement(self, part: tuple[str, ...], receivers: dict[str, Receiver]) -> Statement:
+        stmt = self._backlog_sql.get(part)
+        if stmt is None:
+            if len(self._backlog_sql) > 4 * (len(receivers) // BACKLOGS_PER_STATEMENT + 1):
+                self._backlog_sql.clear()  # queues came and went: keep only what is used
+            stmt = self._backlog_sql[part] = self.dialect.backlogs([receivers[k].options.queue for k in part])
+        return stmt
+
     def _find_delayed(self, active: dict[str, Receiver]) -> None:
         """Whether the queues' delayed tables exist, looked up for all that are due in one
         statement (a queue alone looks every `DELAYED_RECHECK` seconds)."""
@@ -199,7 +224,7 @@ class QueueSet:
         found: dict[str, int] = {}
         for i in range(0, len(keys), BACKLOGS_PER_STATEMENT):
             part = keys[i:i + BACKLOGS_PER_STATEMENT]
-            stmt = self.dialect.backlogs([receivers[k].options.queue for k in part])
+            stmt = self._backlog_statement(tuple(part), receivers)
             try:
                 got = session.run(lambda c, stmt=stmt: db.rows(c.cursor(), stmt),  # type: ignore[misc]
                                   f"backlog of {self.stream.describe()}")
