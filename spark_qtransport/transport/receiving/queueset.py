@@ -14,7 +14,6 @@ import functools
 import json
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -78,9 +77,8 @@ class QueueSet:
         self._gone: set[str] = set()  # queues that left the stream, read to their end
         #: each queue's messages waiting, as `waiting` last counted them (`latest(counted=True)` uses them)
         self._demand: dict[str, int] | None = None
-        #: each queue's backlog as last estimated in the background, for progress (`report`)
-        self._backlogs: dict[str, int] = {}
-        self._backlogs_refresh: Future[dict[str, int] | None] | None = None
+        #: each queue's backlog as the last count estimated it, and its claimed total then (`report`)
+        self._backlogs: dict[str, tuple[int, int]] = {}
         #: the last list of queues found and the same by key (`current`)
         self._keyed: tuple[list[QueueAddress], dict[str, QueueAddress]] | None = None
         #: the catalog rows the pattern was last judged on, and the queues it matched
@@ -191,6 +189,7 @@ class QueueSet:
             held[k] = self._vanishing(k, functools.partial(self._held_of, k, r, starts), -1)
         live = {k: r for k, r in active.items() if held[k] >= 0}
         estimates = self._estimates(live, self.sessions.main)
+        self._backlogs = {k: (estimates.get(k, 0), r.claimed) for k, r in live.items()}
         return {k: held[k] + estimates.get(k, 0) for k in live}
 
     def _backlog_statement(self, part: tuple[str, ...], receivers: dict[str, Receiver]) -> Statement:
@@ -303,23 +302,13 @@ class QueueSet:
     # -- progress -----------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        """Each queue's offset, counters and backlog. The backlogs are estimated on the background
-        thread, after the trigger's claims (a statement per `BACKLOGS_PER_STATEMENT` queues); the
-        last estimate finished is reported."""
-        done = self._backlogs_refresh
-        if done is not None and done.done() and done.result() is not None:
-            self._backlogs = done.result() or {}
-        receivers = dict(self.receivers)
-        self._backlogs_refresh = self.sessions.background.submit(self._refresh_backlogs, receivers)
-        queues = {k: {**r.report(), "backlog": self._backlogs.get(k, 0)} for k, r in sorted(receivers.items())}
+        """Each queue's offset, counters and backlog: the backlog the trigger's count estimated
+        (`count`), less what the trigger claimed from the queue since; no statement of its own."""
+        queues = {}
+        for k, r in sorted(self.receivers.items()):
+            estimate, claimed = self._backlogs.get(k, (0, r.claimed))
+            queues[k] = {**r.report(), "backlog": max(0, estimate - (r.claimed - claimed))}
         return {"queues": queues, "backlog": sum(q["backlog"] for q in queues.values())}
-
-    def _refresh_backlogs(self, receivers: dict[str, Receiver]) -> dict[str, int] | None:
-        try:
-            return self._estimates({k: r for k, r in receivers.items() if not r.draining}, self.sessions.ahead)
-        except Exception as exc:  # noqa: BLE001 - a progress metric must not fail the query
-            log.info("backlog estimate for %s failed: %s", self.stream.describe(), db.describe(self.dialect, exc))
-            return None
 
     # -- partitions and acknowledgement -------------------------------------------------------
 

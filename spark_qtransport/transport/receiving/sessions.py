@@ -7,12 +7,14 @@ A stream over one queue or a thousand holds the same few server connections on t
   connection runs the set-up of every queue of the stream (`SetUps`), and a queue that joins runs
   its own set-up on the connection open then (`EndpointSetUp.ensure`).
 - `ahead`: the one background thread's (`Background`): claims ahead, acknowledgements, the
-  backlog reported in progress. One thread for every queue: their work runs in the order given.
+  backlog a one-queue stream reports in progress. One thread for every queue: their work runs in
+  the order given.
 
 Monitoring reports have a session of their own (`reports`: best-effort, its own retry policy),
-also one for the stream, shared by every queue's monitor. So a stream holds at most three connections on the driver whatever it reads,
-plus one per executor read task. Made and closed by the stream's owner: `QueueSet` for a
-stream over several queues, `Receiver` for one over a single queue.
+also one for the stream, shared by every queue's monitor. So a stream holds at most three
+connections on the driver whatever it reads, plus one per executor read task. Made and closed by
+the stream's owner: `QueueSet` for a stream over several queues, `Receiver` for one over a single
+queue.
 """
 
 from __future__ import annotations
