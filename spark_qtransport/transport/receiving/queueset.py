@@ -307,7 +307,10 @@ class QueueSet:
         queues = {}
         for k, r in sorted(self.receivers.items()):
             estimate, claimed = self._backlogs.get(k, (0, r.claimed))
-            queues[k] = {**r.report(), "backlog": max(0, estimate - (r.claimed - claimed))}
+            try:
+                queues[k] = {**r.report(), "backlog": max(0, estimate - (r.claimed - claimed))}
+            except QueueNotFoundError:  # dropped: it leaves at the next trigger, and says so then
+                continue
         return {"queues": queues, "backlog": sum(q["backlog"] for q in queues.values())}
 
     # -- partitions and acknowledgement -------------------------------------------------------
@@ -337,6 +340,7 @@ class QueueSet:
                 log.info("not acknowledging queue %s: its claim table no longer exists", k)
 
     def close(self) -> None:
+        self.sessions.closing = True  # closing the connection releases every queue's lock at once
         errors = []
         for r in self.receivers.values():
             try:

@@ -77,6 +77,8 @@ class StreamSessions:
         self.ahead = Session(dialect, url, what=what)
         self.background = Background()
         self._reports: ReportSession | None = None
+        #: the whole stream is closing: a queue leaving keeps its lock until the connection closes
+        self.closing = False
 
     def reports(self, settings: ReceiveSettings) -> ReportSession:
         """The session every queue's monitor sends its reports on (opened on the first report)."""
@@ -100,7 +102,7 @@ class StreamSessions:
     def leave(self, set_up: EndpointSetUp) -> None:
         """A queue leaves the stream: its consumer lock is released, the connection stays."""
         self.set_ups.remove(set_up)
-        if self.main.connected:
+        if self.main.connected and not self.closing:
             set_up.unlock(self.main.connection())
 
     def close(self) -> None:
