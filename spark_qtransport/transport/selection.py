@@ -11,7 +11,6 @@ from typing import Any
 
 from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError
-from . import session as db
 
 __all__ = ["QueuePattern", "QueueSelection", "check_distinct", "split_queue_list"]
 
@@ -113,19 +112,12 @@ class QueueSelection:
             return f"queuePattern {self.pattern.text}"
         return ", ".join(dialect.format_address(q) for q in self.queues)
 
-    def resolve(self, cur: Any, dialect: Dialect, *, excluded: Iterable[QueueAddress] = (),
-                own_table: Any = None) -> list[QueueAddress]:
-        """The queues to read now: the listed ones, or the queue tables the pattern matches except
-        `excluded` (the stream's error, audit, forwardTo and monitoring queues) and the
-        transport's own tables (`own_table(address)`: claims, staging, outbox, delayed)."""
-        if self.pattern is None:
-            return list(self.queues)
-        return self.matching(db.rows(cur, dialect.list_queues(like=self.pattern.like(dialect))), dialect,
-                             excluded=excluded, own_table=own_table)
-
     def matching(self, rows: Iterable[Any], dialect: Dialect, *, excluded: Iterable[QueueAddress] = (),
                  own_table: Any = None) -> list[QueueAddress]:
-        """The queues among the catalog's `rows` (schema, table) that the pattern matches (`resolve`)."""
+        """The queues to read among the catalog's `rows` (schema, table: `Dialect.list_queues`,
+        with the pattern's `like`): those the pattern matches except `excluded` (the stream's
+        error, audit, forwardTo and monitoring queues) and the transport's own tables
+        (`own_table(address)`: claims, staging, outbox, delayed)."""
         assert self.pattern is not None
         skip = {dialect.fold_name(dialect.qualified(q)) for q in excluded}
         found = []

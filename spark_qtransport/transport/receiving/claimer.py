@@ -57,8 +57,8 @@ class Claimer:
         self._main, self._ahead, self._background = main, ahead, background
 
     def generations(self) -> tuple[int, int]:
-        """Connections opened so far by both sessions: a claim whose commit went unanswered was
-        followed by a new one (`Session.generation`)."""
+        """Connections opened and dropped so far by both sessions: a claim whose commit went
+        unanswered dropped its connection (`Session.generation`)."""
         return self._main.generation, self._ahead.generation
 
     def claim(self, request: ClaimRequest) -> ClaimOutcome:

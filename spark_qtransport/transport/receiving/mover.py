@@ -38,10 +38,10 @@ class DueDelayed:
         again."""
         if self._delayed is None:
             return
-        d, now = self.endpoint.dialect, self._clock()
+        d = self.endpoint.dialect
         try:
-            if self._checked_at is None or now - self._checked_at > DELAYED_RECHECK:
-                self._find(self._delayed)
+            if (delayed := self.to_check()) is not None:
+                self._find(delayed)
             if self._mover is not None:
                 self._mover.move(self._main.connection())
         except Exception as exc:  # noqa: BLE001
@@ -67,10 +67,9 @@ class DueDelayed:
             if exists else None
         self._checked_at = self._clock()
 
-    def _find(self, delayed: QueueAddress) -> DelayedMover | None:
-        """The mover of the delayed table, if it exists."""
+    def _find(self, delayed: QueueAddress) -> None:
+        """Look whether the delayed table exists (`found`)."""
         d = self.endpoint.dialect
         cols = self._main.run(lambda c: db.columns(c.cursor(), d.queue_columns(delayed)),
                               self.endpoint.what("find delayed table"))
         self.found(bool(cols))
-        return self._mover

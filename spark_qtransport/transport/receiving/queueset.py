@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +21,6 @@ from ...dialects import Dialect, QueueAddress, Statement
 from ...errors import OffsetError, QueueNotFoundError
 from .. import session as db
 from ..selection import QueueSelection
-from ..session import Session
 from .admission import fair_shares
 from .planner import ClaimOffset, ClaimSlice
 from .receiver import Receiver
@@ -72,17 +71,15 @@ class QueueSet:
         self.receivers: dict[str, Receiver] = {}
         #: the stream's few connections and its background thread, shared by every queue
         self.sessions = StreamSessions(self.dialect, stream.url, what=f"connecting for {stream.describe()}")
-        self._frozen: list[QueueAddress] | None = None  # AvailableNow: the queues at its start
+        self._frozen: dict[str, QueueAddress] | None = None  # AvailableNow: the queues at its start
         self._now: dict[str, QueueAddress] | None = None  # the last resolution
         self._gone: set[str] = set()  # queues that left the stream, read to their end
         #: each queue's messages waiting, as `waiting` last counted them (`latest(counted=True)` uses them)
         self._demand: dict[str, int] | None = None
         #: each queue's backlog as the last count estimated it, and its claimed total then (`report`)
         self._backlogs: dict[str, tuple[int, int]] = {}
-        #: the last list of queues found and the same by key (`current`)
-        self._keyed: tuple[list[QueueAddress], dict[str, QueueAddress]] | None = None
-        #: the catalog rows the pattern was last judged on, and the queues it matched
-        self._matched: tuple[tuple[Any, ...], list[QueueAddress]] | None = None
+        #: the catalog rows the pattern was last judged on, and the queues it matched, by key
+        self._matched: tuple[tuple[Any, ...], dict[str, QueueAddress]] | None = None
         #: the backlog statement of each part of the queues (`_estimates`), kept while they stay
         self._backlog_sql: dict[tuple[str, ...], Statement] = {}
 
@@ -101,14 +98,11 @@ class QueueSet:
     def current(self) -> dict[str, QueueAddress]:
         """The queues the stream reads now (a pattern resolved again; AvailableNow: as at its start)."""
         if self._frozen is not None:
-            found = self._frozen
+            queues = dict(self._frozen)
         elif self.selection.pattern is None:
-            found = list(self.selection.queues)
+            queues = self._keyed(self.selection.queues)
         else:
-            found = self._resolve()
-        if self._keyed is None or self._keyed[0] is not found:
-            self._keyed = (found, {self.key(a): a for a in found})
-        queues = dict(self._keyed[1])
+            queues = self._resolve()
         if not queues and (self._now is None or self._now):
             log.warning("%s matches no queue table (yet): nothing to read", self.stream.describe())
         if self._now is not None:
@@ -118,18 +112,21 @@ class QueueSet:
         self._gone -= queues.keys()  # a queue created again joins again
         return queues
 
-    def _resolve(self) -> list[QueueAddress]:
-        """The queues the pattern matches now: one catalog statement; its rows judged again only
-        when they changed since the last trigger."""
+    def _keyed(self, found: Iterable[QueueAddress]) -> dict[str, QueueAddress]:
+        return {self.key(a): a for a in found}
+
+    def _resolve(self) -> dict[str, QueueAddress]:
+        """The queues the pattern matches now, by key: one catalog statement; its rows judged
+        again only when they changed since the last trigger."""
         o, d = self.stream, self.dialect
         assert self.selection.pattern is not None
         stmt = d.list_queues(like=self.selection.pattern.like(d))
         rows = tuple(tuple(r) for r in self.sessions.main.run(lambda c: db.rows(c.cursor(), stmt),
                                                               f"resolving {o.describe()}"))
         if self._matched is None or self._matched[0] != rows:
-            self._matched = (rows, self.selection.matching(
-                rows, d, excluded=o.excluded, own_table=lambda a: o.routing.is_own_table(d, a)))
-        return self._matched[1]
+            self._matched = (rows, self._keyed(self.selection.matching(
+                rows, d, excluded=o.excluded, own_table=lambda a: o.routing.is_own_table(d, a))))
+        return dict(self._matched[1])
 
     def receiver(self, key: str, address: QueueAddress | None = None, *, draining: bool | None = None) -> Receiver:
         """The queue's receiver, made on first use. `draining` None: whether the queue has left the
@@ -155,7 +152,7 @@ class QueueSet:
 
     def prepare_available_now(self) -> None:
         now = self.current()
-        self._frozen = list(now.values())
+        self._frozen = dict(now)
         for k, a in now.items():
             self.receiver(k, a, draining=False).prepare_available_now()
 
@@ -188,7 +185,7 @@ class QueueSet:
         for k, r in active.items():
             held[k] = self._vanishing(k, functools.partial(self._held_of, k, r, starts), -1)
         live = {k: r for k, r in active.items() if held[k] >= 0}
-        estimates = self._estimates(live, self.sessions.main)
+        estimates = self._estimates(live)
         self._backlogs = {k: (estimates.get(k, 0), r.claimed) for k, r in live.items()}
         return {k: held[k] + estimates.get(k, 0) for k in live}
 
@@ -216,10 +213,10 @@ class QueueSet:
         r.housekeeping()
         return r.held_beyond(self._start_for(key, r, starts))
 
-    def _estimates(self, receivers: dict[str, Receiver], session: Session) -> dict[str, int]:
+    def _estimates(self, receivers: dict[str, Receiver]) -> dict[str, int]:
         """The backlog estimates of `receivers`' queues, a statement per `BACKLOGS_PER_STATEMENT`.
         A queue dropped meanwhile fails its statement: that part is estimated queue by queue."""
-        keys = sorted(receivers)
+        keys, session = sorted(receivers), self.sessions.main
         found: dict[str, int] = {}
         for i in range(0, len(keys), BACKLOGS_PER_STATEMENT):
             part = keys[i:i + BACKLOGS_PER_STATEMENT]

@@ -359,16 +359,9 @@ class Receiver:
         try:
             self.planner.settle_ahead()
         finally:
-            # the last acknowledgement's timings reach monitoring first
-            if self._owns_sessions:
-                self.background.shutdown()
-            else:
-                self.background.drain()
+            self.background.drain()  # the last acknowledgement's timings reach monitoring first
             if self.monitor is not None:
                 self.monitor.close()
+            self.sessions.leave(self.set_up)
             if self._owns_sessions:
-                if self.main.connected:
-                    self.set_up.unlock(self.main.connection())
                 self.sessions.close()
-            else:
-                self.sessions.leave(self.set_up)

@@ -53,9 +53,6 @@ class SetUps:
     def remove(self, set_up: EndpointSetUp) -> None:
         self._set_ups.pop(id(set_up), None)
 
-    def __len__(self) -> int:
-        return len(self._set_ups)
-
     def __call__(self, conn: Any) -> None:
         several = len(self._set_ups) > 1
         for set_up in list(self._set_ups.values()):
