@@ -15,6 +15,7 @@ from .delayed import DelayedSql
 from .driver import DriverSupport
 from .install import InstallSql
 from .operations import PEEK_PREVIEW_MAX, OperationsSql, check_preview
+from .prepared import PreparedSql
 from .receive import ReceiveSql
 from .send import SendSql
 from .values import (
@@ -23,6 +24,7 @@ from .values import (
     STAGED_COLUMNS,
     TABLE_PRIVILEGES,
     ClaimFailures,
+    ClaimNumbering,
     ClaimResult,
     QueueAddress,
     Statement,
@@ -31,11 +33,11 @@ from .values import (
 )
 
 __all__ = [
-    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
-    "one_line", "AddressingSql", "InstallSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
+    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "one_line", "AddressingSql", "InstallSql", "PreparedSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
     "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
 ]
 
 
-class Dialect(InstallSql, ReceiveSql, SendSql, OperationsSql, DelayedSql, DriverSupport):
+class Dialect(InstallSql, ReceiveSql, PreparedSql, SendSql, OperationsSql, DelayedSql, DriverSupport):
     """The SQL of one database. Subclasses: `PostgresDialect`, `SqlServerDialect` (frozen dataclasses)."""

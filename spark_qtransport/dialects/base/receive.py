@@ -6,7 +6,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 
 from .addressing import AddressingSql
-from .values import ClaimFailures, QueueAddress, Statement
+from .values import ClaimFailures, ClaimNumbering, QueueAddress, Statement
 
 
 class ReceiveSql(AddressingSql):
@@ -57,6 +57,7 @@ class ReceiveSql(AddressingSql):
         after: int,
         upto: int | None,
         failures: ClaimFailures | None = None,
+        numbering: ClaimNumbering | None = None,
     ) -> list[Statement]:
         """Move at most `limit` of the oldest unlocked queue rows (sequence > after, <= upto) into
         the claim table, dropping expired ones and moving poison ones raw to the error queue.
@@ -64,7 +65,11 @@ class ReceiveSql(AddressingSql):
         headers, as NServiceBus reads them); a row without an id, or whose Expires is beyond
         `LATEST_TIME`, goes to the error queue with `failures`' headers merged into its own (None:
         built for `queue`); an Expires of infinity is claimed as NULL (never expires).
-        The LAST statement returns one row whose columns are named as `ClaimResult`'s fields."""
+        The LAST statement returns one row whose columns are named as `ClaimResult`'s fields.
+        With `numbering` (dialects with `prepared_claims` only): our numbers, headers judged for
+        every row, and two more columns, `tabled` (rows written to the claim table) and
+        `low_source`, `claimed_at`, `xid` (the lowest queue sequence picked, the claim's UTC clock as
+        20 digits, its transaction's id): what names a prepared claim (`PreparedClaim`)."""
 
     @abstractmethod
     def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:

@@ -86,6 +86,17 @@ class ClaimResult:
         return {k: v for k, v in (("id", self.null_id), ("expires", self.far_expires)) if v}
 
 
+@dataclass(frozen=True)
+class ClaimNumbering:
+    """Claim numbers of ours instead of the claim table's identity: a claimed row is numbered
+    ``first + (its seq - the lowest seq the claim picked)``. `prepared`: the claim is to be held by
+    a prepared transaction, so its rows go into the claim table only when one of them needs the
+    claim table's machinery (a ForwardDestination, a retry acknowledgement); else always."""
+
+    first: int
+    prepared: bool
+
+
 #: the latest time Python's datetime (and so a Spark timestamp handed to Python) can hold; a queue
 #: row's Expires after it (PostgreSQL's timestamp goes to year 294276) cannot be delivered
 LATEST_TIME = "9999-12-31 23:59:59.999999"

@@ -16,6 +16,7 @@ from .delayed import PostgresDelayed
 from .driver import PostgresDriver
 from .install import FAST_VERSION, MIN_VERSION, PostgresInstall
 from .operations import PostgresOperations
+from .prepared import PostgresPrepared
 from .receive import FORWARD_NAME, HELPER_FUNCTION, PostgresReceive
 from .send import PostgresSend
 
@@ -24,7 +25,7 @@ __all__ = ["PostgresDialect", "FORWARD_NAME", "HELPER_FUNCTION", "MIN_VERSION", 
 
 @dataclass(frozen=True)
 class PostgresDialect(
-    PostgresInstall, PostgresReceive, PostgresSend, PostgresDelayed, PostgresOperations, PostgresAddressing,
+    PostgresInstall, PostgresReceive, PostgresPrepared, PostgresSend, PostgresDelayed, PostgresOperations, PostgresAddressing,
     PostgresDriver, Dialect,
 ):
     """The PostgreSQL dialect. Immutable: `adapt_to_server` returns a configured copy."""

@@ -7,13 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...wire import RETRY_COUNTERS
-from ..base import LATEST_TIME, ClaimFailures, QueueAddress, ReceiveSql, Statement
+from ..base import LATEST_TIME, ClaimFailures, ClaimNumbering, QueueAddress, ReceiveSql, Statement
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW
 
 #: a claimed row whose headers text holds this may carry NServiceBus.SqlServer.ForwardDestination
 #: (checked exactly in Python). Found by strpos: a third of LIKE '%...%''s cost, on every claimed row.
 FORWARD_NAME = "NServiceBus.SqlServer.ForwardDestination"
+#: a claimed row whose headers text holds this may be a ServicePulse retry to acknowledge
+RETRY_ACK_NAME = "ServiceControl.Retry.AcknowledgementQueue"
 
 POISON_PATH = "'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")'"
 
@@ -121,6 +123,7 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
         after: int,
         upto: int | None,
         failures: ClaimFailures | None = None,
+        numbering: ClaimNumbering | None = None,
     ) -> list[Statement]:
         q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
         failures = failures or ClaimFailures.build(failed_q=self.format_address(queue), endpoint=queue.table)
@@ -128,6 +131,8 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
         params = {**params, "limit": int(limit), "consumer": consumer, "forward_name": FORWARD_NAME,
                   "fail_id": failures.null_id, "fail_expires": failures.far_expires, "slot": failures.slot,
                   "nul_mark": uuid.uuid4().hex}
+        if numbering is not None:
+            return self._numbered_claim(q, c, e, cond, params, numbering)
         # One statement, one transaction, same snapshot for every part. `picked` locks the oldest
         # unlocked rows and classifies them from their small columns; it is MATERIALIZED so it
         # runs once (a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for).
@@ -200,6 +205,78 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         # classify every row above `after` and sort them, seconds per claim. Without bitmap and
         # sequential scans it walks the seq index in order and stops at the limit. LOCAL: this
         # transaction only.
+        return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
+                Statement(sql.strip(), params)]
+
+    def _numbered_claim(self, q: str, c: str, e: str, cond: str, params: dict[str, Any],
+                        numbering: ClaimNumbering) -> list[Statement]:
+        """The claim with numbers of ours (`ClaimNumbering`): a row's claim number is
+        ``first + (seq - the lowest seq picked)``, so a claim held by a prepared transaction maps its
+        rows to numbers without writing them anywhere. Every row's headers are judged here (poison
+        goes to the error queue in this transaction: a prepared claim's acknowledgement is its
+        COMMIT PREPARED, which can add nothing). The claimable rows go into the claim table, with
+        their numbers, when `numbering.prepared` is false or any of them is special (a text match
+        of a ForwardDestination or a ServiceControl retry acknowledgement header: the work the claim
+        table's machinery does at the claim and the acknowledgement); `tabled` says which."""
+        params = {**params, "first": int(numbering.first), "retry_name": RETRY_ACK_NAME,
+                  "always": not numbering.prepared}
+        sql = f"""
+WITH picked AS MATERIALIZED (
+    SELECT seq, poison, expired,
+           CASE WHEN poison OR expired THEN NULL WHEN id IS NULL THEN 'id' WHEN far THEN 'expires' END AS odd,
+           forward, special
+    FROM (
+        SELECT seq, id,
+               (expires IS NOT NULL AND expires <= {UTC_NOW}) AS expired,
+               (expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(expires)) AS far,
+               {self._poison("headers")} AS poison,
+               (strpos(headers, %(forward_name)s) > 0) AS forward,
+               (strpos(headers, %(forward_name)s) > 0 OR strpos(headers, %(retry_name)s) > 0) AS special
+        FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS r
+), low AS MATERIALIZED (
+    SELECT min(seq) AS seq FROM picked
+), tabled AS MATERIALIZED (
+    SELECT %(always)s OR EXISTS (SELECT FROM picked WHERE special AND NOT poison AND NOT expired AND odd IS NULL) AS t
+), gone AS (
+    DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
+), to_error AS (
+    INSERT INTO {e} (id, expires, headers, body)
+    SELECT {self._error_id(e)}, NULL, m.headers, m.body
+    FROM (SELECT seq FROM picked WHERE poison ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING 1
+), to_dead AS (
+    INSERT INTO {e} (id, expires, headers, body)
+    SELECT {self._error_id(e)}, NULL, {self._with_failure("m.headers", "p.odd", "m.expires")}, m.body
+    FROM (SELECT seq, odd FROM picked WHERE odd IS NOT NULL ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING 1
+), claimed AS (
+    INSERT INTO {c} (claim_seq, consumer, id, expires, headers, body, source_seq) OVERRIDING SYSTEM VALUE
+    SELECT %(first)s + (m.seq - (SELECT seq FROM low)), %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'),
+           COALESCE(m.headers, ''), m.body, m.seq
+    FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL AND (SELECT t FROM tabled)
+          ORDER BY seq) AS p
+    JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING claim_seq
+)
+SELECT (SELECT count(*) FROM gone) AS deleted,
+       (SELECT count(*) FROM picked WHERE expired AND NOT poison) AS expired,
+       (SELECT count(*) FROM to_error) AS poison,
+       (SELECT count(*) FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL) AS claimed,
+       %(first)s + (SELECT max(seq) FROM picked) - (SELECT seq FROM low) AS max_claim,
+       (SELECT max(seq) FROM picked) AS max_source,
+       %(first)s::bigint AS min_claim,
+       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired AND odd IS NULL
+          AND (SELECT t FROM tabled)) AS forward,
+       (SELECT count(*) FROM picked WHERE odd = 'id') AS null_id,
+       (SELECT count(*) FROM picked WHERE odd = 'expires') AS far_expires,
+       (SELECT count(*) FROM claimed) AS tabled,
+       (SELECT seq FROM low) AS low_source,
+       to_char({UTC_NOW}, 'YYYYMMDDHH24MISSUS') AS claimed_at,
+       mod(pg_catalog.pg_current_xact_id()::text::numeric, 4294967296)::text AS xid"""
         return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
                 Statement(sql.strip(), params)]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...errors import ConfigError, QTransportError
 from ...wire import RETRY_COUNTERS
-from ..base import ClaimFailures, QueueAddress, ReceiveSql, Statement
+from ..base import ClaimFailures, ClaimNumbering, QueueAddress, ReceiveSql, Statement
 from .addressing import SqlServerAddressing
 from .statements import (
     MAX_CONSUMER_CHARS,
@@ -347,7 +347,10 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         after: int,
         upto: int | None,
         failures: ClaimFailures | None = None,
+        numbering: ClaimNumbering | None = None,
     ) -> list[Statement]:
+        if numbering is not None:  # only prepared claims number their rows, and SQL Server has none
+            raise NotImplementedError("SQL Server claims are numbered by the claim table's IDENTITY")
         q, c, e = self.qualified(queue), self.qualified(claims), self.qualified(error)
         failures = failures or ClaimFailures.build(failed_q=self.format_address(queue), endpoint=queue.table)
         limit = int(limit)

@@ -1,0 +1,76 @@
+"""The SQL of claims held by prepared transactions (PostgreSQL's PREPARE TRANSACTION): a claim
+deletes its rows and is prepared instead of committed, so its rows are written once (the queue's
+delete) instead of three times (the queue's delete, the claim table's insert and delete). The
+rows stay readable by other sessions until the acknowledgement commits the prepared transaction;
+competing consumers skip them as they skip any locked row. Dialects without it (SQL Server) keep
+every claim in the claim table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .addressing import AddressingSql
+from .values import QueueAddress, Statement
+
+__all__ = ["PreparedSql"]
+
+
+class PreparedSql(AddressingSql):
+    """Prepared claims; `prepared_claims` says whether the database has them at all."""
+
+    #: the database can hold a claim in a prepared transaction
+    prepared_claims: bool = False
+
+    def _no_prepared(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no prepared transactions")
+
+    def prepared_capacity(self) -> Statement:
+        """One row: (max_prepared_transactions, prepared transactions now held on the server)."""
+        return self._no_prepared()
+
+    def prepare(self, gid: str) -> Statement:
+        """End the current transaction by preparing it under `gid` (our own characters only)."""
+        return self._no_prepared()
+
+    def commit_prepared(self, gid: str) -> Statement:
+        """Commit a prepared transaction (outside any transaction: `run_outside_transaction`)."""
+        return self._no_prepared()
+
+    def rollback_prepared(self, gid: str) -> Statement:
+        """Roll a prepared transaction back (outside any transaction)."""
+        return self._no_prepared()
+
+    def run_outside_transaction(self, conn: Any, stmt: Statement) -> None:
+        """Run `stmt` on `conn` in autocommit (COMMIT PREPARED cannot run in a transaction)."""
+        self._no_prepared()
+
+    def list_prepared(self, prefix: str) -> Statement:
+        """Rows (gid, transaction id text, prepared at, age in seconds) of this database's prepared
+        transactions whose gid starts with `prefix` (our own characters only)."""
+        return self._no_prepared()
+
+    def read_prepared(self, queue: QueueAddress, *, xid: str, shift: int, after: int, upto: int,
+                      claimed_at: str) -> Statement:
+        """The rows a prepared claim deleted, numbered `shift + seq`, in (after, upto], in order,
+        as `read_claims` returns them; the rows it did not claim (expired as of `claimed_at`, no
+        id, an Expires beyond year 9999) are left out, as the claim left them out."""
+        return self._no_prepared()
+
+    def repeatable_read(self) -> Statement:
+        """The first statement of a transaction that reads one snapshot throughout."""
+        return self._no_prepared()
+
+    def parked(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        """One row, one boolean: the claim table holds claims of the consumer in (after, upto]."""
+        return self._no_prepared()
+
+    def park(self, queue: QueueAddress, claims: QueueAddress, consumer: str, *, xid: str, shift: int,
+             first: int, last: int, low: int, high: int, claimed_at: str) -> Statement:
+        """Copy a prepared claim's deliverable rows (`read_prepared`'s, less poison) into the claim
+        table with their numbers, unless it holds claims in [first, last] already (idempotent)."""
+        return self._no_prepared()
+
+    def prepared_bound(self) -> Statement:
+        """One row: (the oldest prepared transaction's age in seconds or NULL, xid age of the
+        database's datfrozenxid): what a prepared claim holds back."""
+        return self._no_prepared()

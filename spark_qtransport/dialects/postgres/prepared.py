@@ -1,0 +1,113 @@
+"""PostgreSQL prepared claims (`PreparedSql`): the claim's rows are found again by the transaction
+that deleted them (`xmax`), within the claim's sequence range."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..base import LATEST_TIME, PreparedSql, QueueAddress, Statement
+from .addressing import PostgresAddressing
+
+#: what a gid we build may hold: PREPARE TRANSACTION takes a literal, not a parameter
+_GID = re.compile(r"[A-Za-z0-9_.:~-]{1,199}")
+
+#: a queue row's Expires as a reader can hold it (as `read_claims` maps a claim's)
+_EXPIRES = (f"CASE WHEN q.expires > TIMESTAMP '{LATEST_TIME}' THEN NULL"
+            " WHEN q.expires < TIMESTAMP '0001-01-01' THEN TIMESTAMP '0001-01-01' ELSE q.expires END")
+
+#: the rows a numbered claim claimed rather than dropped or dead-lettered (see `_numbered_claim`)
+_CLAIMED = ("q.id IS NOT NULL AND NOT (q.expires IS NOT NULL AND q.expires <= %(claimed_at)s::timestamp)"
+            f" AND NOT COALESCE(q.expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(q.expires), false)")
+
+
+def _literal(gid: str) -> str:
+    if not _GID.fullmatch(gid):
+        raise ValueError(f"not a gid of ours: {gid!r}")
+    return f"'{gid}'"
+
+
+class PostgresPrepared(PostgresAddressing, PreparedSql):
+    prepared_claims = True
+
+    def prepared_capacity(self) -> Statement:
+        return Statement("SELECT pg_catalog.current_setting('max_prepared_transactions')::int,"
+                         " (SELECT count(*) FROM pg_catalog.pg_prepared_xacts)::int")
+
+    def prepare(self, gid: str) -> Statement:
+        return Statement(f"PREPARE TRANSACTION {_literal(gid)}")
+
+    def commit_prepared(self, gid: str) -> Statement:
+        return Statement(f"COMMIT PREPARED {_literal(gid)}")
+
+    def rollback_prepared(self, gid: str) -> Statement:
+        return Statement(f"ROLLBACK PREPARED {_literal(gid)}")
+
+    def run_outside_transaction(self, conn: Any, stmt: Statement) -> None:
+        conn.rollback()  # idle: autocommit can be switched only outside a transaction
+        conn.autocommit = True
+        try:
+            conn.execute(stmt.sql, stmt.params)
+        finally:
+            conn.autocommit = False
+
+    def list_prepared(self, prefix: str) -> Statement:
+        # LIKE with our own characters: only '_' is a wildcard among them, and gids never hold one
+        if "_" in prefix or "%" in prefix:
+            raise ValueError(f"not a gid prefix of ours: {prefix!r}")
+        return Statement(
+            "SELECT gid, transaction::text, prepared,"
+            " extract(epoch FROM pg_catalog.clock_timestamp() - prepared)::float8"
+            " FROM pg_catalog.pg_prepared_xacts WHERE database = pg_catalog.current_database()"
+            " AND gid LIKE %(prefix)s ORDER BY gid",
+            {"prefix": prefix + "%"},
+        )
+
+    def read_prepared(self, queue: QueueAddress, *, xid: str, shift: int, after: int, upto: int,
+                      claimed_at: str) -> Statement:
+        # The rows the prepared transaction deleted still stand for every other transaction, with
+        # its id as their xmax; within the claim's seq range, no other row has it.
+        return Statement(
+            f"SELECT %(shift)s + q.seq, q.id::text, {_EXPIRES}, COALESCE(q.headers, ''), q.body, q.seq::bigint,"
+            " %(claimed_at)s::timestamp AT TIME ZONE 'UTC'"
+            f" FROM {self.qualified(queue)} AS q"
+            " WHERE q.seq > %(after)s - %(shift)s AND q.seq <= %(upto)s - %(shift)s AND q.xmax = %(xid)s::xid"
+            f" AND {_CLAIMED} ORDER BY q.seq",
+            {"shift": int(shift), "after": int(after), "upto": int(upto), "xid": str(xid), "claimed_at": claimed_at},
+        )
+
+    def repeatable_read(self) -> Statement:
+        return Statement("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+    def parked(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+        return Statement(
+            f"SELECT EXISTS (SELECT FROM {self.qualified(claims)} WHERE consumer = %(consumer)s"
+            " AND claim_seq > %(after)s AND claim_seq <= %(upto)s)",
+            {"consumer": consumer, "after": int(after), "upto": int(upto)},
+        )
+
+    def park(self, queue: QueueAddress, claims: QueueAddress, consumer: str, *, xid: str, shift: int,
+             first: int, last: int, low: int, high: int, claimed_at: str) -> Statement:
+        c = self.qualified(claims)
+        return Statement(
+            f"INSERT INTO {c} (claim_seq, consumer, id, expires, headers, body, source_seq, claimed_at)"
+            " OVERRIDING SYSTEM VALUE"
+            " SELECT %(shift)s + q.seq, %(consumer)s, q.id, NULLIF(q.expires, TIMESTAMP 'infinity'),"
+            " COALESCE(q.headers, ''), q.body, q.seq, %(claimed_at)s::timestamp AT TIME ZONE 'UTC'"
+            f" FROM {self.qualified(queue)} AS q"
+            " WHERE q.seq >= %(low)s AND q.seq <= %(high)s AND q.xmax = %(xid)s::xid"
+            f" AND {_CLAIMED} AND NOT {self._poison('q.headers')}"  # type: ignore[attr-defined]
+            f" AND NOT EXISTS (SELECT FROM {c} WHERE consumer = %(consumer)s"
+            " AND claim_seq >= %(first)s AND claim_seq <= %(last)s)"
+            " ORDER BY q.seq",
+            {"shift": int(shift), "consumer": consumer, "xid": str(xid), "low": int(low), "high": int(high),
+             "first": int(first), "last": int(last), "claimed_at": claimed_at},
+        )
+
+    def prepared_bound(self) -> Statement:
+        return Statement(
+            "SELECT (SELECT extract(epoch FROM pg_catalog.clock_timestamp() - min(prepared))::float8"
+            " FROM pg_catalog.pg_prepared_xacts),"
+            " (SELECT pg_catalog.age(datfrozenxid) FROM pg_catalog.pg_database"
+            " WHERE datname = pg_catalog.current_database())"
+        )
