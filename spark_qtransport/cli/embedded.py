@@ -156,6 +156,9 @@ class EmbeddedPostgres:
             "port": str(self.port),
             "unix_socket_directories": str(self.base_dir),
             "max_connections": "200",
+            # claims held by prepared transactions (`claimMode`): a stream holds one a claim made
+            # and not yet acknowledged, two while it claims ahead
+            "max_prepared_transactions": "64",
             "shared_buffers": "256MB",
             "fsync": "on" if self.fsync else "off",
             "synchronous_commit": "on" if self.fsync else "off",

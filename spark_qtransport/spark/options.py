@@ -77,6 +77,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": (str(defaults.DEFAULT_ACK_BATCH), "claims deleted per statement when a batch is acknowledged"),
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
+    "claimMode": ("auto", "where a claim is held until its batch is acknowledged: `prepared` (PostgreSQL: the claim's DELETE is held by a prepared transaction, so each message is written once; needs `max_prepared_transactions` above 0), `table` (the claim table: a second write of every message; the only form on SQL Server), or `auto`: prepared where the server leaves room and the stream has no `auditQueue`, `forwardTo` or `monitoringQueue`, else the claim table, with one INFO line saying why"),
+    "preparedClaimTimeout": ("60s", "the longest a prepared claim holds vacuum back: an older one (a stream idle, stopped or stuck) is moved into the claim table (`claimMode` prepared)"),
     "delayedTable": ("`<queue>.<delayedTableSuffix>`", f"address of the delayed table of the queue's endpoint, whose due messages the reader moves each trigger, {_DELAYED_ELSEWHERE}"),
     "delayedTableSuffix": (DEFAULT_DELAYED_SUFFIX, _DELAYED_SUFFIX.format("queue")),
     **{k: (v[0], v[1].replace("ADDRESSES", "ForwardDestination headers and ServiceControl's retry acknowledgement queues")) for k, v in ALLOW_OPTIONS.items()},
@@ -278,11 +280,29 @@ def _common(opts: Mapping[str, str], url: ConnectionURL, dialect: Dialect) -> di
         ack_batch=_int(opts, OPT_ACK_BATCH, "ackBatchSize", defaults.DEFAULT_ACK_BATCH,
                        maximum=MAX_ACK_BATCH) or defaults.DEFAULT_ACK_BATCH,
         claim_ahead=_bool(opts, OPT_CLAIM_AHEAD, "claimAhead", True),
+        **_claim_mode(opts, dialect),
         acknowledge_retries=_bool(opts, OPT_RETRY_ACKS, "retryAcknowledgements", True),
         routing=routing_policy(opts),
         delayed_rule=delayed_rule(opts, dialect),
         **_platform(opts, dialect),
     )
+
+
+def _claim_mode(opts: Mapping[str, str], dialect: Dialect) -> dict[str, Any]:
+    """`claimMode` and `preparedClaimTimeout`."""
+    raw = str(opts.get("claimmode") or defaults.CLAIM_AUTO).strip().lower()
+    if raw not in defaults.CLAIM_MODES:
+        raise ConfigError(f"option 'claimMode' must be one of {', '.join(defaults.CLAIM_MODES)}, not {raw[:40]!r}",
+                          option="claimMode")
+    if raw == defaults.CLAIM_PREPARED and not dialect.prepared_claims:
+        raise ConfigError(f"option 'claimMode': {dialect.name} has no prepared transactions a claim could be held "
+                          "by; use 'table' or 'auto'", option="claimMode")
+    timeout = opts.get("preparedclaimtimeout")
+    seconds = (defaults.DEFAULT_PREPARED_TIMEOUT if timeout in (None, "")
+               else parse_duration(str(timeout), option="preparedClaimTimeout"))
+    if not 1 <= seconds <= 86_400:
+        raise ConfigError("option 'preparedClaimTimeout' must be between 1s and 1d", option="preparedClaimTimeout")
+    return {"claim_mode": raw, "prepared_timeout": seconds}
 
 
 def _platform(opts: Mapping[str, str], dialect: Dialect) -> dict[str, Any]:

@@ -45,6 +45,12 @@ DEFAULT_INVALID_ROWS = INVALID_TO_ERROR_QUEUE
 #: INLINE_TASKS tasks (by partition) hands its messages over when they total at most its share
 DEFAULT_INLINE_BYTES = 256 * 2**20
 INLINE_TASKS = 4
+#: where a claim is held until its batch is acknowledged (option `claimMode`): a prepared
+#: transaction (PostgreSQL), the claim table, or the first where the server allows it
+CLAIM_AUTO, CLAIM_PREPARED, CLAIM_TABLE = "auto", "prepared", "table"
+CLAIM_MODES = (CLAIM_AUTO, CLAIM_PREPARED, CLAIM_TABLE)
+#: seconds a prepared claim may hold vacuum back before it is moved into the claim table
+DEFAULT_PREPARED_TIMEOUT = 60.0
 #: a micro-batch is read with one Spark partition per this many claimed rows, at most MAX_AUTO_PARTITIONS
 PARTITION_TARGET_ROWS = 25_000
 MAX_AUTO_PARTITIONS = 16
@@ -67,6 +73,9 @@ class ReceiveSettings:
     create_queues: bool = False
     ack_batch: int = DEFAULT_ACK_BATCH
     claim_ahead: bool = True
+    #: where claims are held (`CLAIM_MODES`) and how long a prepared one may live, in seconds
+    claim_mode: str = CLAIM_AUTO
+    prepared_timeout: float = DEFAULT_PREPARED_TIMEOUT
     routing: RoutingPolicy = RoutingPolicy()
     #: which table holds the delayed messages of the queue's endpoint (the reader moves due ones)
     delayed_rule: DelayedTableRule = NSERVICEBUS_DELAYED

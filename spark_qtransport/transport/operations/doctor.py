@@ -7,9 +7,10 @@ NServiceBus.SqlServer checks a queue's Headers type (varchar loses non-ASCII tex
 billion inserts. Ours: columns NServiceBus declares NOT NULL that allow NULL (a hand-made table),
 a queue name too long for the tables of ours beside it (``.Claims``, ``.Staging``, ``.Outbox``,
 its delayed table), the current role's privileges on the queue, its sequence and the tables of
-ours beside it (what ``sqlqueue ddl --grant-to`` grants); PostgreSQL's WAL settings, as advice. A
-finding is an error (the connector cannot use the table), a warning (it works, but should be fixed)
-or information.
+ours beside it (what ``sqlqueue ddl --grant-to`` grants); PostgreSQL's WAL settings, as advice;
+PostgreSQL's prepared transactions: claims held by them past their bound, others as old, and
+whether ``max_prepared_transactions`` leaves claims room (`check_prepared`). A finding is an error
+(the connector cannot use the table), a warning (it works, but should be fixed) or information.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from ...dialects import FAILED_COLUMN, Dialect, QueueAddress
 from ...errors import ConfigError
 from .. import session as db
 from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
+from ..receiving.prepared import PreparedClaim
+from ..receiving.sessions import PreparedSlots
 from ..routing import QUEUE_COLUMNS
 from ..server import database_problems
+from ..settings import DEFAULT_PREPARED_TIMEOUT
 from .privileges import DML
 
-__all__ = ["Finding", "TableFacts", "WalSettings", "assess", "check_queue", "check_server", "read_wal_settings",
-           "setting_value", "wal_advice"]
+__all__ = ["GID_PREFIX", "Finding", "TableFacts", "WalSettings", "assess", "check_prepared", "check_queue",
+           "check_server", "read_wal_settings", "setting_value", "wal_advice"]
 
 INT4_MAX = 2**31 - 1
 
@@ -179,6 +183,132 @@ def wal_advice(s: WalSettings) -> list[Finding]:
             f"uncompressed; this server was built with {' and '.join(cheap)}: set wal_compression = {cheap[0]} "
             "(pglz costs much more CPU)")))
     return out
+
+
+#: every prepared transaction of ours (a claim, `PreparedClaim.gid`) has a gid that starts with this
+GID_PREFIX = "sqlqueue:"
+#: prepared transactions a queue needs free for a stream to hold its claims in them: it holds
+#: `PreparedSlots.PER_QUEUE` and leaves as many of the free ones to the server's other users
+FREE_PER_QUEUE = 2 * PreparedSlots.PER_QUEUE
+#: ages of one prepared transaction read by two statements differ by less than this (seconds)
+_SAME_AGE = 1.0
+
+
+def check_prepared(cur: Any, d: Dialect, queues: Sequence[QueueAddress], *,
+                   timeout: float = DEFAULT_PREPARED_TIMEOUT) -> list[Finding]:
+    """PostgreSQL's prepared transactions, as claims use them (`claimMode`); nothing where the
+    database has none (SQL Server). Warnings: a claim of ours prepared longer ago than `timeout`
+    (a running stream moves its claims into the claim table before `preparedClaimTimeout`, so its
+    stream has stopped or hangs), another prepared transaction as old, in this database or
+    another; each holds vacuum back. Information: `max_prepared_transactions` too low for the
+    queues checked that a stream reads (those with a claim table), whose claims are then written
+    to the claim table as well."""
+    if not d.prepared_claims:
+        return []
+    setting, in_use = (int(v or 0) for v in db.one(cur, d.prepared_capacity()))
+    oldest, frozen = db.one(cur, d.prepared_bound())
+    listed = [(str(gid), float(age or 0.0), PreparedClaim.parse(str(gid), xid=str(xid), age=float(age or 0.0)))
+              for gid, xid, _at, age in db.rows(cur, d.list_prepared(""))]
+    ours = [(gid, age, claim) for gid, age, claim in listed if gid.startswith(GID_PREFIX)]
+    # the queues' claim tables by id, read only where a finding may need them
+    advice_possible = setting < FREE_PER_QUEUE * len(queues) + in_use
+    tables = _claim_tables(cur, d, queues) if ours or advice_possible else {}
+    held = f"age(datfrozenxid) is {int(frozen):,} transactions" if frozen is not None else "age(datfrozenxid) unknown"
+    out = _old_claims(d, ours, tables, timeout=timeout, held=held)
+    others = [(gid, age) for gid, age, _ in listed if not gid.startswith(GID_PREFIX) and age > timeout]
+    out += [Finding("warning", "(server)", (
+        f"prepared transaction {gid!r} (not sqlqueue's) was prepared {_age(age)} ago: it holds vacuum back (no row "
+        f"deleted or updated since can be removed; {held}) until whoever prepared it commits or rolls it back "
+        "(COMMIT PREPARED / ROLLBACK PREPARED)"))
+        for gid, age in others]
+    if oldest is not None and float(oldest) > timeout and not any(age >= float(oldest) - _SAME_AGE for _, age, _ in listed):
+        out.append(Finding("warning", "(server)", (
+            f"a prepared transaction in another database of this server was prepared {_age(float(oldest))} ago: it "
+            "holds vacuum back there and on the shared catalogs until it is committed or rolled back; "
+            "pg_prepared_xacts names it (gid, database), and sqlqueue doctor connected to that database judges it")))
+    mine = sum(1 for _, _, claim in ours if claim is not None and claim.table in tables)
+    out += prepared_capacity_advice(setting, in_use - mine, streamed=len(tables))
+    return out
+
+
+def _claim_tables(cur: Any, d: Dialect, queues: Sequence[QueueAddress]) -> dict[str, QueueAddress]:
+    """The id of each queue's claim table (`Dialect.table_id`, as a gid holds it) -> the queue, for
+    the queues that have one; a schema the role may not use is skipped (its tables cannot be looked
+    up by name)."""
+    out: dict[str, QueueAddress] = {}
+    for queue in queues:
+        try:
+            claims = d.claims_table(queue)
+        except ConfigError:  # a name too long for a claim table: there is none
+            continue
+        if any(m.startswith("USAGE ON SCHEMA") for m in _missing(cur, d, claims)):
+            continue
+        (table_id,) = db.one(cur, d.table_id(claims))
+        if table_id is not None:
+            out[str(int(table_id))] = queue
+    return out
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+
+
+def _old_claims(d: Dialect, ours: list[tuple[str, float, PreparedClaim | None]], tables: dict[str, QueueAddress], *,
+                timeout: float, held: str) -> list[Finding]:
+    """A warning per claim table and consumer holding prepared claims older than `timeout`."""
+    groups: dict[tuple[str, str], list[PreparedClaim]] = {}
+    out = []
+    for gid, age, claim in ours:
+        if age <= timeout:
+            continue
+        if claim is None:  # ours by its prefix, but not a gid this version makes
+            out.append(Finding("warning", "(server)", (
+                f"prepared transaction {gid!r} (sqlqueue's, of another version) was prepared {_age(age)} ago, past the "
+                f"{_age(timeout)} bound: it holds vacuum back (no row deleted or updated since can be removed; {held}); "
+                "a stream of that version moves it into the claim table when it starts again")))
+            continue
+        groups.setdefault((claim.table, claim.consumer), []).append(claim)
+    for (table, consumer), claims in groups.items():
+        queue = tables.get(table)
+        where = d.qualified(queue) if queue is not None else "(server)"
+        on = "" if queue is not None else (f" on the claim table with id {table}, of a queue not checked here "
+                                           f"(SELECT {table}::regclass names it),")
+        age = max(c.age for c in claims)
+        count = f"{len(claims)} prepared claims" if len(claims) > 1 else "a prepared claim"
+        span = sum(c.last - c.first + 1 for c in claims)
+        out.append(Finding("warning", where, (
+            f"{count} of consumer {consumer!r}{on} prepared {_age(age)} ago, past the {_age(timeout)} bound "
+            "(--prepared-timeout; the option preparedClaimTimeout): a running stream moves its claims into the claim "
+            "table by then, so this one has stopped or hangs; until then it holds vacuum back (no row deleted or "
+            f"updated since can be removed; {held}) and up to {span:,} message(s) stay claimed; starting the stream "
+            f"again (or stopping it cleanly) moves it into the claim table (gid {', '.join(c.gid for c in claims)})")))
+    return out
+
+
+def prepared_capacity_advice(setting: int, others: int, *, streamed: int) -> list[Finding]:
+    """Advice, as information, on `max_prepared_transactions` (`setting`, of which `others` are
+    held by others than the `streamed` queues' streams) for `streamed` queues a stream reads: a
+    stream holds a queue's claims in prepared transactions (claimMode auto) only where
+    FREE_PER_QUEUE are free when it starts, else in the claim table, which writes each message
+    twice more (its insert and its delete, besides the queue's delete). Nothing without such a
+    queue: the advice is for queues streams read."""
+    if not streamed:
+        return []
+    needed = FREE_PER_QUEUE * streamed + max(0, others)
+    if setting >= needed:
+        return []
+    how = (f"set max_prepared_transactions to at least {needed} ({FREE_PER_QUEUE} per queue a stream reads: it holds "
+           f"{PreparedSlots.PER_QUEUE} and leaves as many free to others; {streamed} queue(s) checked here have a "
+           f"claim table{f'; {others} held by others' if others > 0 else ''}) plus what other users of the "
+           "server need (64 leaves room) and restart the server: claimMode auto then holds claims in prepared "
+           "transactions, which write each message once (about a third of the WAL per message)")
+    if setting <= 0:
+        return [Finding("info", "(server)", (
+            "max_prepared_transactions is 0: every claim is held in the claim table, so each message received is "
+            f"written three times (the queue's delete, the claim table's insert and its delete) instead of once; {how}"))]
+    return [Finding("info", "(server)", (
+        f"max_prepared_transactions is {setting}: too few for prepared claims on every queue a stream reads, so some "
+        f"hold their claims in the claim table, writing each message three times instead of once; {how}"))]
 
 
 def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,

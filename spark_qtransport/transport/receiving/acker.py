@@ -15,8 +15,9 @@ from typing import Any
 from .. import session as db
 from ..platform.after import AfterProcessing, Chunk
 from ..session import Session
+from . import prepared
 from .background import Background
-from .planner import ClaimOffset, ReceiveStats, dropped_note
+from .planner import ClaimOffset, Planner, ReceiveStats, dropped_note
 from .setup import Endpoint
 from .vacuum import vacuum_if_due
 
@@ -30,8 +31,9 @@ class Acker:
     one after any claim in flight."""
 
     def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background,
-                 stats: ReceiveStats, after: AfterProcessing) -> None:
+                 stats: ReceiveStats, after: AfterProcessing, planner: Planner) -> None:
         self.endpoint, self.stats, self.after = endpoint, stats, after
+        self.planner = planner
         self._main, self._ahead, self._background = main, ahead, background
         self._count = threading.Lock()  # stats.acked is added to from both threads
         self.failure: Exception | None = None
@@ -78,6 +80,49 @@ class Acker:
             return self._ack_serially(session, end)
 
     def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
+        if self.endpoint.dialect.prepared_claims and (self.endpoint.prepared or self.planner.prepared.all()):
+            return self._ack_prepared(session, end)
+        return self._ack_table(session, end)
+
+    def _ack_prepared(self, session: Session, end: ClaimOffset) -> int:
+        """A run with prepared claims: the claim table's part (claims a retry acknowledgement or a
+        ForwardDestination put there, parked ones, a table-mode run's) as always, where it may hold
+        any up to `end`; then each prepared claim up to `end` is committed."""
+        total = 0
+        span = self.planner.table_span
+        if span is not None and span[0] <= end.claim:
+            total = self._ack_table(session, end)
+            self.planner.narrow_table_span(end.claim)
+        what = self.endpoint.what("acknowledge")
+        for claim in self.planner.prepared.upto(end.claim):
+            session.run(functools.partial(prepared.commit, endpoint=self.endpoint, claim=claim), what)
+            self.planner.prepared.forget(claim)
+            total += claim.last - claim.first + 1
+        self._gone = (end.table, max(self.done(end.table), end.claim))
+        return total
+
+    def park(self, session: Session, *, older_than: float | None) -> int:
+        """Move this consumer's prepared claims older than `older_than` seconds (None: all of them)
+        into the claim table (`prepared.park`), one at a time; the number moved. Serial with the
+        acknowledgements: one of them commits what the other would copy."""
+        d, what, moved = self.endpoint.dialect, self.endpoint.what("park prepared claims"), 0
+        with self._serial:
+            table = self.planner.table_id()
+            # the server's list gives the ages; the planner's own list is left as it is, but for the
+            # claims parked here (a claim made meanwhile on the other session is young, not listed)
+            current = session.run(lambda c: prepared.listed(self.endpoint, c.cursor(), table), what)
+            for claim in current:
+                if older_than is not None and claim.age < older_than:
+                    continue
+                self.planner.widen_table_span(claim.first, claim.last)
+                session.run(functools.partial(prepared.park, endpoint=self.endpoint, claim=claim), what)
+                self.planner.prepared.forget(claim)
+                moved += 1
+                log.info("queue %s: moved the prepared claim of numbers %d-%d (%.0fs old) into %s", self.endpoint.queue_text,
+                         claim.first, claim.last, claim.age, d.qualified(self.endpoint.claims))
+        return moved
+
+    def _ack_table(self, session: Session, end: ClaimOffset) -> int:
         poison = self.after.stats.poison
         total = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
         self.after.times.forget(end.claim)

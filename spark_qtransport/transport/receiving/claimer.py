@@ -7,19 +7,30 @@ failure headers naming it; rows carrying a ForwardDestination are forwarded befo
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...dialects import ClaimFailures, ClaimResult
+from ...dialects import ClaimFailures, ClaimNumbering, ClaimResult
 from .. import session as db
 from ..routing import Router
 from ..session import Session
 from .background import Background
 from .forward import ForwardResult, forward_claimed
+from .prepared import PreparedClaim, consumer_token
 from .setup import Endpoint
 
 __all__ = ["ClaimOutcome", "ClaimRequest", "Claimer"]
+
+log = logging.getLogger("spark_qtransport.receive")
+
+#: PostgreSQL's answer to PREPARE TRANSACTION when max_prepared_transactions are all in use
+#: ("maximum number of prepared transactions reached": out_of_memory)
+#: PostgreSQL's answers to PREPARE TRANSACTION when the server has no slot for it: all of
+#: max_prepared_transactions in use (out_of_memory), or none allowed (feature_not_supported)
+NO_PREPARED_SLOT = ("53200", "0A000")
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,8 @@ class ClaimRequest:
     after: int
     upto: int | None
     planned_at: float  # the clock when planned: when a new low-water mark was set
+    #: the claim numbers of ours begin here (`ClaimNumbering`); None: the claim table's identity
+    first: int | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,7 @@ class ClaimOutcome:
     result: ClaimResult | None = None
     forwarded: ForwardResult = field(default_factory=ForwardResult)
     scanned_from: int = 0  # the queue sequence the claim scanned from (0: the head)
+    prepared: PreparedClaim | None = None  # the claim is held by this prepared transaction
 
     @property
     def full(self) -> bool:
@@ -52,9 +66,11 @@ class Claimer:
     """Runs claims, on the main session or, ahead of Spark, on the background one. Changes no
     state of its own: each claim returns a `ClaimOutcome` for the planner to apply."""
 
-    def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background) -> None:
+    def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background,
+                 table: Callable[[], str]) -> None:
         self.endpoint = endpoint
         self._main, self._ahead, self._background = main, ahead, background
+        self._table = table  # the claim table's id (a prepared claim's gid names it)
 
     def generations(self) -> tuple[int, int]:
         """Connections opened and dropped so far by both sessions: a claim whose commit went
@@ -86,16 +102,48 @@ class Claimer:
                 return ClaimOutcome(request)
         claims = self.endpoint.claims
         failures = ClaimFailures.build(failed_q=d.format_address(o.queue), endpoint=o.consumer)
-        for stmt in d.claim(o.queue, claims, o.error_queue, consumer=o.consumer,
-                            limit=request.limit, after=after, upto=request.upto, failures=failures):
+        prepared = self.endpoint.prepared and request.first is not None
+        numbering = None if request.first is None else ClaimNumbering(request.first, prepared)
+        for stmt in d.claim(o.queue, claims, o.error_queue, consumer=o.consumer, limit=request.limit, after=after,
+                            upto=request.upto, failures=failures, numbering=numbering):
             db.execute(cur, stmt)
         row = db.results(cur).fetchone()
         names = [str(column[0]).lower() for column in cur.description]
-        values: dict[str, Any] = {name: None if v is None else int(v) for name, v in zip(names, row, strict=True)}
-        claim = ClaimResult(**values)
+        values: dict[str, Any] = dict(zip(names, row, strict=True))
+        extra = {name: values.pop(name) for name in ("tabled", "low_source", "claimed_at", "xid") if name in values}
+        claim = ClaimResult(**{name: None if v is None else int(v) for name, v in values.items()})  # type: ignore[arg-type]
+        held = None
+        if numbering is not None and not claim.claimed:
+            claim = replace(claim, max_claim=None, min_claim=None)  # nothing to deliver: committed now
+        elif prepared and not extra["tabled"]:
+            held = PreparedClaim(self._table(), int(claim.min_claim or 0), int(claim.max_claim or 0),
+                                 int(extra["low_source"]), int(claim.max_source or 0), str(extra["claimed_at"]),
+                                 consumer_token(o.consumer), str(extra["xid"]))
+            if not self._prepare(conn, cur, held):
+                return self._transaction(conn, request)  # the server's slots are taken: a table claim
+            return ClaimOutcome(request, claim, ForwardResult(), after, held)
         forwarded = ForwardResult()
         if claim.forward and claim.min_claim is not None and claim.max_claim is not None:
             forwarded = forward_claimed(
                 d, cur, router=Router(d, o.routing), queue=o.queue, claims=claims, consumer=o.consumer,
                 error_queue=o.error_queue, lo=claim.min_claim, hi=claim.max_claim)
         return ClaimOutcome(request, claim, forwarded, after)
+
+    def _prepare(self, conn: Any, cur: Any, claim: PreparedClaim) -> bool:
+        """End the claim's transaction with PREPARE TRANSACTION (the session's commit is then a
+        no-op). False when the server has no slot left (its `max_prepared_transactions` taken by
+        other streams since the start): rolled back, and this run holds its claims in the claim
+        table from now on, numbered as before."""
+        d = self.endpoint.dialect
+        try:
+            db.execute(cur, d.prepare(claim.gid))
+        except Exception as exc:
+            if not d.is_driver_error(exc) or d.sqlstate(exc) not in NO_PREPARED_SLOT:
+                raise
+            db.rollback(conn)
+            self.endpoint.prepared = False
+            log.warning("queue %s: the server has no prepared transaction left (max_prepared_transactions); this "
+                        "stream holds its claims in the claim table from now on (%s)", self.endpoint.queue_text,
+                        d.error_text(exc))
+            return False
+        return True

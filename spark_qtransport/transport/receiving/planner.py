@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -17,9 +18,10 @@ from ...errors import OffsetError
 from .. import session as db
 from ..session import Session
 from .claimer import Claimer, ClaimOutcome, ClaimRequest
+from .prepared import NUMBER_BASE, HeldClaims, listed
 from .setup import Endpoint
 
-__all__ = ["ClaimOffset", "ClaimSlice", "LOW_WATER_TTL", "Planner", "ReceiveStats", "STARTER_CLAIM"]
+__all__ = ["ClaimOffset", "ClaimSlice", "PreparedRead", "LOW_WATER_TTL", "Planner", "ReceiveStats", "STARTER_CLAIM"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -72,9 +74,24 @@ class ClaimSlice:
     table: str
     after: int
     upto: int
+    #: a slice of a claim held by a prepared transaction (`PreparedRead`); None: of the claim table
+    prepared: PreparedRead | None = None
 
     def __repr__(self) -> str:  # shown in Spark's UI and logs: no URL here
-        return f"ClaimSlice({self.claims.table!r}, {self.consumer!r}, ({self.after}, {self.upto}])"
+        held = "" if self.prepared is None else f", prepared {self.prepared.xid}"
+        return f"ClaimSlice({self.claims.table!r}, {self.consumer!r}, ({self.after}, {self.upto}]{held})"
+
+
+@dataclass(frozen=True)
+class PreparedRead:
+    """Where a prepared claim's rows are read: the queue's rows its transaction deleted (`xid`),
+    numbered `shift` + seq, expiry judged by the claim's clock; or, once the claim was parked,
+    their copies in the claim table (`read_chunks` looks in the same snapshot)."""
+
+    queue: QueueAddress
+    xid: str
+    shift: int
+    claimed_at: str
 
 
 @dataclass
@@ -114,9 +131,17 @@ class Planner:
     changes it; a claim made ahead is applied when the next batch is planned."""
 
     def __init__(self, endpoint: Endpoint, claimer: Claimer, main: Session, stats: ReceiveStats,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic, held: HeldClaims | None = None,
+                 table: Callable[[], str] = lambda: "") -> None:
         self.endpoint, self.stats = endpoint, stats
         self._claimer, self._main, self._clock = claimer, main, clock
+        #: the prepared claims this consumer holds (`prepared.py`), and the claim table's id
+        self.prepared = held if held is not None else HeldClaims()
+        self._table = table
+        #: the lowest and highest claim number the claim table may hold for this consumer (None:
+        #: none): a batch with prepared claims reads the claim table only where this says
+        self.table_span: tuple[int, int] | None = None
+        self._span_lock = threading.Lock()
         self.last_end: int | None = None
         self.target: int | None = None  # Trigger.AvailableNow: highest queue sequence to take
         self._more = False  # the last claim was full: more is probably waiting
@@ -175,16 +200,16 @@ class Planner:
         elif limit is None:
             end = after
             while True:
-                claimed, full = self._claim_now(o.max_messages)
+                claimed, full = self._claim_now(o.max_messages, end)
                 end = claimed or end
                 if not full:
                     break
         else:
-            claimed, _ = self._claim_now(limit if whole else self._foreground_size(limit))
+            claimed, _ = self._claim_now(limit if whole else self._foreground_size(limit), after)
             end = claimed or after
         self.last_end = end
         if claim and limit is not None and self._more and o.claim_ahead and after is not None:
-            self._ahead = self._claimer.claim_ahead(self._request(limit))
+            self._ahead = self._claimer.claim_ahead(self._request(limit, end))
         return end
 
     def held_max(self, *, fresh: bool = False) -> int | None:
@@ -197,11 +222,35 @@ class Planner:
         may have committed). An idle queue so costs no statement per trigger."""
         seen = self._claimer.generations()
         if fresh or self._held_seen != seen:
-            stmt = self.endpoint.dialect.max_claim(self.endpoint.claims, self.endpoint.options.consumer)
-            held_max, _ = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
-            self._held = None if held_max is None else int(held_max)
+            self._main.run(self._read_held, self.endpoint.what("peek claims"))
             self._held_seen = self._claimer.generations()
         return self._held
+
+    def _read_held(self, conn: Any) -> None:
+        """What this consumer holds, read from the server: claim-table claims and prepared ones."""
+        d, cur = self.endpoint.dialect, conn.cursor()
+        high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))
+        self.table_span = None if high is None else (int(low), int(high))
+        if d.prepared_claims:
+            self.prepared.replace_all(listed(self.endpoint, cur, self._table()))
+        tops = [v for v in (None if high is None else int(high), self.prepared.max_last()) if v is not None]
+        self._held = max(tops) if tops else None
+
+    def numbered(self, after: int | None) -> bool:
+        """Claims get numbers of ours (`ClaimNumbering`): held by prepared transactions, or in a
+        run whose checkpoint or claims have such numbers already (a table claim numbered by the
+        claim table's identity would fall below them)."""
+        if self.endpoint.prepared:
+            return True
+        known = (after, self.last_end, self._held, self._floor[1] if self._floor else None)
+        return any(v is not None and v >= NUMBER_BASE for v in known)
+
+    def _first(self, after: int | None) -> int | None:
+        """Where the next claim's numbers begin (None: the claim table's identity numbers it)."""
+        if not self.numbered(after):
+            return None
+        known = (NUMBER_BASE, after, self.last_end, self._held, self._floor[1] if self._floor else None)
+        return max(v for v in known if v is not None) + 1
 
     def settle_ahead(self) -> None:
         """Wait for the claim made ahead, if any, and apply it. A failed one is simply made again,
@@ -216,16 +265,16 @@ class Planner:
             log.warning("claiming ahead on %s failed (%s); claiming in the foreground", self.endpoint.options.queue,
                         db.describe(self.endpoint.dialect, exc))
 
-    def _claim_now(self, limit: int) -> tuple[int | None, bool]:
+    def _claim_now(self, limit: int, after: int) -> tuple[int | None, bool]:
         """Claim while Spark waits. Returns (highest claim sequence or None, the claim was full)."""
-        outcome = self._apply(self._claimer.claim(self._request(limit)))
+        outcome = self._apply(self._claimer.claim(self._request(limit, after)))
         return (outcome.result.max_claim if outcome.result else None), outcome.full
 
-    def _request(self, limit: int) -> ClaimRequest:
+    def _request(self, limit: int, after: int | None) -> ClaimRequest:
         now = self._clock()
         if self._low_water.seq is not None and now - self._low_water.since > LOW_WATER_TTL:
             self._low_water = _LowWater()
-        return ClaimRequest(limit, self._low_water.seq or 0, self.target, now)
+        return ClaimRequest(limit, self._low_water.seq or 0, self.target, now, self._first(after))
 
     def _apply(self, outcome: ClaimOutcome) -> ClaimOutcome:
         """Take in what a claim did: the counters, whether more waits, the low-water mark."""
@@ -238,6 +287,10 @@ class Planner:
         self._record(outcome)
         if result.max_claim is not None and self._held_seen is not None:
             self._held = max(self._held or 0, result.max_claim)
+        if outcome.prepared is not None:
+            self.prepared.add(outcome.prepared)
+        elif result.max_claim is not None and result.min_claim is not None:
+            self.widen_table_span(result.min_claim, result.max_claim)
         if outcome.full and result.max_source is not None:
             since = self._low_water.since if outcome.scanned_from else outcome.request.planned_at
             self._low_water = _LowWater(result.max_source, since)
@@ -269,6 +322,22 @@ class Planner:
                 ", ".join(f"{n} {DEAD_REASONS[column]}" for column, n in r.dead_lettered.items()),
             )
 
+    def widen_table_span(self, low: int, high: int) -> None:
+        """The claim table now holds claims of this consumer numbered within [low, high]."""
+        with self._span_lock:
+            span = self.table_span
+            self.table_span = (low, high) if span is None else (min(span[0], low), max(span[1], high))
+
+    def narrow_table_span(self, end: int) -> None:
+        """The claim table's claims up to `end` are acknowledged (the background thread's)."""
+        with self._span_lock:
+            span = self.table_span
+            if span is not None:
+                self.table_span = None if span[1] <= end else (max(span[0], end + 1), span[1])
+
+    def table_id(self) -> str:
+        return self._table()
+
     def _foreground_size(self, limit: int) -> int:
         """How much to claim while Spark waits. With claim-ahead, a large batch starts with a
         smaller claim, so the first rows flow sooner; full batches follow, claimed in the
@@ -280,8 +349,8 @@ class Planner:
     def _cap_held(self, after: int | None, held_max: int, limit: int | None) -> int:
         """Held claims beyond `after` form the batch, but no more than `limit` of them (a deleted
         checkpoint can find more: the last batch's and the one claimed ahead)."""
-        if after is None or limit is None or held_max - after <= limit:
-            return held_max
+        if after is None or limit is None or held_max - after <= limit or self.prepared.within(after, held_max):
+            return held_max  # claims held by prepared transactions are whole batches: not cut
         stmt = self.endpoint.dialect.nth_claim(self.endpoint.claims, self.endpoint.options.consumer, after=after, n=limit)
         (nth,) = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
         if nth is not None and int(nth) < held_max:
@@ -294,13 +363,37 @@ class Planner:
         after = self._above_floor(start) if start.table == end.table else 0
         if end.claim <= after:
             return []
+        self.held_max()  # the prepared claims as the server has them, after any lost connection
+        held = self.prepared.within(after, end.claim) if start.table == end.table else []
+        if not held:
+            return self._cut(end.table, after, end.claim)
+        parts: list[ClaimSlice] = []
+        lo = after
+        for claim in held:
+            parts += self._table_gap(end.table, lo, min(claim.first - 1, end.claim))
+            read = PreparedRead(self.endpoint.options.queue, claim.xid, claim.shift, claim.claimed_at)
+            parts += self._cut(end.table, max(lo, claim.first - 1), min(claim.last, end.claim), read)
+            lo = max(lo, claim.last)
+        return parts + self._table_gap(end.table, lo, end.claim)
+
+    def _table_gap(self, table: str, after: int, upto: int) -> list[ClaimSlice]:
+        """Claim-table slices of (after, upto], between prepared claims: only where it may hold some."""
+        span = self.table_span
+        if span is None or upto <= after or span[1] <= after or span[0] > upto:
+            return []
+        return self._cut(table, max(after, span[0] - 1), min(upto, span[1]))
+
+    def _cut(self, table: str, after: int, upto: int, prepared: PreparedRead | None = None) -> list[ClaimSlice]:
+        """(after, upto] cut into the slices Spark tasks read."""
+        if upto <= after:
+            return []
         o = self.endpoint.options
-        span = end.claim - after
+        span = upto - after
         n = min(o.partitions_for(span), span)
         bounds = [after + (span * i) // n for i in range(n + 1)]
         return [
             ClaimSlice(o.url, self.endpoint.dialect.name, self.endpoint.queue_text, self.endpoint.claims,
-                       o.consumer, end.table, lo, hi)
+                       o.consumer, table, lo, hi, prepared)
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
             if hi > lo
         ]

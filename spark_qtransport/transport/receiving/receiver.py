@@ -28,6 +28,7 @@ them for the Spark reader.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -74,14 +75,15 @@ class Receiver:
             self.dialect, options.url, what=self.endpoint.what("connecting"))
         self.sessions.join(self.set_up)
         self.main, self.ahead, self.background = self.sessions.main, self.sessions.ahead, self.sessions.background
-        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background)
-        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock)
+        table = self._known_table_id
+        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background, table)
+        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock, table=table)
         self.times = BatchTimes()
         self.monitor = (Monitor(options, reports=self.sessions.reports(options))
                         if options.monitoring_queue is not None else None)
         self.after = AfterProcessing(self.endpoint, self.times,
                                      observe=None if self.monitor is None else self.monitor.observe)
-        self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats, self.after)
+        self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats, self.after, self.planner)
         self.delayed = DueDelayed(self.endpoint, self.main, clock=clock)
         self._released = False  # claims up to the first planned start (a previous run's last batch)
         self._acked = 0  # the highest end acknowledged (or handed to the background thread)
@@ -89,6 +91,16 @@ class Receiver:
         self._available_now = False  # Trigger.AvailableNow: the run ends when nothing new is found
         self._backlog = 0
         self._backlog_refresh: Future[int | None] | None = None
+        self._closed = threading.Event()  # stops the timer that parks old prepared claims
+        self._watched = False  # the stream's warden was told of this queue
+
+    def _known_table_id(self) -> str:
+        return self.set_up.table_id or ""
+
+    @property
+    def holds_prepared(self) -> bool:
+        """This run holds (or may hold) claims in prepared transactions."""
+        return self.dialect.prepared_claims and (self.endpoint.prepared or bool(self.planner.prepared.all()))
 
     @property
     def draining(self) -> bool:
@@ -144,6 +156,7 @@ class Receiver:
         self._release_previous_run(start, after)
         self._warn_of_takeover(start, after)
         end = self.planner.plan(after, limit, claim=not (self.draining or idle), whole=whole)
+        self._watch_prepared()
         if self._available_now and after and end == after and after > self._acked:
             # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
             # It asks for the next offset only once `start` is in its commit log, so those claims
@@ -192,6 +205,25 @@ class Receiver:
         if not self.draining:
             self.move_delayed()
 
+    def _park_old_claims(self) -> None:
+        """A prepared claim holds vacuum back for the whole server: one older than the bound
+        (`preparedClaimTimeout`: the last batch of a stream gone idle, a batch stuck in the sink
+        while Spark plans nothing) is moved into the claim table. A timer checks four times a
+        bound, on the background thread (serial with the acknowledgements), whatever Spark does."""
+        bound = self.options.prepared_timeout
+        try:
+            self.acker.park(self.ahead, older_than=bound * 3 / 4)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next tick; the warden is there too
+            log.warning("queue %s: moving old prepared claims into %s failed: %s", self.endpoint.queue_text,
+                        self.dialect.qualified(self.claims), db.describe(self.dialect, exc))
+
+    def _tick(self) -> None:
+        while not self._closed.wait(self.options.prepared_timeout / 4):
+            try:
+                self.background.submit(self._park_old_claims)
+            except RuntimeError:  # the background thread was shut down: the stream is closing
+                return
+
     def waiting(self, start: ClaimOffset | None) -> int:
         """Messages a batch planned now from `start` could take: claims held beyond it (a claim
         made ahead, a previous run's) and the queue's backlog estimate. Does the trigger's
@@ -224,6 +256,12 @@ class Receiver:
         stmt = self.dialect.claim_stats(self.claims)
         rows = self.main.run(lambda c: db.rows(c.cursor(), stmt), self.endpoint.what("peek claims"))
         held = next(((int(n), oldest) for who, n, oldest in rows if who == consumer and n), None)
+        if self.dialect.prepared_claims:
+            self.planner.held_max(fresh=True)
+            ours = self.planner.prepared.all()
+            if ours:
+                n = (held[0] if held else 0) + sum(c.last - c.first + 1 for c in ours)
+                held = (n, held[1] if held else f"{ours[0].claimed_at} UTC (a prepared transaction)")
         if held is not None:
             self.stats.taken_over = held[0]
             log.warning(
@@ -251,6 +289,29 @@ class Receiver:
         self._released = True
         if after:  # in the foreground: Spark may end this run's process without waiting on a thread
             self.ack(ClaimOffset(after, self.table_id))
+
+    def _watch_prepared(self) -> None:
+        """Once this run holds a prepared claim, the stream's warden watches the queue: a driver
+        killed with claims prepared leaves them to it (`warden.py`)."""
+        if not self._watched and self.planner.prepared.all():
+            self._watched = True
+            self.sessions.warden(self.options.prepared_timeout).watch(
+                self.dialect.format_address(self.options.queue), self.options.consumer)
+            threading.Thread(target=self._tick, name="sqlqueue-prepared-bound", daemon=True).start()
+
+    def _park_all(self) -> None:
+        """A stopping stream leaves no prepared transaction behind: its claims (the last batch, one
+        claimed ahead) move into the claim table, where the next run finds them."""
+        if not self.holds_prepared:
+            return
+        self.background.drain()  # an acknowledgement in flight commits first what it can
+        try:
+            self.acker.park(self.main, older_than=None)
+        except Exception as exc:  # noqa: BLE001 - the warden, or the next run, parks them
+            self.sessions.parked = False
+            log.warning("queue %s: could not move its prepared claims into %s on stop (%s); the next run of this "
+                        "endpoint does", self.endpoint.queue_text, self.dialect.qualified(self.claims),
+                        db.describe(self.dialect, exc))
 
     def move_delayed(self) -> None:
         """Deliver the due messages of ``<queue>.Delayed``, if that table exists (see `DueDelayed`).
@@ -349,15 +410,19 @@ class Receiver:
         if end.claim <= self.acker.done(end.table):
             return 0  # acknowledged already: an idle queue's repeated commit costs no statement
         self._acked = max(self._acked, end.claim)
+        if self.dialect.prepared_claims:
+            self.planner.held_max()  # what is held where (prepared, claim table), known before the ack
         if background:
             self.acker.ack_in_background(end)
             return 0
         return self.acker.ack(end)
 
     def close(self) -> None:
+        self._closed.set()
         # A claim-ahead in flight finishes first: its rows are then held claims, delivered later.
         try:
             self.planner.settle_ahead()
+            self._park_all()
         finally:
             self.background.drain()  # the last acknowledgement's timings reach monitoring first
             if self.monitor is not None:

@@ -28,12 +28,13 @@ from .. import session as db
 from ..platform.monitoring import ReportSession
 from ..session import Session
 from .background import Background
+from .warden import Warden
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
     from .setup import EndpointSetUp
 
-__all__ = ["SetUps", "StreamSessions"]
+__all__ = ["PreparedSlots", "SetUps", "StreamSessions"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -64,11 +65,35 @@ class SetUps:
                 log.info("set-up of %s skipped on a new connection: %s", set_up.endpoint.queue_text, exc)
 
 
+class PreparedSlots:
+    """The server's prepared transactions a stream's queues may hold (`claimMode`): read once,
+    when the first queue decides; each queue holding its claims in prepared transactions counts
+    on `PER_QUEUE` of them (a claim made and not acknowledged, one claimed ahead), and the stream
+    leaves half of what was free to the server's other users."""
+
+    PER_QUEUE = 2
+
+    def __init__(self) -> None:
+        self.free: int | None = None
+        self.setting: int | None = None
+        self.taken = 0
+
+    def take(self, dialect: Dialect, cur: Any) -> bool:
+        if self.free is None:
+            setting, used = db.one(cur, dialect.prepared_capacity())
+            self.setting, self.free = int(setting), max(0, int(setting) - int(used))
+        if self.taken + self.PER_QUEUE > self.free // 2:
+            return False
+        self.taken += self.PER_QUEUE
+        return True
+
+
 class StreamSessions:
     """The main and background sessions and the background thread of one stream (see the module)."""
 
     def __init__(self, dialect: Dialect, url: Any, *, what: str) -> None:
         self.set_ups = SetUps()
+        self.slots = PreparedSlots()
         self.dialect = dialect
         self.main = Session(dialect, url, what=what, on_connect=self._connected)
         self.ahead = Session(dialect, url, what=what)
@@ -76,6 +101,16 @@ class StreamSessions:
         self._reports: ReportSession | None = None
         #: the whole stream is closing: a queue leaving keeps its lock until the connection closes
         self.closing = False
+        self._url = url
+        self._warden: Warden | None = None
+        #: every queue that held prepared claims parked them on stop (else the warden does)
+        self.parked = True
+
+    def warden(self, bound: float) -> Warden:
+        """The stream's warden of prepared claims (`warden.py`), started when first told of a queue."""
+        if self._warden is None:
+            self._warden = Warden(self._url, bound)
+        return self._warden
 
     def reports(self, settings: ReceiveSettings) -> ReportSession:
         """The session every queue's monitor sends its reports on (opened on the first report)."""
@@ -94,6 +129,7 @@ class StreamSessions:
 
     def join(self, set_up: EndpointSetUp) -> None:
         """A queue's set-up runs on every new main connection from now on."""
+        set_up.slots = self.slots
         self.set_ups.add(set_up)
 
     def leave(self, set_up: EndpointSetUp) -> None:
@@ -111,3 +147,5 @@ class StreamSessions:
             self.main.close()
             if self._reports is not None:
                 self._reports.close()
+            if self._warden is not None:
+                self._warden.release(parked=self.parked)

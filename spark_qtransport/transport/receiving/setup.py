@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...dialects import FAILED_COLUMN, Dialect, QueueAddress
-from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError
+from ...errors import ConfigError, ConsumerBusyError, QueueNotFoundError, SchemaError
 from .. import session as db
 from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
 from ..server import require_databases
+from ..settings import CLAIM_PREPARED, CLAIM_TABLE
+from .sessions import PreparedSlots
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
@@ -36,6 +38,8 @@ class Endpoint:
     options: ReceiveSettings
     dialect: Dialect
     claims: QueueAddress  # the queue's claim table
+    #: claims are held by prepared transactions (`claimMode`, decided by the set-up), not the claim table
+    prepared: bool = False
 
     @property
     def queue_text(self) -> str:
@@ -59,6 +63,9 @@ class EndpointSetUp:
         #: the connection this set-up last ran on (its consumer lock is held there)
         self.conn: Any = None
         self._clock = clock
+        #: the stream's share of the server's prepared transactions (`StreamSessions.join`)
+        self.slots: PreparedSlots | None = None
+        self._mode_decided = False
 
     def ensure(self, conn: Any) -> None:
         """The set-up on `conn`, unless it ran there already (a stream's shared connection runs
@@ -81,12 +88,45 @@ class EndpointSetUp:
                 self._check_queue(conn, cur, option, address)
             self._create_claims(conn, cur)
         self._lock_consumer(conn, cur)
+        if not self._mode_decided and not self.draining:
+            self._decide_mode(cur)
         (table_id,) = db.one(cur, d.table_id(claims))
         conn.commit()
         if self.table_id is not None and str(table_id) != self.table_id:
             log.warning("claim table %s was recreated while this query ran", d.qualified(claims))
         self.table_id = str(table_id)
         self.conn = conn
+
+    def _decide_mode(self, cur: Any) -> None:
+        """Where this run holds its claims (`claimMode`): decided once, on the first connection."""
+        d, o = self.endpoint.dialect, self.endpoint.options
+        self._mode_decided = True
+        if o.claim_mode == CLAIM_TABLE or not d.prepared_claims:
+            return
+        explicit = o.claim_mode == CLAIM_PREPARED
+        after = [name for name, value in (("auditQueue", o.audit_queue), ("forwardTo", o.forward_to),
+                                          ("monitoringQueue", o.monitoring_queue)) if value]
+        if after:
+            why = (f"{' and '.join(after)} read each message at its acknowledgement (a copy, its processing time), "
+                   "which a prepared claim's COMMIT PREPARED cannot carry yet")
+            if explicit:
+                raise ConfigError(f"option 'claimMode' prepared: {why}; use claimMode 'table' or 'auto'", option="claimMode")
+            log.info("queue %s: claims are held in the claim table (claimMode auto): %s", self.endpoint.queue_text, why)
+            return
+        slots = self.slots if self.slots is not None else PreparedSlots()
+        if slots.take(d, cur):
+            self.endpoint.prepared = True
+            log.info("queue %s: claims are held by prepared transactions (claimMode %s; preparedClaimTimeout %s)",
+                     self.endpoint.queue_text, o.claim_mode, db.seconds_text(o.prepared_timeout))
+            return
+        why = (f"the server allows {slots.setting} prepared transactions (max_prepared_transactions) and "
+               f"{slots.free} were free when the stream started; a queue needs {PreparedSlots.PER_QUEUE}, and a "
+               "stream leaves half of the free ones to others. Raise max_prepared_transactions (a server "
+               "restart; `sqlqueue doctor` says by how much) to hold claims without writing them twice")
+        if explicit and not slots.taken:
+            raise ConfigError(f"option 'claimMode' prepared: {why}", option="claimMode")
+        log.info("queue %s: claims are held in the claim table (claimMode %s): %s", self.endpoint.queue_text,
+                 o.claim_mode, why)
 
     def _check_server(self, cur: Any) -> None:
         d = self.endpoint.dialect

@@ -111,6 +111,11 @@ def read_chunks(
 
 def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
     """Check the claim table is the one the batch was planned on, and start the slice's query."""
+    if part.prepared is not None:
+        # one snapshot for the question and the read: a claim parked (`prepared.park`) has its
+        # copies committed before its prepared transaction, so the snapshot sees either the copies
+        # or the queue rows still held, never neither nor both
+        db.execute(conn.cursor(), dialect.repeatable_read())
     (table_id,) = db.one(conn.cursor(), dialect.table_id(part.claims))
     if str(table_id) != part.table:
         raise OffsetError(
@@ -118,8 +123,14 @@ def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
             f"batch was planned (offset names table {part.table}, now {table_id}); its claims are gone. "
             "Start the query with a new checkpoint location to go on.", queue=part.queue,
         )
+    stmt = dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)
+    held = part.prepared
+    if held is not None and not db.one(conn.cursor(), dialect.parked(part.claims, part.consumer, after=part.after,
+                                                                        upto=part.upto))[0]:
+        stmt = dialect.read_prepared(held.queue, xid=held.xid, shift=held.shift, after=part.after, upto=part.upto,
+                                     claimed_at=held.claimed_at)
     cur = dialect.streaming_cursor(conn)
-    cur.execute(*db.args(dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)))
+    cur.execute(*db.args(stmt))
     return cur
 
 

@@ -1,0 +1,171 @@
+"""Claims held by prepared transactions (`claimMode`): what names one, and the registry of those a
+consumer holds.
+
+A prepared claim deletes its queue rows and ends with PREPARE TRANSACTION instead of COMMIT: the
+rows are written once, by the delete, instead of three times (the claim table's insert, its delete
+and the queue's delete). Until the acknowledgement's COMMIT PREPARED, every other transaction still
+sees the rows, with the claim's transaction id as their `xmax`: that is how the executors read
+exactly them, within the claim's sequence range; competing consumers skip them as any locked row.
+
+Its global id (`PreparedClaim.gid`) names everything needed to read it again in another process:
+the claim table, the consumer, the claim numbers it covers (a row is numbered ``first + seq -
+low``: `ClaimNumbering`), its queue sequence range and the UTC clock it judged expiry by. A prepared
+transaction holds vacuum back for the whole cluster, so none lives longer than the stream's bound
+(`preparedClaimTimeout`): older ones are *parked*, their deliverable rows copied into the claim
+table with the same numbers, then committed (`Parker`): the claim table's form, the only one on
+SQL Server, is the durable one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import session as db
+
+if TYPE_CHECKING:
+    from .setup import Endpoint
+
+__all__ = ["NUMBER_BASE", "PreparedClaim", "HeldClaims", "commit", "consumer_token", "listed", "park", "prefix_of"]
+
+#: PostgreSQL's answer to COMMIT PREPARED of a gid that is not there (undefined_object)
+UNDEFINED_OBJECT = "42704"
+
+#: claim numbers of ours start above this: the claim table's identity never gets there, so a
+#: checkpoint's numbers say which numbering it uses, and a run that numbers its own claims
+#: continues above any identity number a table-mode run gave
+NUMBER_BASE = 2**62
+
+_SAFE = re.compile(r"[A-Za-z0-9.-]{1,60}")
+
+
+def consumer_token(consumer: str) -> str:
+    """The consumer as a gid may hold it: as it is when short and plain, else a digest."""
+    if _SAFE.fullmatch(consumer):
+        return consumer
+    return "~" + hashlib.sha256(consumer.encode("utf-8")).hexdigest()[:32]
+
+
+def prefix_of(table: str) -> str:
+    """Every gid of claims on one claim table (its id, digits) starts with this."""
+    return f"sqlqueue:{int(table)}:"
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    """One claim held by a prepared transaction: numbers [first, last], queue rows [low, high]."""
+
+    table: str  # the claim table's id
+    first: int
+    last: int
+    low: int
+    high: int
+    clock: str  # the claim's UTC clock, 20 digits (YYYYMMDDHHMMSSffffff)
+    consumer: str  # consumer_token
+    xid: str = ""  # the transaction's id, from pg_prepared_xacts
+    age: float = 0.0  # seconds since it was prepared, when listed
+
+    @property
+    def gid(self) -> str:
+        return f"{prefix_of(self.table)}{self.first}:{self.last}:{self.low}:{self.high}:{self.clock}:{self.consumer}"
+
+    @property
+    def shift(self) -> int:
+        """A row's claim number less its queue sequence."""
+        return self.first - self.low
+
+    @property
+    def claimed_at(self) -> str:
+        """The claim's UTC clock as a timestamp literal."""
+        c = self.clock
+        return f"{c[0:4]}-{c[4:6]}-{c[6:8]} {c[8:10]}:{c[10:12]}:{c[12:14]}.{c[14:20]}"
+
+    @classmethod
+    def parse(cls, gid: str, *, xid: str = "", age: float = 0.0) -> PreparedClaim | None:
+        """The claim a gid names, or None when it is not one of ours."""
+        parts = gid.split(":")
+        if len(parts) != 8 or parts[0] != "sqlqueue":
+            return None
+        try:
+            table, first, last, low, high = (int(p) for p in parts[1:6])
+        except ValueError:
+            return None
+        if len(parts[6]) != 20 or not parts[6].isdigit():
+            return None
+        return cls(str(table), first, last, low, high, parts[6], parts[7], xid, age)
+
+
+class HeldClaims:
+    """The prepared claims one consumer holds, as this run knows them: listed from the server at
+    the start and after any connection was lost (`replace_all`), then kept as claims are made,
+    committed and parked. Shared by the planner (driver thread) and the acknowledgements
+    (background thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claims: dict[str, PreparedClaim] = {}
+
+    def replace_all(self, claims: list[PreparedClaim]) -> None:
+        with self._lock:
+            self._claims = {c.gid: c for c in claims}
+
+    def add(self, claim: PreparedClaim) -> None:
+        with self._lock:
+            self._claims[claim.gid] = claim
+
+    def forget(self, claim: PreparedClaim) -> None:
+        with self._lock:
+            self._claims.pop(claim.gid, None)
+
+    def all(self) -> list[PreparedClaim]:
+        with self._lock:
+            return sorted(self._claims.values(), key=lambda c: c.first)
+
+    def upto(self, end: int) -> list[PreparedClaim]:
+        return [c for c in self.all() if c.last <= end]
+
+    def within(self, after: int, end: int) -> list[PreparedClaim]:
+        return [c for c in self.all() if c.last > after and c.first <= end]
+
+    def max_last(self) -> int | None:
+        claims = self.all()
+        return max(c.last for c in claims) if claims else None
+
+
+
+def listed(endpoint: Endpoint, cur: Any, table: str) -> list[PreparedClaim]:
+    """The prepared claims the endpoint's consumer holds on the server now, oldest first."""
+    d, token = endpoint.dialect, consumer_token(endpoint.options.consumer)
+    found = []
+    for gid, xid, _at, age in db.rows(cur, d.list_prepared(prefix_of(table))):
+        claim = PreparedClaim.parse(str(gid), xid=str(xid), age=float(age or 0.0))
+        if claim is not None and claim.consumer == token:
+            found.append(claim)
+    return sorted(found, key=lambda c: c.first)
+
+
+def commit(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> bool:
+    """COMMIT PREPARED; False when it is gone already (committed or parked before)."""
+    d = endpoint.dialect
+    try:
+        d.run_outside_transaction(conn, d.commit_prepared(claim.gid))
+    except Exception as exc:
+        if d.sqlstate(exc) == UNDEFINED_OBJECT:
+            return False
+        raise
+    return True
+
+
+def park(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None:
+    """Move a prepared claim into the claim table: its deliverable rows are copied there with
+    their numbers (one transaction, committed; a copy made before is not made again), then the
+    prepared transaction is committed. Its batch reads the copies from then on (`read_chunks`)."""
+    d, o = endpoint.dialect, endpoint.options
+    db.execute(conn.cursor(), d.park(o.queue, endpoint.claims, o.consumer, xid=claim.xid, shift=claim.shift,
+                                     first=claim.first, last=claim.last, low=claim.low, high=claim.high,
+                                     claimed_at=claim.claimed_at))
+    conn.commit()
+    commit(conn, endpoint, claim)
