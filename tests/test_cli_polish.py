@@ -143,7 +143,7 @@ def test_stats_columns_are_always_the_same(pg: Backend, names: Any, run: Any) ->
     for qs in ([bare], [full], [bare, full], []):
         assert run("stats", *qs).output.splitlines()[0].split() == list(STATS_COLUMNS), qs
     table = run("stats", bare, full).output.splitlines()
-    assert table[1].split()[1:] == ["0", "0", "0", "-", "-", "-", "-", "-"]
+    assert table[1].split()[1:] == ["0", "0", "0", "-", "-", "-", "-", "-", "-"]
     assert "Other=1, Sales.Analytics=3" in table[2] and "{" not in table[2]
     rows = json.loads(run("stats", bare, full, "--json").output)
     assert [list(r) for r in rows] == [list(STATS_COLUMNS)] * 2

@@ -9,8 +9,10 @@ from typing import Any
 
 import click
 
+from ..spark.options import parse_duration
 from ..transport.delayed import DelayedTableRule
-from ..transport.operations.doctor import check_queue, check_server
+from ..transport.operations.doctor import check_prepared, check_queue, check_server
+from ..transport.settings import DEFAULT_PREPARED_TIMEOUT
 from ..wire import H, decode_headers
 from .app import delayed_options, main, url_option
 from .db import CommandDb, open_db
@@ -66,10 +68,12 @@ def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
 def stats(queues: tuple[str, ...], watch: float | None, delayed_suffix: str | None, delayed_table: str | None,
           url: str | None, as_json: bool) -> None:
     """Counts per queue: messages (counted), backlog span, expired, oldest age, delayed due/pending,
-    claimed-but-unacknowledged per endpoint, outbox records. Without QUEUE: every queue table of
-    the database. The columns are always these, in this order; - where a queue has no .Delayed,
-    .Claims or .Outbox table. With --watch, rate_per_s is the change of messages per second since
-    the previous refresh (negative: the queue drains).
+    claimed-but-unacknowledged per endpoint, claims held by prepared transactions per endpoint
+    (PostgreSQL: how many, up to how many messages, the oldest's age; their messages still count
+    in messages), outbox records. Without QUEUE: every queue table of the database. The columns
+    are always these, in this order; - where a queue has no .Delayed, .Claims or .Outbox table
+    (prepared: on SQL Server too). With --watch, rate_per_s is the change of messages per second
+    since the previous refresh (negative: the queue drains).
 
     \b
     Examples:
@@ -110,11 +114,15 @@ def _watch(s: CommandDb, queues: tuple[str, ...], rule: DelayedTableRule, every:
 
 
 def _stats_text(row: dict[str, Any]) -> dict[str, Any]:
-    """A stats row for the table: claims as `Sales.Analytics=120, Other=3` (- when none)."""
+    """A stats row for the table: claims as `Sales.Analytics=120, Other=3`, prepared claims as
+    `Sales.Analytics=2 (up to 200, 3.1s)`: claims, up to how many messages, the oldest's age (- when none)."""
     claimed = row.get("claimed")
     text = ", ".join(f"{c}={n}" for c, n in claimed.items()) if claimed else None
+    prepared = row.get("prepared")
+    held = ", ".join(f"{c}={p['claims']} (up to {p['messages_up_to']}, {p['oldest_age_s']:.1f}s)"
+                     for c, p in prepared.items()) if prepared else None
     rate = row.get("rate_per_s")
-    return {**row, "claimed": text, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
+    return {**row, "claimed": text, "prepared": held, **({"rate_per_s": f"{rate:+g}"} if rate is not None else {})}
 
 
 @main.command("purge-expired")
@@ -143,11 +151,14 @@ def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> Non
 
 @main.command("doctor")
 @click.argument("queues", nargs=-1, required=True)
+@click.option("--prepared-timeout", metavar="DURATION",
+              help="PostgreSQL: a prepared transaction older than this is reported (30s, 5m); default "
+                   f"{DEFAULT_PREPARED_TIMEOUT:g}s, as the option preparedClaimTimeout")
 @delayed_options
 @url_option
 @json_option
-def doctor(queues: tuple[str, ...], delayed_suffix: str | None, delayed_table: str | None, url: str | None,
-           as_json: bool) -> None:
+def doctor(queues: tuple[str, ...], prepared_timeout: str | None, delayed_suffix: str | None,
+           delayed_table: str | None, url: str | None, as_json: bool) -> None:
     """Check queue tables as NServiceBus does at start-up (Headers type, Expires index, clustered
     RowVersion, int4 seq near exhaustion, Recoverable), columns that allow NULL where NServiceBus
     declares NOT NULL, names too long for the tables of ours beside a queue, and those tables, and what the server
@@ -155,16 +166,23 @@ def doctor(queues: tuple[str, ...], delayed_suffix: str | None, delayed_table: s
     TimeZone other than UTC, a warning: it shifts delayed messages' Due). PostgreSQL's WAL settings,
     as information: checkpoint_timeout under 15min or max_wal_size under 4GB (each checkpoint makes
     the next change to every queue page write the whole page to WAL), wal_compression off where
-    the server has lz4 or zstd. Exit 1 on errors.
+    the server has lz4 or zstd. PostgreSQL's prepared transactions: a claim of ours prepared more
+    than --prepared-timeout ago (its stream stopped or hangs) and any other as old, warnings (each
+    holds vacuum back); max_prepared_transactions too low for prepared claims on the queues given
+    that have a claim table, as information (their claims are written to the claim table as well).
+    Exit 1 on errors.
 
     \b
     Example:
       sqlqueue doctor Sales Billing error
     """
+    timeout = (DEFAULT_PREPARED_TIMEOUT if prepared_timeout is None
+               else parse_duration(prepared_timeout, option="--prepared-timeout"))
     with open_db(url) as s:
         addresses = [s.address(q, option="QUEUE") for q in queues]
         rule = s.delayed_rule(delayed_table, delayed_suffix, names=len(queues))
         findings = s.run(lambda conn: check_server(conn.cursor(), s.d, addresses)
+                         + check_prepared(conn.cursor(), s.d, addresses, timeout=timeout)
                          + [f for a in addresses for f in check_queue(conn.cursor(), s.d, a, delayed=rule)])
     show([{"level": f.level, "table": f.table, "finding": f.message} for f in findings], as_json)
     if any(f.level == "error" for f in findings):

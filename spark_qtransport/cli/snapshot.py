@@ -12,15 +12,17 @@ from typing import Any
 from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError
 from ..transport.delayed import DelayedTableRule
+from ..transport.operations.doctor import GID_PREFIX
+from ..transport.receiving.prepared import PreparedClaim, consumer_token
 from ..wire import H, decode_headers, parse_time
 from .db import CommandDb
 
-__all__ = ["STATS_COLUMNS", "NO_FAILED_Q", "Snapshot", "all_stats", "queue_stats", "failures", "server_dialect",
-           "take_snapshot"]
+__all__ = ["STATS_COLUMNS", "NO_FAILED_Q", "Snapshot", "all_stats", "queue_stats", "failures", "prepared_claims",
+           "server_dialect", "take_snapshot"]
 
 #: the columns of `sqlqueue stats`, always all of them in this order (- where a queue has no such table)
 STATS_COLUMNS = ("queue", "messages", "backlog_span", "expired", "oldest_age_s", "delayed_due", "delayed_pending",
-                 "claimed", "outbox")
+                 "claimed", "prepared", "outbox")
 
 #: what failures are counted under whose headers name no FailedQ (not a JSON object, or no such header)
 NO_FAILED_Q = "(none)"
@@ -38,7 +40,32 @@ def all_stats(s: CommandDb, queues: Sequence[str], rule: DelayedTableRule) -> li
     """A stats row per queue given, or per queue table of the database when none is."""
     names = queues or [s.d.format_address(QueueAddress(str(table), str(schema)))
                        for schema, table in s.all(s.d.list_queues())]
-    return [queue_stats(s, q, rule) for q in names]
+    held = prepared_claims(s)
+    return [queue_stats(s, q, rule, prepared=held) for q in names]
+
+
+def prepared_claims(s: CommandDb) -> list[PreparedClaim] | None:
+    """Every claim of ours held by a prepared transaction in the database (`PreparedClaim`, with
+    its age), one statement for all queues; None where the database has none (SQL Server)."""
+    if not s.d.prepared_claims:
+        return None
+    found = (PreparedClaim.parse(str(gid), xid=str(xid), age=float(age or 0.0))
+             for gid, xid, _at, age in s.all(s.d.list_prepared(GID_PREFIX)))
+    return [c for c in found if c is not None]
+
+
+def _prepared_by_consumer(claims: list[PreparedClaim], names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Prepared claims per consumer: how many, up to how many messages (the claim numbers they
+    span: expired rows, poison and gaps in the sequence make it fewer) and the oldest's age. A
+    consumer is named as the claim table names it where one of `names` has its gid's token."""
+    named = {consumer_token(n): n for n in names}
+    out: dict[str, dict[str, Any]] = {}
+    for c in sorted(claims, key=lambda c: c.first):
+        entry = out.setdefault(named.get(c.consumer, c.consumer), {"claims": 0, "messages_up_to": 0, "oldest_age_s": 0.0})
+        entry["claims"] += 1
+        entry["messages_up_to"] += c.last - c.first + 1
+        entry["oldest_age_s"] = max(entry["oldest_age_s"], round(c.age, 1))
+    return dict(sorted(out.items()))
 
 
 def _companion(s: CommandDb, address: QueueAddress, suffix: str) -> QueueAddress | None:
@@ -50,10 +77,12 @@ def _companion(s: CommandDb, address: QueueAddress, suffix: str) -> QueueAddress
         return None
 
 
-def queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, Any]:
+def queue_stats(s: CommandDb, text: str, rule: DelayedTableRule, *,
+                prepared: list[PreparedClaim] | None = None) -> dict[str, Any]:
     """One queue's stats row: every column of STATS_COLUMNS, None where it has no such table.
     The oldest age is the oldest row's ``NServiceBus.TimeSent`` header: queue tables have no time
-    column (None where that header is missing or unreadable)."""
+    column (None where that header is missing or unreadable). `prepared`: the database's prepared
+    claims (`prepared_claims`), read here when not given; a claim's gid names its claim table by id."""
     address = s.queue(text)
     messages, expired, low, high = s.one(s.d.queue_stats(address))
     record: dict[str, Any] = dict.fromkeys(STATS_COLUMNS)
@@ -78,6 +107,13 @@ def queue_stats(s: CommandDb, text: str, rule: DelayedTableRule) -> dict[str, An
     claims = _companion(s, address, "Claims")
     if claims is not None and s.exists(claims):
         record["claimed"] = {str(consumer): int(n) for consumer, n, _ in s.all(s.d.claim_stats(claims))}
+        held = prepared_claims(s) if prepared is None else prepared
+        if held is not None:
+            mine: list[PreparedClaim] = []
+            if held:
+                (table_id,) = s.one(s.d.table_id(claims))
+                mine = [c for c in held if table_id is not None and c.table == str(int(table_id))]
+            record["prepared"] = _prepared_by_consumer(mine, list(record["claimed"]))
     outbox = _companion(s, address, "Outbox")
     if outbox is not None and s.exists(outbox):
         (outbox_rows,) = s.one(s.d.count_rows(outbox))
