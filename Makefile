@@ -56,6 +56,7 @@ demo: setup
 # speed.py first: the table of the connector against NServiceBus and the floor, and the goals
 bench: setup
 	$(PY) bench/speed.py
+	$(PY) bench/claim_modes.py
 	$(PY) bench/large_bodies.py
 	$(PY) bench/phases.py
 	$(PY) bench/audit.py

@@ -468,13 +468,16 @@ def drain(spark, url: str, queue: str, n: int, per_trigger: int,  # type: ignore
 
 
 def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int,  # type: ignore[no-untyped-def]
-                   *, new_messages: bool = False, meter: Meter | None = None) -> dict:
+                   *, new_messages: bool = False, meter: Meter | None = None,
+                   options: dict[str, str] | None = None, destination_column: bool = False) -> dict:
     """The connector moves the n messages of `src` to `out` exactly once: queue -> Spark ->
     writeStream.format("sqlqueue") (endpoint `src`, option destination `out`, every batch dispatched
     through its outbox), Trigger.AvailableNow; checks `out` holds n distinct NServiceBus message ids.
     The stream selects body, message_id, message_type and headers (passed through: forwarded), or with
     `new_messages` only body and a literal message_type (`SENT_MESSAGE_TYPE`): the sink builds every
-    header of a new message. With `meter`, the database's CPU and WAL from the stream's creation until
+    header of a new message. `options` are more reader options (claimMode, ...); with
+    `destination_column` the stream selects `out` as a literal `destination` column instead of the
+    sink's option. With `meter`, the database's CPU and WAL from the stream's creation until
     its last claim is acknowledged (`metered`; the check is not metered)."""
     import shutil
     import tempfile
@@ -485,12 +488,16 @@ def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int
     cost: dict = {}
     with metered(meter, url, src, cost):
         df = (spark.readStream.format("sqlqueue").option("url", url).option("queue", src)
-              .option("maxMessagesPerTrigger", str(per_trigger)).load())
+              .option("maxMessagesPerTrigger", str(per_trigger)).options(**(options or {})).load())
         df = (df.select("body", F.lit(SENT_MESSAGE_TYPE).alias("message_type")) if new_messages
               else df.select("body", F.col("message_id"), F.col("message_type"), F.col("headers")))
+        if destination_column:
+            df = df.withColumn("destination", F.lit(out))
+        w = df.writeStream.format("sqlqueue").option("url", url).option("endpoint", src)
+        if not destination_column:
+            w = w.option("destination", out)
         t = time.perf_counter()
-        q = (df.writeStream.format("sqlqueue").option("url", url).option("endpoint", src).option("destination", out)
-             .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+        q = w.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
         q.awaitTermination()
         wall = time.perf_counter() - t
     shutil.rmtree(ckpt, ignore_errors=True)
