@@ -34,7 +34,11 @@ def pg_url() -> Iterator[str]:
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     # fsync off: tests kill processes, not machines; durability against power loss is not tested.
-    with EmbeddedPostgres(fsync=False) as pg:
+    # No prepared transactions by default: the suite's streams hold their claims in the claim table
+    # (claimMode auto), whose rows the tests look at; test_prepared.py has a server of its own.
+    # SQLQUEUE_TEST_PREPARED_SLOTS=64 runs the whole suite with prepared claims instead.
+    slots = os.environ.get("SQLQUEUE_TEST_PREPARED_SLOTS", "0")
+    with EmbeddedPostgres(fsync=False, settings={"max_prepared_transactions": slots}) as pg:
         yield pg.url
 
 

@@ -9,7 +9,8 @@ variable CRASH_POINT makes the job stop dead at one point, after touching a mark
 
 (``during_claim`` and ``during_ack`` need no help from here: the test makes the claim, or the
 audit copies of an acknowledgement, block on a database trigger and kills the job while it waits.)
-CRASH_AUDIT_QUEUE, when set, is the reader's ``auditQueue``; CRASH_QUEUE_PATTERN, when set, is its
+CRASH_AUDIT_QUEUE, when set, is the reader's ``auditQueue``; CRASH_CLAIM_MODE and CRASH_PREPARED_TIMEOUT its ``claimMode`` and
+``preparedClaimTimeout``; CRASH_QUEUE_PATTERN, when set, is its
 ``queuePattern`` (QUEUE is then ignored).
 
 Usage: crash_child.py URL QUEUE ERROR CHECKPOINT SINK_TABLE MARKER_DIR [available-now]
@@ -50,6 +51,8 @@ def main() -> None:
                     else {"queue": queue}))
         .option("errorQueue", error)
         .option("maxMessagesPerTrigger", "400")
+        .option("claimMode", os.environ.get("CRASH_CLAIM_MODE", "auto"))
+        .option("preparedClaimTimeout", os.environ.get("CRASH_PREPARED_TIMEOUT", "60s"))
         .options(**({"auditQueue": os.environ["CRASH_AUDIT_QUEUE"]} if os.environ.get("CRASH_AUDIT_QUEUE") else {}))
         .load()
         .select(passthrough("message_id").alias("message_id"), "native_id", "claim_seq")

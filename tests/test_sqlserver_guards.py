@@ -73,12 +73,16 @@ def _methods_making_sql() -> set[str]:
 #: statements of dialects whose claim does not judge headers (`ReceiveSql.poison_at_claim`): the
 #: SQL Server claim judges them, so it makes none of these (they raise)
 NOT_MADE = {"ack_headers", "dead_letter_claims", "drop_claim_range"}
+#: SQL Server has no prepared claims (`claimMode`): none of their statements is ever made there
+NO_PREPARED = {"commit_prepared", "list_prepared", "park", "parked", "prepare", "prepared_bound", "prepared_capacity",
+               "read_prepared", "repeatable_read", "rollback_prepared"}
 
 
 def test_every_statement_method_is_collected() -> None:
     """A statement added to the dialect must be added to the collection, so every guard sees it."""
     made = {key.split(":")[-1] for key in EVERY}
-    missing = {m for m in _methods_making_sql() - NOT_MADE if not any(k == m or k.startswith(m + "_") for k in made)}
+    missing = {m for m in _methods_making_sql() - NOT_MADE - NO_PREPARED
+               if not any(k == m or k.startswith(m + "_") for k in made)}
     assert not missing, f"add these to every_statement() / test_sqlserver_sql.statements(): {sorted(missing)}"
 
 
@@ -92,6 +96,32 @@ def test_the_claim_judges_headers_so_the_acknowledgement_makes_no_poison_sql() -
     for call in calls.values():
         with pytest.raises(NotImplementedError, match="judges headers in the claim"):
             call()
+
+
+def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
+    """claimMode prepared is refused for SQL Server at the options, auto never takes it, and no
+    statement of a prepared claim (nor a numbered claim) is ever made for it."""
+    from spark_qtransport.dialects import ClaimNumbering
+    from spark_qtransport.errors import ConfigError
+    from spark_qtransport.spark.options import ReaderOptions
+
+    assert D.prepared_claims is False
+    q, c = D.parse_address("Sales"), D.claims_table(D.parse_address("Sales"))
+    calls = {"commit_prepared": lambda: D.commit_prepared("g"), "list_prepared": lambda: D.list_prepared("g"),
+             "park": lambda: D.park(q, c, "x", xid="1", shift=0, first=1, last=1, low=1, high=1, claimed_at=""),
+             "parked": lambda: D.parked(c, "x", after=0, upto=1), "prepare": lambda: D.prepare("g"),
+             "prepared_bound": D.prepared_bound, "prepared_capacity": D.prepared_capacity,
+             "read_prepared": lambda: D.read_prepared(q, xid="1", shift=0, after=0, upto=1, claimed_at=""),
+             "repeatable_read": D.repeatable_read, "rollback_prepared": lambda: D.rollback_prepared("g")}
+    assert set(calls) == NO_PREPARED
+    for call in calls.values():
+        with pytest.raises(NotImplementedError):
+            call()
+    with pytest.raises(NotImplementedError):
+        D.claim(q, c, D.parse_address("error"), consumer="x", limit=1, after=0, upto=None,
+                numbering=ClaimNumbering(2**62 + 1, prepared=False))
+    with pytest.raises(ConfigError, match="claimMode"):
+        ReaderOptions.stream({"url": "sqlserver://h/db", "queue": "Sales", "claimMode": "prepared"})
 
 
 # -- no aggregate that can skip a NULL ------------------------------------------------------------

@@ -1,0 +1,330 @@
+"""Claims held by prepared transactions (`claimMode`): exactly once, written once, bounded in time.
+
+A server of this module's own allows prepared transactions (the test session's shared one does not,
+so the rest of the suite runs the claim table's form): every test here reads with claimMode
+`prepared` or `auto` on it, and checks what the claim table form cannot show: the claim table is
+never written while claims are prepared, no prepared transaction outlives its bound, a crash of the
+driver or of the server itself with prepared claims outstanding loses and duplicates nothing, and
+NServiceBus's own receive competing on the same queue never gets a message the stream got.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends import Backend, nsb_headers
+from processes import Job, run_to_end, wait_for
+
+CHILD = Path(__file__).with_name("crash_child.py")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
+
+    with EmbeddedPostgres(fsync=False, settings={"max_prepared_transactions": "16"}) as pg:
+        yield pg
+
+
+@pytest.fixture(scope="module")
+def ppg(server: Any) -> Backend:
+    return Backend(server.url)
+
+
+def prepared_now(pg: Backend, queue: str | None = None) -> list[tuple[str, float]]:
+    """(gid, age in seconds) of the server's prepared transactions (on `queue`'s claim table)."""
+    with pg.connect() as c:
+        found = [(str(g), float(a)) for g, a in c.execute(
+            "SELECT gid, extract(epoch FROM clock_timestamp() - prepared)::float8 FROM pg_prepared_xacts")]
+        if queue is None:
+            return found
+        (oid,) = c.execute("SELECT to_regclass(%s)::oid::text", (pg.claims(queue),)).fetchone()
+    return [(gid, age) for gid, age in found if gid.startswith(f"sqlqueue:{oid}:")]
+
+
+def inserted(pg: Backend, table: str) -> int:
+    """Rows ever inserted into `table` (the statistics collector's count, flushed first)."""
+    with pg.connect() as c:
+        c.execute("SELECT pg_stat_force_next_flush()")
+        row = c.execute("SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = to_regclass(%s)", (table,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def reader(spark: Any, pg: Backend, queue: str, error: str, **options: str) -> Any:
+    r = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", queue)
+         .option("errorQueue", error).option("claimMode", "prepared"))
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = [r.message_id for r in df.select("message_id").collect()]
+        with self.lock:
+            self.ids.extend(rows)
+
+
+def _wait(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_prepared_claims_deliver_once_and_never_write_the_claim_table(
+        spark: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
+    q, e = ppg.create_queue(names("Sales")), ppg.create_queue(names("error"))
+    claims = ppg.claims(q)
+    good = [f"m{i:04d}" for i in range(300)]
+    ppg.send_many(q, [(nsb_headers(m), b'{"n": 1}') for m in good[:150]])
+    ppg.send_many(q, [("<corrupted headers", b"p1"), ('{"a": 1}', b"p2")])  # poison: raw to the error queue
+    ppg.send_many(q, [(nsb_headers(m), b'{"n": 1}') for m in good[150:]])
+    with ppg.connect() as c:  # two expired messages: dropped, never delivered
+        c.execute(f"INSERT INTO {ppg.q(q)} (id, expires, headers, body) SELECT gen_random_uuid(),"
+                  " (now() AT TIME ZONE 'UTC') - interval '1 minute', %s, ''::bytea FROM generate_series(1, 2)",
+                  ('{"NServiceBus.MessageId": "expired"}',))
+    sink = Collect()
+    query = (reader(spark, ppg, q, e, maxMessagesPerTrigger="100").writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
+    try:
+        _wait(lambda: len(sink.ids) >= len(good), 120, "every message")
+        time.sleep(1.0)
+        assert sorted(sink.ids) == good  # once each, poison and expired never
+        held = prepared_now(ppg, q)
+        assert held  # the last batch stays claimed until the next: a prepared transaction
+        assert ppg.count(e) == 2
+    finally:
+        query.stop()
+    # the next run acknowledges that batch (Spark had processed it: COMMIT PREPARED) and delivers
+    # nothing again; the claim table is never written
+    again = Collect()
+    query = (reader(spark, ppg, q, e, preparedClaimTimeout="4s").writeStream.foreachBatch(again)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
+    try:
+        _wait(lambda: not any(gid == h for gid, _ in prepared_now(ppg, q) for h, _ in held), 60,
+              "the previous run's last batch committed")
+        ppg.send_many(q, [(nsb_headers("late"), b"{}")])
+        _wait(lambda: "late" in again.ids, 60, "the late message")
+        assert inserted(ppg, claims) == 0  # claims held by prepared transactions only
+    finally:
+        query.stop()
+    assert again.ids == ["late"]
+    # a stopped stream leaves none older than its bound: the stream's warden moves its last batch
+    # into the claim table once its driver process is gone (Spark may end it without stop())
+    _wait(lambda: prepared_now(ppg, q) == [], 4, "the stopped stream's claims parked")
+    assert ppg.count(q) == 0 and ppg.count(claims) == 1 and ppg.count(e) == 2
+
+
+def test_no_prepared_claim_outlives_its_bound(spark: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
+    """An idle stream keeps its last batch claimed until the next: past `preparedClaimTimeout` the
+    claim moves into the claim table, so vacuum is never held back longer than the bound."""
+    q, e = ppg.create_queue(names("Sales")), ppg.create_queue(names("error"))
+    claims = ppg.claims(q)
+    ppg.send_many(q, [(nsb_headers(f"m{i}"), b"{}") for i in range(50)])
+    sink = Collect()
+    query = (reader(spark, ppg, q, e, preparedClaimTimeout="3s").writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
+    oldest = 0.0
+    try:
+        _wait(lambda: len(sink.ids) == 50, 60, "the messages")
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            oldest = max([oldest, *(age for _, age in prepared_now(ppg, q))])
+            time.sleep(0.2)
+        assert prepared_now(ppg, q) == [] and ppg.count(claims) == 50  # parked, still the last batch
+        ppg.send_many(q, [(nsb_headers("next"), b"{}")])
+        _wait(lambda: "next" in sink.ids, 60, "the next message")
+        _wait(lambda: ppg.count(claims) == 0, 30, "the parked batch acknowledged")
+    finally:
+        query.stop()
+    assert oldest <= 3.0 + 1.5, f"a prepared claim lived {oldest:.1f}s, over its 3s bound"
+    assert sorted(sink.ids) == sorted([f"m{i}" for i in range(50)] + ["next"])
+
+
+def test_nservicebus_competing_with_a_prepared_stream_gets_other_messages(
+        spark: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
+    """A raw NServiceBus receive (its own SQL, FOR UPDATE SKIP LOCKED) on the same queue skips
+    the rows a prepared claim holds, as it skips locked ones: 0 duplicates, 0 lost."""
+    q, e = ppg.create_queue(names("Sales")), ppg.create_queue(names("error"))
+    n = 4000
+    ppg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"{}") for i in range(n)])
+    stream = Collect()
+    theirs: list[str] = []
+    stop = threading.Event()
+
+    def nservicebus() -> None:
+        from spark_qtransport.wire import decode_headers
+
+        with ppg.connect(autocommit=False) as conn:
+            while not stop.is_set():
+                row = ppg.receive_one(q, conn)
+                conn.commit()
+                if row is None:
+                    time.sleep(0.01)
+                    continue
+                theirs.append(decode_headers(row[2])["NServiceBus.MessageId"])
+
+    thread = threading.Thread(target=nservicebus)
+    query = (reader(spark, ppg, q, e, maxMessagesPerTrigger="200").writeStream.foreachBatch(stream)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="100 milliseconds").start())
+    try:
+        _wait(lambda: bool(stream.ids), 60, "the stream's first batch")  # then NServiceBus competes
+        thread.start()
+        _wait(lambda: len(stream.ids) + len(theirs) >= n, 120, "every message by one of them")
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(30)
+        query.stop()
+    assert len(set(stream.ids) & set(theirs)) == 0
+    assert sorted(stream.ids + theirs) == [f"m{i:05d}" for i in range(n)]
+    assert stream.ids and theirs  # both received
+
+
+def test_claim_mode_is_decided_once_and_says_why(pg: Backend, ppg: Backend, names: Any,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """auto: prepared where the server has room, else the claim table with one INFO line naming
+    the setting; prepared where the server allows none: an error naming the option and the setting."""
+    from spark_qtransport.errors import ConfigError
+    from spark_qtransport.transport.receiving.receiver import Receiver
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    def mode(backend: Backend, **values: Any) -> bool:
+        q, e = backend.create_queue(names("Sales")), backend.create_queue(names("error"))
+        r = Receiver(ReceiveSettings.create(backend.url, q, error_queue=e, **values))
+        try:
+            r.initial_offset()
+            return r.endpoint.prepared
+        finally:
+            r.close()
+
+    caplog.set_level(logging.INFO, "spark_qtransport")
+    assert mode(ppg) is True
+    assert mode(ppg, claim_mode="table") is False
+    assert mode(pg) is False  # the suite's server: max_prepared_transactions 0
+    assert any("max_prepared_transactions" in r.getMessage() and "claim table" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(ConfigError, match="claimMode.*max_prepared_transactions"):
+        mode(pg, claim_mode="prepared")
+    audit = ppg.create_queue(names("audit"))
+    caplog.clear()
+    assert mode(ppg, audit_queue=ppg.dialect.parse_address(audit)) is False
+    assert any("auditQueue" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_sigkill_and_a_server_crash_with_prepared_claims_outstanding(
+        server: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
+    """SIGKILL of the driver while a claim is prepared, during the executors' read, after the
+    sink's commit and before COMMIT PREPARED; then the database server itself stopped at once
+    (`pg_ctl -m immediate`) with prepared claims outstanding: 0 lost, 0 duplicated, FIFO kept."""
+    q, e = ppg.create_queue(names("Orders")), ppg.create_queue(names("error"))
+    sink = names("sink")
+    with ppg.connect() as c:
+        c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
+        c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint, n bigserial)')
+    checkpoint, markers, log = tmp_path / "ckpt", tmp_path / "markers", tmp_path / "job.log"
+    markers.mkdir()
+    url = ppg.url + "?options=-c%20client_connection_check_interval%3D200"
+    args = [url, q, e, str(checkpoint), sink, str(markers)]
+    # a long bound: the claims stay prepared across the kills (the warden would park them)
+    env = {"CRASH_CLAIM_MODE": "prepared", "CRASH_PREPARED_TIMEOUT": "1h"}
+    sent = 0
+
+    def produce(n: int) -> None:
+        nonlocal sent
+        ppg.send_many(q, [(nsb_headers(f"m{sent + i:06d}"), b'{"n": 1}') for i in range(n)])
+        sent += n
+
+    def delivered() -> int:
+        with ppg.connect() as c:
+            return int(c.execute(f'SELECT count(*) FROM "{sink}"').fetchone()[0])
+
+    def ours_prepared() -> bool:
+        return bool(prepared_now(ppg, q))
+
+    produce(1500)
+    kills = []
+    # 1. the moment a claim is prepared (Spark may or may not have logged its offsets)
+    job = Job(CHILD, args, log=log, env=env)
+    wait_for(lambda: delivered() > 0 and ours_prepared(), 120, "a prepared claim", job)
+    job.kill()
+    kills.append("claim prepared")
+    # 2. during the executors' read of a prepared claim
+    produce(500)
+    job = Job(CHILD, args, "during_read", log=log, env=env)
+    wait_for(lambda: (markers / "during_read").exists(), 180, "a read in progress", job)
+    assert ours_prepared()
+    job.kill()
+    kills.append("during read")
+    # 3. after the sink committed, before the acknowledgement's COMMIT PREPARED
+    produce(500)
+    job = Job(CHILD, args, "after_sink", log=log, env=env)
+    wait_for(lambda: (markers / "after_sink").exists(), 180, "a written batch", job)
+    assert ours_prepared()
+    job.kill()
+    kills.append("after sink, before COMMIT PREPARED")
+    # 4. the server, immediately, with prepared claims outstanding (they survive it)
+    assert ours_prepared()
+    server.crash()
+    server.start()
+    assert ours_prepared()
+    kills.append("server immediate stop")
+    produce(300)
+    run_to_end(CHILD, args, log=log, env=env)
+
+    with ppg.connect() as c:
+        ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
+        firsts = [r[0] for r in c.execute(
+            f'SELECT message_id FROM "{sink}_log" GROUP BY message_id ORDER BY min(n)')]
+    assert len(kills) == 4
+    assert ids == [f"m{i:06d}" for i in range(sent)], "every message reached the sink exactly once"
+    assert firsts == sorted(firsts), "first deliveries in queue order"
+    assert ppg.count(q) == 0 and ppg.count(e) == 0
+    assert not ours_prepared(), "a finished run leaves no prepared claim"
+
+
+@pytest.mark.slow
+def test_a_killed_driver_leaves_no_prepared_claim_past_its_bound(ppg: Backend, names: Any, tmp_path: Path) -> None:
+    """SIGKILL of every process of the job with claims prepared: the stream's warden (a process of
+    its own, outside the job) parks them within the bound; the next run delivers them, once."""
+    q, e = ppg.create_queue(names("Orders")), ppg.create_queue(names("error"))
+    sink = names("sink")
+    with ppg.connect() as c:
+        c.execute(f'CREATE TABLE "{sink}" (message_id text PRIMARY KEY, batch_id bigint)')
+        c.execute(f'CREATE TABLE "{sink}_log" (message_id text, batch_id bigint)')
+    markers, log = tmp_path / "markers", tmp_path / "job.log"
+    markers.mkdir()
+    args = [ppg.url, q, e, str(tmp_path / "ckpt"), sink, str(markers)]
+    env = {"CRASH_CLAIM_MODE": "prepared", "CRASH_PREPARED_TIMEOUT": "20s"}
+    ppg.send_many(q, [(nsb_headers(f"m{i:04d}"), b"{}") for i in range(1000)])
+    job = Job(CHILD, args, "during_read", log=log, env=env)
+    wait_for(lambda: (markers / "during_read").exists(), 180, "a read in progress", job)
+    assert prepared_now(ppg, q)
+    job.kill()
+    oldest, deadline = 0.0, time.monotonic() + 25
+    while time.monotonic() < deadline and prepared_now(ppg, q):
+        oldest = max([oldest, *(age for _, age in prepared_now(ppg, q))])
+        time.sleep(0.2)
+    assert prepared_now(ppg, q) == [], "the warden parked the killed job's claims"
+    assert oldest <= 20.0 + 2.0, f"a prepared claim lived {oldest:.1f}s, over its 20s bound"
+    assert ppg.count(ppg.claims(q)) > 0
+    run_to_end(CHILD, args, log=log, env=env)
+    with ppg.connect() as c:
+        ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
+    assert ids == [f"m{i:04d}" for i in range(1000)]
+    assert ppg.count(q) == 0 and prepared_now(ppg, q) == []
