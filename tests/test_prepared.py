@@ -328,3 +328,57 @@ def test_a_killed_driver_leaves_no_prepared_claim_past_its_bound(ppg: Backend, n
         ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
     assert ids == [f"m{i:04d}" for i in range(1000)]
     assert ppg.count(q) == 0 and prepared_now(ppg, q) == []
+
+
+def test_a_prepared_claim_reads_exactly_its_own_rows(ppg: Backend, names: Any) -> None:
+    """Within a claim's sequence range, rows another consumer held while it claimed (NServiceBus's
+    receive, locked) are not its rows, whether that consumer then deletes them or rolls back: the
+    read selects by the claim's transaction, not by the range alone."""
+    import psycopg
+
+    from spark_qtransport.dialects import ClaimNumbering
+    from spark_qtransport.transport.receiving.prepared import NUMBER_BASE, PreparedClaim, commit, consumer_token
+
+    d = ppg.dialect
+    q, e = ppg.create_queue(names("Sales")), ppg.create_queue(names("error"))
+    queue, error = d.parse_address(q), d.parse_address(e)
+    claims = d.claims_table(queue)
+    with ppg.connect() as c:
+        for stmt in d.create_claims(claims):
+            c.execute(stmt.sql, stmt.params)
+    ppg.send_many(q, [(nsb_headers(f"m{i:02d}"), b"x") for i in range(20)])
+    other = psycopg.connect(ppg.url)  # NServiceBus's receive holds three rows in the middle
+    held = [r[0] for r in other.execute(
+        f"SELECT seq FROM {ppg.q(q)} WHERE seq IN (SELECT seq FROM {ppg.q(q)} ORDER BY seq OFFSET 5 LIMIT 3)"
+        " ORDER BY seq FOR UPDATE").fetchall()]
+    with psycopg.connect(ppg.url) as conn:
+        cur = conn.cursor()
+        first = NUMBER_BASE + 1
+        for stmt in d.claim(queue, claims, error, consumer="Sales", limit=100, after=0, upto=None,
+                            numbering=ClaimNumbering(first, prepared=True)):
+            cur.execute(stmt.sql, stmt.params)
+        row = dict(zip([col[0] for col in cur.description], cur.fetchone(), strict=True))
+        assert row["claimed"] == 17 and row["tabled"] == 0, row
+        claim = PreparedClaim("1", first, int(row["max_claim"]), int(row["low_source"]), int(row["max_source"]),
+                              str(row["claimed_at"]), consumer_token("Sales"), str(row["xid"]))
+        cur.execute(d.prepare(claim.gid).sql)
+    other.rollback()  # the held rows are back in the queue, their xmax still the other transaction's
+    with psycopg.connect(ppg.url) as reader:
+        stmt = d.read_prepared(queue, xid=claim.xid, shift=claim.shift, after=claim.first - 1, upto=claim.last,
+                               claimed_at=claim.claimed_at)
+        rows = reader.execute(stmt.sql, stmt.params).fetchall()
+        assert [r[5] for r in rows] == [s for s in range(held[0] - 5, held[0] + 15) if s not in held]
+        assert [r[0] - claim.shift for r in rows] == [r[5] for r in rows]  # numbered by sequence
+        commit(reader, _endpoint(ppg, queue, claims), claim)
+    assert ppg.count(q) == 3  # the rows the other consumer let go, still waiting
+    other.close()
+    with pytest.raises(ValueError, match="gid"):
+        d.prepare("x'; DROP TABLE y; --")
+
+
+def _endpoint(pg: Backend, queue: Any, claims: Any) -> Any:
+    from spark_qtransport.transport.receiving.setup import Endpoint
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    o = ReceiveSettings.create(pg.url, pg.dialect.format_address(queue))
+    return Endpoint(o, pg.dialect, claims)
