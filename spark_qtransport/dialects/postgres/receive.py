@@ -168,21 +168,7 @@ WITH picked AS MATERIALIZED (
     ) AS r
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
-), to_error AS (
-    INSERT INTO {e} (id, expires, headers, body)
-    -- same id, as NServiceBus does; a new one if there is none, or if the error queue holds that
-    -- id already (its primary key would otherwise fail every claim and stall the stream)
-    SELECT {self._error_id(e)}, NULL, m.headers, m.body
-    FROM (SELECT seq FROM picked WHERE poison ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
-    ORDER BY p.seq
-    RETURNING 1
-), to_dead AS (
-    INSERT INTO {e} (id, expires, headers, body)
-    SELECT {self._error_id(e)}, NULL, {self._with_failure("m.headers", "p.odd", "m.expires")}, m.body
-    FROM (SELECT seq, odd FROM picked WHERE odd IS NOT NULL ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
-    ORDER BY p.seq
-    RETURNING 1
-), claimed AS (
+{self._to_error(q, e)}), claimed AS (
     INSERT INTO {c} (consumer, id, expires, headers, body, source_seq)
     SELECT %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'), COALESCE(m.headers, ''), m.body, m.seq
     FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL ORDER BY seq) AS p
@@ -240,19 +226,7 @@ WITH picked AS MATERIALIZED (
     SELECT %(always)s OR EXISTS (SELECT FROM picked WHERE special AND NOT poison AND NOT expired AND odd IS NULL) AS t
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
-), to_error AS (
-    INSERT INTO {e} (id, expires, headers, body)
-    SELECT {self._error_id(e)}, NULL, m.headers, m.body
-    FROM (SELECT seq FROM picked WHERE poison ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
-    ORDER BY p.seq
-    RETURNING 1
-), to_dead AS (
-    INSERT INTO {e} (id, expires, headers, body)
-    SELECT {self._error_id(e)}, NULL, {self._with_failure("m.headers", "p.odd", "m.expires")}, m.body
-    FROM (SELECT seq, odd FROM picked WHERE odd IS NOT NULL ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
-    ORDER BY p.seq
-    RETURNING 1
-), claimed AS (
+{self._to_error(q, e)}), claimed AS (
     INSERT INTO {c} (claim_seq, consumer, id, expires, headers, body, source_seq) OVERRIDING SYSTEM VALUE
     SELECT %(first)s + (m.seq - (SELECT seq FROM low)), %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'),
            COALESCE(m.headers, ''), m.body, m.seq
@@ -279,6 +253,25 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
        mod(pg_catalog.pg_current_xact_id()::text::numeric, 4294967296)::text AS xid"""
         return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
                 Statement(sql.strip(), params)]
+
+    def _to_error(self, q: str, e: str) -> str:
+        """The claim's CTEs that move its `picked` rows to the error queue: poison ones raw
+        (`to_error`), odd ones with failure headers (`to_dead`)."""
+        return f"""), to_error AS (
+    INSERT INTO {e} (id, expires, headers, body)
+    -- same id, as NServiceBus does; a new one if there is none, or if the error queue holds that
+    -- id already (its primary key would otherwise fail every claim and stall the stream)
+    SELECT {self._error_id(e)}, NULL, m.headers, m.body
+    FROM (SELECT seq FROM picked WHERE poison ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING 1
+), to_dead AS (
+    INSERT INTO {e} (id, expires, headers, body)
+    SELECT {self._error_id(e)}, NULL, {self._with_failure("m.headers", "p.odd", "m.expires")}, m.body
+    FROM (SELECT seq, odd FROM picked WHERE odd IS NOT NULL ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING 1
+"""
 
     @staticmethod
     def _error_id(e: str) -> str:
