@@ -8,6 +8,7 @@ consume messages exactly as .NET endpoints sharing the database do.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -268,3 +269,10 @@ class Sender:
 
     def staged(self) -> int:
         return self.backend.count(self.backend.dialect.format_address(self.options.staging))
+
+
+def server_settings(**settings: str) -> dict[str, str]:
+    """Settings of an embedded server a test starts: no prepared transactions unless
+    SQLQUEUE_TEST_PREPARED_SLOTS says how many (claimMode auto then holds claims in them), so a
+    test's streams hold their claims in the claim table, whose rows the tests look at."""
+    return {"max_prepared_transactions": os.environ.get("SQLQUEUE_TEST_PREPARED_SLOTS", "0"), **settings}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import Backend
+from backends import Backend, server_settings
 from connect_server import connect, connect_session, connect_url  # noqa: F401 - fixtures for every file
 
 # Spark must bind to loopback and start its Python workers with this interpreter.
@@ -34,11 +34,10 @@ def pg_url() -> Iterator[str]:
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     # fsync off: tests kill processes, not machines; durability against power loss is not tested.
-    # No prepared transactions by default: the suite's streams hold their claims in the claim table
-    # (claimMode auto), whose rows the tests look at; test_prepared.py has a server of its own.
-    # SQLQUEUE_TEST_PREPARED_SLOTS=64 runs the whole suite with prepared claims instead.
-    slots = os.environ.get("SQLQUEUE_TEST_PREPARED_SLOTS", "0")
-    with EmbeddedPostgres(fsync=False, settings={"max_prepared_transactions": slots}) as pg:
+    # No prepared transactions by default (`server_settings`): the suite's streams hold their claims
+    # in the claim table; test_prepared.py has a server of its own. SQLQUEUE_TEST_PREPARED_SLOTS=64
+    # runs the suite with prepared claims instead.
+    with EmbeddedPostgres(fsync=False, settings=server_settings()) as pg:
         yield pg.url
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from faultproxy import FaultProxy
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, server_settings
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import dialect_for
 from spark_qtransport.errors import DatabaseError
@@ -33,7 +33,7 @@ def server() -> Iterator[Any]:
     # a crash keeps what the server acknowledged: commits wait for their WAL to be written (to the
     # kernel: the machine does not crash here). Without it (synchronous_commit off) a crash loses
     # the last commits the server confirmed, and no client can make up for that.
-    with EmbeddedPostgres(fsync=False, settings={"synchronous_commit": "on"}) as pg:
+    with EmbeddedPostgres(fsync=False, settings=server_settings(synchronous_commit="on")) as pg:
         yield pg
 
 

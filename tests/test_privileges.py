@@ -314,6 +314,7 @@ def test_doctor_names_the_privileges_a_role_lacks(pg: Backend, app: Role, names:
                   "--part", "claims", "--part", "delayed")
     grant_printed(pg, app, "--queue", a, "--error-queue", error, "--for", "sending", "--part", "sender")
     ok = json.loads(cli(app.url, "doctor", a, "--json").output)
+    ok = [f for f in ok if not f["finding"].startswith("max_prepared_transactions")]  # the server's, as advice
     assert [f["level"] for f in ok] == ["ok", "info", "info"], ok
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, server_settings
 from processes import ROOT, Job
 from report import Sampler, plot, section, table
 from workload import megabytes, memory_mb, rows
@@ -46,7 +46,7 @@ def test_a_large_backlog_drains_in_flat_memory(tmp_path: Path) -> None:
 
     n = int(os.environ.get("SQLQUEUE_CHAOS_BACKLOG", "50000"))
     per_batch = max(1000, min(20_000, n // 25))  # enough batches to see a trend
-    with EmbeddedPostgres(fsync=False) as server:
+    with EmbeddedPostgres(fsync=False, settings=server_settings()) as server:
         pg = Backend(server.url)
         q, out, e = (pg.create_queue(name) for name in ("Backlog", "Out", "error"))
         load(pg, q, n)

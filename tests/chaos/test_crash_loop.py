@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from backends import Backend
+from backends import Backend, server_settings
 from processes import ROOT, Job
 from report import Sampler, plot, section, table
 from workload import Killer, Producer, memory_mb, rows
@@ -45,7 +45,7 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     outages = [o.strip() for o in os.environ.get("SQLQUEUE_CHAOS_OUTAGES", "4").split(",") if o.strip()]
     at = {(k + 1) * kills // (len(outages) + 1): o for k, o in enumerate(outages)}  # round -> outage
     # commits wait for their WAL: a killed server keeps what it confirmed (see tests/test_outages.py)
-    with EmbeddedPostgres(fsync=False, settings={"synchronous_commit": "on"}) as server:
+    with EmbeddedPostgres(fsync=False, settings=server_settings(synchronous_commit="on")) as server:
         pg = Backend(server.url)
         q, out, e, audit = (pg.create_queue(n) for n in ("Orders", "Out", "error", "audit"))
         url = server.url + "?options=-c%20client_connection_check_interval%3D200"
