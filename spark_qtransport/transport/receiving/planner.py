@@ -231,8 +231,9 @@ class Planner:
         d, cur = self.endpoint.dialect, conn.cursor()
         high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))
         self.table_span = None if high is None else (int(low), int(high))
-        if d.prepared_claims:
-            self.prepared.replace_all(listed(self.endpoint, cur, self._table()))
+        table = self._table()
+        if d.prepared_claims and table:  # (no claim table known yet: no claim of this run either)
+            self.prepared.replace_all(listed(self.endpoint, cur, table))
         tops = [v for v in (None if high is None else int(high), self.prepared.max_last()) if v is not None]
         self._held = max(tops) if tops else None
 

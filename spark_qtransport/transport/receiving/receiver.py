@@ -395,6 +395,7 @@ class Receiver:
 
     def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
         self.times.planned(end.claim)  # the batch's planning: its messages' ProcessingStarted
+        _ = self.table_id  # the set-up first: a replayed batch (Spark 4.0/4.1) is sliced before any planning
         return self.planner.slices(start, end)
 
     def ack(self, end: ClaimOffset, *, background: bool = False) -> int:
