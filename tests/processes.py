@@ -98,13 +98,14 @@ def kill_at_random(script: Path, args: list[str], produce: Callable[[], None], *
     return kills
 
 
-def run_to_end(script: Path, args: list[str], *, log: Path, env: dict[str, str] | None = None) -> None:
+def run_to_end(script: Path, args: list[str], *, log: Path, env: dict[str, str] | None = None,
+               runs: int | None = None) -> None:
     """Run the job with Trigger.AvailableNow (its last argument) until it finishes, cleanly. On Spark
     4.0/4.1 AvailableNow is one batch, and a run that finds an uncommitted batch (a killed run's)
-    replays only that one: a second run then drains the rest."""
+    replays only that one: a second run then drains the rest. `runs`: that many runs instead."""
     from spark_qtransport.spark.versions import capabilities
 
-    for _ in range(1 if capabilities().admission_control else 2):
+    for _ in range(runs or (1 if capabilities().admission_control else 2)):
         job = Job(script, [*args, "available-now"], log=log, env=env)
         assert job.wait(300) == 0, log.read_text()[-3000:]
 

@@ -20,12 +20,14 @@ from processes import Job, run_to_end, wait_for
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import dialect_for
 from spark_qtransport.errors import DatabaseError
+from spark_qtransport.spark.versions import capabilities
 from spark_qtransport.transport import session as db
 
 CHILD = Path(__file__).with_name("crash_child.py")
 #: the server's connection limit: far below what a connection (or two) per queue would need
 MAX_CONNECTIONS = 30
 TENANTS, JOINING, PER_TENANT = 300, 20, 8
+LEFT = re.compile(r'queue "?tenant_0007"?\."?audit"? left')
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +142,18 @@ def test_300_tenant_queues_by_pattern_on_30_connections_across_a_sigkill(small: 
         be.drop(tenant(7))
         wait_for(lambda: all(delivered(tenant(i)) for i in range(TENANTS + 1, TENANTS + JOINING + 1)), 240,
                  "every new tenant read", job)
+        # the running stream says the dropped tenant left (before the kill: on Spark 4.0/4.1 a
+        # run's first batch plans over the queues matched then, and a queue dropped meanwhile,
+        # with nothing held, is not named again)
+        wait_for(lambda: LEFT.search(log.read_text()) is not None, 120, "a line saying tenant 7 left", job)
         produce(be, sent, [i for i in range(1, TENANTS + 1, 3) if i != 7], 2)
         job.kill()
         produce(be, sent, [i for i in range(2, TENANTS + 1, 5) if i != 7], 1)
         run_to_end(CHILD, args, log=log, env=env)
+        if not capabilities().admission_control:
+            # Spark 4.0/4.1 commit a run's last batch when the next run starts (docs/databricks.md):
+            # one more run, finding nothing new, acknowledges it
+            run_to_end(CHILD, args, log=log, env=env, runs=1)
 
     with be.connect() as c:
         order = [r[0] for r in c.execute('SELECT message_id FROM "sink_log" ORDER BY seq')]
@@ -162,7 +172,7 @@ def test_300_tenant_queues_by_pattern_on_30_connections_across_a_sigkill(small: 
     for i in (1, 2, TENANTS, TENANTS + JOINING):
         assert be.count(tenant(i)) == 0 and be.count(f'"tenant_{i:04d}"."audit.Claims"') == 0
     text = log.read_text()
-    assert re.search(r'queue "?tenant_0007"?\."?audit"? left', text), "one line says the dropped tenant left"
+    assert LEFT.search(text), "one line says the dropped tenant left"
     assert "too many clients" not in text
     # three on the driver (claims and set-ups, background, a sampler's share of nothing) and one per
     # read task of local[2] (a Python worker keeps its connection between tasks)

@@ -237,6 +237,14 @@ class Planner:
         tops = [v for v in (None if high is None else int(high), self.prepared.max_last()) if v is not None]
         self._held = max(tops) if tops else None
 
+    def may_hold_prepared(self, end: int) -> bool:
+        """Whether claims up to `end` may be held by prepared transactions: this run prepares its
+        claims, or `end` has numbers of ours (a prepared run's, which a table-mode run may follow).
+        Only then does an acknowledgement or a replay need the server's list (`held_max`) first: a
+        stream in claim-table mode over hundreds of queues must not pay a statement per queue at
+        its last commit (a run's end, where the runner may be ended before it finishes)."""
+        return self.endpoint.dialect.prepared_claims and (self.endpoint.prepared or end >= NUMBER_BASE)
+
     def numbered(self, after: int | None) -> bool:
         """Claims get numbers of ours (`ClaimNumbering`): held by prepared transactions, or in a
         run whose checkpoint or claims have such numbers already (a table claim numbered by the
@@ -364,7 +372,8 @@ class Planner:
         after = self._above_floor(start) if start.table == end.table else 0
         if end.claim <= after:
             return []
-        self.held_max()  # the prepared claims as the server has them, after any lost connection
+        if self.may_hold_prepared(end.claim):
+            self.held_max()  # the prepared claims as the server has them, after any lost connection
         held = self.prepared.within(after, end.claim) if start.table == end.table else []
         if not held:
             return self._cut(end.table, after, end.claim)

@@ -411,7 +411,7 @@ class Receiver:
         if end.claim <= self.acker.done(end.table):
             return 0  # acknowledged already: an idle queue's repeated commit costs no statement
         self._acked = max(self._acked, end.claim)
-        if self.dialect.prepared_claims:
+        if self.planner.may_hold_prepared(end.claim):
             self.planner.held_max()  # what is held where (prepared, claim table), known before the ack
         if background:
             self.acker.ack_in_background(end)
