@@ -121,7 +121,15 @@ class EmbeddedPostgres:
             kw["user"], kw["group"] = SYSTEM_USER, SYSTEM_USER
             kw["extra_groups"] = []
         try:
-            return subprocess.run(args, **kw)  # type: ignore[call-overload]
+            try:
+                return subprocess.run(args, **kw)  # type: ignore[call-overload]
+            except subprocess.CalledProcessError as exc:
+                if exc.returncode >= 0 or exc.stderr or exc.stdout:
+                    raise
+                # killed by a signal before it printed anything: seen once as a SIGSEGV of the
+                # forked child (dropping to the system user) in a process with many threads; the
+                # command never ran, so it is run again, once
+                return subprocess.run(args, **kw)  # type: ignore[call-overload]
         except subprocess.CalledProcessError as exc:
             log = self.log_file.read_text(errors="replace")[-4000:] if self.log_file.exists() else ""
             raise EmbeddedPostgresError(
