@@ -49,6 +49,21 @@ def prepared_now(pg: Backend, queue: str | None = None) -> list[tuple[str, float
     return [(gid, age) for gid, age in found if gid.startswith(f"sqlqueue:{oid}:")]
 
 
+def horizon_held(pg: Backend, xids: int = 50) -> bool:
+    """Whether something holds the cluster's xmin horizon (what vacuum may clean up to) back: `xids`
+    transactions are run, one at a time, and the horizon then lags the next xid by at least as many
+    only if an older transaction (a prepared claim) is still open. Prints the lag and the
+    database's age(datfrozenxid)."""
+    with pg.connect() as c:
+        for _ in range(xids):
+            c.execute("SELECT pg_current_xact_id()")
+        lag, frozen = c.execute(
+            "SELECT pg_current_xact_id()::text::bigint - pg_snapshot_xmin(pg_current_snapshot())::text::bigint,"
+            " age(datfrozenxid) FROM pg_catalog.pg_database WHERE datname = current_database()").fetchone()
+    print(f"xmin horizon {lag} xid(s) behind, age(datfrozenxid) {frozen}")
+    return int(lag) >= xids
+
+
 def inserted(pg: Backend, table: str) -> int:
     """Rows ever inserted into `table` (the statistics collector's count, flushed first)."""
     with pg.connect() as c:
@@ -146,6 +161,7 @@ def test_no_prepared_claim_outlives_its_bound(spark: Any, ppg: Backend, names: A
             oldest = max([oldest, *(age for _, age in prepared_now(ppg, q))])
             time.sleep(0.2)
         assert prepared_now(ppg, q) == [] and ppg.count(claims) == 50  # parked, still the last batch
+        assert not horizon_held(ppg), "parked: nothing holds vacuum back"
         ppg.send_many(q, [(nsb_headers("next"), b"{}")])
         _wait(lambda: "next" in sink.ids, 60, "the next message")
         _wait(lambda: ppg.count(claims) == 0, 30, "the parked batch acknowledged")
@@ -316,11 +332,13 @@ def test_a_killed_driver_leaves_no_prepared_claim_past_its_bound(ppg: Backend, n
     wait_for(lambda: (markers / "during_read").exists(), 180, "a read in progress", job)
     assert prepared_now(ppg, q)
     job.kill()
+    assert horizon_held(ppg), "the killed job's prepared claims hold the xmin horizon"
     oldest, deadline = 0.0, time.monotonic() + 25
     while time.monotonic() < deadline and prepared_now(ppg, q):
         oldest = max([oldest, *(age for _, age in prepared_now(ppg, q))])
         time.sleep(0.2)
     assert prepared_now(ppg, q) == [], "the warden parked the killed job's claims"
+    assert not horizon_held(ppg), "parked: nothing holds vacuum back"
     assert oldest <= 20.0 + 2.0, f"a prepared claim lived {oldest:.1f}s, over its 20s bound"
     assert ppg.count(ppg.claims(q)) > 0
     run_to_end(CHILD, args, log=log, env=env)

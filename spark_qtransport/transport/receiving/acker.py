@@ -81,8 +81,11 @@ class Acker:
 
     def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
         if self.endpoint.dialect.prepared_claims and (self.endpoint.prepared or self.planner.prepared.all()):
-            return self._ack_prepared(session, end)
-        return self._ack_table(session, end)
+            total = self._ack_prepared(session, end)
+        else:
+            total = self._ack_table(session, end)
+        self.after.times.forget(end.claim)  # the batches' timings (ProcessingStarted) are done with
+        return total
 
     def _ack_prepared(self, session: Session, end: ClaimOffset) -> int:
         """A run with prepared claims: the claim table's part (claims a retry acknowledgement or a
@@ -125,7 +128,6 @@ class Acker:
     def _ack_table(self, session: Session, end: ClaimOffset) -> int:
         poison = self.after.stats.poison
         total = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
-        self.after.times.forget(end.claim)
         poison = self.after.stats.poison - poison  # moved by this acknowledgement
         with self._count:
             self.stats.acked += total
