@@ -44,11 +44,13 @@ compat-table: setup
 	$(PY) tests/compat/run.py --lines 4.0,4.1,4.2,4.3 --write-table docs/spark-versions.md
 
 # the long chaos run: 20 job kills under a faster producer, the database killed three times (5 s, 60 s, past the bound), a 1,000,000-message backlog, two
-# minutes of competition; writes reports/chaos.md and its plots (reports/*.png)
+# minutes of competition; in both claim modes: the claim table (a server without prepared transactions) writes
+# reports/chaos.md and its plots (reports/*.png), prepared claims (64 allowed) reports/prepared/
+CHAOS_ENV := SQLQUEUE_CHAOS_KILLS=20 SQLQUEUE_CHAOS_PAUSE=0.05 SQLQUEUE_CHAOS_BACKLOG=1000000 SQLQUEUE_CHAOS_OUTAGES=5,60,past \
+	  SQLQUEUE_CHAOS_COMPETE_SECONDS=120
 chaos: setup
-	SQLQUEUE_CHAOS_KILLS=20 SQLQUEUE_CHAOS_PAUSE=0.05 SQLQUEUE_CHAOS_BACKLOG=1000000 SQLQUEUE_CHAOS_OUTAGES=5,60,past \
-	  SQLQUEUE_CHAOS_COMPETE_SECONDS=120 SQLQUEUE_CHAOS_REPORT=reports \
-	  $(PY) -m pytest -s tests/chaos
+	$(CHAOS_ENV) SQLQUEUE_TEST_PREPARED_SLOTS=0 SQLQUEUE_CHAOS_REPORT=reports $(PY) -m pytest -s tests/chaos
+	$(CHAOS_ENV) SQLQUEUE_TEST_PREPARED_SLOTS=64 SQLQUEUE_CHAOS_REPORT=reports/prepared $(PY) -m pytest -s tests/chaos
 
 demo: setup
 	$(PY) jobs/demo.py

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,8 +272,24 @@ class Sender:
         return self.backend.count(self.backend.dialect.format_address(self.options.staging))
 
 
+def prepared_slots() -> int:
+    """The prepared transactions the suite's servers allow (SQLQUEUE_TEST_PREPARED_SLOTS, default 0):
+    above 0, streams (claimMode auto) hold their claims in prepared transactions, not the claim table."""
+    return int(os.environ.get("SQLQUEUE_TEST_PREPARED_SLOTS") or 0)
+
+
 def server_settings(**settings: str) -> dict[str, str]:
     """Settings of an embedded server a test starts: no prepared transactions unless
     SQLQUEUE_TEST_PREPARED_SLOTS says how many (claimMode auto then holds claims in them), so a
     test's streams hold their claims in the claim table, whose rows the tests look at."""
-    return {"max_prepared_transactions": os.environ.get("SQLQUEUE_TEST_PREPARED_SLOTS", "0"), **settings}
+    return {"max_prepared_transactions": str(prepared_slots()), **settings}
+
+
+def server_of_its_own(**settings: str) -> Iterator[Any]:
+    """A module fixture's body: an embedded server of the module's own (fsync off: tests kill
+    processes, not machines), with `settings`."""
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
+
+    with EmbeddedPostgres(fsync=False, settings=settings) as pg:
+        yield pg
+

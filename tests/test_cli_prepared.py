@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, server_of_its_own
 from spark_qtransport.cli import main
 from spark_qtransport.transport import session as db
 from spark_qtransport.transport.receiving.prepared import NUMBER_BASE, PreparedClaim, consumer_token
@@ -26,10 +26,7 @@ from spark_qtransport.transport.receiving.prepared import NUMBER_BASE, PreparedC
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    from spark_qtransport.cli.embedded import EmbeddedPostgres
-
-    with EmbeddedPostgres(fsync=False, settings={"max_prepared_transactions": "4"}) as pg:
-        yield pg
+    yield from server_of_its_own(max_prepared_transactions="4")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, server_of_its_own
 from processes import Job, run_to_end, wait_for
 
 CHILD = Path(__file__).with_name("crash_child.py")
@@ -27,10 +27,7 @@ CHILD = Path(__file__).with_name("crash_child.py")
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    from spark_qtransport.cli.embedded import EmbeddedPostgres
-
-    with EmbeddedPostgres(fsync=False, settings={"max_prepared_transactions": "16"}) as pg:
-        yield pg
+    yield from server_of_its_own(max_prepared_transactions="16")
 
 
 @pytest.fixture(scope="module")

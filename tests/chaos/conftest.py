@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 from datetime import datetime, timezone
@@ -29,7 +30,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     head = [
         f"# Chaos report, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         "",
-        f"`make chaos` on {platform.machine()} Linux, {_cores()} cores; embedded PostgreSQL, Spark `local[2]`.",
+        f"`make chaos` on {platform.machine()} Linux, {_cores()} cores; embedded PostgreSQL, Spark `local[2]`; claims held "
+        + ("by prepared transactions (`max_prepared_transactions` "
+           f"{slots})." if (slots := int(os.environ.get("SQLQUEUE_TEST_PREPARED_SLOTS") or 0)) else "in the claim table."),
         f"Test outcome: {'all passed' if exitstatus == 0 else f'FAILURES (pytest exit {exitstatus})'}.",
         "",
     ]
