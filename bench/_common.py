@@ -11,8 +11,9 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from typing import Any
 
 
 def arguments(doc: str | None) -> argparse.ArgumentParser:
@@ -309,15 +310,20 @@ def floor_sql(queue: str, per_trigger: int) -> str:
 def floor(url: str, queue: str, n: int, per_trigger: int) -> float:
     """Drain the queue with the floor statement, fetched into Python (binary cursor), committed per
     batch, until empty (at-least-once); msg/s."""
+    return drain_with(url, floor_sql(queue, per_trigger), n)
+
+
+def drain_with(url: str, sql: str, n: int, params: Callable[[], tuple[Any, ...]] = tuple) -> float:
+    """Run `sql` (a DELETE ... RETURNING, with `params()` taken afresh each time), fetch its rows into
+    Python (binary cursor) and commit, until it returns none; `n` rows expected; msg/s."""
     import psycopg
 
-    sql = floor_sql(queue, per_trigger)
     got = 0
     t = time.perf_counter()
     with psycopg.connect(url) as conn:
         while True:
             with conn.cursor(binary=True) as cur:
-                rows = cur.execute(sql).fetchall()
+                rows = cur.execute(sql, params() or None).fetchall()
             conn.commit()
             if not rows:
                 break

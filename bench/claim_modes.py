@@ -77,6 +77,7 @@ from _common import (  # noqa: E402
     arguments,
     counted,
     drain,
+    drain_with,
     drop,
     fill,
     floor,
@@ -177,8 +178,6 @@ def audit_floor(url: str, src: str, audit: str, n: int, per_trigger: int) -> flo
     id, the incoming headers with `AUDIT_HEADERS` appended as text, the body) made on the server in
     the same statement (a data-modifying CTE), the rows fetched into Python (binary cursor), one
     transaction per `per_trigger` rows, until `src` is empty (at-least-once); msg/s."""
-    import psycopg
-
     from spark_qtransport.wire import format_time
 
     extra = json.dumps(AUDIT_HEADERS)[1:-1].replace("/", "\\/")
@@ -186,20 +185,7 @@ def audit_floor(url: str, src: str, audit: str, n: int, per_trigger: int) -> flo
            f' INSERT INTO "{audit}" (id, headers, body)'
            " SELECT gen_random_uuid(), left(headers, -1) || ', ' || %s || '}', body FROM gone)"
            " SELECT id, headers, body FROM gone")
-    got = 0
-    t = time.perf_counter()
-    with psycopg.connect(url) as conn:
-        while True:
-            run = extra.replace("{time}", format_time(datetime.now(timezone.utc)))
-            with conn.cursor(binary=True) as cur:
-                rows = cur.execute(sql, (run,)).fetchall()
-            conn.commit()
-            if not rows:
-                break
-            got += len(rows)
-    dt = time.perf_counter() - t
-    assert got == n, (got, n)
-    return n / dt
+    return drain_with(url, sql, n, lambda: (extra.replace("{time}", format_time(datetime.now(timezone.utc))),))
 
 
 # --- one server --------------------------------------------------------------------------------

@@ -149,6 +149,12 @@ class Backend:
             cur.execute(f"SELECT count(*) FROM {self.q(name)} {where}")
             return int(cur.fetchone()[0])
 
+    def unheld(self, name: str) -> int:
+        """Rows of queue `name` no prepared transaction deleted: what is left for anyone to receive
+        (a stopped stream's last batch, held by prepared claims, still counts in `count` until the
+        claims are committed or parked)."""
+        return self.count(name, "WHERE xmax::text NOT IN (SELECT transaction::text FROM pg_catalog.pg_prepared_xacts)")
+
     # -- NServiceBus send / receive -----------------------------------------------------------
 
     def send(

@@ -128,4 +128,4 @@ def test_two_queries_and_an_nsb_consumer_compete_under_a_producer(spark: Any, pg
     assert duplicated == 0, "no message was received twice"
     assert lost == 0, "every message was received"
     assert got["A"].ids and got["B"].ids and nsb.got.ids, "all three really competed"
-    assert pg.count(q) == 0
+    assert pg.unheld(q) == 0  # (with prepared claims, the stopped queries' last batches are still held)
