@@ -397,3 +397,41 @@ def _endpoint(pg: Backend, queue: Any, claims: Any) -> Any:
 
     o = ReceiveSettings.create(pg.url, pg.dialect.format_address(queue))
     return Endpoint(o, pg.dialect, claims)
+
+
+def test_a_new_run_numbers_its_claims_above_the_last_runs_committed_ones(ppg: Backend, names: Any) -> None:
+    """Spark 4.0/4.1 give a run's first batch no start, and the last run's claims may all be
+    committed (nothing of them left on the server): the new run's claim numbers still lie above
+    the checkpoint's, so Spark's commit of the checkpoint's last batch, which comes as the new run
+    starts, cannot commit the new run's claim before its batch is read (it did: messages lost)."""
+    from spark_qtransport.transport.receiving.planner import ClaimOffset
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    q, e = ppg.create_queue(names("Sales")), ppg.create_queue(names("error"))
+    settings = ReceiveSettings.create(ppg.url, q, error_queue=e, claim_ahead=False, claim_mode="prepared")
+
+    def read(r: Receiver, start: ClaimOffset, end: ClaimOffset) -> list[Any]:
+        return [row for part in r.slices(start, end) for row in read_slice(part)]
+
+    ppg.send_many(q, [(nsb_headers(f"m{i}"), b"{}") for i in range(5)])
+    r = Receiver(settings)
+    try:
+        last = r.first_batch(fresh=True)
+        assert len(read(r, ClaimOffset(0, last.table), last)) == 5
+        r.ack(last)  # the checkpoint's last batch, committed: no claim of that run is left
+    finally:
+        r.close()
+    assert prepared_now(ppg, q) == [] and ppg.count(q) == 0
+    ppg.send_many(q, [(nsb_headers(f"late{i}"), b"{}") for i in range(2)])
+    r = Receiver(settings)  # a new run, as on Spark 4.0: the first batch is planned without a start
+    try:
+        new = r.first_batch(fresh=False)
+        assert new.claim > last.claim, "the new run's claim numbers lie above the checkpoint's"
+        r.ack(last)  # Spark's commit of the checkpoint's last batch, at the new run's start
+        assert len(prepared_now(ppg, q)) == 1 and ppg.unheld(q) == 0, "the new claim is still held"
+        assert len(read(r, last, new)) == 2
+        r.ack(new)
+    finally:
+        r.close()
+    assert ppg.count(q) == 0 and prepared_now(ppg, q) == []

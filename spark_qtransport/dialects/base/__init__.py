@@ -21,6 +21,7 @@ from .send import SendSql
 from .values import (
     FAILED_COLUMN,
     LATEST_TIME,
+    NUMBERS_PER_MICROSECOND,
     STAGED_COLUMNS,
     TABLE_PRIVILEGES,
     ClaimFailures,
@@ -33,7 +34,7 @@ from .values import (
 )
 
 __all__ = [
-    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "NUMBERS_PER_MICROSECOND", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "PreparedSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
     "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
 ]

@@ -95,6 +95,20 @@ class ClaimNumbering:
 
     first: int
     prepared: bool
+    #: a run's first claim (None: later ones): its numbers begin at least at `clock_base` plus the
+    #: database server's clock in microseconds since 1970 times `NUMBERS_PER_MICROSECOND`. A new
+    #: run cannot always know where the checkpoint left off (Spark 4.0/4.1 give the first batch no
+    #: start) and its previous run's claims may all be committed, leaving no trace: numbering from
+    #: the last number known would reuse the checkpoint's numbers, and the acknowledgement of the
+    #: checkpoint's last batch would then commit the new claim undelivered. One clock for every
+    #: driver: numbers of a later run start above any a run before used, as long as the queue's
+    #: sequence grows slower than 512 a microsecond (and the server's clock does not step back)
+    clock_base: int | None = None
+
+
+#: how many claim numbers a microsecond of the server's clock is worth (`ClaimNumbering.clock_base`):
+#: numbers above 2**62 stay below 2**63 until about the year 2255
+NUMBERS_PER_MICROSECOND = 512
 
 
 #: the latest time Python's datetime (and so a Spark timestamp handed to Python) can hold; a queue

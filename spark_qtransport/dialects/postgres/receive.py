@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...wire import RETRY_COUNTERS
-from ..base import LATEST_TIME, ClaimFailures, ClaimNumbering, QueueAddress, ReceiveSql, Statement
+from ..base import (
+    LATEST_TIME,
+    NUMBERS_PER_MICROSECOND,
+    ClaimFailures,
+    ClaimNumbering,
+    QueueAddress,
+    ReceiveSql,
+    Statement,
+)
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW
 
@@ -205,7 +213,8 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         of a ForwardDestination or a ServiceControl retry acknowledgement header: the work the claim
         table's machinery does at the claim and the acknowledgement); `tabled` says which."""
         params = {**params, "first": int(numbering.first), "retry_name": RETRY_ACK_NAME,
-                  "always": not numbering.prepared}
+                  "always": not numbering.prepared, "clock_base": numbering.clock_base,
+                  "per_us": NUMBERS_PER_MICROSECOND}
         sql = f"""
 WITH picked AS MATERIALIZED (
     SELECT seq, poison, expired,
@@ -222,13 +231,17 @@ WITH picked AS MATERIALIZED (
     ) AS r
 ), low AS MATERIALIZED (
     SELECT min(seq) AS seq FROM picked
+), base AS MATERIALIZED (
+    -- the first number: the one asked for, or above the server's clock on a run's first claim
+    SELECT greatest(%(first)s::bigint, COALESCE(%(clock_base)s::bigint
+                    + (extract(epoch FROM clock_timestamp()) * 1000000)::bigint * %(per_us)s::bigint, 0)) AS n
 ), tabled AS MATERIALIZED (
     SELECT %(always)s OR EXISTS (SELECT FROM picked WHERE special AND NOT poison AND NOT expired AND odd IS NULL) AS t
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
 {self._to_error(q, e)}), claimed AS (
     INSERT INTO {c} (claim_seq, consumer, id, expires, headers, body, source_seq) OVERRIDING SYSTEM VALUE
-    SELECT %(first)s + (m.seq - (SELECT seq FROM low)), %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'),
+    SELECT (SELECT n FROM base) + (m.seq - (SELECT seq FROM low)), %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'),
            COALESCE(m.headers, ''), m.body, m.seq
     FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL AND (SELECT t FROM tabled)
           ORDER BY seq) AS p
@@ -240,9 +253,9 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
        (SELECT count(*) FROM picked WHERE expired AND NOT poison) AS expired,
        (SELECT count(*) FROM to_error) AS poison,
        (SELECT count(*) FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL) AS claimed,
-       %(first)s + (SELECT max(seq) FROM picked) - (SELECT seq FROM low) AS max_claim,
+       (SELECT n FROM base) + (SELECT max(seq) FROM picked) - (SELECT seq FROM low) AS max_claim,
        (SELECT max(seq) FROM picked) AS max_source,
-       %(first)s::bigint AS min_claim,
+       (SELECT n FROM base) AS min_claim,
        (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired AND odd IS NULL
           AND (SELECT t FROM tabled)) AS forward,
        (SELECT count(*) FROM picked WHERE odd = 'id') AS null_id,

@@ -19,7 +19,7 @@ from ..routing import Router
 from ..session import Session
 from .background import Background
 from .forward import ForwardResult, forward_claimed
-from .prepared import PreparedClaim, consumer_token
+from .prepared import NUMBER_BASE, PreparedClaim, consumer_token
 from .setup import Endpoint
 
 __all__ = ["ClaimOutcome", "ClaimRequest", "Claimer"]
@@ -44,6 +44,8 @@ class ClaimRequest:
     planned_at: float  # the clock when planned: when a new low-water mark was set
     #: the claim numbers of ours begin here (`ClaimNumbering`); None: the claim table's identity
     first: int | None = None
+    #: the run's first claim: its numbers begin above the server's clock too (`ClaimNumbering.clock_base`)
+    clock_floor: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ class Claimer:
         claims = self.endpoint.claims
         failures = ClaimFailures.build(failed_q=d.format_address(o.queue), endpoint=o.consumer)
         prepared = self.endpoint.prepared and request.first is not None
-        numbering = None if request.first is None else ClaimNumbering(request.first, prepared)
+        numbering = None if request.first is None else ClaimNumbering(
+            request.first, prepared, NUMBER_BASE if request.clock_floor else None)
         for stmt in d.claim(o.queue, claims, o.error_queue, consumer=o.consumer, limit=request.limit, after=after,
                             upto=request.upto, failures=failures, numbering=numbering):
             db.execute(cur, stmt)

@@ -283,7 +283,11 @@ class Planner:
         now = self._clock()
         if self._low_water.seq is not None and now - self._low_water.since > LOW_WATER_TTL:
             self._low_water = _LowWater()
-        return ClaimRequest(limit, self._low_water.seq or 0, self.target, now, self._first(after))
+        first = self._first(after)
+        # a run's first claim numbers above the server's clock: the checkpoint's last numbers may be
+        # unknown here and its claims all committed (`ClaimNumbering.clock_base`)
+        return ClaimRequest(limit, self._low_water.seq or 0, self.target, now, first,
+                            clock_floor=first is not None and self.last_end is None)
 
     def _apply(self, outcome: ClaimOutcome) -> ClaimOutcome:
         """Take in what a claim did: the counters, whether more waits, the low-water mark."""
