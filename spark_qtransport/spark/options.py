@@ -21,7 +21,6 @@ from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
 from ..transport.routing import RoutingPolicy
 from ..transport.selection import QueuePattern, QueueSelection, check_distinct, split_queue_list
 from ..transport.settings import ReceiveSettings, SendSettings, StreamSettings
-from .versions import capabilities
 
 __all__ = ["ReaderOptions", "WriterOptions", "OPTIONS", "WRITER_OPTIONS", "URL_ENV", "parse_duration"]
 
@@ -78,7 +77,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": (str(defaults.DEFAULT_ACK_BATCH), "claims deleted per statement when a batch is acknowledged"),
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
-    "claimMode": ("auto", "where a claim is held until its batch is acknowledged: `prepared` (PostgreSQL: the claim's DELETE is held by a prepared transaction, so each message is written once; needs `max_prepared_transactions` above 0), `table` (the claim table: a second write of every message; the only form on SQL Server), or `auto`: prepared where the server leaves room and the stream has no `auditQueue`, `forwardTo` or `monitoringQueue`, else the claim table, with one INFO line saying why; on Spark 4.0 and 4.1, the claim table"),
+    "claimMode": ("auto", "where a claim is held until its batch is acknowledged: `prepared` (PostgreSQL: the claim's DELETE is held by a prepared transaction, so each message is written once; needs `max_prepared_transactions` above 0), `table` (the claim table: a second write of every message; the only form on SQL Server), or `auto`: prepared where the server leaves room and the stream has no `auditQueue`, `forwardTo` or `monitoringQueue`, else the claim table, with one INFO line saying why"),
     "preparedClaimTimeout": ("60s", "the longest a prepared claim holds vacuum back: an older one (a stream idle, stopped or stuck) is moved into the claim table (`claimMode` prepared)"),
     "delayedTable": ("`<queue>.<delayedTableSuffix>`", f"address of the delayed table of the queue's endpoint, whose due messages the reader moves each trigger, {_DELAYED_ELSEWHERE}"),
     "delayedTableSuffix": (DEFAULT_DELAYED_SUFFIX, _DELAYED_SUFFIX.format("queue")),
@@ -295,10 +294,6 @@ def _claim_mode(opts: Mapping[str, str], dialect: Dialect) -> dict[str, Any]:
     if raw not in defaults.CLAIM_MODES:
         raise ConfigError(f"option 'claimMode' must be one of {', '.join(defaults.CLAIM_MODES)}, not {raw[:40]!r}",
                           option="claimMode")
-    if raw == defaults.CLAIM_AUTO and not capabilities().admission_control:
-        # Spark 4.0/4.1 (Databricks 17.3 and 18 LTS): prepared claims are not yet proven there (a
-        # stream over many queues missed late messages in a test): auto keeps the claim table
-        raw = defaults.CLAIM_TABLE
     if raw == defaults.CLAIM_PREPARED and not dialect.prepared_claims:
         raise ConfigError(f"option 'claimMode': {dialect.name} has no prepared transactions a claim could be held "
                           "by; use 'table' or 'auto'", option="claimMode")
