@@ -293,10 +293,10 @@ def session(app: str, extra: dict[str, str] | None = None) -> Any:
     builder = SparkSession.builder.appName(app)
     for key, value in with_cached_jars(conf).items():
         builder = builder.config(key, value)
-    with quiet_jvm_start():
-        spark = builder.getOrCreate()
     from _stops import STOPS
 
+    with quiet_jvm_start(), STOPS.kept():
+        spark = builder.getOrCreate()
     STOPS.started_spark = True  # the job's own Spark: `exit_with` stops it before the job exits
     if STOPS.installed:  # the SparkContext replaced our SIGINT handler with its own
         STOPS.install()

@@ -26,7 +26,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["STOPS", "StopRequested", "Stops", "quiet_jvm", "shut_down", "stop_query"]
@@ -50,6 +51,28 @@ class Stops:
         self.installed = True
         for signum in NAMES:
             signal.signal(signum, self._handle)
+
+    @contextmanager
+    def kept(self) -> Iterator[None]:
+        """While pyspark makes its SparkContext: ours stay the SIGINT and SIGTERM handlers. The
+        SparkContext puts in its own SIGINT handler, which cancels the jobs and raises
+        KeyboardInterrupt in the middle of a py4j call: a Ctrl-C in the moment between that and
+        `install` again printed py4j's tracebacks and ended the job with -2 instead of one line."""
+        if not self.installed:
+            yield
+            return
+        real = signal.signal
+
+        def ours_stay(signum: Any, handler: Any) -> Any:
+            # a Python handler only: SIG_IGN still passes (pyspark's JVM launch ignores SIGINT in
+            # the child it forks, so that a Ctrl-C reaches the job, not the JVM)
+            return signal.getsignal(signum) if signum in NAMES and callable(handler) else real(signum, handler)
+
+        signal.signal = ours_stay  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            signal.signal = real
 
     def on_exit(self, cleanup: Callable[[], None]) -> None:
         """Run `cleanup` when a signal ends the job before its query runs."""
