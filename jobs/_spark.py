@@ -298,8 +298,6 @@ def session(app: str, extra: dict[str, str] | None = None) -> Any:
     with quiet_jvm_start(), STOPS.kept():
         spark = builder.getOrCreate()
     STOPS.started_spark = True  # the job's own Spark: `exit_with` stops it before the job exits
-    if STOPS.installed:  # the SparkContext replaced our SIGINT handler with its own
-        STOPS.install()
     if not type(spark).__module__.startswith("pyspark.sql.connect"):  # Spark Connect: no sparkContext
         remember_jars(spark, conf)
         spark.sparkContext.setLogLevel("ERROR")

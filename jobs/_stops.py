@@ -46,8 +46,8 @@ class Stops:
         self._cleanups: list[Callable[[], None]] = []
 
     def install(self) -> None:
-        """Take SIGINT and SIGTERM; again after pyspark's SparkContext put in its own SIGINT handler
-        (it cancels the jobs and raises KeyboardInterrupt, in the middle of a py4j call)."""
+        """Take SIGINT and SIGTERM (pyspark's SparkContext is kept from putting in its own SIGINT
+        handler: `kept`)."""
         self.installed = True
         for signum in NAMES:
             signal.signal(signum, self._handle)
