@@ -116,9 +116,10 @@ def read_batch(receiver: Any, start: Any, end: Any, costs: dict[str, Cost]) -> i
     return n
 
 
-def receive(url: str, meter: Meter, per_trigger: int, costs: dict[str, Cost]) -> int:
+def receive(url: str, meter: Meter, per_trigger: int, costs: dict[str, Cost], claim_mode: str = "table") -> int:
     """Claim, read and acknowledge the queue's messages batch by batch."""
-    r = Receiver(ReceiveSettings.create(url, QUEUE, error_queue=ERROR, claim_ahead=False, max_messages=per_trigger))
+    r = Receiver(ReceiveSettings.create(url, QUEUE, error_queue=ERROR, claim_ahead=False, max_messages=per_trigger,
+                                        claim_mode=claim_mode))
     try:
         start = r.initial_offset()  # connects and sets up: not a phase
         meter.checkpoint()
@@ -318,7 +319,7 @@ def repetition(url: str, args: Any) -> dict[str, Cost]:
     costs = {p: Cost() for p in PHASES}
     with contextlib.closing(Meter(url)) as meter:
         fresh(url, args.messages, args.size, QUEUE, FLOOR, FLOOR_IN)
-        got = receive(url, meter, args.per_trigger, costs)
+        got = receive(url, meter, args.per_trigger, costs, args.claim_mode)
         assert got == args.messages, (got, args.messages)
         got = floor(url, meter, args.per_trigger, costs["floor"])
         assert got == args.messages, (got, args.messages)
@@ -381,6 +382,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="repetitions; the table shows their median")
     ap.add_argument("--skip-spark", action="store_true", help="leave out the Spark rows (its own floor, the drain batch)")
     ap.add_argument("--forwarded", action="store_true", help="also send inline with NServiceBus's headers passed through")
+    ap.add_argument("--claim-mode", default="table", choices=["table", "prepared"],
+                    help="where the receive holds its claims (claimMode; default table)")
     ap.add_argument("--json", metavar="PATH", help="write every repetition's figures per --per-trigger messages there")
     args = ap.parse_args()
     print(f"package: {Path(spark_qtransport.__file__).parent}")

@@ -50,15 +50,20 @@ class PreparedSql(AddressingSql):
         return self._no_prepared()
 
     def read_prepared(self, queue: QueueAddress, *, xid: str, shift: int, after: int, upto: int,
-                      claimed_at: str) -> Statement:
+                      claimed_at: str, limit: int | None = None) -> Statement:
         """The rows a prepared claim deleted, numbered `shift + seq`, in (after, upto], in order,
-        as `read_claims` returns them; the rows it did not claim (expired as of `claimed_at`, no
-        id, an Expires beyond year 9999) are left out, as the claim left them out."""
+        as `read_claims` returns them (and its `limit`); the rows it did not claim (expired as of
+        `claimed_at`, no id, an Expires beyond year 9999) are left out, as the claim left them out."""
         return self._no_prepared()
 
     def repeatable_read(self) -> Statement:
         """The first statement of a transaction that reads one snapshot throughout."""
         return self._no_prepared()
+
+    def read_transaction(self, *, one_snapshot: bool) -> list[Statement]:
+        """The statements that begin a slice's read transaction; `one_snapshot`: all of it reads
+        one snapshot (a prepared claim's slice: see `slices._open`)."""
+        return [self.repeatable_read()] if one_snapshot else []
 
     def parked(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
         """One row, one boolean: the claim table holds claims of the consumer in (after, upto]."""

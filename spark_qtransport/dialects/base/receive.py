@@ -20,6 +20,11 @@ class ReceiveSql(AddressingSql):
     #: parse of each (see the PostgreSQL dialect).
     poison_at_claim: bool = True
 
+    #: Does a slice's read fetch a page at a time (`read_claims` and `read_prepared` with `limit`:
+    #: a query per page, each after the last row the one before returned) instead of streaming
+    #: one query's rows through a cursor? See the PostgreSQL dialect for why.
+    read_in_pages: bool = False
+
     @abstractmethod
     def table_id(self, table: QueueAddress) -> Statement:
         """One row, one column: an id that changes when the table is dropped and created again
@@ -148,11 +153,13 @@ class ReceiveSql(AddressingSql):
         """One row (or none): the n-th (1-based) claim sequence of the consumer after `after`."""
 
     @abstractmethod
-    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int,
+                    limit: int | None = None) -> Statement:
         """Rows (claim_seq, native_id text, expires, headers, body, source_seq, claimed_at) ordered
-        by claim_seq, for claim_seq in (after, upto]. No value the driver cannot load reaches it:
-        an expires beyond `LATEST_TIME` (infinity, as claims of older versions may hold) is NULL,
-        one before year 1 is year 1."""
+        by claim_seq, for claim_seq in (after, upto]; the first `limit` of them (dialects that
+        `read_in_pages` only). No value the driver cannot load reaches it: an expires beyond
+        `LATEST_TIME` (infinity, as claims of older versions may hold) is NULL, one before year 1
+        is year 1."""
 
     def ack_headers(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
         """Rows (claim_seq, headers) of the consumer's first `batch` claims in (after, upto] (`after`

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..base import LATEST_TIME, PreparedSql, QueueAddress, Statement
 from .addressing import PostgresAddressing
+from .statements import page
 
 #: what a gid we build may hold: PREPARE TRANSACTION takes a literal, not a parameter
 _GID = re.compile(r"[A-Za-z0-9_.:~-]{1,199}")
@@ -64,7 +65,7 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
         )
 
     def read_prepared(self, queue: QueueAddress, *, xid: str, shift: int, after: int, upto: int,
-                      claimed_at: str) -> Statement:
+                      claimed_at: str, limit: int | None = None) -> Statement:
         # The rows the prepared transaction deleted still stand for every other transaction, with
         # its id as their xmax; within the claim's seq range, no other row has it.
         return Statement(
@@ -72,12 +73,20 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
             " %(claimed_at)s::timestamp AT TIME ZONE 'UTC'"
             f" FROM {self.qualified(queue)} AS q"
             " WHERE q.seq > %(after)s - %(shift)s AND q.seq <= %(upto)s - %(shift)s AND q.xmax = %(xid)s::xid"
-            f" AND {_CLAIMED} ORDER BY q.seq",
-            {"shift": int(shift), "after": int(after), "upto": int(upto), "xid": str(xid), "claimed_at": claimed_at},
+            f" AND {_CLAIMED} ORDER BY q.seq{page(limit)}",
+            {"shift": int(shift), "after": int(after), "upto": int(upto), "xid": str(xid), "claimed_at": claimed_at,
+             "limit": limit},
         )
 
     def repeatable_read(self) -> Statement:
         return Statement("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+    def read_transaction(self, *, one_snapshot: bool) -> list[Statement]:
+        # A page asks for a few thousand of a range's rows in order: the planner, trusting
+        # statistics that lag the queue (or guessing how many rows one xmax holds), may otherwise
+        # sort a sequential scan of the whole table for each page. LOCAL: this transaction only.
+        return [*super().read_transaction(one_snapshot=one_snapshot),
+                Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off")]
 
     def parked(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
         return Statement(

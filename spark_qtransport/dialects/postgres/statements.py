@@ -1,5 +1,5 @@
 """What the PostgreSQL statements of several features share: the UTC clocks of Expires and Due,
-bounded deletes, and literals for scripts people read."""
+bounded deletes, pages of reads, and literals for scripts people read."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def literal(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     return "'" + str(value).replace("'", "''") + "'"
+
+
+def page(limit: int | None) -> str:
+    """The LIMIT of a page of a slice's read (`ReceiveSql.read_in_pages`), bound as %(limit)s."""
+    return "" if limit is None else " LIMIT %(limit)s"
 
 
 #: Bounded deletes pick their rows once, by physical address, then delete exactly those

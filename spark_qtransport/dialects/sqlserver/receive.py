@@ -417,7 +417,10 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             (self._check_consumer(consumer), int(after), max(int(n) - 1, 0)),
         )
 
-    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
+    def read_claims(self, claims: QueueAddress, consumer: str, *, after: int, upto: int,
+                    limit: int | None = None) -> Statement:
+        if limit is not None:  # read through one firehose cursor (`read_in_pages` is False)
+            raise ValueError("SQL Server reads a slice through one cursor, not in pages")
         return Statement(
             "SELECT ClaimSeq, CAST(Id AS varchar(36)), Expires, Headers, Body, SourceSeq, ClaimedAt"
             f" FROM {self.qualified(claims)}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...dialects import Dialect, dialect_named
+from ...dialects import Dialect, Statement, dialect_named
 from ...errors import OffsetError
 from .. import session as db
 from ..executor import cached_connection, give_back
@@ -33,8 +33,9 @@ FETCH_BYTES = 16 * 2**20
 
 
 class _SliceCursor:
-    """One slice's read position and the query that reads it. After a fault the query is opened
-    again after the last claim sequence handed out, so a retried fetch goes on where it stopped."""
+    """One slice's read position and the query (or pages of queries) that read it. After a fault
+    the read is opened again after the last claim sequence handed out, so a retried fetch goes on
+    where it stopped."""
 
     def __init__(self, dialect: Dialect, part: ClaimSlice, *, chunk: int, budget: int) -> None:
         self.dialect, self.part = dialect, part
@@ -42,8 +43,8 @@ class _SliceCursor:
         self.after = part.after
         self.size, self.largest = 1, 1  # rows to fetch next; bytes of the largest row seen
         self.conn: Any = None
-        self.cur: Any = None
-        self.done = False
+        self.cur: Any = None  # the streaming cursor, or the statement of a page (`read_in_pages`)
+        self.done = self.last_page = False
 
     def fetch(self, _attempt: int) -> list[tuple[Any, ...]]:
         """The next rows, or [] once the slice is read (its transaction then ends)."""
@@ -52,15 +53,27 @@ class _SliceCursor:
             self.conn, self.cur = cached_connection(self.dialect, rest.url, lambda conn: _open(self.dialect, rest, conn),
                                                     what=f"reading {rest!r}", log=log)
         with WATCHDOG.watching(self.dialect, self.part.url, self.conn, f"reading {self.part!r}"):
-            rows = self.cur.fetchmany(self.size)
+            rows = self._next_rows()
         if not rows:
-            self.cur.close()
+            if not self.dialect.read_in_pages:
+                self.cur.close()
             self.conn.commit()
             self.done = True
             return []
         self.after = int(rows[-1][0])
         self.largest = max(self.largest, *(len(r[3] or "") + len(r[4] or b"") for r in rows))
         self.size = max(1, min(self.chunk, self.size * 4, self.budget // self.largest))
+        return rows
+
+    def _next_rows(self) -> list[tuple[Any, ...]]:
+        if not self.dialect.read_in_pages:
+            return list(self.cur.fetchmany(self.size))
+        if self.last_page:  # the page before came short: the slice has no more rows
+            return []
+        with self.conn.cursor(binary=True) as cur:
+            cur.execute(*db.args(self.cur(self.after, self.size)))
+            rows = list(cur.fetchall())
+        self.last_page = len(rows) < self.size
         return rows
 
     def drop(self, exc: BaseException | None = None) -> None:
@@ -110,12 +123,14 @@ def read_chunks(
 
 
 def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
-    """Check the claim table is the one the batch was planned on, and start the slice's query."""
-    if part.prepared is not None:
-        # one snapshot for the question and the read: a claim parked (`prepared.park`) has its
-        # copies committed before its prepared transaction, so the snapshot sees either the copies
-        # or the queue rows still held, never neither nor both
-        db.execute(conn.cursor(), dialect.repeatable_read())
+    """Check the claim table is the one the batch was planned on, and start the slice's query: a
+    cursor to fetch from, or, where the dialect reads in pages, what makes the statement of the
+    page of `limit` rows after a claim sequence."""
+    # a prepared claim's slice reads one snapshot for the question and the read: a claim parked
+    # (`prepared.park`) has its copies committed before its prepared transaction, so the snapshot
+    # sees either the copies or the queue rows still held, never neither nor both
+    for stmt in dialect.read_transaction(one_snapshot=part.prepared is not None):
+        db.execute(conn.cursor(), stmt)
     (table_id,) = db.one(conn.cursor(), dialect.table_id(part.claims))
     if str(table_id) != part.table:
         raise OffsetError(
@@ -123,14 +138,19 @@ def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
             f"batch was planned (offset names table {part.table}, now {table_id}); its claims are gone. "
             "Start the query with a new checkpoint location to go on.", queue=part.queue,
         )
-    stmt = dialect.read_claims(part.claims, part.consumer, after=part.after, upto=part.upto)
     held = part.prepared
     if held is not None and not db.one(conn.cursor(), dialect.parked(part.claims, part.consumer, after=part.after,
                                                                         upto=part.upto))[0]:
-        stmt = dialect.read_prepared(held.queue, xid=held.xid, shift=held.shift, after=part.after, upto=part.upto,
-                                     claimed_at=held.claimed_at)
+        def read(after: int, limit: int | None) -> Statement:
+            return dialect.read_prepared(held.queue, xid=held.xid, shift=held.shift, after=after, upto=part.upto,
+                                         claimed_at=held.claimed_at, limit=limit)
+    else:
+        def read(after: int, limit: int | None) -> Statement:
+            return dialect.read_claims(part.claims, part.consumer, after=after, upto=part.upto, limit=limit)
+    if dialect.read_in_pages:
+        return read
     cur = dialect.streaming_cursor(conn)
-    cur.execute(*db.args(stmt))
+    cur.execute(*db.args(read(part.after, None)))
     return cur
 
 
