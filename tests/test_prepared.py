@@ -353,6 +353,7 @@ def test_a_prepared_claim_reads_exactly_its_own_rows(ppg: Backend, names: Any) -
     import psycopg
 
     from spark_qtransport.dialects import ClaimNumbering
+    from spark_qtransport.transport.receiving.claimer import pick
     from spark_qtransport.transport.receiving.prepared import NUMBER_BASE, PreparedClaim, commit, consumer_token
 
     d = ppg.dialect
@@ -370,8 +371,10 @@ def test_a_prepared_claim_reads_exactly_its_own_rows(ppg: Backend, names: Any) -
     with psycopg.connect(ppg.url) as conn:
         cur = conn.cursor()
         first = NUMBER_BASE + 1
+        picked = pick(d, cur, queue, after=0, upto=None, limit=100)
+        assert len(picked.seqs) == 17 and not picked.poison and not picked.special
         for stmt in d.claim(queue, claims, error, consumer="Sales", limit=100, after=0, upto=None,
-                            numbering=ClaimNumbering(first, prepared=True)):
+                            numbering=ClaimNumbering(first, prepared=True, picked=picked)):
             cur.execute(stmt.sql, stmt.params)
         row = dict(zip([col[0] for col in cur.description], cur.fetchone(), strict=True))
         assert row["claimed"] == 17 and row["tabled"] == 0, row

@@ -48,6 +48,8 @@ def every_statement() -> dict[str, list[Statement]]:
         "schema_and_tables": D.schema_and_tables("dbo", ["Sales"]), "server_time_zone": D.server_time_zone(),
         "wal_settings": D.wal_settings(),
     }
+    assert D.read_transaction(one_snapshot=False) == []  # one snapshot only for prepared claims (none here)
+    out["read_transaction"] = []
     out.update({name: [s] if s is not None else [] for name, s in optional.items()})
     out["savepoint"] = [D.savepoint("sqlqueue_route")]
     out["rollback_to_savepoint"] = [D.rollback_to_savepoint("sqlqueue_route")]
@@ -74,8 +76,8 @@ def _methods_making_sql() -> set[str]:
 #: SQL Server claim judges them, so it makes none of these (they raise)
 NOT_MADE = {"ack_headers", "dead_letter_claims", "drop_claim_range"}
 #: SQL Server has no prepared claims (`claimMode`): none of their statements is ever made there
-NO_PREPARED = {"commit_prepared", "list_prepared", "park", "parked", "prepare", "prepared_bound", "prepared_capacity",
-               "read_prepared", "repeatable_read", "rollback_prepared"}
+NO_PREPARED = {"commit_prepared", "list_prepared", "park", "parked", "pick", "prepare", "prepared_bound",
+               "prepared_capacity", "read_prepared", "repeatable_read", "rollback_prepared"}
 
 
 def test_every_statement_method_is_collected() -> None:
@@ -101,7 +103,7 @@ def test_the_claim_judges_headers_so_the_acknowledgement_makes_no_poison_sql() -
 def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
     """claimMode prepared is refused for SQL Server at the options, auto never takes it, and no
     statement of a prepared claim (nor a numbered claim) is ever made for it."""
-    from spark_qtransport.dialects import ClaimNumbering
+    from spark_qtransport.dialects import ClaimNumbering, PickedRows
     from spark_qtransport.errors import ConfigError
     from spark_qtransport.spark.options import ReaderOptions
 
@@ -110,6 +112,7 @@ def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
     calls = {"commit_prepared": lambda: D.commit_prepared("g"), "list_prepared": lambda: D.list_prepared("g"),
              "park": lambda: D.park(q, c, "x", xid="1", shift=0, first=1, last=1, low=1, high=1, claimed_at=""),
              "parked": lambda: D.parked(c, "x", after=0, upto=1), "prepare": lambda: D.prepare("g"),
+             "pick": lambda: D.pick(q, after=0, upto=None, limit=1),
              "prepared_bound": D.prepared_bound, "prepared_capacity": D.prepared_capacity,
              "read_prepared": lambda: D.read_prepared(q, xid="1", shift=0, after=0, upto=1, claimed_at=""),
              "repeatable_read": D.repeatable_read, "rollback_prepared": lambda: D.rollback_prepared("g")}
@@ -119,7 +122,7 @@ def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
             call()
     with pytest.raises(NotImplementedError):
         D.claim(q, c, D.parse_address("error"), consumer="x", limit=1, after=0, upto=None,
-                numbering=ClaimNumbering(2**62 + 1, prepared=False))
+                numbering=ClaimNumbering(2**62 + 1, prepared=False, picked=PickedRows([1], [], [], False)))
     with pytest.raises(ConfigError, match="claimMode"):
         ReaderOptions.stream({"url": "sqlserver://h/db", "queue": "Sales", "claimMode": "prepared"})
 

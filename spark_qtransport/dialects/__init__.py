@@ -6,9 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .base import FAILED_COLUMN, ClaimFailures, ClaimNumbering, ClaimResult, Dialect, QueueAddress, Statement
+from .base import (
+    FAILED_COLUMN,
+    ClaimFailures,
+    ClaimNumbering,
+    ClaimResult,
+    Dialect,
+    PickedRows,
+    QueueAddress,
+    Statement,
+)
 
-__all__ = ["FAILED_COLUMN", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Dialect", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
+__all__ = ["FAILED_COLUMN", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
 
 
 def dialect_named(name: str) -> Dialect:

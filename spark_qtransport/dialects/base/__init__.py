@@ -27,6 +27,7 @@ from .values import (
     ClaimFailures,
     ClaimNumbering,
     ClaimResult,
+    PickedRows,
     QueueAddress,
     Statement,
     check_privileges,
@@ -34,7 +35,7 @@ from .values import (
 )
 
 __all__ = [
-    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "NUMBERS_PER_MICROSECOND", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "PickedRows", "NUMBERS_PER_MICROSECOND", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "PreparedSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
     "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
 ]

@@ -71,10 +71,17 @@ class ReceiveSql(AddressingSql):
         `LATEST_TIME`, goes to the error queue with `failures`' headers merged into its own (None:
         built for `queue`); an Expires of infinity is claimed as NULL (never expires).
         The LAST statement returns one row whose columns are named as `ClaimResult`'s fields.
-        With `numbering` (dialects with `prepared_claims` only): our numbers, headers judged for
-        every row, and two more columns, `tabled` (rows written to the claim table) and
+        With `numbering` (dialects with `prepared_claims` only): the rows `numbering.picked` names
+        (`pick`, in this transaction), numbered ours, poison as the driver judged it, and more columns: `tabled` (rows written to the claim table) and
         `low_source`, `claimed_at`, `xid` (the lowest queue sequence picked, the claim's UTC clock as
         20 digits, its transaction's id): what names a prepared claim (`PreparedClaim`)."""
+
+    def pick(self, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> list[Statement]:
+        """The first step of a numbered claim (`ClaimNumbering.picked`): lock at most `limit` of the
+        oldest unlocked queue rows (sequence > after, <= upto), skipping rows others hold. The LAST
+        statement returns their rows (seq, headers text, '' for NULL), in order. Dialects with
+        `prepared_claims` only."""
+        raise NotImplementedError(f"{type(self).__name__} numbers no claims")
 
     @abstractmethod
     def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..base import LATEST_TIME, PreparedSql, QueueAddress, Statement
 from .addressing import PostgresAddressing
-from .statements import page
+from .statements import BY_INDEX, page
 
 #: what a gid we build may hold: PREPARE TRANSACTION takes a literal, not a parameter
 _GID = re.compile(r"[A-Za-z0-9_.:~-]{1,199}")
@@ -82,11 +82,7 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
         return Statement("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 
     def read_transaction(self, *, one_snapshot: bool) -> list[Statement]:
-        # A page asks for a few thousand of a range's rows in order: the planner, trusting
-        # statistics that lag the queue (or guessing how many rows one xmax holds), may otherwise
-        # sort a sequential scan of the whole table for each page. LOCAL: this transaction only.
-        return [*super().read_transaction(one_snapshot=one_snapshot),
-                Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off")]
+        return [*super().read_transaction(one_snapshot=one_snapshot), *BY_INDEX]
 
     def parked(self, claims: QueueAddress, consumer: str, *, after: int, upto: int) -> Statement:
         return Statement(

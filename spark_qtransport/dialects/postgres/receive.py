@@ -17,13 +17,11 @@ from ..base import (
     Statement,
 )
 from .addressing import PostgresAddressing
-from .statements import ROWS_OF, UTC_NOW, page
+from .statements import BY_INDEX, ROWS_OF, UTC_NOW, page
 
 #: a claimed row whose headers text holds this may carry NServiceBus.SqlServer.ForwardDestination
 #: (checked exactly in Python). Found by strpos: a third of LIKE '%...%''s cost, on every claimed row.
 FORWARD_NAME = "NServiceBus.SqlServer.ForwardDestination"
-#: a claimed row whose headers text holds this may be a ServicePulse retry to acknowledge
-RETRY_ACK_NAME = "ServiceControl.Retry.AcknowledgementQueue"
 
 POISON_PATH = "'strict $.* ? (@.type() != \"string\" && @.type() != \"null\")'"
 
@@ -146,7 +144,7 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
                   "fail_id": failures.null_id, "fail_expires": failures.far_expires, "slot": failures.slot,
                   "nul_mark": uuid.uuid4().hex}
         if numbering is not None:
-            return self._numbered_claim(q, c, e, cond, params, numbering)
+            return self._numbered_claim(q, c, e, params, numbering)
         # One statement, one transaction, same snapshot for every part. `picked` locks the oldest
         # unlocked rows and classifies them from their small columns; it is MATERIALIZED so it
         # runs once (a re-evaluated LIMIT ... SKIP LOCKED can return more rows than asked for).
@@ -200,40 +198,41 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
        (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired AND odd IS NULL) AS forward,
        (SELECT count(*) FROM picked WHERE odd = 'id') AS null_id,
        (SELECT count(*) FROM picked WHERE odd = 'expires') AS far_expires"""
-        # The queue's statistics lag its backlog (a queue last analyzed empty and now holding a
-        # million rows is estimated at a few thousand): left alone, the planner may then read and
-        # classify every row above `after` and sort them, seconds per claim. Without bitmap and
-        # sequential scans it walks the seq index in order and stops at the limit. LOCAL: this
-        # transaction only.
-        return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
-                Statement(sql.strip(), params)]
+        return [*BY_INDEX, Statement(sql.strip(), params)]
 
-    def _numbered_claim(self, q: str, c: str, e: str, cond: str, params: dict[str, Any],
+    def pick(self, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> list[Statement]:
+        cond, params = self._range(after, upto)
+        return [*BY_INDEX, Statement(
+            f"SELECT seq, COALESCE(headers, '') FROM {self.qualified(queue)} WHERE {cond}"
+            " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED", {**params, "limit": int(limit)})]
+
+    def _numbered_claim(self, q: str, c: str, e: str, params: dict[str, Any],
                         numbering: ClaimNumbering) -> list[Statement]:
-        """The claim with numbers of ours (`ClaimNumbering`): a row's claim number is
-        ``first + (seq - the lowest seq picked)``, so a claim held by a prepared transaction maps its
-        rows to numbers without writing them anywhere. Every row's headers are judged here (poison
-        goes to the error queue in this transaction: a prepared claim's acknowledgement is its
-        COMMIT PREPARED, which can add nothing). The claimable rows go into the claim table, with
-        their numbers, when `numbering.prepared` is false or any of them is special (a text match
-        of a ForwardDestination or a ServiceControl retry acknowledgement header: the work the claim
-        table's machinery does at the claim and the acknowledgement); `tabled` says which."""
-        params = {**params, "first": int(numbering.first), "retry_name": RETRY_ACK_NAME,
-                  "always": not numbering.prepared, "clock_base": numbering.clock_base,
-                  "per_us": NUMBERS_PER_MICROSECOND}
+        """The claim with numbers of ours (`ClaimNumbering`) of the rows `pick` locked in this
+        transaction (`numbering.picked`): a row's claim number is ``first + (seq - the lowest seq
+        picked)``, so a claim held by a prepared transaction maps its rows to numbers without
+        writing them anywhere. The driver judged every row's headers (`PickedRows`): the poison go
+        to the error queue in this transaction (a prepared claim's acknowledgement is its COMMIT
+        PREPARED, which can add nothing). The claimable rows go into the claim table, with their
+        numbers, when `numbering.prepared` is false or any of them is special (a ForwardDestination
+        or a ServiceControl retry acknowledgement header: the work the claim table's machinery does
+        at the claim and the acknowledgement); `tabled` says which."""
+        picked = numbering.picked
+        params = {**params, "first": int(numbering.first), "always": not numbering.prepared,
+                  "clock_base": numbering.clock_base, "per_us": NUMBERS_PER_MICROSECOND,
+                  "seqs": picked.seqs, "lo": picked.seqs[0], "hi": picked.seqs[-1], "poison": picked.poison, "forward": picked.forward, "special": picked.special}
         sql = f"""
 WITH picked AS MATERIALIZED (
     SELECT seq, poison, expired,
            CASE WHEN poison OR expired THEN NULL WHEN id IS NULL THEN 'id' WHEN far THEN 'expires' END AS odd,
-           forward, special
+           forward
     FROM (
         SELECT seq, id,
                (expires IS NOT NULL AND expires <= {UTC_NOW}) AS expired,
                (expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(expires)) AS far,
-               {self._poison("headers")} AS poison,
-               (strpos(headers, %(forward_name)s) > 0) AS forward,
-               (strpos(headers, %(forward_name)s) > 0 OR strpos(headers, %(retry_name)s) > 0) AS special
-        FROM {q} WHERE {cond} ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+               seq = ANY(%(poison)s::bigint[]) AS poison,
+               seq = ANY(%(forward)s::bigint[]) AS forward
+        FROM {q} WHERE seq >= %(lo)s AND seq <= %(hi)s AND seq = ANY(%(seqs)s::bigint[])
     ) AS r
 ), low AS MATERIALIZED (
     SELECT min(seq) AS seq FROM picked
@@ -242,7 +241,7 @@ WITH picked AS MATERIALIZED (
     SELECT greatest(%(first)s::bigint, COALESCE(%(clock_base)s::bigint
                     + (extract(epoch FROM clock_timestamp()) * 1000000)::bigint * %(per_us)s::bigint, 0)) AS n
 ), tabled AS MATERIALIZED (
-    SELECT %(always)s OR EXISTS (SELECT FROM picked WHERE special AND NOT poison AND NOT expired AND odd IS NULL) AS t
+    SELECT %(always)s OR %(special)s AS t
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
 {self._to_error(q, e)}), claimed AS (
@@ -270,8 +269,7 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
        (SELECT seq FROM low) AS low_source,
        to_char({UTC_NOW}, 'YYYYMMDDHH24MISSUS') AS claimed_at,
        mod(pg_catalog.pg_current_xact_id()::text::numeric, 4294967296)::text AS xid"""
-        return [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off"),
-                Statement(sql.strip(), params)]
+        return [*BY_INDEX, Statement(sql.strip(), params)]
 
     def _to_error(self, q: str, e: str) -> str:
         """The claim's CTEs that move its `picked` rows to the error queue: poison ones raw

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..base import Statement
+
 #: the current time as the wall-clock UTC ``timestamp`` NServiceBus writes into Expires
 UTC_NOW = "(now() AT TIME ZONE 'UTC')"
 
@@ -35,6 +37,14 @@ def literal(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     return "'" + str(value).replace("'", "''") + "'"
+
+
+#: The queue's statistics lag its backlog (a queue last analyzed empty and now holding a million
+#: rows is estimated at a few thousand), and how many rows one xmax holds is a guess: left alone,
+#: the planner may read and classify every row above `after` and sort them, seconds per claim or
+#: per page of a read. Without bitmap and sequential scans it walks the seq index in order and
+#: stops at the limit. LOCAL: the transaction only.
+BY_INDEX = [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off")]
 
 
 def page(limit: int | None) -> str:

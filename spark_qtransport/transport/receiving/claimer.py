@@ -13,7 +13,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...dialects import ClaimFailures, ClaimNumbering, ClaimResult
+from ...dialects import ClaimFailures, ClaimNumbering, ClaimResult, Dialect, PickedRows, QueueAddress
+from ...wire import H, decode_header_texts
 from .. import session as db
 from ..routing import Router
 from ..session import Session
@@ -22,7 +23,7 @@ from .forward import ForwardResult, forward_claimed
 from .prepared import NUMBER_BASE, PreparedClaim, consumer_token
 from .setup import Endpoint
 
-__all__ = ["ClaimOutcome", "ClaimRequest", "Claimer"]
+__all__ = ["ClaimOutcome", "ClaimRequest", "Claimer", "pick"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -62,6 +63,45 @@ class ClaimOutcome:
     def full(self) -> bool:
         """The claim took all it could: more is probably waiting."""
         return self.result is not None and self.result.deleted >= self.request.limit
+
+
+#: rows the first page of a `pick` asks for; later pages are sized by the largest headers seen
+FIRST_PAGE = 256
+#: most rows a page of a `pick` asks for, and the bytes of headers it aims at
+PAGE_ROWS, PAGE_BYTES = 10_000, 16 * 2**20
+
+
+def pick(dialect: Dialect, cur: Any, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> PickedRows:
+    """Lock at most `limit` of the oldest unlocked queue rows above `after` (`ReceiveSql.pick`), a
+    page at a time (a page's headers are bounded in bytes, so a claim of many rows never holds
+    them all), and judge their headers here, by the rule every read judges by: the claim's
+    statement is then told which rows are poison instead of parsing every header itself."""
+    seqs: list[int] = []
+    poison: list[int] = []
+    forward: list[int] = []
+    special = False
+    size, largest, last = min(limit, FIRST_PAGE), 1, after
+    while len(seqs) < limit:
+        ask = min(size, limit - len(seqs))
+        for stmt in dialect.pick(queue, after=last, upto=upto, limit=ask):
+            db.execute(cur, stmt)
+        rows = db.results(cur).fetchall()
+        texts = [str(text) for _, text in rows]
+        for (seq, _), headers in zip(rows, decode_header_texts(texts), strict=True):
+            seqs.append(int(seq))
+            if headers is None:
+                poison.append(int(seq))
+            elif H.FORWARD_DESTINATION in headers:
+                forward.append(int(seq))
+                special = True
+            elif H.RETRY_ACK_QUEUE in headers:
+                special = True
+        if len(rows) < ask:
+            break
+        last = seqs[-1]
+        largest = max(largest, *(len(t) for t in texts))
+        size = max(1, min(PAGE_ROWS, size * 4, PAGE_BYTES // largest))
+    return PickedRows(seqs, poison, forward, special)
 
 
 class Claimer:
@@ -105,8 +145,12 @@ class Claimer:
         claims = self.endpoint.claims
         failures = ClaimFailures.build(failed_q=d.format_address(o.queue), endpoint=o.consumer)
         prepared = self.endpoint.prepared and request.first is not None
-        numbering = None if request.first is None else ClaimNumbering(
-            request.first, prepared, NUMBER_BASE if request.clock_floor else None)
+        numbering = None
+        if request.first is not None:
+            picked = pick(d, cur, o.queue, after=after, upto=request.upto, limit=request.limit)
+            if not picked.seqs:  # the peeked row is ours already: nothing else is left
+                return ClaimOutcome(request)
+            numbering = ClaimNumbering(request.first, prepared, picked, NUMBER_BASE if request.clock_floor else None)
         for stmt in d.claim(o.queue, claims, o.error_queue, consumer=o.consumer, limit=request.limit, after=after,
                             upto=request.upto, failures=failures, numbering=numbering):
             db.execute(cur, stmt)
