@@ -155,6 +155,16 @@ class Backend:
         claims are committed or parked)."""
         return self.count(name, "WHERE xmax::text NOT IN (SELECT transaction::text FROM pg_catalog.pg_prepared_xacts)")
 
+    def let_go_prepared(self) -> None:
+        """Roll back every prepared claim of ours on the server (a test's teardown: its messages
+        return to their queues, and the locks the claims hold on its tables go)."""
+        if self.name != "postgres":
+            return
+        with self.connect() as c:
+            for (gid,) in c.execute("SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE gid LIKE 'sqlqueue:%%'"
+                                    " AND database = current_database()").fetchall():
+                c.execute(f"ROLLBACK PREPARED '{gid}'")
+
     # -- NServiceBus send / receive -----------------------------------------------------------
 
     def send(

@@ -1,4 +1,6 @@
-"""Contract suite for receiving, run per dialect (PostgreSQL always, SQL Server when configured).
+"""Contract suite for receiving, run per dialect and claim form: PostgreSQL with claims in the
+claim table and in prepared transactions (`claimMode`, on a server of its own that allows them), SQL
+Server when configured.
 
 Drives the same code Spark drives (claim on the driver, read slices as executors do, acknowledge)
 without a SparkSession, so every dialect is held to one behaviour. Test names follow the
@@ -8,6 +10,7 @@ NServiceBus transport conformance scenarios (../shared/CONFORMANCE.md).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,12 +19,43 @@ from typing import Any
 
 import pytest
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, server_of_its_own
 from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
 from spark_qtransport.transport.receiving import setup
 from spark_qtransport.transport.receiving.receiver import ClaimOffset, Receiver, read_slice
 from spark_qtransport.transport.settings import ReceiveSettings
+
+
+@pytest.fixture(scope="module")
+def prepared_server() -> Iterator[Any]:
+    yield from server_of_its_own(max_prepared_transactions="16")
+
+
+@pytest.fixture(params=["postgres", "postgres-prepared", "sqlserver"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The suite's database (the conftest's, per dialect) and, on PostgreSQL, each claim form:
+    "postgres-prepared" is a server whose `max_prepared_transactions` lets `claimMode` auto hold
+    claims in prepared transactions (with SQLQUEUE_TEST_PREPARED_SLOTS set, both are)."""
+    if request.param == "postgres-prepared":
+        return Backend(request.getfixturevalue("prepared_server").url)
+    return request.getfixturevalue("backend_of_dialect")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def backend_of_dialect(request: pytest.FixtureRequest) -> Backend:
+    name = request.node.callspec.params["backend"]
+    if name == "sqlserver":
+        if not os.environ.get("SQLQUEUE_TEST_SQLSERVER_URL"):
+            pytest.skip("SQLQUEUE_TEST_SQLSERVER_URL not set")
+        return Backend(os.environ["SQLQUEUE_TEST_SQLSERVER_URL"])
+    return request.getfixturevalue("pg")  # type: ignore[no-any-return]
+
+
+def postgres_only(backend: Backend) -> Backend:
+    if backend.name != "postgres":
+        pytest.skip("PostgreSQL only")
+    return backend
 
 
 def make_receiver(backend: Backend, queue: str, error: str, **settings: Any) -> Receiver:
@@ -65,6 +99,7 @@ def queues(backend: Backend, names):  # type: ignore[no-untyped-def]
     backend.create_queue(q)
     backend.create_queue(e)
     yield q, e
+    backend.let_go_prepared()  # a failed test's prepared claims would hold its tables' locks
     for t in (q, e, backend.claims(q)):
         backend.drop(t)
 
@@ -486,8 +521,9 @@ def test_claim_ahead_holds_the_next_batch_and_loses_nothing(backend: Backend, qu
     start = r.initial_offset()
     end = r.latest(start, 10)  # claims 10, then claims the next 10 ahead
     r.planner.settle_ahead()
-    assert backend.count(q) == 5
-    assert backend.count(r.dialect.format_address(r.claims)) == 20
+    assert backend.unheld(q) == 5
+    if not r.endpoint.prepared:
+        assert backend.count(r.dialect.format_address(r.claims)) == 20
     first = [x[0] for x in read_batch(r, start, end)]
     r.close()  # stops before planning the next batch: the claimed-ahead rows are held claims
     with receiving(backend, q, e, claim_ahead=False) as r2:
@@ -509,8 +545,9 @@ def test_a_table_that_is_not_a_queue_is_refused(pg: Backend, names) -> None:  # 
     r.close()
 
 
-def test_poison_whose_id_the_error_queue_holds_gets_a_new_id(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+def test_poison_whose_id_the_error_queue_holds_gets_a_new_id(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     """NServiceBus keeps the native id; if the error queue has it already, the claim must not stall."""
+    pg = postgres_only(backend)
     q, e = queues
     nid = pg.send(e, "<already failed once", b"old")
     pg.send(q, "<corrupted headers", b"new", native_id=nid)
@@ -543,8 +580,9 @@ def test_held_claims_are_delivered_within_the_limit(backend: Backend, queues) ->
     assert sizes == [8, 8, 8, 6]
 
 
-def test_a_dropped_connection_is_retried(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+def test_a_dropped_connection_is_retried(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     """The server ends the driver's session (failover, admin, idle kill): the next call reconnects."""
+    pg = postgres_only(backend)
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(6)])
     with receiving(pg, q, e, claim_ahead=False) as r:
@@ -558,7 +596,8 @@ def test_a_dropped_connection_is_retried(pg: Backend, queues) -> None:  # type: 
     assert pg.count(q) == 0 and pg.count(pg.claims(q)) == 0
 
 
-def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+def test_a_reused_executor_connection_the_server_dropped_is_replaced(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    pg = postgres_only(backend)
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"m{i}"), b"x") for i in range(4)])
     with receiving(pg, q, e, claim_ahead=False) as r:
@@ -576,9 +615,10 @@ def test_a_reused_executor_connection_the_server_dropped_is_replaced(pg: Backend
         assert [x[0] for x in read_batch(r, end, nxt)] == ["m2", "m3"]
 
 
-def test_a_claim_spark_waits_for_starts_small(pg: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+def test_a_claim_spark_waits_for_starts_small(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
     """With claim-ahead, the claim made while Spark waits is a tenth of the limit (>= 1,000);
     the next, full batch is claimed in the background."""
+    pg = postgres_only(backend)
     q, e = queues
     pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x") for i in range(5000)])
     with receiving(pg, q, e) as r:

@@ -378,7 +378,9 @@ class Planner:
             return []
         if self.may_hold_prepared(end.claim):
             self.held_max()  # the prepared claims as the server has them, after any lost connection
-        held = self.prepared.within(after, end.claim) if start.table == end.table else []
+        # the prepared claims of the batch's claim table (a batch planned over a claim table made
+        # again reads from its start, and the claims made since are of the new one)
+        held = [c for c in self.prepared.within(after, end.claim) if c.table == end.table]
         if not held:
             return self._cut(end.table, after, end.claim)
         parts: list[ClaimSlice] = []
