@@ -439,3 +439,30 @@ def test_a_new_run_numbers_its_claims_above_the_last_runs_committed_ones(ppg: Ba
     finally:
         r.close()
     assert ppg.count(q) == 0 and prepared_now(ppg, q) == []
+
+
+def test_a_parked_claim_keeps_its_messages_and_sends_its_poison_once(ppg: Backend, names: Any) -> None:
+    """A prepared claim judged its poison on the driver and moved it to the error queue; parking
+    the claim (its bound passed) copies exactly the rest into the claim table, by the same rule, and
+    a batch planned over it reads them from there: nothing lost, no second error copy."""
+    from spark_qtransport.transport.receiving.planner import ClaimOffset
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    q, e = ppg.create_queue(names("Sales")), ppg.create_queue(names("error"))
+    hostile = ['{"a": 1}', "<corrupted headers", '{"a": {"b": "c"}}', '{"x": "\\ud800"}', " "]
+    ppg.send_many(q, [(nsb_headers(f"m{i}"), b"{}") for i in range(3)] + [(h, b"p") for h in hostile]
+                  + [(nsb_headers(f"m{i}"), b"{}") for i in range(3, 6)] + [("", b"empty")])
+    r = Receiver(ReceiveSettings.create(ppg.url, q, error_queue=e, claim_ahead=False, claim_mode="prepared"))
+    try:
+        end = r.first_batch(fresh=True)
+        assert ppg.count(e) == 0 and len(prepared_now(ppg, q)) == 1  # the poison moves with the claim's commit
+        assert r.acker.park(r.main, older_than=None) == 1
+        assert prepared_now(ppg, q) == [] and ppg.count(ppg.claims(q)) == 7  # six messages and the empty one
+        assert ppg.count(e) == len(hostile)
+        rows = [row for part in r.slices(ClaimOffset(0, end.table), end) for row in read_slice(part)]
+        assert [row.message_id for row in rows][:6] == [f"m{i}" for i in range(6)] and len(rows) == 7
+        r.ack(end)
+    finally:
+        r.close()
+    assert ppg.count(q) == 0 and ppg.count(ppg.claims(q)) == 0 and ppg.count(e) == len(hostile)

@@ -77,7 +77,7 @@ def _methods_making_sql() -> set[str]:
 NOT_MADE = {"ack_headers", "dead_letter_claims", "drop_claim_range"}
 #: SQL Server has no prepared claims (`claimMode`): none of their statements is ever made there
 NO_PREPARED = {"commit_prepared", "list_prepared", "park", "parked", "pick", "prepare", "prepared_bound",
-               "prepared_capacity", "read_prepared", "repeatable_read", "rollback_prepared"}
+               "prepared_capacity", "prepared_headers", "read_prepared", "repeatable_read", "rollback_prepared"}
 
 
 def test_every_statement_method_is_collected() -> None:
@@ -110,7 +110,9 @@ def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
     assert D.prepared_claims is False
     q, c = D.parse_address("Sales"), D.claims_table(D.parse_address("Sales"))
     calls = {"commit_prepared": lambda: D.commit_prepared("g"), "list_prepared": lambda: D.list_prepared("g"),
-             "park": lambda: D.park(q, c, "x", xid="1", shift=0, first=1, last=1, low=1, high=1, claimed_at=""),
+             "park": lambda: D.park(q, c, "x", xid="1", shift=0, first=1, last=1, low=1, high=1, claimed_at="",
+                                    poison=[]),
+             "prepared_headers": lambda: D.prepared_headers(q, xid="1", after=0, high=1, claimed_at="", limit=1),
              "parked": lambda: D.parked(c, "x", after=0, upto=1), "prepare": lambda: D.prepare("g"),
              "pick": lambda: D.pick(q, after=0, upto=None, limit=1),
              "prepared_bound": D.prepared_bound, "prepared_capacity": D.prepared_capacity,

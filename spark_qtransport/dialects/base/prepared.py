@@ -69,10 +69,18 @@ class PreparedSql(AddressingSql):
         """One row, one boolean: the claim table holds claims of the consumer in (after, upto]."""
         return self._no_prepared()
 
+    def prepared_headers(self, queue: QueueAddress, *, xid: str, after: int, high: int, claimed_at: str,
+                         limit: int) -> list[Statement]:
+        """The rows `read_prepared` gives of a prepared claim's queue rows in (after, high], the
+        first `limit`, as (seq, headers text, '' for NULL), in order (the LAST statement): what
+        `park` is told the poison of."""
+        return self._no_prepared()
+
     def park(self, queue: QueueAddress, claims: QueueAddress, consumer: str, *, xid: str, shift: int,
-             first: int, last: int, low: int, high: int, claimed_at: str) -> Statement:
-        """Copy a prepared claim's deliverable rows (`read_prepared`'s, less poison) into the claim
-        table with their numbers, unless it holds claims in [first, last] already (idempotent)."""
+             first: int, last: int, low: int, high: int, claimed_at: str, poison: list[int]) -> Statement:
+        """Copy a prepared claim's deliverable rows (`read_prepared`'s, less the `poison` queue
+        sequences: its claim moved those to the error queue) into the claim table with their
+        numbers, unless it holds claims in [first, last] already (idempotent)."""
         return self._no_prepared()
 
     def prepared_bound(self) -> Statement:

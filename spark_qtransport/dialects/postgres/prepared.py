@@ -91,8 +91,16 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
             {"consumer": consumer, "after": int(after), "upto": int(upto)},
         )
 
+    def prepared_headers(self, queue: QueueAddress, *, xid: str, after: int, high: int, claimed_at: str,
+                         limit: int) -> list[Statement]:
+        return [*BY_INDEX, Statement(
+            f"SELECT q.seq, COALESCE(q.headers, '') FROM {self.qualified(queue)} AS q"
+            f" WHERE q.seq > %(after)s AND q.seq <= %(high)s AND q.xmax = %(xid)s::xid AND {_CLAIMED}"
+            " ORDER BY q.seq LIMIT %(limit)s",
+            {"after": int(after), "high": int(high), "xid": str(xid), "claimed_at": claimed_at, "limit": int(limit)})]
+
     def park(self, queue: QueueAddress, claims: QueueAddress, consumer: str, *, xid: str, shift: int,
-             first: int, last: int, low: int, high: int, claimed_at: str) -> Statement:
+             first: int, last: int, low: int, high: int, claimed_at: str, poison: list[int]) -> Statement:
         c = self.qualified(claims)
         return Statement(
             f"INSERT INTO {c} (claim_seq, consumer, id, expires, headers, body, source_seq, claimed_at)"
@@ -101,12 +109,12 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
             " COALESCE(q.headers, ''), q.body, q.seq, %(claimed_at)s::timestamp AT TIME ZONE 'UTC'"
             f" FROM {self.qualified(queue)} AS q"
             " WHERE q.seq >= %(low)s AND q.seq <= %(high)s AND q.xmax = %(xid)s::xid"
-            f" AND {_CLAIMED} AND NOT {self._poison('q.headers')}"  # type: ignore[attr-defined]
+            f" AND {_CLAIMED} AND NOT q.seq = ANY(%(poison)s::bigint[])"
             f" AND NOT EXISTS (SELECT FROM {c} WHERE consumer = %(consumer)s"
             " AND claim_seq >= %(first)s AND claim_seq <= %(last)s)"
             " ORDER BY q.seq",
             {"shift": int(shift), "consumer": consumer, "xid": str(xid), "low": int(low), "high": int(high),
-             "first": int(first), "last": int(last), "claimed_at": claimed_at},
+             "first": int(first), "last": int(last), "claimed_at": claimed_at, "poison": [int(s) for s in poison]},
         )
 
     def prepared_bound(self) -> Statement:

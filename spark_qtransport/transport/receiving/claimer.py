@@ -14,12 +14,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...dialects import ClaimFailures, ClaimNumbering, ClaimResult, Dialect, PickedRows, QueueAddress
-from ...wire import H, decode_header_texts
+from ...wire import H
 from .. import session as db
 from ..routing import Router
 from ..session import Session
 from .background import Background
 from .forward import ForwardResult, forward_claimed
+from .judge import judged
 from .prepared import NUMBER_BASE, PreparedClaim, consumer_token
 from .setup import Endpoint
 
@@ -65,42 +66,24 @@ class ClaimOutcome:
         return self.result is not None and self.result.deleted >= self.request.limit
 
 
-#: rows the first page of a `pick` asks for; later pages are sized by the largest headers seen
-FIRST_PAGE = 256
-#: most rows a page of a `pick` asks for, and the bytes of headers it aims at
-PAGE_ROWS, PAGE_BYTES = 10_000, 16 * 2**20
-
-
 def pick(dialect: Dialect, cur: Any, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> PickedRows:
-    """Lock at most `limit` of the oldest unlocked queue rows above `after` (`ReceiveSql.pick`), a
-    page at a time (a page's headers are bounded in bytes, so a claim of many rows never holds
-    them all), and judge their headers here, by the rule every read judges by: the claim's
-    statement is then told which rows are poison instead of parsing every header itself."""
+    """Lock at most `limit` of the oldest unlocked queue rows above `after` (`ReceiveSql.pick`) and
+    judge their headers here (`judge.judged`): the claim's statement is then told which rows are
+    poison instead of parsing every header itself."""
     seqs: list[int] = []
     poison: list[int] = []
     forward: list[int] = []
     special = False
-    size, largest, last = min(limit, FIRST_PAGE), 1, after
-    while len(seqs) < limit:
-        ask = min(size, limit - len(seqs))
-        for stmt in dialect.pick(queue, after=last, upto=upto, limit=ask):
-            db.execute(cur, stmt)
-        rows = db.results(cur).fetchall()
-        texts = [str(text) for _, text in rows]
-        for (seq, _), headers in zip(rows, decode_header_texts(texts), strict=True):
-            seqs.append(int(seq))
-            if headers is None:
-                poison.append(int(seq))
-            elif H.FORWARD_DESTINATION in headers:
-                forward.append(int(seq))
-                special = True
-            elif H.RETRY_ACK_QUEUE in headers:
-                special = True
-        if len(rows) < ask:
-            break
-        last = seqs[-1]
-        largest = max(largest, *(len(t) for t in texts))
-        size = max(1, min(PAGE_ROWS, size * 4, PAGE_BYTES // largest))
+    for seq, headers in judged(cur, lambda a, n: dialect.pick(queue, after=a, upto=upto, limit=n), after=after,
+                               limit=limit):
+        seqs.append(seq)
+        if headers is None:
+            poison.append(seq)
+        elif H.FORWARD_DESTINATION in headers:
+            forward.append(seq)
+            special = True
+        elif H.RETRY_ACK_QUEUE in headers:
+            special = True
     return PickedRows(seqs, poison, forward, special)
 
 

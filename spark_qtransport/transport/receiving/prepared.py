@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import session as db
+from .judge import judged
 
 if TYPE_CHECKING:
     from .setup import Endpoint
@@ -164,8 +165,14 @@ def park(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None:
     their numbers (one transaction, committed; a copy made before is not made again), then the
     prepared transaction is committed. Its batch reads the copies from then on (`read_chunks`)."""
     d, o = endpoint.dialect, endpoint.options
-    db.execute(conn.cursor(), d.park(o.queue, endpoint.claims, o.consumer, xid=claim.xid, shift=claim.shift,
-                                     first=claim.first, last=claim.last, low=claim.low, high=claim.high,
-                                     claimed_at=claim.claimed_at))
+    cur = conn.cursor()
+    # the poison its claim moved to the error queue, judged again by the same rule (`judge`)
+    poison = [seq for seq, headers in judged(
+        cur, lambda a, n: d.prepared_headers(o.queue, xid=claim.xid, after=a, high=claim.high,
+                                             claimed_at=claim.claimed_at, limit=n), after=claim.low - 1)
+        if headers is None]
+    db.execute(cur, d.park(o.queue, endpoint.claims, o.consumer, xid=claim.xid, shift=claim.shift,
+                           first=claim.first, last=claim.last, low=claim.low, high=claim.high,
+                           claimed_at=claim.claimed_at, poison=poison))
     conn.commit()
     commit(conn, endpoint, claim)
