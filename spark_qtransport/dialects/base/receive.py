@@ -79,8 +79,9 @@ class ReceiveSql(AddressingSql):
     def pick(self, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> list[Statement]:
         """The first step of a numbered claim (`ClaimNumbering.picked`): lock at most `limit` of the
         oldest unlocked queue rows (sequence > after, <= upto), skipping rows others hold. The LAST
-        statement returns their rows (seq, headers text, '' for NULL), in order. Dialects with
-        `prepared_claims` only."""
+        statement returns their rows (seq, headers text, '' for NULL, expired, odd: no id or an
+        Expires beyond `LATEST_TIME`), in order, expiry judged by the transaction's clock as the
+        claim judges it. Dialects with `prepared_claims` only."""
         raise NotImplementedError(f"{type(self).__name__} numbers no claims")
 
     @abstractmethod

@@ -97,6 +97,8 @@ class PickedRows:
     forward: list[int]  # of the rest, those with a ForwardDestination header
     #: any of the rest needs the claim table's machinery (a ForwardDestination, a retry acknowledgement)
     special: bool
+    #: any row neither poison nor expired has a value no reader could take (no id, a far Expires)
+    odd: bool = False
 
 
 @dataclass(frozen=True)

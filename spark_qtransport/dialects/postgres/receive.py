@@ -203,7 +203,9 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
     def pick(self, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> list[Statement]:
         cond, params = self._range(after, upto)
         return [*BY_INDEX, Statement(
-            f"SELECT seq, COALESCE(headers, '') FROM {self.qualified(queue)} WHERE {cond}"
+            f"SELECT seq, COALESCE(headers, ''), (expires IS NOT NULL AND expires <= {UTC_NOW}),"
+            f" (id IS NULL OR (expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(expires)))"
+            f" FROM {self.qualified(queue)} WHERE {cond}"
             " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED", {**params, "limit": int(limit)})]
 
     def _numbered_claim(self, q: str, c: str, e: str, params: dict[str, Any],
@@ -216,11 +218,25 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         PREPARED, which can add nothing). The claimable rows go into the claim table, with their
         numbers, when `numbering.prepared` is false or any of them is special (a ForwardDestination
         or a ServiceControl retry acknowledgement header: the work the claim table's machinery does
-        at the claim and the acknowledgement); `tabled` says which."""
+        at the claim and the acknowledgement); `tabled` says how many. A part with nothing to write
+        is left out of the statement, so a prepared claim of plain messages names no table but the
+        queue: its transaction holds no lock on the claim table or the error queue while prepared
+        (DDL on those never waits for it)."""
         picked = numbering.picked
-        params = {**params, "first": int(numbering.first), "always": not numbering.prepared,
-                  "clock_base": numbering.clock_base, "per_us": NUMBERS_PER_MICROSECOND,
-                  "seqs": picked.seqs, "lo": picked.seqs[0], "hi": picked.seqs[-1], "poison": picked.poison, "forward": picked.forward, "special": picked.special}
+        tabled = not numbering.prepared or picked.special
+        params = {**params, "first": int(numbering.first), "clock_base": numbering.clock_base,
+                  "per_us": NUMBERS_PER_MICROSECOND, "seqs": picked.seqs, "lo": picked.seqs[0],
+                  "hi": picked.seqs[-1], "poison": picked.poison, "forward": picked.forward}
+        errors = self._to_error(q, e, poison=bool(picked.poison), odd=picked.odd)
+        claimed = (f""", claimed AS (
+    INSERT INTO {c} (claim_seq, consumer, id, expires, headers, body, source_seq) OVERRIDING SYSTEM VALUE
+    SELECT (SELECT n FROM base) + (m.seq - (SELECT seq FROM low)), %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'),
+           COALESCE(m.headers, ''), m.body, m.seq
+    FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL ORDER BY seq) AS p
+    JOIN {q} AS m ON m.seq = p.seq
+    ORDER BY p.seq
+    RETURNING claim_seq
+)""" if tabled else "")
         sql = f"""
 WITH picked AS MATERIALIZED (
     SELECT seq, poison, expired,
@@ -240,41 +256,31 @@ WITH picked AS MATERIALIZED (
     -- the first number: the one asked for, or above the server's clock on a run's first claim
     SELECT greatest(%(first)s::bigint, COALESCE(%(clock_base)s::bigint
                     + (extract(epoch FROM clock_timestamp()) * 1000000)::bigint * %(per_us)s::bigint, 0)) AS n
-), tabled AS MATERIALIZED (
-    SELECT %(always)s OR %(special)s AS t
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
-{self._to_error(q, e)}), claimed AS (
-    INSERT INTO {c} (claim_seq, consumer, id, expires, headers, body, source_seq) OVERRIDING SYSTEM VALUE
-    SELECT (SELECT n FROM base) + (m.seq - (SELECT seq FROM low)), %(consumer)s, m.id, NULLIF(m.expires, TIMESTAMP 'infinity'),
-           COALESCE(m.headers, ''), m.body, m.seq
-    FROM (SELECT seq FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL AND (SELECT t FROM tabled)
-          ORDER BY seq) AS p
-    JOIN {q} AS m ON m.seq = p.seq
-    ORDER BY p.seq
-    RETURNING claim_seq
-)
+{errors}){claimed}
 SELECT (SELECT count(*) FROM gone) AS deleted,
        (SELECT count(*) FROM picked WHERE expired AND NOT poison) AS expired,
-       (SELECT count(*) FROM to_error) AS poison,
+       {"(SELECT count(*) FROM to_error)" if picked.poison else "0"} AS poison,
        (SELECT count(*) FROM picked WHERE NOT poison AND NOT expired AND odd IS NULL) AS claimed,
        (SELECT n FROM base) + (SELECT max(seq) FROM picked) - (SELECT seq FROM low) AS max_claim,
        (SELECT max(seq) FROM picked) AS max_source,
        (SELECT n FROM base) AS min_claim,
-       (SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired AND odd IS NULL
-          AND (SELECT t FROM tabled)) AS forward,
+       {"(SELECT count(*) FROM picked WHERE forward AND NOT poison AND NOT expired AND odd IS NULL)" if tabled else "0"}
+         AS forward,
        (SELECT count(*) FROM picked WHERE odd = 'id') AS null_id,
        (SELECT count(*) FROM picked WHERE odd = 'expires') AS far_expires,
-       (SELECT count(*) FROM claimed) AS tabled,
+       {"(SELECT count(*) FROM claimed)" if tabled else "0"} AS tabled,
        (SELECT seq FROM low) AS low_source,
        to_char({UTC_NOW}, 'YYYYMMDDHH24MISSUS') AS claimed_at,
        mod(pg_catalog.pg_current_xact_id()::text::numeric, 4294967296)::text AS xid"""
         return [*BY_INDEX, Statement(sql.strip(), params)]
 
-    def _to_error(self, q: str, e: str) -> str:
-        """The claim's CTEs that move its `picked` rows to the error queue: poison ones raw
-        (`to_error`), odd ones with failure headers (`to_dead`)."""
-        return f"""), to_error AS (
+    def _to_error(self, q: str, e: str, *, poison: bool = True, odd: bool = True) -> str:
+        """The claim's CTEs (each after a closing parenthesis) that move its `picked` rows to the
+        error queue: poison ones raw (`to_error`), odd ones with failure headers (`to_dead`); a
+        numbered claim leaves out those it knows have no row."""
+        return (f"""), to_error AS (
     INSERT INTO {e} (id, expires, headers, body)
     -- same id, as NServiceBus does; a new one if there is none, or if the error queue holds that
     -- id already (its primary key would otherwise fail every claim and stall the stream)
@@ -282,13 +288,13 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
     FROM (SELECT seq FROM picked WHERE poison ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
     ORDER BY p.seq
     RETURNING 1
-), to_dead AS (
+""" if poison else "") + (f"""), to_dead AS (
     INSERT INTO {e} (id, expires, headers, body)
     SELECT {self._error_id(e)}, NULL, {self._with_failure("m.headers", "p.odd", "m.expires")}, m.body
     FROM (SELECT seq, odd FROM picked WHERE odd IS NOT NULL ORDER BY seq) AS p JOIN {q} AS m ON m.seq = p.seq
     ORDER BY p.seq
     RETURNING 1
-"""
+""" if odd else "")
 
     @staticmethod
     def _error_id(e: str) -> str:

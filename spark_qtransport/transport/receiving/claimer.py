@@ -73,18 +73,22 @@ def pick(dialect: Dialect, cur: Any, queue: QueueAddress, *, after: int, upto: i
     seqs: list[int] = []
     poison: list[int] = []
     forward: list[int] = []
-    special = False
-    for seq, headers in judged(cur, lambda a, n: dialect.pick(queue, after=a, upto=upto, limit=n), after=after,
-                               limit=limit):
-        seqs.append(seq)
-        if headers is None:
-            poison.append(seq)
+    special = odd = False
+    for (seq, _, expired, unreadable), headers in judged(
+            cur, lambda a, n: dialect.pick(queue, after=a, upto=upto, limit=n), after=after, limit=limit):
+        seqs.append(int(seq))
+        if headers is None:  # poison wins over expiry, as in NServiceBus
+            poison.append(int(seq))
+        elif expired:
+            pass
+        elif unreadable:
+            odd = True
         elif H.FORWARD_DESTINATION in headers:
-            forward.append(seq)
+            forward.append(int(seq))
             special = True
         elif H.RETRY_ACK_QUEUE in headers:
             special = True
-    return PickedRows(seqs, poison, forward, special)
+    return PickedRows(seqs, poison, forward, special, odd)
 
 
 class Claimer:

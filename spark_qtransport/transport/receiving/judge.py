@@ -21,20 +21,20 @@ PAGE_ROWS, PAGE_BYTES = 10_000, 16 * 2**20
 
 
 def judged(cur: Any, page: Callable[[int, int], list[Statement]], *, after: int,
-           limit: int | None = None) -> Iterator[tuple[int, dict[str, str | None] | None]]:
-    """(seq, headers or None when poison) of the rows `page(after, n)` returns, its LAST statement
-    giving (seq, headers text) in order, each page after the last row of the one before, until a
-    page comes short or `limit` rows were given. A page's headers are bounded in bytes, so a claim
-    of many rows never holds them all."""
+           limit: int | None = None) -> Iterator[tuple[tuple[Any, ...], dict[str, str | None] | None]]:
+    """(row, its headers or None when poison) of the rows `page(after, n)` returns, its LAST
+    statement giving rows (seq, headers text, ...) in order, each page after the last row of the
+    one before, until a page comes short or `limit` rows were given. A page's headers are bounded
+    in bytes, so a claim of many rows never holds them all."""
     size, largest, given = FIRST_PAGE if limit is None else min(limit, FIRST_PAGE), 1, 0
     while limit is None or given < limit:
         ask = size if limit is None else min(size, limit - given)
         for stmt in page(after, ask):
             db.execute(cur, stmt)
         rows = db.results(cur).fetchall()
-        texts = [str(text) for _, text in rows]
-        for (seq, _), headers in zip(rows, decode_header_texts(texts), strict=True):
-            yield int(seq), headers
+        texts = [str(row[1]) for row in rows]
+        for row, headers in zip(rows, decode_header_texts(texts), strict=True):
+            yield tuple(row), headers
         given += len(rows)
         if len(rows) < ask:
             return

@@ -167,7 +167,7 @@ def park(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None:
     d, o = endpoint.dialect, endpoint.options
     cur = conn.cursor()
     # the poison its claim moved to the error queue, judged again by the same rule (`judge`)
-    poison = [seq for seq, headers in judged(
+    poison = [int(row[0]) for row, headers in judged(
         cur, lambda a, n: d.prepared_headers(o.queue, xid=claim.xid, after=a, high=claim.high,
                                              claimed_at=claim.claimed_at, limit=n), after=claim.low - 1)
         if headers is None]
