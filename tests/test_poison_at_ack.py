@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_receive_contract import drain, read_batch, receiving
+from test_receive_contract import drain, read_batch
+from test_receive_contract import receiving as contract_receiving
 
 from backends import Backend, nsb_headers
 from spark_qtransport.dialects.base import QueueAddress
@@ -19,6 +20,13 @@ from spark_qtransport.transport.receiving.decode import rows_batch
 from spark_qtransport.wire import decode_header_texts, decode_headers
 
 POISON = ["<corrupted headers", "[1]", '{"a": {"b": "c"}}', '{"n": 5}', " ", '{"s": "\\ud800"}', '"text"', "{}}"]
+
+
+def receiving(backend: Backend, queue: str, error: str, **settings: Any) -> Any:
+    """The contract suite's receiver, its claims held in the claim table: this module is about
+    the acknowledgement of claim-table claims (a prepared claim moves its poison at the claim:
+    test_prepared.py)."""
+    return contract_receiving(backend, queue, error, **{"claim_mode": "table", **settings})
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, prepared_slots
 from spark_qtransport.spark.versions import capabilities
 
 pytestmark = pytest.mark.usefixtures("spark")
@@ -141,7 +141,9 @@ def test_stop_during_a_batch(spark: Any, pg: Backend, queues: tuple[str, str], c
     release.set()
     stopper.join(60)
     assert seen == [f"m{i}" for i in range(20)]
-    assert pg.count(q) == 0 and pg.count(f'"{q}.Claims"') == 20  # claimed, not acknowledged
+    assert pg.unheld(q) == 0  # claimed, not acknowledged
+    if not prepared_slots():  # held in the claim table (else by a prepared transaction)
+        assert pg.count(f'"{q}.Claims"') == 20
     again = Collect()
     run_available_now(spark, reader(spark, pg, q, e), checkpoint, again)
     assert again.ids() == [f"m{i}" for i in range(20)]
@@ -330,7 +332,7 @@ def test_two_queries_and_an_nsb_endpoint_compete_without_sharing(spark: Any, pg:
     everything = nsb + sinks["A"].ids() + sinks["B"].ids()
     assert len(everything) == len(set(everything)) == total
     assert sinks["A"].rows and sinks["B"].rows and nsb  # all three really competed
-    assert pg.count(q) == 0
+    assert pg.unheld(q) == 0  # (a stopped stream's last batch may still be held by a prepared claim)
 
 
 def test_password_never_shows_in_plans_or_progress(spark: Any, pg: Backend, queues: tuple[str, str], checkpoint: str) -> None:
