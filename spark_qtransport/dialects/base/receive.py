@@ -137,8 +137,10 @@ class ReceiveSql(AddressingSql):
         """Delete the consumer's claims `keys` (forwarded elsewhere in the same transaction)."""
 
     @abstractmethod
-    def backlog(self, queue: QueueAddress) -> Statement:
-        """One row, one column: an estimate of the messages waiting (span of unlocked sequences)."""
+    def backlog(self, queue: QueueAddress, *, above: int = 0) -> Statement:
+        """One row, one column: an estimate of the messages waiting (span of unlocked sequences),
+        the lowest looked for above `above` (the highest queue sequence this stream's prepared
+        claims hold: dialects with `prepared_claims` only)."""
 
     @abstractmethod
     def tables_exist(self, tables: Sequence[QueueAddress]) -> Statement:

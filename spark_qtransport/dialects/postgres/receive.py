@@ -396,12 +396,17 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
             {"consumer": consumer, "keys": [int(k) for k in keys]},
         )
 
-    def backlog(self, queue: QueueAddress) -> Statement:
+    def backlog(self, queue: QueueAddress, *, above: int = 0) -> Statement:
         q = self.qualified(queue)
-        # The span of unlocked sequences: rows other consumers hold are not counted.
+        # The span of unlocked sequences: rows other consumers hold are not counted. Both ends are
+        # looked for above the rows this stream's prepared claims hold: SKIP LOCKED steps over a
+        # held row one by one, and they stand in the queue until committed (the current batch's
+        # claim and the one made ahead, at the head and, near the end of a backlog, at the top:
+        # every estimate walked 100,000 rows of two claims of 50,000, 0.14 s of the server's time).
         return Statement(
-            f"SELECT COALESCE((SELECT seq FROM {q} ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)"
-            f" - (SELECT seq FROM {q} ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) + 1, 0)"
+            f"SELECT COALESCE((SELECT seq FROM {q} WHERE seq > %(above)s ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            f" - (SELECT seq FROM {q} WHERE seq > %(above)s ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) + 1, 0)",
+            {"above": int(above)},
         )
 
     def tables_exist(self, tables: Sequence[QueueAddress]) -> Statement:

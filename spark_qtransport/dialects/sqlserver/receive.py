@@ -374,7 +374,9 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         )
         return [Statement(sql.strip(), tuple(params))]
 
-    def backlog(self, queue: QueueAddress) -> Statement:
+    def backlog(self, queue: QueueAddress, *, above: int = 0) -> Statement:
+        if above:  # no prepared claims here (`prepared_claims` is False)
+            raise ValueError("SQL Server holds no prepared claims to look above")
         # NServiceBus's peek: the span of unlocked sequences. READPAST skips rows being received
         # or inserted; READCOMMITTEDLOCK keeps locking reads on a READ_COMMITTED_SNAPSHOT database.
         return Statement(

@@ -43,6 +43,7 @@ from .acker import Acker
 from .claimer import Claimer
 from .mover import DueDelayed
 from .planner import ClaimOffset, ClaimSlice, Planner, ReceiveStats
+from .prepared import HeldClaims
 from .sessions import StreamSessions
 from .setup import Endpoint, EndpointSetUp
 from .slices import pack, read_batches, read_chunks, read_slice
@@ -76,8 +77,9 @@ class Receiver:
         self.sessions.join(self.set_up)
         self.main, self.ahead, self.background = self.sessions.main, self.sessions.ahead, self.sessions.background
         table = self._known_table_id
-        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background, table)
-        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock, table=table)
+        held = HeldClaims()  # the prepared claims this consumer holds: the planner's, seen by the claimer
+        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background, table, held=held)
+        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock, table=table, held=held)
         self.times = BatchTimes()
         self.monitor = (Monitor(options, reports=self.sessions.reports(options))
                         if options.monitoring_queue is not None else None)
@@ -341,7 +343,8 @@ class Receiver:
         return self._backlog
 
     def estimate(self, session: Session) -> int:
-        stmt = self.dialect.backlog(self.options.queue)
+        held = [c.high for c in self.planner.prepared.all()]
+        stmt = self.dialect.backlog(self.options.queue, above=max(held, default=0))
         (n,) = session.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("backlog"))
         return int(n or 0)
 
