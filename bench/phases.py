@@ -26,6 +26,10 @@ repetitions per column, then claim + read + ack against the floor and the send a
 part of the queue -> queue floor (that floor less the receive floor: new headers + COPY).
 
     python bench/phases.py [--messages 200000] [--per-trigger 50000] [--size 1024] [--repeat 3]
+        [--claim-mode table|prepared]
+
+--claim-mode prepared holds the receive's claims in prepared transactions (`claimMode`; the server
+must allow them, as the embedded one does): its ack is the COMMIT PREPARED.
 
 Runs against this package or an older one first on PYTHONPATH (`spark_qtransport.__file__` is printed).
 Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
