@@ -4,7 +4,7 @@ The connector's session is terminated by the server (``pg_terminate_backend``, w
 an administrator does) at one chosen moment:
 
 - claim:    inside the claim transaction (driver), when it inserts into ``<queue>.Claims``
-- read:     while an executor reads its slice of the claim table (between two fetches)
+- read:     while an executor reads its slice (between two pages of its read transaction)
 - ack:      inside an acknowledgement (driver), when it deletes from ``<queue>.Claims``
 - staging:  inside a task's staging transaction (executor), when it copies into ``<endpoint>.Staging``
 - dispatch: inside the dispatch transaction (driver), when it inserts into the destination queue
@@ -28,13 +28,14 @@ from report import section
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark")]
 
 #: messages sent before each run: one batch a run; for the read, one slice of 6,000 rows, which it
-#: fetches in two (5,000 a fetch), so that the watcher finds the cursor open between the fetches
+#: reads in pages (1, 4, 16, ... 5,000 rows), so that the watcher finds its transaction open between two
 MESSAGES = {"read": 6000}
 
 
 class ReadKiller(threading.Thread):
-    """A read has no trigger to hook: watch for a session in the middle of the read's server-side
-    cursor (declared, fetched from, transaction still open) and terminate it, once."""
+    """A read has no trigger to hook: watch for a session in the middle of a slice's read (a page
+    of the claim table's or a prepared claim's rows read, its transaction still open) and
+    terminate it, once."""
 
     def __init__(self, pg: Backend) -> None:
         super().__init__(daemon=True)
@@ -48,7 +49,7 @@ class ReadKiller(threading.Thread):
                 self.terminated = sum(1 for (ok,) in c.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE application_name = 'spark-qtransport' AND state <> 'idle'"
-                    " AND (query LIKE 'DECLARE \"sqlqueue_read\"%' OR query LIKE 'FETCH %sqlqueue_read%')"
+                    " AND (query LIKE 'SELECT claim_seq, id::text%' OR query LIKE 'SELECT $1 + q.seq%')"
                     " LIMIT 1") if ok)
                 time.sleep(0.002)
 
