@@ -119,11 +119,6 @@ class PostgresDriver(DriverSupport):
     # SubscriptionTableCreator.CreateIfNecessary: DuplicateTable, DuplicateObject, UniqueViolation).
     ddl_race_states = frozenset({"42P07", "42710", "23505"})
 
-    def streaming_cursor(self, conn: Any) -> Any:
-        # A server-side cursor: a slice of large bodies never sits whole in an executor's memory.
-        # Binary results: bytea bodies arrive as bytes, not as hex text twice their size.
-        return conn.cursor(name="sqlqueue_read", binary=True)
-
     def connect(self, url: Any) -> Any:
         import psycopg
 
