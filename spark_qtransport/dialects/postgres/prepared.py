@@ -21,6 +21,11 @@ _EXPIRES = (f"CASE WHEN q.expires > TIMESTAMP '{LATEST_TIME}' THEN NULL"
 _CLAIMED = ("q.id IS NOT NULL AND NOT (q.expires IS NOT NULL AND q.expires <= %(claimed_at)s::timestamp)"
             f" AND NOT COALESCE(q.expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(q.expires), false)")
 
+#: a row `q` of the queue that the prepared claim of transaction %(xid)s deleted and claimed: the
+#: rows it deleted still stand for every other transaction, with its id as their xmax; within the
+#: claim's seq range, no other row has it
+_HELD = f"q.xmax = %(xid)s::xid AND {_CLAIMED}"
+
 
 def _literal(gid: str) -> str:
     if not _GID.fullmatch(gid):
@@ -66,14 +71,12 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
 
     def read_prepared(self, queue: QueueAddress, *, xid: str, shift: int, after: int, upto: int,
                       claimed_at: str, limit: int | None = None) -> Statement:
-        # The rows the prepared transaction deleted still stand for every other transaction, with
-        # its id as their xmax; within the claim's seq range, no other row has it.
         return Statement(
             f"SELECT %(shift)s + q.seq, q.id::text, {_EXPIRES}, COALESCE(q.headers, ''), q.body, q.seq::bigint,"
             " %(claimed_at)s::timestamp AT TIME ZONE 'UTC'"
             f" FROM {self.qualified(queue)} AS q"
-            " WHERE q.seq > %(after)s - %(shift)s AND q.seq <= %(upto)s - %(shift)s AND q.xmax = %(xid)s::xid"
-            f" AND {_CLAIMED} ORDER BY q.seq{page(limit)}",
+            f" WHERE q.seq > %(after)s - %(shift)s AND q.seq <= %(upto)s - %(shift)s AND {_HELD}"
+            f" ORDER BY q.seq{page(limit)}",
             {"shift": int(shift), "after": int(after), "upto": int(upto), "xid": str(xid), "claimed_at": claimed_at,
              "limit": limit},
         )
@@ -95,7 +98,7 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
                          limit: int) -> list[Statement]:
         return [*BY_INDEX, Statement(
             f"SELECT q.seq, COALESCE(q.headers, '') FROM {self.qualified(queue)} AS q"
-            f" WHERE q.seq > %(after)s AND q.seq <= %(high)s AND q.xmax = %(xid)s::xid AND {_CLAIMED}"
+            f" WHERE q.seq > %(after)s AND q.seq <= %(high)s AND {_HELD}"
             " ORDER BY q.seq LIMIT %(limit)s",
             {"after": int(after), "high": int(high), "xid": str(xid), "claimed_at": claimed_at, "limit": int(limit)})]
 
@@ -108,8 +111,7 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
             " SELECT %(shift)s + q.seq, %(consumer)s, q.id, NULLIF(q.expires, TIMESTAMP 'infinity'),"
             " COALESCE(q.headers, ''), q.body, q.seq, %(claimed_at)s::timestamp AT TIME ZONE 'UTC'"
             f" FROM {self.qualified(queue)} AS q"
-            " WHERE q.seq >= %(low)s AND q.seq <= %(high)s AND q.xmax = %(xid)s::xid"
-            f" AND {_CLAIMED} AND NOT q.seq = ANY(%(poison)s::bigint[])"
+            f" WHERE q.seq >= %(low)s AND q.seq <= %(high)s AND {_HELD} AND NOT q.seq = ANY(%(poison)s::bigint[])"
             f" AND NOT EXISTS (SELECT FROM {c} WHERE consumer = %(consumer)s"
             " AND claim_seq >= %(first)s AND claim_seq <= %(last)s)"
             " ORDER BY q.seq",
