@@ -96,11 +96,11 @@ class Claimer:
     state of its own: each claim returns a `ClaimOutcome` for the planner to apply."""
 
     def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background,
-                 table: Callable[[], str], *, held: HeldClaims | None = None) -> None:
+                 table: Callable[[], str], *, held: HeldClaims) -> None:
         self.endpoint = endpoint
         self._main, self._ahead, self._background = main, ahead, background
         self._table = table  # the claim table's id (a prepared claim's gid names it)
-        self._held = held if held is not None else HeldClaims()  # this consumer's prepared claims
+        self._held = held  # this consumer's prepared claims: the planner's registry
 
     def generations(self) -> tuple[int, int]:
         """Connections opened and dropped so far by both sessions: a claim whose commit went
@@ -171,7 +171,8 @@ class Claimer:
         d, o = self.endpoint.dialect, self.endpoint.options
         after = 0
         for claim in sorted(self._held.all(), key=lambda c: c.low):
-            if claim.low - 1 > after and db.first(cur, d.peek(o.queue, after=after, upto=_lower(claim.low - 1, upto))):
+            gap = d.peek(o.queue, after=after, upto=_lower(claim.low - 1, upto))
+            if claim.low - 1 > after and db.first(cur, gap) is not None:
                 return after
             after = max(after, claim.high)
         return after if db.first(cur, d.peek(o.queue, after=after, upto=upto)) is not None else None

@@ -131,12 +131,12 @@ class Planner:
     changes it; a claim made ahead is applied when the next batch is planned."""
 
     def __init__(self, endpoint: Endpoint, claimer: Claimer, main: Session, stats: ReceiveStats,
-                 *, clock: Callable[[], float] = time.monotonic, held: HeldClaims | None = None,
+                 *, clock: Callable[[], float] = time.monotonic, held: HeldClaims,
                  table: Callable[[], str] = lambda: "") -> None:
         self.endpoint, self.stats = endpoint, stats
         self._claimer, self._main, self._clock = claimer, main, clock
         #: the prepared claims this consumer holds (`prepared.py`), and the claim table's id
-        self.prepared = held if held is not None else HeldClaims()
+        self.prepared = held
         self._table = table
         #: the lowest and highest claim number the claim table may hold for this consumer (None:
         #: none): a batch with prepared claims reads the claim table only where this says
