@@ -155,6 +155,14 @@ class Backend:
         claims are committed or parked)."""
         return self.count(name, "WHERE xmax::text NOT IN (SELECT transaction::text FROM pg_catalog.pg_prepared_xacts)")
 
+    def held(self, queue: str) -> int:
+        """Messages of `queue` claimed and not acknowledged, in either form: rows of its claim table,
+        and rows of the queue a prepared claim deleted."""
+        held = self.count(self.claims(queue))
+        if self.name == "postgres":
+            held += self.count(queue) - self.unheld(queue)
+        return held
+
     def let_go_prepared(self) -> None:
         """Roll back every prepared claim of ours on the server (a test's teardown: its messages
         return to their queues, and the locks the claims hold on its tables go)."""

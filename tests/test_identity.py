@@ -51,14 +51,14 @@ def test_taking_over_another_querys_claims_warns_and_a_finished_run_leaves_nothi
 
     # the first job dies in its first batch: 5 claimed, never acknowledged
     _fail_first_batch(spark, reader(spark, pg, q, e, maxMessagesPerTrigger="5", claimAhead="false"), first)
-    assert pg.count(pg.claims(q)) == 5
+    assert pg.held(q) == 5
 
     # a job with its own endpoint (queue_to_delta's default: its job id) leaves those claims alone
     bronze = Collect()
     bronze_query = run_available_now(spark, reader(spark, pg, q, e, endpoint="queue_to_delta"), other, bronze)
     assert _taken_over(bronze_query) == 0
     assert sorted(bronze.ids()) == [f"m{i:02d}" for i in range(5, 12)]
-    assert pg.count(pg.claims(q)) == 5
+    assert pg.held(q) == 5
 
     # a job with the first one's endpoint and its own checkpoint takes them over, and says so
     taker = Collect()
@@ -66,7 +66,7 @@ def test_taking_over_another_querys_claims_warns_and_a_finished_run_leaves_nothi
     assert _taken_over(taker_query) == 5  # in its progress (the log line: the test below)
     assert sorted(taker.ids()) == [f"m{i:02d}" for i in range(5)]  # none of the other job's
     # AvailableNow's last batch is acknowledged before the run ends: nothing stays claimed
-    assert pg.count(pg.claims(q)) == 0 and pg.count(q) == 0
+    assert pg.held(q) == 0 and pg.count(q) == 0
 
     # the first job restarts from its checkpoint: its own batch, replayed; no warning
     pg.send_many(q, [(nsb_headers(f"n{i}"), b"{}") for i in range(3)])
@@ -75,7 +75,7 @@ def test_taking_over_another_querys_claims_warns_and_a_finished_run_leaves_nothi
     assert _taken_over(again_query) == 0
     assert again.batches[0][0] == 0  # batch 0 again (its claims are gone: read empty)
     assert sorted(again.ids()) == ["n0", "n1", "n2"]
-    assert pg.count(pg.claims(q)) == 0
+    assert pg.held(q) == 0
 
 
 def test_queue_to_delta_does_not_share_the_quick_starts_endpoint() -> None:
