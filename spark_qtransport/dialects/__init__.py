@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import ConfigError
 from .base import (
     FAILED_COLUMN,
+    NUMBER_BASE,
     ClaimFailures,
     ClaimNumbering,
     ClaimResult,
@@ -17,7 +18,7 @@ from .base import (
     Statement,
 )
 
-__all__ = ["FAILED_COLUMN", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
+__all__ = ["FAILED_COLUMN", "NUMBER_BASE", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
 
 
 def dialect_named(name: str) -> Dialect:

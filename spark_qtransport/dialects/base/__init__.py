@@ -19,8 +19,12 @@ from .prepared import PreparedSql
 from .receive import ReceiveSql
 from .send import SendSql
 from .values import (
+    AFTER_MARK,
     FAILED_COLUMN,
+    FAILED_MARK,
     LATEST_TIME,
+    MARK,
+    NUMBER_BASE,
     NUMBERS_PER_MICROSECOND,
     STAGED_COLUMNS,
     TABLE_PRIVILEGES,
@@ -35,7 +39,7 @@ from .values import (
 )
 
 __all__ = [
-    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "PickedRows", "NUMBERS_PER_MICROSECOND", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "PickedRows", "NUMBERS_PER_MICROSECOND", "NUMBER_BASE", "MARK", "AFTER_MARK", "FAILED_MARK", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "PreparedSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
     "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
 ]

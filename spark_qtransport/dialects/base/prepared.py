@@ -83,6 +83,37 @@ class PreparedSql(AddressingSql):
         numbers, unless it holds claims in [first, last] already (idempotent)."""
         return self._no_prepared()
 
+    def copy_held(self, queue: QueueAddress, destination: QueueAddress, *, xid: str, shift: int, claimed_at: str,
+                  keys: list[int], headers: list[str] | None, ttbr_ms: int | None = None) -> Statement:
+        """`forward_claims` for the rows of a prepared claim: copy the held rows numbered `keys`
+        into `destination`, with `headers` (one text each) or their own, and a new native id."""
+        return self._no_prepared()
+
+    def failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
+        """The numbers in (after, upto] of claims the sink marked failed (`mark_failed`) while
+        they were held by prepared transactions: rows of one column."""
+        return self._no_prepared()
+
+    def drop_failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
+        """Delete the failed marks in (after, upto]: their claims' acknowledgement is written."""
+        return self._no_prepared()
+
+    def after_progress(self, claims: QueueAddress, consumer: str, *, first: int) -> Statement:
+        """The last claim number whose after-processing is written, of the prepared claim whose
+        first number is `first`: one row, or none when nothing of it is written yet."""
+        return self._no_prepared()
+
+    def note_progress(self, claims: QueueAddress, consumer: str, *, first: int, done: int) -> list[Statement]:
+        """Record that the prepared claim beginning at `first` has its after-processing written up
+        to number `done` (in the transaction that wrote it), and forget the consumer's records of
+        claims before it (their prepared transactions are committed: acknowledged in order)."""
+        return self._no_prepared()
+
+    def forget_progress(self, claims: QueueAddress, consumer: str, *, upto: int) -> Statement:
+        """Delete the consumer's progress records of claims beginning at or below `upto`
+        (committed: nothing reads them again)."""
+        return self._no_prepared()
+
     def prepared_bound(self) -> Statement:
         """One row: (the oldest prepared transaction's age in seconds or NULL, xid age of the
         database's datfrozenxid): what a prepared claim holds back."""

@@ -9,7 +9,8 @@ from typing import Any
 
 from ...errors import ConfigError
 
-__all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "FAILED_COLUMN",
+__all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "FAILED_COLUMN", "NUMBER_BASE",
+           "MARK", "AFTER_MARK", "FAILED_MARK",
            "check_privileges", "one_line"]
 
 
@@ -22,6 +23,21 @@ STAGED_COLUMNS = (
 #: the claim table's column (lower-cased, as `queue_columns` names it) that marks a claim the
 #: pipeline failed or retried through the sink: its acknowledgement makes no after-processing copy
 FAILED_COLUMN = "failed"
+
+
+#: claim numbers of ours start above this: the claim table's identity never gets there, so a
+#: checkpoint's numbers say which numbering it uses, and a run that numbers its own claims
+#: continues above any identity number a table-mode run gave
+NUMBER_BASE = 2**62
+
+#: the claim table's rows that are not claims, by their `consumer` (a control character no
+#: endpoint's name begins with, `claim_stats` leaves them out): a prepared claim's
+#: after-processing progress (AFTER_MARK + the consumer: claim_seq its first number, source_seq the
+#: last number whose audit/forwardTo copies are written) and the prepared claims the sink marked
+#: failed (FAILED_MARK: claim_seq the claim's number), see `transport.receiving.held_after`
+MARK = "\x1f"
+AFTER_MARK = MARK + "after "
+FAILED_MARK = MARK + "failed"
 
 
 #: the table privileges the connector ever needs (and `Dialect.grants` / `Dialect.privileges` take)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 
 from ...errors import ConfigError
-from ..base import OperationsSql, QueueAddress, Statement, check_preview, check_privileges
+from ..base import MARK, OperationsSql, QueueAddress, Statement, check_preview, check_privileges
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW, instant_of, literal
 
@@ -133,7 +133,8 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
 
     def claim_stats(self, claims: QueueAddress) -> Statement:
         return Statement(
-            f"SELECT consumer, count(*), min(claimed_at) FROM {self.qualified(claims)} GROUP BY consumer ORDER BY consumer"
+            f"SELECT consumer, count(*), min(claimed_at) FROM {self.qualified(claims)}"
+            " WHERE left(consumer, 1) <> %(mark)s GROUP BY consumer ORDER BY consumer", {"mark": MARK}
         )
 
     def count_rows(self, table: QueueAddress) -> Statement:

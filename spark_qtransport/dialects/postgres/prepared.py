@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..base import LATEST_TIME, PreparedSql, QueueAddress, Statement
+from ..base import AFTER_MARK, FAILED_MARK, LATEST_TIME, PreparedSql, QueueAddress, Statement
 from .addressing import PostgresAddressing
-from .statements import BY_INDEX, page
+from .statements import BY_INDEX, NO_ID, copies, page
 
 #: what a gid we build may hold: PREPARE TRANSACTION takes a literal, not a parameter
 _GID = re.compile(r"[A-Za-z0-9_.:~-]{1,199}")
@@ -118,6 +118,49 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
             {"shift": int(shift), "consumer": consumer, "xid": str(xid), "low": int(low), "high": int(high),
              "first": int(first), "last": int(last), "claimed_at": claimed_at, "poison": [int(s) for s in poison]},
         )
+
+    def copy_held(self, queue: QueueAddress, destination: QueueAddress, *, xid: str, shift: int, claimed_at: str,
+                  keys: list[int], headers: list[str] | None, ttbr_ms: int | None = None) -> Statement:
+        params: dict[str, Any] = {"xid": str(xid), "shift": int(shift), "claimed_at": claimed_at,
+                                  "keys": [int(k) for k in keys]}
+        source = (f"JOIN {self.qualified(queue)} AS q ON q.seq = v.seq - %(shift)s AND {_HELD}"
+                  " AND q.seq >= %(low)s AND q.seq <= %(high)s")
+        params.update(low=min(params["keys"], default=0) - int(shift), high=max(params["keys"], default=0) - int(shift))
+        return copies(self.qualified(destination), source, "q", params, headers=headers, ttbr_ms=ttbr_ms)
+
+    def failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
+        return Statement(
+            f"SELECT claim_seq FROM {self.qualified(claims)} WHERE consumer = %(mark)s"
+            " AND claim_seq > %(after)s AND claim_seq <= %(upto)s",
+            {"mark": FAILED_MARK, "after": int(after), "upto": int(upto)})
+
+    def drop_failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(claims)} WHERE consumer = %(mark)s"
+            " AND claim_seq > %(after)s AND claim_seq <= %(upto)s",
+            {"mark": FAILED_MARK, "after": int(after), "upto": int(upto)})
+
+    def after_progress(self, claims: QueueAddress, consumer: str, *, first: int) -> Statement:
+        return Statement(
+            f"SELECT source_seq FROM {self.qualified(claims)} WHERE consumer = %(mark)s AND claim_seq = %(first)s",
+            {"mark": AFTER_MARK + consumer, "first": int(first)})
+
+    def note_progress(self, claims: QueueAddress, consumer: str, *, first: int, done: int) -> list[Statement]:
+        c, mark = self.qualified(claims), AFTER_MARK + consumer
+        return [
+            Statement(
+                f"INSERT INTO {c} (consumer, claim_seq, id, headers, source_seq) OVERRIDING SYSTEM VALUE"
+                " VALUES (%(mark)s, %(first)s, %(no_id)s, '', %(done)s)"
+                " ON CONFLICT (consumer, claim_seq) DO UPDATE SET source_seq = EXCLUDED.source_seq",
+                {"mark": mark, "first": int(first), "no_id": NO_ID, "done": int(done)}),
+            Statement(f"DELETE FROM {c} WHERE consumer = %(mark)s AND claim_seq < %(first)s",
+                      {"mark": mark, "first": int(first)}),
+        ]
+
+    def forget_progress(self, claims: QueueAddress, consumer: str, *, upto: int) -> Statement:
+        return Statement(
+            f"DELETE FROM {self.qualified(claims)} WHERE consumer = %(mark)s AND claim_seq <= %(upto)s",
+            {"mark": AFTER_MARK + consumer, "upto": int(upto)})
 
     def prepared_bound(self) -> Statement:
         return Statement(

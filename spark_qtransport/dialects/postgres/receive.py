@@ -8,7 +8,10 @@ from typing import Any
 
 from ...wire import RETRY_COUNTERS
 from ..base import (
+    FAILED_MARK,
     LATEST_TIME,
+    MARK,
+    NUMBER_BASE,
     NUMBERS_PER_MICROSECOND,
     ClaimFailures,
     ClaimNumbering,
@@ -17,7 +20,7 @@ from ..base import (
     Statement,
 )
 from .addressing import PostgresAddressing
-from .statements import BY_INDEX, ROWS_OF, UTC_NOW, page
+from .statements import BY_INDEX, NO_ID, ROWS_OF, UTC_NOW, copies, page
 
 #: a claimed row whose headers text holds this may carry NServiceBus.SqlServer.ForwardDestination
 #: (checked exactly in Python). Found by strpos: a third of LIKE '%...%''s cost, on every claimed row.
@@ -343,25 +346,9 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         self, claims: QueueAddress, consumer: str, destination: QueueAddress, *, keys: list[int],
         headers: list[str] | None, ttbr_ms: int | None = None,
     ) -> Statement:
-        d = self.qualified(destination)
-        # A new native id, as NServiceBus forwards: its receiver sends the message on as a new row
-        # (ProcessStrategy.TryHandleDelayedMessage -> TableBasedQueue.Send -> MessageRow.From,
-        # Guid.NewGuid()); no expiry (TimeSpan.MaxValue) unless a time to be received is given.
-        expires = "NULL" if ttbr_ms is None else f"{UTC_NOW} + %(ttbr_ms)s * interval '1 millisecond'"
-        params: dict[str, Any] = {"consumer": consumer, "keys": [int(k) for k in keys], "ttbr_ms": ttbr_ms}
-        if headers is None:
-            source = "unnest(%(keys)s::bigint[]) WITH ORDINALITY AS v(seq, n)"
-            text = "c.headers"
-        else:
-            source = "unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)"
-            text = "v.headers"
-            params["headers"] = list(headers)
-        sql = (
-            f"INSERT INTO {d} (id, expires, headers, body)"
-            f" SELECT gen_random_uuid(), {expires}, {text}, c.body FROM {source}"
-            f" JOIN {self.qualified(claims)} AS c ON c.consumer = %(consumer)s AND c.claim_seq = v.seq ORDER BY v.n"
-        )
-        return Statement(sql, params)
+        return copies(self.qualified(destination),
+                      f"JOIN {self.qualified(claims)} AS c ON c.consumer = %(consumer)s AND c.claim_seq = v.seq", "c",
+                      {"consumer": consumer, "keys": [int(k) for k in keys]}, headers=headers, ttbr_ms=ttbr_ms)
 
     def control_messages(self, destination: QueueAddress, *, headers: list[str]) -> Statement:
         return Statement(
@@ -383,11 +370,21 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
         # Without the consumer (the sink does not know it): the primary key's second column, found
         # by a skip scan on PostgreSQL 18 and a scan of the few batches' claims the table holds
         # before. Rare (failed messages only), and the rows are not locked by anyone else then:
-        # their batch's reads are over and its acknowledgement comes after this commit.
+        # their batch's reads are over and its acknowledgement comes after this commit. A claim of
+        # ours (a number above NUMBER_BASE) that is not in the table is held by a prepared
+        # transaction: it is noted as a row of its own (FAILED_MARK), which its acknowledgement
+        # reads and deletes.
+        c = self.qualified(claims)
         return Statement(
-            f"UPDATE {self.qualified(claims)} SET failed = true"
-            " WHERE claim_seq = ANY(%(keys)s::bigint[]) AND failed IS NOT TRUE",
-            {"keys": [int(k) for k in keys]},
+            f"WITH marked AS (UPDATE {c} SET failed = true"
+            " WHERE claim_seq = ANY(%(keys)s::bigint[]) AND failed IS NOT TRUE AND left(consumer, 1) <> %(marks)s"
+            " RETURNING claim_seq"
+            f"), noted AS (INSERT INTO {c} (consumer, claim_seq, id, headers, source_seq) OVERRIDING SYSTEM VALUE"
+            " SELECT %(mark)s, k, %(no_id)s, '', 0 FROM unnest(%(keys)s::bigint[]) AS k"
+            " WHERE k >= %(base)s AND k NOT IN (SELECT claim_seq FROM marked)"
+            " ON CONFLICT (consumer, claim_seq) DO NOTHING RETURNING 1"
+            ") SELECT 1 FROM marked UNION ALL SELECT 1 FROM noted",
+            {"keys": [int(k) for k in keys], "marks": MARK, "mark": FAILED_MARK, "no_id": NO_ID, "base": NUMBER_BASE},
         )
 
     def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:

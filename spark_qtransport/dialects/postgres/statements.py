@@ -19,6 +19,10 @@ UTC_NOW = "(now() AT TIME ZONE 'UTC')"
 DUE_NOW = f"timestamptz {UTC_NOW}"
 
 
+#: the native id of a claim table row that is not a claim (`values.MARK`)
+NO_ID = "00000000-0000-0000-0000-000000000000"
+
+
 def due_of(instant: str) -> str:
     """The Due NServiceBus would store for a given instant (a timestamptz expression)."""
     return f"timestamptz ({instant} AT TIME ZONE 'UTC')"
@@ -45,6 +49,26 @@ def literal(value: Any) -> str:
 #: per page of a read. Without bitmap and sequential scans it walks the seq index in order and
 #: stops at the limit. LOCAL: the transaction only.
 BY_INDEX = [Statement("SET LOCAL enable_seqscan = off"), Statement("SET LOCAL enable_bitmapscan = off")]
+
+
+def copies(destination: str, source: str, alias: str, params: dict[str, Any], *, headers: list[str] | None,
+           ttbr_ms: int | None) -> Statement:
+    """INSERT copies of rows into the (quoted) `destination`, in the order of %(keys)s: `source`
+    joins the row `alias` (id, headers, body) to each key `v.seq`; with `headers`, one text per key
+    instead of the row's own. A new native id, as NServiceBus forwards: its receiver sends the
+    message on as a new row (ProcessStrategy.TryHandleDelayedMessage -> TableBasedQueue.Send ->
+    MessageRow.From, Guid.NewGuid()); no expiry (TimeSpan.MaxValue) unless a time to be received
+    is given."""
+    expires = "NULL" if ttbr_ms is None else f"{UTC_NOW} + %(ttbr_ms)s * interval '1 millisecond'"
+    params = {**params, "ttbr_ms": ttbr_ms}
+    if headers is None:
+        keys, text = "unnest(%(keys)s::bigint[]) WITH ORDINALITY AS v(seq, n)", f"{alias}.headers"
+    else:
+        keys, text = "unnest(%(keys)s::bigint[], %(headers)s::text[]) WITH ORDINALITY AS v(seq, headers, n)", "v.headers"
+        params["headers"] = list(headers)
+    return Statement(
+        f"INSERT INTO {destination} (id, expires, headers, body)"
+        f" SELECT gen_random_uuid(), {expires}, {text}, {alias}.body FROM {keys} {source} ORDER BY v.n", params)
 
 
 def page(limit: int | None) -> str:

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ...dialects import NUMBER_BASE, QueueAddress, Statement
 from ...wire import (
     H,
     as_utc,
@@ -69,6 +70,9 @@ from ...wire import (
     retries_performed,
 )
 from .. import session as db
+from ..receiving import prepared
+from ..receiving.judge import judged
+from ..receiving.prepared import PreparedClaim
 from ..routing import Item, Router, route_rows
 from .processed import Processed
 
@@ -190,7 +194,6 @@ class AfterProcessing:
         if not rows:
             return Chunk(0, after)
         chunk = Chunk(len(rows), int(rows[-1][0]))
-        ended = self._clock()
         parsed = decode_header_texts([text for _, text, _, _ in rows])
         if not d.poison_at_claim and None in parsed:
             poison = [int(seq) for (seq, *_), h in zip(rows, parsed, strict=True) if h is None]
@@ -198,34 +201,83 @@ class AfterProcessing:
             rows, parsed = [r for r, h in zip(rows, parsed, strict=True) if h is not None], [h for h in parsed if h is not None]
             if not rows:
                 return chunk
-        keys = [int(seq) for seq, *_ in rows]
+        failed = self._failed_marks(cur, after, chunk.last)
+        self._after(cur, [(int(seq), text, at, bool(f) or int(seq) in failed) for seq, text, at, f in rows], parsed,
+                    lambda target, keys, headers, ttbr: d.forward_claims(e.claims, o.consumer, target, keys=keys,
+                                                                         headers=headers, ttbr_ms=ttbr))
+        db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=[int(seq) for seq, *_ in rows]))
+        return chunk
+
+    def ack_held_chunk(self, cur: Any, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
+        """The after-processing of a prepared claim's first `batch` rows numbered above `after`,
+        and its progress noted (`prepared.note_progress`), in one transaction: the copies are
+        written before the claim's COMMIT PREPARED, which cannot carry them, and the progress
+        says which are written, so a driver dying between the two (or between two chunks) copies
+        nothing twice (the next run commits the claim, or parks only the rest). The claim moved
+        its poison to the error queue already: they are not copied again. Chunk(rows looked at,
+        the last number done)."""
+        d, e = self.endpoint.dialect, self.endpoint
+        o = e.options
+        self._processed = []
+        found = list(judged(cur, lambda a, n: d.prepared_headers(
+            o.queue, xid=claim.xid, after=a, high=claim.high, claimed_at=claim.claimed_at, limit=n),
+            after=max(claim.low - 1, after - claim.shift), limit=batch))
+        done = claim.last if len(found) < batch else claim.shift + int(found[-1][0][0])
+        failed = self._failed_marks(cur, after, done)
+        claimed_at = datetime.strptime(claim.clock, "%Y%m%d%H%M%S%f").replace(tzinfo=timezone.utc)
+        kept = [(row, h) for row, h in found if h is not None]
+        if kept:
+            self._after(cur, [(claim.shift + int(row[0]), str(row[1]), claimed_at, claim.shift + int(row[0]) in failed)
+                              for row, _ in kept], [h for _, h in kept],
+                        lambda target, keys, headers, ttbr: d.copy_held(
+                            o.queue, target, xid=claim.xid, shift=claim.shift, claimed_at=claim.claimed_at, keys=keys,
+                            headers=headers, ttbr_ms=ttbr))
+        prepared.note_progress(cur, e, claim, done)
+        return Chunk(len(found), done)
+
+    def _failed_marks(self, cur: Any, after: int, upto: int) -> set[int]:
+        """The numbers in (after, upto] the sink marked failed while their claims were held by
+        prepared transactions (`mark_failed`), deleted here: read once, in the transaction that
+        acknowledges them. Only claims numbered by us can have one."""
+        d, e = self.endpoint.dialect, self.endpoint
+        if not d.prepared_claims or upto < NUMBER_BASE:
+            return set()
+        failed = {int(k) for (k,) in db.rows(cur, d.failed_marks(e.claims, after=after, upto=upto))}
+        if failed:
+            db.execute(cur, d.drop_failed_marks(e.claims, after=after, upto=upto))
+        return failed
+
+    def _after(self, cur: Any, rows: list[tuple[int, str, Any, bool]], parsed: Sequence[dict[str, str | None] | None],
+               copy: Callable[[QueueAddress, list[int], list[str] | None, int | None], Statement]) -> None:
+        """The after-processing of acknowledged messages, rows (number, headers text, claimed at,
+        failed) with their decoded headers (None: the claim judged them, and an audit copy keeps
+        the text as it is): `copy(target, numbers, headers or None, ttbr ms)` makes the statement
+        that copies them."""
+        o = self.endpoint.options
         # the messages the pipeline failed or retried (the sink marked their claims): processing
         # did not succeed, so no audit or forwardTo copy, no retry acknowledgement, no timing
-        done = [not failed for *_, failed in rows]
-        if not all(done):
-            rows = [r for r, ok in zip(rows, done, strict=True) if ok]
-            parsed = [h for h, ok in zip(parsed, done, strict=True) if ok]
-        kept = [int(seq) for seq, *_ in rows]
+        if any(failed for *_, failed in rows):
+            ok = [not failed for *_, failed in rows]
+            rows = [r for r, keep in zip(rows, ok, strict=True) if keep]
+            parsed = [h for h, keep in zip(parsed, ok, strict=True) if keep]
+        ended = self._clock()
+        kept = [key for key, *_ in rows]
         _, acked = self._acknowledge_retries(
             cur, [(k, h) for k, h in zip(kept, parsed, strict=True) if h is not None], ended)
-        starts = [self._started(int(seq), claimed_at, ended) for seq, _, claimed_at, _ in rows]
+        starts = [self._started(key, claimed_at, ended) for key, _, claimed_at, _ in rows]
         if o.audit_queue is not None and kept:
-            texts = [
-                text if h is None else encode_headers(audit_headers(
-                    h, started=start, ended=ended, endpoint=o.consumer, acknowledged=key in acked))
-                for key, (_, text, _, _), h, start in zip(kept, rows, parsed, starts, strict=True)
-            ]
+            texts = [text if h is None else encode_headers(audit_headers(
+                h, started=start, ended=ended, endpoint=o.consumer, acknowledged=key in acked))
+                for (key, text, _, _), h, start in zip(rows, parsed, starts, strict=True)]
             ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
-            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.audit_queue, keys=kept, headers=texts, ttbr_ms=ttbr))
+            db.execute(cur, copy(o.audit_queue, kept, texts, ttbr))
         if o.forward_to is not None and kept:
-            db.execute(cur, d.forward_claims(e.claims, o.consumer, o.forward_to, keys=kept, headers=None))
-        db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=keys))
+            db.execute(cur, copy(o.forward_to, kept, None, None))
         if self._observe is not None:
             self._processed = [self._timed(h or {}, start, ended) for h, start in zip(parsed, starts, strict=True)]
         with self._count:
             self.stats.audited += len(kept) if o.audit_queue is not None else 0
             self.stats.forwarded += len(kept) if o.forward_to is not None else 0
-        return chunk
 
     def ack_plain_chunk(self, cur: Any, *, upto: int, batch: int, after: int = 0) -> Chunk:
         """Without copies to make, where the claim did not judge headers: move the poison among

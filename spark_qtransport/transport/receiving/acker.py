@@ -98,11 +98,27 @@ class Acker:
             self.planner.narrow_table_span(end.claim)
         what = self.endpoint.what("acknowledge")
         for claim in self.planner.prepared.upto(end.claim):
+            if self.after.copies:
+                self._after_held(session, claim)
             session.run(functools.partial(prepared.commit, endpoint=self.endpoint, claim=claim), what)
+            if self.after.copies:
+                session.run(functools.partial(prepared.forget_progress, endpoint=self.endpoint, claim=claim), what)
             self.planner.prepared.forget(claim)
             total += claim.last - claim.first + 1
         self._gone = (end.table, max(self.done(end.table), end.claim))
         return total
+
+    def _after_held(self, session: Session, claim: prepared.PreparedClaim) -> None:
+        """The after-processing of a prepared claim, in chunks of a transaction each, from where
+        an earlier acknowledgement of it got to (`prepared.progress`): all of it is written
+        before its COMMIT PREPARED."""
+        after, what = self.after, self.endpoint.what("acknowledge")
+        batch = after.chunk_size(self.endpoint.options.ack_batch)
+        done = session.run(lambda c: prepared.progress(c.cursor(), self.endpoint, claim), what)
+        while done < claim.last:
+            chunk = functools.partial(_held_chunk, after, claim, done, batch)
+            done = session.run(chunk, what).last
+            after.committed()
 
     def park(self, session: Session, *, older_than: float | None) -> int:
         """Move this consumer's prepared claims older than `older_than` seconds (None: all of them)
@@ -183,6 +199,10 @@ class Acker:
             if n < batch:
                 self._gone = (end.table, max(self.done(end.table), end.claim))
                 return total
+
+
+def _held_chunk(after: AfterProcessing, claim: prepared.PreparedClaim, lo: int, batch: int, conn: Any) -> Chunk:
+    return after.ack_held_chunk(conn.cursor(), claim, after=lo, batch=batch)
 
 
 def _after(chunk: Callable[[Any, int], Chunk], lo: int, conn: Any) -> Chunk:

@@ -24,21 +24,19 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...dialects import NUMBER_BASE
 from .. import session as db
 from .judge import judged
 
 if TYPE_CHECKING:
     from .setup import Endpoint
 
-__all__ = ["NUMBER_BASE", "PreparedClaim", "HeldClaims", "commit", "consumer_token", "listed", "park", "prefix_of"]
+__all__ = ["NUMBER_BASE", "PreparedClaim", "HeldClaims", "commit", "consumer_token", "forget_progress", "listed", "note_progress", "park",
+           "prefix_of", "progress"]
 
 #: PostgreSQL's answer to COMMIT PREPARED of a gid that is not there (undefined_object)
 UNDEFINED_OBJECT = "42704"
 
-#: claim numbers of ours start above this: the claim table's identity never gets there, so a
-#: checkpoint's numbers say which numbering it uses, and a run that numbers its own claims
-#: continues above any identity number a table-mode run gave
-NUMBER_BASE = 2**62
 
 _SAFE = re.compile(r"[A-Za-z0-9.-]{1,60}")
 
@@ -160,19 +158,52 @@ def commit(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> bool:
     return True
 
 
+def progress(cur: Any, endpoint: Endpoint, claim: PreparedClaim) -> int:
+    """The last number of `claim` whose after-processing (audit and forwardTo copies) is written:
+    `claim.first - 1` when none is (`transport.platform.after`: `ack_held_chunk`)."""
+    d, o = endpoint.dialect, endpoint.options
+    row = db.first(cur, d.after_progress(endpoint.claims, o.consumer, first=claim.first))
+    return claim.first - 1 if row is None else int(row[0])
+
+
+def note_progress(cur: Any, endpoint: Endpoint, claim: PreparedClaim, done: int) -> None:
+    """In the caller's transaction: `claim`'s after-processing is written up to number `done`."""
+    d, o = endpoint.dialect, endpoint.options
+    for stmt in d.note_progress(endpoint.claims, o.consumer, first=claim.first, done=done):
+        db.execute(cur, stmt)
+
+
+def forget_progress(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None:
+    """`claim` is committed: its progress record goes (one that stays, the driver dying first, is
+    deleted by the next one noted: `note_progress`)."""
+    d, o = endpoint.dialect, endpoint.options
+    db.execute(conn.cursor(), d.forget_progress(endpoint.claims, o.consumer, upto=claim.first))
+    conn.commit()
+
+
 def park(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None:
     """Move a prepared claim into the claim table: its deliverable rows are copied there with
     their numbers (one transaction, committed; a copy made before is not made again), then the
-    prepared transaction is committed. Its batch reads the copies from then on (`read_chunks`)."""
+    prepared transaction is committed. Its batch reads the copies from then on (`read_chunks`).
+    Rows whose after-processing its acknowledgement wrote already (`progress`: it was cut short
+    before its COMMIT PREPARED) are not copied: their batch is acknowledged, and a copy would be
+    audited twice. The copy notes the claim's progress as complete, so an acknowledgement that
+    finds the claim still prepared afterwards (the driver died before the commit) commits it and
+    copies nothing again."""
     d, o = endpoint.dialect, endpoint.options
     cur = conn.cursor()
-    # the poison its claim moved to the error queue, judged again by the same rule (`judge`)
-    poison = [int(row[0]) for row, headers in judged(
-        cur, lambda a, n: d.prepared_headers(o.queue, xid=claim.xid, after=a, high=claim.high,
-                                             claimed_at=claim.claimed_at, limit=n), after=claim.low - 1)
-        if headers is None]
-    db.execute(cur, d.park(o.queue, endpoint.claims, o.consumer, xid=claim.xid, shift=claim.shift,
-                           first=claim.first, last=claim.last, low=claim.low, high=claim.high,
-                           claimed_at=claim.claimed_at, poison=poison))
+    done = progress(cur, endpoint, claim)
+    if done < claim.last:
+        after = max(claim.low - 1, done - claim.shift)
+        # the poison its claim moved to the error queue, judged again by the same rule (`judge`)
+        poison = [int(row[0]) for row, headers in judged(
+            cur, lambda a, n: d.prepared_headers(o.queue, xid=claim.xid, after=a, high=claim.high,
+                                                 claimed_at=claim.claimed_at, limit=n), after=after)
+            if headers is None]
+        db.execute(cur, d.park(o.queue, endpoint.claims, o.consumer, xid=claim.xid, shift=claim.shift,
+                               first=claim.first, last=claim.last, low=after + 1, high=claim.high,
+                               claimed_at=claim.claimed_at, poison=poison))
+    note_progress(cur, endpoint, claim, claim.last)
     conn.commit()
     commit(conn, endpoint, claim)
+    forget_progress(conn, endpoint, claim)

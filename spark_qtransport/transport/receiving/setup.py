@@ -104,15 +104,6 @@ class EndpointSetUp:
         if o.claim_mode == CLAIM_TABLE or not d.prepared_claims:
             return
         explicit = o.claim_mode == CLAIM_PREPARED
-        after = [name for name, value in (("auditQueue", o.audit_queue), ("forwardTo", o.forward_to),
-                                          ("monitoringQueue", o.monitoring_queue)) if value]
-        if after:
-            why = (f"{' and '.join(after)} read each message at its acknowledgement (a copy, its processing time), "
-                   "which a prepared claim's COMMIT PREPARED cannot carry yet")
-            if explicit:
-                raise ConfigError(f"option 'claimMode' prepared: {why}; use claimMode 'table' or 'auto'", option="claimMode")
-            log.info("queue %s: claims are held in the claim table (claimMode auto): %s", self.endpoint.queue_text, why)
-            return
         slots = self.slots if self.slots is not None else PreparedSlots()
         if slots.take(d, cur):
             self.endpoint.prepared = True
