@@ -542,3 +542,39 @@ def test_audit_and_forward_copies_of_prepared_claims_are_written_once_however_th
     finally:
         r.close()
     assert ppg.count(q) == 0 and prepared_now(ppg, q) == [] and ppg.count(e) == 0
+
+
+def test_a_prepared_stream_audits_and_forwards_only_what_succeeded_once(
+        spark: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
+    """Through Spark, claims held by prepared transactions: a QueueSink fails three messages (the
+    sink notes their prepared claims failed), the rest go on; each other message is audited and
+    forwarded once, the failed ones never, and nothing stays claimed, noted or prepared."""
+    from pyspark.sql import functions as F
+
+    from spark_qtransport import QueueSink, fail
+    from spark_qtransport.wire import H
+
+    q, e, audit, fwd, billing = (ppg.create_queue(names(n)) for n in ("Sales", "error", "audit", "Copies", "Billing"))
+    ids = [f"o{i:02d}" for i in range(40)]
+    rejected = ["o03", "o17", "o30"]
+    ppg.send_many(q, [(nsb_headers(m), m.encode()) for m in ids])
+    sink = QueueSink(url=ppg.url, endpoint=q, errorQueue=e)
+
+    def handle(batch: Any, batch_id: int) -> None:
+        bad = F.col("message_id").isin(*rejected)
+        sink(batch.where(~bad).select("body", F.lit(billing).alias("destination"), F.lit("Billing.Invoice").alias("message_type"))
+             .unionByName(batch.where(bad).select(*fail(reason="no lines")), allowMissingColumns=True), batch_id)
+
+    query = (reader(spark, ppg, q, e, maxMessagesPerTrigger="10", auditQueue=audit, forwardTo=fwd)
+             .writeStream.foreachBatch(handle).option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert not query.isActive and query.exception() is None, query.exception()
+    succeeded = [m for m in ids if m not in rejected]
+    audited = ppg.drain(audit)
+    assert sorted(h[H.MESSAGE_ID] for h, _ in audited) == succeeded
+    assert all(body == h[H.MESSAGE_ID].encode() and h[H.PROCESSING_ENDPOINT] == q for h, body in audited)
+    assert sorted(h[H.MESSAGE_ID] for h, _ in ppg.drain(fwd)) == succeeded
+    assert sorted(h[H.MESSAGE_ID] for h, _ in ppg.drain(e)) == rejected
+    assert ppg.count(billing) == len(succeeded)
+    assert ppg.count(q) == 0 and ppg.count(ppg.claims(q)) == 0 and prepared_now(ppg, q) == []

@@ -28,6 +28,14 @@ deletes the claims in one transaction, so each message is audited, forwarded and
 exactly once however the driver dies: a repeated acknowledgement finds no claims. Expired messages
 never reach the claim table, so they are never audited.
 
+**Prepared claims** (`claimMode`): the acknowledgement is a COMMIT PREPARED, which can write
+nothing. Each chunk (`ack_held_chunk`) reads the held rows' headers, writes the copies from the rows
+the claim holds, and records how far the claim's copies got (`prepared.note_progress`: a row of the
+claim table) in one transaction, before the commit; an acknowledgement that finds the record goes
+on after it, and parking copies only the rows after it. The sink notes a prepared claim it failed as
+a row of its own (`mark_failed`: the claim is in no table to mark), which the chunk reads and
+deletes (`_failed_marks`).
+
 **Poison claims.** Where the claim does not judge headers (`ReceiveSql.poison_at_claim`: PostgreSQL),
 a claimed message whose headers are not a flat JSON object of strings (`wire.decode_headers`) was
 never delivered (reads leave it out); its batch's acknowledgement moves it raw to the error queue
@@ -201,7 +209,7 @@ class AfterProcessing:
             rows, parsed = [r for r, h in zip(rows, parsed, strict=True) if h is not None], [h for h in parsed if h is not None]
             if not rows:
                 return chunk
-        failed = self._failed_marks(cur, after, chunk.last)
+        failed = self._failed_marks(cur, int(rows[0][0]) - 1, chunk.last)  # the chunk's own numbers
         self._after(cur, [(int(seq), text, at, bool(f) or int(seq) in failed) for seq, text, at, f in rows], parsed,
                     lambda target, keys, headers, ttbr: d.forward_claims(e.claims, o.consumer, target, keys=keys,
                                                                          headers=headers, ttbr_ms=ttbr))
