@@ -221,7 +221,7 @@ def test_checkpoint_reset_with_a_reused_endpoint_fails_loudly(spark: Any, pg: Ba
     assert pg.count(e.billing) == 5  # only the first run's messages; nothing skipped silently...
     # ...the second run's are still held, not lost (4.0/4.1: and the first run's one batch, which the
     # new checkpoint took over: it is acknowledged only when its own next batch is planned)
-    assert pg.count(f'"{e.sales}.Claims"') == (5 if ADMISSION else 10)
+    assert pg.held(e.sales) == (5 if ADMISSION else 10)
 
 
 def test_bad_input_columns_fail_at_start_and_name_the_column(spark: Any, pg: Backend, endpoint: Any, checkpoint: str) -> None:
@@ -248,8 +248,8 @@ def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
 ) -> None:
     """'Sending from the error path' and 'failure happens after send': a batch whose send fails
     (a destination is missing, and so is the sink's error queue that would take its message)
-    sends none of its messages, and the poison message claimed with it waits in the claim table
-    (never delivered: it goes to the error queue with its batch's acknowledgement); once the sink's
+    sends none of its messages, and the poison message claimed with it waits with its claim (never
+    delivered: it reaches the error queue with its batch's acknowledgement); once the sink's
     error queue exists, the batch goes out once, the undeliverable message to it, and the poison
     message to the reader's error queue."""
     from pyspark.sql import functions as F
@@ -270,7 +270,7 @@ def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
     with pytest.raises(Exception, match=rf"(?s)errorQueue.*{sink_errors}.* does not exist"):
         start().awaitTermination(180)
     assert pg.count(e.billing) == 0
-    assert pg.count(e.error) == 0 and pg.count(pg.claims(e.sales)) == 11  # all claimed, none acknowledged
+    assert pg.count(e.error) == 0 and pg.held(e.sales) == 11  # all claimed, none acknowledged
     pg.create_queue(sink_errors)
     finish(start())
     if not ADMISSION:  # AvailableNow is the replayed batch alone; the poison moves at the next start
@@ -279,7 +279,7 @@ def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
     [(_, headers, _)] = pg.rows(sink_errors)
     assert json.loads(headers)["NServiceBus.FailedQ"] == f'"public"."{missing}"'
     assert [b for _, _, b in pg.rows(e.error)] == [b"poison"]
-    assert pg.count(pg.claims(e.sales)) == 0
+    assert pg.held(e.sales) == 0
 
 
 @pytest.mark.compat

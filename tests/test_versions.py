@@ -29,8 +29,8 @@ def stream(spark: Any, pg: Backend, queue: str, error: str, **options: str) -> A
 
 
 def claims(pg: Backend, queues: str) -> int:
-    """Claims held in the claim tables of `queues` (a comma-separated list)."""
-    return sum(pg.count(f'"{q}.Claims"') for q in queues.split(","))
+    """Claims held for `queues` (a comma-separated list), in their claim tables or by prepared claims."""
+    return sum(pg.held(q) for q in queues.split(","))
 
 
 def test_the_capabilities_are_those_of_the_line() -> None:

@@ -97,10 +97,11 @@ def test_a_session_terminated_in_each_phase_is_ridden_through(
     run = functools.partial(pipeline, spark, pg, q := pg.create_queue(names("Faults")), out := pg.create_queue(names("Out")),
                             e := pg.create_queue(names("error")), checkpoint, per_batch=n, slices=1 if phase == "read" else 2,
                             inline_bytes=0 if phase == "staging" else 256 * 2**20,  # staging: tasks that stage
-                            # the acknowledgement's DELETE from the claim table, which a trigger can
-                            # fault (a prepared claim's is COMMIT PREPARED, no statement a trigger sees:
-                            # test_prepared kills the job before it)
-                            claim_mode="table" if phase == "ack" else "auto")
+                            # the claim's INSERT into the claim table and the acknowledgement's DELETE
+                            # from it, which a trigger can fault (a prepared claim writes only its queue,
+                            # and its acknowledgement is COMMIT PREPARED, no statement a trigger sees:
+                            # test_prepared kills the job around them)
+                            claim_mode="table" if phase in ("claim", "ack") else "auto")
     pg.send_many(q, [(nsb_headers(f"m{i:05d}"), b"x" * 512) for i in range(n)])
     # the first query creates the claim and staging tables; the fault is armed on them before the second
     first = run()
