@@ -578,3 +578,59 @@ def test_a_prepared_stream_audits_and_forwards_only_what_succeeded_once(
     assert sorted(h[H.MESSAGE_ID] for h, _ in ppg.drain(e)) == rejected
     assert ppg.count(billing) == len(succeeded)
     assert ppg.count(q) == 0 and ppg.count(ppg.claims(q)) == 0 and prepared_now(ppg, q) == []
+
+
+@pytest.mark.parametrize("with_poison", [False, True], ids=["on the server", "on the driver"])
+def test_audit_headers_of_prepared_claims_are_nservicebus_audit_headers(
+        ppg: Backend, names: Any, with_poison: bool) -> None:
+    """A prepared claim without poison has its audit copies' headers appended on the server, as
+    text (`copy_held_range`); one with poison has them built on the driver. Either way each copy's
+    headers are the message's own with NServiceBus's audit headers added, or replaced where the
+    message named them already (once in the text), whatever the text's spacing; the poison is never
+    audited."""
+    import json
+
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
+    from spark_qtransport.transport.settings import ReceiveSettings
+    from spark_qtransport.wire import H, parse_time
+
+    d = ppg.dialect
+    q, e, audit = (ppg.create_queue(names(n)) for n in ("Sales", "error", "audit"))
+    texts = {
+        "plain": json.dumps(nsb_headers("plain")),
+        "named": json.dumps({**nsb_headers("named"), H.PROCESSING_ENDPOINT: "Old", H.HOST_ID: "old-host"}),
+        "spaced": ' { "NServiceBus.MessageId" : "spaced" , "Shop.Path": "a\\/b \\u00e9" }  \n',
+        "bare": "{}",
+        "spaced-bare": "{ \t}\r\n",
+        "none": "",
+        "unicode": json.dumps({"NServiceBus.MessageId": "unicode", "Shop.Note": "\u00e9\U0001f600"}, ensure_ascii=False),
+    }
+    messages = [(text, name.encode()) for name, text in texts.items()]
+    if with_poison:
+        messages.insert(3, ("<corrupted headers", b"poison"))
+    ppg.send_many(q, messages)
+    r = Receiver(ReceiveSettings.create(ppg.url, q, error_queue=e, claim_ahead=False, claim_mode="prepared",
+                                        audit_queue=d.parse_address(audit)))
+    try:
+        start = r.initial_offset()
+        end = r.latest(start, None)
+        [claim] = r.planner.prepared.all()
+        assert claim.clean is not with_poison
+        assert len([row for part in r.slices(start, end) for row in read_slice(part)]) == len(texts)
+        r.ack(end)
+    finally:
+        r.close()
+    copies = {bytes(body).decode(): headers for _, headers, body in ppg.rows(audit)}
+    assert sorted(copies) == sorted(texts)  # each once, the poison never
+    for name, text in texts.items():
+        got = json.loads(copies[name])
+        own = json.loads(text) if text.strip() else {}
+        assert {k: v for k, v in got.items() if k not in own or k in (H.PROCESSING_ENDPOINT, H.HOST_ID)} == {
+            k: got[k] for k in (H.PROCESSING_STARTED, H.PROCESSING_ENDED, H.HOST_ID, H.HOST_DISPLAY_NAME,
+                                H.PROCESSING_MACHINE, H.PROCESSING_ENDPOINT)}, name
+        assert {k: v for k, v in got.items() if k in own and k not in (H.PROCESSING_ENDPOINT, H.HOST_ID)} == {
+            k: v for k, v in own.items() if k not in (H.PROCESSING_ENDPOINT, H.HOST_ID)}, name
+        assert got[H.PROCESSING_ENDPOINT] == q and got[H.HOST_ID] != "old-host", name
+        assert copies[name].count(f'"{H.PROCESSING_ENDPOINT}"') == 1, copies[name]
+        assert parse_time(got[H.PROCESSING_STARTED]) <= parse_time(got[H.PROCESSING_ENDED]), name
+    assert [b for _, _, b in ppg.rows(e)] == ([b"poison"] if with_poison else [])

@@ -89,6 +89,22 @@ class PreparedSql(AddressingSql):
         into `destination`, with `headers` (one text each) or their own, and a new native id."""
         return self._no_prepared()
 
+    def copy_held_range(self, queue: QueueAddress, destination: QueueAddress, *, xid: str, shift: int,
+                        claimed_at: str, after: int, upto: int, skip: list[int], append: str | None = None,
+                        without: tuple[str, ...] = (), ttbr_ms: int | None = None) -> Statement:
+        """Copy the held rows of a prepared claim numbered in (after, upto], but those numbered
+        `skip`, into `destination` in order, with a new native id, all on the server: with
+        `append` (JSON members, `"k":"v",...`) added to each row's headers object as text, and
+        rows whose headers text holds any of `without` left out (their copies are made with
+        headers built on the driver: `held_with_any`); else their headers as they are."""
+        return self._no_prepared()
+
+    def held_with_any(self, queue: QueueAddress, *, xid: str, shift: int, claimed_at: str, after: int, upto: int,
+                      needles: tuple[str, ...]) -> Statement:
+        """(seq, headers text) of the held rows numbered in (after, upto] whose headers text holds
+        any of `needles`, in order: the rows `copy_held_range(without=needles)` leaves out."""
+        return self._no_prepared()
+
     def failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
         """The numbers in (after, upto] of claims the sink marked failed (`mark_failed`) while
         they were held by prepared transactions: rows of one column."""

@@ -116,6 +116,12 @@ class BatchTimes:
             i = bisect.bisect_left(self._ends, seq)
             return self._times[self._ends[i]] if i < len(self._ends) else None
 
+    def next_end(self, after: int) -> int | None:
+        """The end of the first planned batch that delivers claims above `after` (None: none known)."""
+        with self._lock:
+            i = bisect.bisect_right(self._ends, after)
+            return self._ends[i] if i < len(self._ends) else None
+
     def forget(self, upto: int) -> None:
         """Batches ending at or below `upto` are acknowledged."""
         with self._lock:
@@ -150,6 +156,11 @@ def retry_acknowledgement(headers: dict[str, str | None], now: datetime) -> tupl
     if unique is None or queue is None:
         return None
     return queue, {H.RETRY_SUCCESSFUL: format_time(now), H.RETRY_UNIQUE_MESSAGE_ID: unique, H.CONTROL_MESSAGE: "True"}
+
+
+#: what the headers text of a message that names an audit header holds (`audit_headers` replaces
+#: those: its copy's headers are built on the driver; every other copy's are appended on the server)
+AUDIT_NEEDLES = ('"NServiceBus.Processing', '"$.diagnostics.host')
 
 
 class Chunk(NamedTuple):
@@ -227,6 +238,8 @@ class AfterProcessing:
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
         self._processed = []
+        if claim.clean and self._observe is None:
+            return self._held_chunk_on_server(cur, claim, after=after, batch=batch)
         found = list(judged(cur, lambda a, n: d.prepared_headers(
             o.queue, xid=claim.xid, after=a, high=claim.high, claimed_at=claim.claimed_at, limit=n),
             after=max(claim.low - 1, after - claim.shift), limit=batch))
@@ -242,6 +255,49 @@ class AfterProcessing:
                             headers=headers, ttbr_ms=ttbr))
         prepared.note_progress(cur, e, claim, done)
         return Chunk(len(found), done)
+
+    def _held_chunk_on_server(self, cur: Any, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
+        """`ack_held_chunk` for a claim without poison when nothing needs each message's headers
+        on the driver (no monitoring): the copies of the claim's rows numbered in (after, upto]
+        are made from the rows on the server, the audit headers appended to each row's headers
+        as text (`copy_held_range`), so no header makes a round trip through the driver. A chunk
+        ends at its batch's end, so one ProcessingStarted serves it. Rows whose headers name an
+        audit header already get theirs built here, replaced rather than repeated."""
+        d, e = self.endpoint.dialect, self.endpoint
+        o = e.options
+        upto = min(claim.last, after + batch)
+        end = self.times.next_end(after)
+        if end is not None:
+            upto = min(upto, end)
+        failed = self._failed_marks(cur, after, upto)
+        held: dict[str, Any] = {"xid": claim.xid, "shift": claim.shift, "claimed_at": claim.claimed_at, "after": after,
+                                "upto": upto}
+        audited = forwarded = 0
+        if o.audit_queue is not None:
+            ended = self._clock()
+            started = self._started(upto, datetime.strptime(claim.clock, "%Y%m%d%H%M%S%f").replace(tzinfo=timezone.utc),
+                                    ended)
+            ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
+            named = [(claim.shift + int(seq), str(text)) for seq, text in db.rows(
+                cur, d.held_with_any(o.queue, needles=AUDIT_NEEDLES, **held)) if claim.shift + int(seq) not in failed]
+            if named:
+                texts = [text if h is None else encode_headers(audit_headers(
+                    h, started=started, ended=ended, endpoint=o.consumer, acknowledged=False))
+                    for (_, text), h in zip(named, decode_header_texts([t for _, t in named]), strict=True)]
+                db.execute(cur, d.copy_held(o.queue, o.audit_queue, xid=claim.xid, shift=claim.shift,
+                                            claimed_at=claim.claimed_at, keys=[k for k, _ in named], headers=texts,
+                                            ttbr_ms=ttbr))
+            members = encode_headers(audit_headers({}, started=started, ended=ended, endpoint=o.consumer,
+                                                   acknowledged=False))[1:-1]
+            audited = len(named) + db.rowcount(cur, d.copy_held_range(
+                o.queue, o.audit_queue, skip=sorted(failed), append=members, without=AUDIT_NEEDLES, ttbr_ms=ttbr, **held))
+        if o.forward_to is not None:
+            forwarded = db.rowcount(cur, d.copy_held_range(o.queue, o.forward_to, skip=sorted(failed), **held))
+        prepared.note_progress(cur, e, claim, upto)
+        with self._count:
+            self.stats.audited += audited
+            self.stats.forwarded += forwarded
+        return Chunk(max(audited, forwarded), upto)
 
     def _failed_marks(self, cur: Any, after: int, upto: int) -> set[int]:
         """The numbers in (after, upto] the sink marked failed while their claims were held by

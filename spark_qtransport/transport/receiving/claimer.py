@@ -152,7 +152,8 @@ class Claimer:
         elif prepared and not extra["tabled"]:
             held = PreparedClaim(self._table(), int(claim.min_claim or 0), int(claim.max_claim or 0),
                                  int(extra["low_source"]), int(claim.max_source or 0), str(extra["claimed_at"]),
-                                 consumer_token(o.consumer), str(extra["xid"]))
+                                 consumer_token(o.consumer), str(extra["xid"]),
+                                 clean=numbering is not None and not numbering.picked.poison)
             if not self._prepare(conn, cur, held):
                 return self._transaction(conn, request)  # the server's slots are taken: a table claim
             return ClaimOutcome(request, claim, ForwardResult(), after, held)

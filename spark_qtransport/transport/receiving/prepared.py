@@ -66,6 +66,10 @@ class PreparedClaim:
     consumer: str  # consumer_token
     xid: str = ""  # the transaction's id, from pg_prepared_xacts
     age: float = 0.0  # seconds since it was prepared, when listed
+    #: this run made the claim and it holds no poison (the driver judged every row's headers):
+    #: its rows' copies can be made on the server, unread (`AfterProcessing.ack_held_chunk`). A
+    #: claim listed from the server is not known to be
+    clean: bool = False
 
     @property
     def gid(self) -> str:
