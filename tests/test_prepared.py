@@ -580,11 +580,11 @@ def test_a_prepared_stream_audits_and_forwards_only_what_succeeded_once(
     assert ppg.count(q) == 0 and ppg.count(ppg.claims(q)) == 0 and prepared_now(ppg, q) == []
 
 
-@pytest.mark.parametrize("with_poison", [False, True], ids=["on the server", "on the driver"])
+@pytest.mark.parametrize("with_poison", [False, True], ids=["appended", "decoded"])
 def test_audit_headers_of_prepared_claims_are_nservicebus_audit_headers(
         ppg: Backend, names: Any, with_poison: bool) -> None:
-    """A prepared claim without poison has its audit copies' headers appended on the server, as
-    text (`copy_held_range`); one with poison has them built on the driver. Either way each copy's
+    """A prepared claim without poison has NServiceBus's audit headers appended to each copy's
+    headers text unparsed (`with_audit`); one with poison has them decoded and built. Either way each copy's
     headers are the message's own with NServiceBus's audit headers added, or replaced where the
     message named them already (once in the text), whatever the text's spacing; the poison is never
     audited."""

@@ -90,19 +90,10 @@ class PreparedSql(AddressingSql):
         return self._no_prepared()
 
     def copy_held_range(self, queue: QueueAddress, destination: QueueAddress, *, xid: str, shift: int,
-                        claimed_at: str, after: int, upto: int, skip: list[int], append: str | None = None,
-                        without: tuple[str, ...] = (), ttbr_ms: int | None = None) -> Statement:
+                        claimed_at: str, after: int, upto: int, skip: list[int]) -> list[Statement]:
         """Copy the held rows of a prepared claim numbered in (after, upto], but those numbered
-        `skip`, into `destination` in order, with a new native id, all on the server: with
-        `append` (JSON members, `"k":"v",...`) added to each row's headers object as text, and
-        rows whose headers text holds any of `without` left out (their copies are made with
-        headers built on the driver: `held_with_any`); else their headers as they are."""
-        return self._no_prepared()
-
-    def held_with_any(self, queue: QueueAddress, *, xid: str, shift: int, claimed_at: str, after: int, upto: int,
-                      needles: tuple[str, ...]) -> Statement:
-        """(seq, headers text) of the held rows numbered in (after, upto] whose headers text holds
-        any of `needles`, in order: the rows `copy_held_range(without=needles)` leaves out."""
+        `skip`, into `destination` as they are (forwardTo), in order, with a new native id, on the
+        server: no key list, no header through the driver. The LAST statement inserts."""
         return self._no_prepared()
 
     def failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:

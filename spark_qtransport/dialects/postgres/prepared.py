@@ -8,7 +8,7 @@ from typing import Any
 
 from ..base import AFTER_MARK, FAILED_MARK, LATEST_TIME, PreparedSql, QueueAddress, Statement
 from .addressing import PostgresAddressing
-from .statements import BY_INDEX, NO_ID, UTC_NOW, copies, page
+from .statements import BY_INDEX, NO_ID, copies, page
 
 #: what a gid we build may hold: PREPARE TRANSACTION takes a literal, not a parameter
 _GID = re.compile(r"[A-Za-z0-9_.:~-]{1,199}")
@@ -25,10 +25,6 @@ _CLAIMED = ("q.id IS NOT NULL AND NOT (q.expires IS NOT NULL AND q.expires <= %(
 #: rows it deleted still stand for every other transaction, with its id as their xmax; within the
 #: claim's seq range, no other row has it
 _HELD = f"q.xmax = %(xid)s::xid AND {_CLAIMED}"
-
-
-#: the characters JSON calls whitespace, as a literal for rtrim
-_JSON_SPACE = "E' \\t\\n\\r'"
 
 
 def _literal(gid: str) -> str:
@@ -133,38 +129,14 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
         return copies(self.qualified(destination), source, "q", params, headers=headers, ttbr_ms=ttbr_ms)
 
     def copy_held_range(self, queue: QueueAddress, destination: QueueAddress, *, xid: str, shift: int,
-                        claimed_at: str, after: int, upto: int, skip: list[int], append: str | None = None,
-                        without: tuple[str, ...] = (), ttbr_ms: int | None = None) -> Statement:
-        # The headers of a row a claim holds are a JSON object (the driver judged them at the
-        # claim: a claim with poison is not copied this way) or '' (no headers): the members are
-        # appended before its closing brace as text, so the server parses no JSON.
-        expires = "NULL" if ttbr_ms is None else f"{UTC_NOW} + %(ttbr_ms)s * interval '1 millisecond'"
-        if append is None:
-            headers = "COALESCE(q.headers, '')"
-        else:
-            headers = ("CASE WHEN t.h = '' THEN '{' || %(append)s || '}'"
-                       f" WHEN right(rtrim(left(t.h, -1), {_JSON_SPACE}), 1) = '{{' THEN left(t.h, -1) || %(append)s || '}}'"
-                       " ELSE left(t.h, -1) || ',' || %(append)s || '}' END")
-        lacks = "".join(f" AND strpos(q.headers, %(without{i})s) = 0" for i in range(len(without)))
-        return Statement(
+                        claimed_at: str, after: int, upto: int, skip: list[int]) -> list[Statement]:
+        return [*BY_INDEX, Statement(
             f"INSERT INTO {self.qualified(destination)} (id, expires, headers, body)"
-            f" SELECT gen_random_uuid(), {expires}, {headers}, q.body FROM {self.qualified(queue)} AS q"
-            f" CROSS JOIN LATERAL (SELECT rtrim(COALESCE(q.headers, ''), {_JSON_SPACE}) AS h) AS t"
+            f" SELECT gen_random_uuid(), NULL, q.headers, q.body FROM {self.qualified(queue)} AS q"
             f" WHERE q.seq > %(after)s - %(shift)s AND q.seq <= %(upto)s - %(shift)s AND {_HELD}"
-            f" AND NOT %(shift)s + q.seq = ANY(%(skip)s::bigint[]){lacks} ORDER BY q.seq",
+            " AND NOT %(shift)s + q.seq = ANY(%(skip)s::bigint[]) ORDER BY q.seq",
             {"after": int(after), "upto": int(upto), "shift": int(shift), "xid": str(xid), "claimed_at": claimed_at,
-             "skip": [int(k) for k in skip], "append": append, "ttbr_ms": ttbr_ms,
-             **{f"without{i}": n for i, n in enumerate(without)}})
-
-    def held_with_any(self, queue: QueueAddress, *, xid: str, shift: int, claimed_at: str, after: int, upto: int,
-                      needles: tuple[str, ...]) -> Statement:
-        has = " OR ".join(f"strpos(q.headers, %(needle{i})s) > 0" for i in range(len(needles))) or "false"
-        return Statement(
-            f"SELECT q.seq, COALESCE(q.headers, '') FROM {self.qualified(queue)} AS q"
-            f" WHERE q.seq > %(after)s - %(shift)s AND q.seq <= %(upto)s - %(shift)s AND {_HELD} AND ({has})"
-            " ORDER BY q.seq",
-            {"after": int(after), "upto": int(upto), "shift": int(shift), "xid": str(xid), "claimed_at": claimed_at,
-             **{f"needle{i}": n for i, n in enumerate(needles)}})
+             "skip": [int(k) for k in skip]})]
 
     def failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
         return Statement(

@@ -32,7 +32,9 @@ never reach the claim table, so they are never audited.
 nothing. Each chunk (`ack_held_chunk`) reads the held rows' headers, writes the copies from the rows
 the claim holds, and records how far the claim's copies got (`prepared.note_progress`: a row of the
 claim table) in one transaction, before the commit; an acknowledgement that finds the record goes
-on after it, and parking copies only the rows after it. The sink notes a prepared claim it failed as
+on after it, and parking copies only the rows after it. Where this run made the claim and judged it
+free of poison, and monitoring needs no headers, no header is parsed: the audit headers are appended
+to each text (`with_audit`), and forwardTo copies read none (`_held_chunk_appended`). The sink notes a prepared claim it failed as
 a row of its own (`mark_failed`: the claim is in no table to mark), which the chunk reads and
 deletes (`_failed_marks`).
 
@@ -158,9 +160,28 @@ def retry_acknowledgement(headers: dict[str, str | None], now: datetime) -> tupl
     return queue, {H.RETRY_SUCCESSFUL: format_time(now), H.RETRY_UNIQUE_MESSAGE_ID: unique, H.CONTROL_MESSAGE: "True"}
 
 
-#: what the headers text of a message that names an audit header holds (`audit_headers` replaces
-#: those: its copy's headers are built on the driver; every other copy's are appended on the server)
+#: what the headers text of a message that names an audit header holds (`with_audit`)
 AUDIT_NEEDLES = ('"NServiceBus.Processing', '"$.diagnostics.host')
+
+_JSON_SPACE = " \t\n\r"
+
+
+def with_audit(text: str, members: str, *, started: datetime, ended: datetime, endpoint: str) -> str:
+    """A message's headers text (a JSON object, or '' for none: judged at the claim) on its audit
+    copy: `members` (`"k":"v",...`, `audit_headers` of nothing) appended before the closing
+    brace, so the text is neither parsed nor written again. A text that may name an audit header
+    already (`AUDIT_NEEDLES`) is decoded and its copy's headers built by `audit_headers`, so no
+    key is written twice."""
+    if any(needle in text for needle in AUDIT_NEEDLES):
+        headers = decode_headers(text)
+        if headers is not None:
+            return encode_headers(audit_headers(headers, started=started, ended=ended, endpoint=endpoint,
+                                                acknowledged=False))
+    body = text.rstrip(_JSON_SPACE)
+    if not body:
+        return "{" + members + "}"
+    inner = body[:-1]
+    return inner + ("" if inner.rstrip(_JSON_SPACE).endswith("{") else ",") + members + "}"
 
 
 class Chunk(NamedTuple):
@@ -239,7 +260,7 @@ class AfterProcessing:
         o = e.options
         self._processed = []
         if claim.clean and self._observe is None:
-            return self._held_chunk_on_server(cur, claim, after=after, batch=batch)
+            return self._held_chunk_appended(cur, claim, after=after, batch=batch)
         found = list(judged(cur, lambda a, n: d.prepared_headers(
             o.queue, xid=claim.xid, after=a, high=claim.high, claimed_at=claim.claimed_at, limit=n),
             after=max(claim.low - 1, after - claim.shift), limit=batch))
@@ -256,13 +277,16 @@ class AfterProcessing:
         prepared.note_progress(cur, e, claim, done)
         return Chunk(len(found), done)
 
-    def _held_chunk_on_server(self, cur: Any, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
-        """`ack_held_chunk` for a claim without poison when nothing needs each message's headers
-        on the driver (no monitoring): the copies of the claim's rows numbered in (after, upto]
-        are made from the rows on the server, the audit headers appended to each row's headers
-        as text (`copy_held_range`), so no header makes a round trip through the driver. A chunk
-        ends at its batch's end, so one ProcessingStarted serves it. Rows whose headers name an
-        audit header already get theirs built here, replaced rather than repeated."""
+    def _held_chunk_appended(self, cur: Any, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
+        """`ack_held_chunk` for a claim this run judged free of poison, when nothing needs each
+        message's headers decoded (no monitoring): the chunk's numbers (after, upto] end at their
+        batch's end, so one ProcessingStarted serves them, and NServiceBus's audit headers are
+        appended to each message's headers text as members before its closing brace
+        (`with_audit`): no JSON is parsed or written again, but for a message that names an audit
+        header already (replaced, not repeated). forwardTo copies are made on the server, no
+        header read. (Appending on the server instead cost the database 2.7x the plain copy's
+        CPU a row: headers are stored compressed, and a changed text is decompressed, copied and
+        compressed again.)"""
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
         upto = min(claim.last, after + batch)
@@ -270,29 +294,29 @@ class AfterProcessing:
         if end is not None:
             upto = min(upto, end)
         failed = self._failed_marks(cur, after, upto)
-        held: dict[str, Any] = {"xid": claim.xid, "shift": claim.shift, "claimed_at": claim.claimed_at, "after": after,
-                                "upto": upto}
         audited = forwarded = 0
         if o.audit_queue is not None:
             ended = self._clock()
             started = self._started(upto, datetime.strptime(claim.clock, "%Y%m%d%H%M%S%f").replace(tzinfo=timezone.utc),
                                     ended)
-            ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
-            named = [(claim.shift + int(seq), str(text)) for seq, text in db.rows(
-                cur, d.held_with_any(o.queue, needles=AUDIT_NEEDLES, **held)) if claim.shift + int(seq) not in failed]
-            if named:
-                texts = [text if h is None else encode_headers(audit_headers(
-                    h, started=started, ended=ended, endpoint=o.consumer, acknowledged=False))
-                    for (_, text), h in zip(named, decode_header_texts([t for _, t in named]), strict=True)]
-                db.execute(cur, d.copy_held(o.queue, o.audit_queue, xid=claim.xid, shift=claim.shift,
-                                            claimed_at=claim.claimed_at, keys=[k for k, _ in named], headers=texts,
-                                            ttbr_ms=ttbr))
             members = encode_headers(audit_headers({}, started=started, ended=ended, endpoint=o.consumer,
                                                    acknowledged=False))[1:-1]
-            audited = len(named) + db.rowcount(cur, d.copy_held_range(
-                o.queue, o.audit_queue, skip=sorted(failed), append=members, without=AUDIT_NEEDLES, ttbr_ms=ttbr, **held))
+            keys, texts = [], []
+            for seq, text in _last_rows(cur, d.prepared_headers(o.queue, xid=claim.xid, after=after - claim.shift,
+                                                                high=upto - claim.shift, claimed_at=claim.claimed_at,
+                                                                limit=upto - after)):
+                if (key := claim.shift + int(seq)) not in failed:
+                    keys.append(key)
+                    texts.append(with_audit(str(text), members, started=started, ended=ended, endpoint=o.consumer))
+            if keys:
+                ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
+                db.execute(cur, d.copy_held(o.queue, o.audit_queue, xid=claim.xid, shift=claim.shift,
+                                            claimed_at=claim.claimed_at, keys=keys, headers=texts, ttbr_ms=ttbr))
+            audited = len(keys)
         if o.forward_to is not None:
-            forwarded = db.rowcount(cur, d.copy_held_range(o.queue, o.forward_to, skip=sorted(failed), **held))
+            forwarded = _last_count(cur, d.copy_held_range(o.queue, o.forward_to, xid=claim.xid, shift=claim.shift,
+                                                           claimed_at=claim.claimed_at, after=after, upto=upto,
+                                                           skip=sorted(failed)))
         prepared.note_progress(cur, e, claim, upto)
         with self._count:
             self.stats.audited += audited
@@ -433,3 +457,16 @@ class AfterProcessing:
         return Processed(message_types=headers.get(H.ENCLOSED_MESSAGE_TYPES) or "", started=started, ended=ended,
                          sent=sent, retries=retries_performed(headers))
 
+
+def _last_rows(cur: Any, stmts: list[Statement]) -> list[Any]:
+    """The rows of the last of `stmts`, run in order."""
+    for stmt in stmts[:-1]:
+        db.execute(cur, stmt)
+    return db.rows(cur, stmts[-1])
+
+
+def _last_count(cur: Any, stmts: list[Statement]) -> int:
+    """The rows the last of `stmts` wrote, run in order."""
+    for stmt in stmts[:-1]:
+        db.execute(cur, stmt)
+    return db.rowcount(cur, stmts[-1])
