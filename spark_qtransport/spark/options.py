@@ -77,7 +77,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "createQueues": ("false", "create the queue and error queue if missing (our installer, 64-bit seq)"),
     "ackBatchSize": (str(defaults.DEFAULT_ACK_BATCH), "claims deleted per statement when a batch is acknowledged"),
     "claimAhead": ("true", "while a backlog remains, claim the next batch while Spark processes this one"),
-    "claimMode": ("auto", "where a claim is held until its batch is acknowledged: `prepared` (PostgreSQL: the claim's DELETE is held by a prepared transaction, so each message is written once; needs `max_prepared_transactions` above 0), `table` (the claim table: a second write of every message; the only form on SQL Server), or `auto`: prepared where the server leaves room and the stream has no `auditQueue`, `forwardTo` or `monitoringQueue`, else the claim table, with one INFO line saying why"),
+    "claimMode": ("auto", "where a claim is held until its batch is acknowledged: `prepared` (PostgreSQL: the claim's DELETE is held by a prepared transaction, so each message is written once; needs `max_prepared_transactions` above 0), `table` (the claim table: a second write of every message; the only form on SQL Server), or `auto`: prepared where the server leaves room, else the claim table, with one INFO line saying why"),
     "preparedClaimTimeout": ("60s", "the longest a prepared claim holds vacuum back: an older one (a stream idle, stopped or stuck) is moved into the claim table (`claimMode` prepared)"),
     "delayedTable": ("`<queue>.<delayedTableSuffix>`", f"address of the delayed table of the queue's endpoint, whose due messages the reader moves each trigger, {_DELAYED_ELSEWHERE}"),
     "delayedTableSuffix": (DEFAULT_DELAYED_SUFFIX, _DELAYED_SUFFIX.format("queue")),
