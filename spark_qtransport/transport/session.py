@@ -268,6 +268,14 @@ def rows(cur: Any, stmt: Statement) -> list[Any]:
     return list(results(cur).fetchall())
 
 
+def prefixed(cur: Any, stmts: list[Statement]) -> Statement:
+    """Run every statement of `stmts` but the last (the `SET LOCAL`s a dialect puts first) and
+    return the last, for the caller to run as it reads it (`rows`, `rowcount`)."""
+    for stmt in stmts[:-1]:
+        execute(cur, stmt)
+    return stmts[-1]
+
+
 def columns(cur: Any, stmt: Statement) -> dict[str, str]:
     return {str(name).lower(): str(typ) for name, typ in rows(cur, stmt)}
 

@@ -34,7 +34,8 @@ NUMBER_BASE = 2**62
 #: endpoint's name begins with, `claim_stats` leaves them out): a prepared claim's
 #: after-processing progress (AFTER_MARK + the consumer: claim_seq its first number, source_seq the
 #: last number whose audit/forwardTo copies are written) and the prepared claims the sink marked
-#: failed (FAILED_MARK: claim_seq the claim's number), see `transport.receiving.held_after`
+#: failed (FAILED_MARK: claim_seq the claim's number): `transport.receiving.prepared.note_progress`,
+#: `transport.platform.after.AfterProcessing.ack_held_chunk`
 MARK = "\x1f"
 AFTER_MARK = MARK + "after "
 FAILED_MARK = MARK + "failed"

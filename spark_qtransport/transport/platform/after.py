@@ -219,6 +219,12 @@ class AfterProcessing:
         o = self.endpoint.options
         return o.audit_queue is not None or o.forward_to is not None or self._observe is not None
 
+    @property
+    def _audit_ttbr_ms(self) -> int | None:
+        """The audit copies' time to be received in ms (`auditTimeToBeReceived`), or None."""
+        seconds = self.endpoint.options.audit_ttbr_seconds
+        return None if seconds is None else int(seconds * 1000)
+
     def chunk_size(self, ack_batch: int) -> int:
         """Claims per chunk: the acknowledgement's batch, within what one transaction should copy."""
         return max(1, min(ack_batch, 10_000))
@@ -266,10 +272,9 @@ class AfterProcessing:
             after=max(claim.low - 1, after - claim.shift), limit=batch))
         done = claim.last if len(found) < batch else claim.shift + int(found[-1][0][0])
         failed = self._failed_marks(cur, after, done)
-        claimed_at = datetime.strptime(claim.clock, "%Y%m%d%H%M%S%f").replace(tzinfo=timezone.utc)
         kept = [(row, h) for row, h in found if h is not None]
         if kept:
-            self._after(cur, [(claim.shift + int(row[0]), str(row[1]), claimed_at, claim.shift + int(row[0]) in failed)
+            self._after(cur, [(claim.shift + int(row[0]), str(row[1]), claim.claimed, claim.shift + int(row[0]) in failed)
                               for row, _ in kept], [h for _, h in kept],
                         lambda target, keys, headers, ttbr: d.copy_held(
                             o.queue, target, xid=claim.xid, shift=claim.shift, claimed_at=claim.claimed_at, keys=keys,
@@ -297,26 +302,25 @@ class AfterProcessing:
         audited = forwarded = 0
         if o.audit_queue is not None:
             ended = self._clock()
-            started = self._started(upto, datetime.strptime(claim.clock, "%Y%m%d%H%M%S%f").replace(tzinfo=timezone.utc),
-                                    ended)
+            started = self._started(upto, claim.claimed, ended)
             members = encode_headers(audit_headers({}, started=started, ended=ended, endpoint=o.consumer,
                                                    acknowledged=False))[1:-1]
             keys, texts = [], []
-            for seq, text in _last_rows(cur, d.prepared_headers(o.queue, xid=claim.xid, after=after - claim.shift,
-                                                                high=upto - claim.shift, claimed_at=claim.claimed_at,
-                                                                limit=upto - after)):
+            for seq, text in db.rows(cur, db.prefixed(cur, d.prepared_headers(
+                    o.queue, xid=claim.xid, after=after - claim.shift, high=upto - claim.shift,
+                    claimed_at=claim.claimed_at, limit=upto - after))):
                 if (key := claim.shift + int(seq)) not in failed:
                     keys.append(key)
                     texts.append(with_audit(str(text), members, started=started, ended=ended, endpoint=o.consumer))
             if keys:
-                ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
                 db.execute(cur, d.copy_held(o.queue, o.audit_queue, xid=claim.xid, shift=claim.shift,
-                                            claimed_at=claim.claimed_at, keys=keys, headers=texts, ttbr_ms=ttbr))
+                                            claimed_at=claim.claimed_at, keys=keys, headers=texts,
+                                            ttbr_ms=self._audit_ttbr_ms))
             audited = len(keys)
         if o.forward_to is not None:
-            forwarded = _last_count(cur, d.copy_held_range(o.queue, o.forward_to, xid=claim.xid, shift=claim.shift,
-                                                           claimed_at=claim.claimed_at, after=after, upto=upto,
-                                                           skip=sorted(failed)))
+            forwarded = db.rowcount(cur, db.prefixed(cur, d.copy_held_range(
+                o.queue, o.forward_to, xid=claim.xid, shift=claim.shift, claimed_at=claim.claimed_at, after=after,
+                upto=upto, skip=sorted(failed))))
         prepared.note_progress(cur, e, claim, upto)
         with self._count:
             self.stats.audited += audited
@@ -357,8 +361,7 @@ class AfterProcessing:
             texts = [text if h is None else encode_headers(audit_headers(
                 h, started=start, ended=ended, endpoint=o.consumer, acknowledged=key in acked))
                 for (key, text, _, _), h, start in zip(rows, parsed, starts, strict=True)]
-            ttbr = None if o.audit_ttbr_seconds is None else int(o.audit_ttbr_seconds * 1000)
-            db.execute(cur, copy(o.audit_queue, kept, texts, ttbr))
+            db.execute(cur, copy(o.audit_queue, kept, texts, self._audit_ttbr_ms))
         if o.forward_to is not None and kept:
             db.execute(cur, copy(o.forward_to, kept, None, None))
         if self._observe is not None:
@@ -457,16 +460,3 @@ class AfterProcessing:
         return Processed(message_types=headers.get(H.ENCLOSED_MESSAGE_TYPES) or "", started=started, ended=ended,
                          sent=sent, retries=retries_performed(headers))
 
-
-def _last_rows(cur: Any, stmts: list[Statement]) -> list[Any]:
-    """The rows of the last of `stmts`, run in order."""
-    for stmt in stmts[:-1]:
-        db.execute(cur, stmt)
-    return db.rows(cur, stmts[-1])
-
-
-def _last_count(cur: Any, stmts: list[Statement]) -> int:
-    """The rows the last of `stmts` wrote, run in order."""
-    for stmt in stmts[:-1]:
-        db.execute(cur, stmt)
-    return db.rowcount(cur, stmts[-1])

@@ -29,9 +29,7 @@ def judged(cur: Any, page: Callable[[int, int], list[Statement]], *, after: int,
     size, largest, given = FIRST_PAGE if limit is None else min(limit, FIRST_PAGE), 1, 0
     while limit is None or given < limit:
         ask = size if limit is None else min(size, limit - given)
-        for stmt in page(after, ask):
-            db.execute(cur, stmt)
-        rows = db.results(cur).fetchall()
+        rows = db.rows(cur, db.prefixed(cur, page(after, ask)))
         texts = [str(row[1]) for row in rows]
         for row, headers in zip(rows, decode_header_texts(texts), strict=True):
             yield tuple(row), headers

@@ -22,6 +22,7 @@ import hashlib
 import re
 import threading
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ...dialects import NUMBER_BASE
@@ -79,6 +80,11 @@ class PreparedClaim:
     def shift(self) -> int:
         """A row's claim number less its queue sequence."""
         return self.first - self.low
+
+    @property
+    def claimed(self) -> datetime:
+        """The claim's UTC clock as a time."""
+        return datetime.strptime(self.clock, "%Y%m%d%H%M%S%f").replace(tzinfo=timezone.utc)
 
     @property
     def claimed_at(self) -> str:
