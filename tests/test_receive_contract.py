@@ -23,6 +23,7 @@ from backends import Backend, nsb_headers, server_of_its_own
 from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
 from spark_qtransport.transport.receiving import setup
+from spark_qtransport.transport.receiving.planner import LOW_WATER_TTL
 from spark_qtransport.transport.receiving.receiver import ClaimOffset, Receiver, read_slice
 from spark_qtransport.transport.settings import ReceiveSettings
 
@@ -672,3 +673,47 @@ def test_forward_destination_header_is_honoured(backend: Backend, names) -> None
     finally:
         for t in (q, e, billing, backend.claims(q)):
             backend.drop(t)
+
+
+def test_the_backlog_estimate_looks_above_the_rows_our_claims_took(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """The estimate steps over no row this stream's claims took (held by a prepared claim, or dead
+    but kept in the index while a prepared claim holds vacuum's horizon back): it looks above the
+    highest one for LOW_WATER_TTL seconds, then above the claims still held only."""
+    q, e = queues
+    for i in range(30):
+        backend.send(q, nsb_headers(f"m{i:02d}"))
+    now = [1000.0]
+    r = Receiver(ReceiveSettings.create(backend.url, q, error_queue=e, claim_ahead=False), clock=lambda: now[0])
+    try:
+        start = r.initial_offset()
+        assert r.planner.estimate_floor() == 0
+        end = r.latest(start, 10)
+        taken = max(x.source_seq for x in read_batch(r, start, end))
+        assert r.planner.estimate_floor() == taken
+        assert r.backlog() == 20  # the rows no claim took, counted above the floor
+        r.ack(end)
+        now[0] += LOW_WATER_TTL - 1
+        assert r.planner.estimate_floor() == taken
+        now[0] += 2  # past the mark's life: a row released below it is counted again
+        assert r.planner.estimate_floor() == max([c.high for c in r.planner.prepared.all()], default=0) < taken
+        assert r.backlog() == 20
+    finally:
+        r.close()
+
+
+def test_the_backlog_estimate_looks_above_a_claim_made_ahead(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
+    """A claim made ahead in the background counts as soon as it is made: the progress report's
+    estimate runs on the same thread right after it, before the next batch applies it."""
+    q, e = queues
+    for i in range(30):
+        backend.send(q, nsb_headers(f"m{i:02d}"))
+    with receiving(backend, q, e) as r:
+        start = r.initial_offset()
+        end = r.latest(start, 10)
+        ahead = r.planner._ahead  # the next 10, claimed while Spark reads these
+        assert ahead is not None
+        made = ahead.result().result
+        assert made is not None and made.max_source is not None
+        assert made.max_source > max(x.source_seq for x in read_batch(r, start, end))
+        assert r.planner.estimate_floor() == made.max_source
+        assert r.backlog() == 10

@@ -343,8 +343,7 @@ class Receiver:
         return self._backlog
 
     def estimate(self, session: Session) -> int:
-        held = [c.high for c in self.planner.prepared.all()]
-        stmt = self.dialect.backlog(self.options.queue, above=max(held, default=0))
+        stmt = self.dialect.backlog(self.options.queue, above=self.planner.estimate_floor())
         (n,) = session.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("backlog"))
         return int(n or 0)
 
