@@ -106,6 +106,7 @@ def plot(name: str, samples: list[dict[str, float]], *, totals: dict[str, str], 
     axes[-1][0].set_xlabel("seconds" + ("  (red: SIGKILL of the job, purple: other events)" if events else ""))
     fig.tight_layout()
     file = f"{name}.png"
+    out.mkdir(parents=True, exist_ok=True)  # (a report's first figure may come before its first section)
     fig.savefig(out / file, dpi=80)
     plt.close(fig)
     return file
