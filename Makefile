@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: setup system-deps test test-fast compat compat-table chaos demo bench lint wheel clean
+.PHONY: setup system-deps test test-fast compat compat-table chaos demo bench lint docs wheel clean
 
 setup: $(STAMP)
 
@@ -68,6 +68,11 @@ bench: setup
 lint: setup
 	$(PY) -m ruff check spark_qtransport tests jobs bench notebooks
 	$(PY) -m mypy
+
+# the documentation site (mkdocs.yml, docs/) built into site/; --strict: a broken link or anchor fails it
+# (mkdocs-material 9.x prints an end-of-life notice for May 2027 unless told not to)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # dist/spark_qtransport-<version>-py3-none-any.whl: for pip install on clusters or spark-submit --py-files
 wheel: setup

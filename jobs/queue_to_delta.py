@@ -49,7 +49,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def endpoint(args: argparse.Namespace) -> str:
     """The consumer identity: the job's own (its id) unless given. Not the queue's name, which is
-    the default of every other reader of the queue (the endpoint job, the README's quick start):
+    the default of every other reader of the queue (the endpoint job, the quick start in docs/getting-started.md):
     two jobs with one identity take over each other's unacknowledged claims."""
     return str(args.endpoint or args.job_id)
 

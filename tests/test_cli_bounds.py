@@ -19,7 +19,7 @@ from spark_qtransport.cli import main
 
 SQLQUEUE = [sys.executable, "-m", "spark_qtransport.cli"]
 
-#: the largest body `sqlqueue send` reads (its --help and the README say so)
+#: the largest body `sqlqueue send` reads (its --help and docs/operations/cli.md say so)
 MAX_BODY_BYTES = 256 * 2**20
 
 #: runs a command as its only child and prints the child's peak RSS (KiB) last on stdout

@@ -1,22 +1,73 @@
-"""The README tells the truth: its option table is the code's, and it opens with the two commands."""
+"""The documentation tells the truth: the option tables are made from the code's registry, the
+hand-written column tables are the code's, the README opens with the two commands, mkdocs.yml's
+navigation names every page, and the quick start and the other examples run as written."""
 
 from __future__ import annotations
 
+import html
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from spark_qtransport.spark.options import OPTIONS, WRITER_OPTIONS
 from spark_qtransport.spark.reader import SCHEMA
 from spark_qtransport.transport.sending.messages import INPUT_COLUMNS
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _table(section: str) -> list[list[str]]:
-    body = re.split(rf"\n#+ {section}\n", README, maxsplit=1)[1]
-    body = re.split(r"\n#+ ", body, maxsplit=1)[0]
-    rows = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith("|---")]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[1:]]
+def page(name: str) -> str:
+    """The text of docs/<name>, as written (option placeholders and all)."""
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def _section(name: str, title: str) -> str:
+    """The text under the heading `title` (any level) of docs/<name>, up to the next heading of the
+    same or a higher level; lines inside code fences are never headings."""
+    lines = page(name).splitlines()
+    fenced, start, level = False, -1, 0
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        heading = None if fenced else re.match(r"(#+) (.*)$", line)
+        if heading is None:
+            continue
+        if start < 0 and heading[2] == title:
+            start, level = i + 1, len(heading[1])
+        elif start >= 0 and len(heading[1]) <= level:
+            return "\n".join(lines[start:i]) + "\n"
+    assert start >= 0, f"docs/{name} has no heading {title!r}"
+    return "\n".join(lines[start:]) + "\n"
+
+
+def _rows(text: str) -> list[list[str]]:
+    """The cells of the first table in `text`, its header left out."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[1:] if not row.startswith("|---")]
+
+
+def _table(name: str, title: str) -> list[list[str]]:
+    return _rows(_section(name, title))
+
+
+def hook() -> ModuleType:
+    """docs/_hooks/options.py, the mkdocs hook that makes the option tables."""
+    spec = importlib.util.spec_from_file_location("docs_options_hook", DOCS / "_hooks" / "options.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_readme_opens_with_demo_and_test_commands() -> None:
@@ -24,34 +75,77 @@ def test_readme_opens_with_demo_and_test_commands() -> None:
     assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()] == ["make demo", "make test"]
 
 
-def test_options_table_matches_the_code() -> None:
-    rows = _table("Options")
-    assert [r[0].strip("`") for r in rows] == list(OPTIONS)
+@pytest.mark.parametrize(("kind", "registry"), [("reader", OPTIONS), ("sink", WRITER_OPTIONS)])
+def test_option_tables_are_made_from_the_registry(kind: str, registry: dict[str, tuple[str, str]]) -> None:
+    """One row per registry entry, in the registry's order, with its default and meaning."""
+    table = hook().options_table(kind)
+    assert table.splitlines()[0] == "| option | default | meaning |"
+    rows = _rows(table)
+    assert [r[0] for r in rows] == [f"`{name}`" for name in registry]
     for key, default, meaning in rows:
-        assert (default, meaning) == OPTIONS[key.strip("`")], key
+        assert (html.unescape(default), html.unescape(meaning)) == registry[key.strip("`")], key
+
+
+def test_the_pages_show_the_option_tables() -> None:
+    """The placeholders are where the tables belong, and the hook puts the tables there."""
+    options = hook()
+    pages = {"reading.md": ["reader"], "sending.md": ["sink"], "reference/options.md": ["reader", "sink"]}
+    for name, kinds in pages.items():
+        text = page(name)
+        built = options.on_page_markdown(text)
+        for kind in kinds:
+            assert f"\n<!-- options: {kind} -->\n" in text, (name, kind)
+            assert options.options_table(kind) in built, (name, kind)
+        assert "<!-- options:" not in built, name
+    assert "<!-- options: reader -->" in _section("reading.md", "Options")
+    assert "<!-- options: sink -->" in _section("sending.md", "Sink options")
 
 
 def test_output_columns_table_matches_the_schema() -> None:
-    rows = _table("Output columns")
+    rows = _table("reading.md", "Output columns")
     assert [r[0].strip("`") for r in rows] == SCHEMA.fieldNames()
     for name, typ, _ in rows:
-        assert re.sub(r"\s", "", SCHEMA[name.strip("`")].dataType.simpleString()) == typ.replace("long", "bigint"), name
-
-
-def test_sink_options_table_matches_the_code() -> None:
-    rows = _table("Sink options")
-    assert [r[0].strip("`") for r in rows] == list(WRITER_OPTIONS)
-    for key, default, meaning in rows:
-        assert (default, meaning) == WRITER_OPTIONS[key.strip("`")], key
+        assert re.sub(r"\s", "", SCHEMA[name.strip("`")].dataType.simpleString()) == typ.strip("`").replace(
+            "long", "bigint"), name
 
 
 def test_input_columns_table_matches_the_code() -> None:
-    assert [r[0].strip("`") for r in _table("Input columns")] == list(INPUT_COLUMNS)
+    assert [r[0].strip("`") for r in _table("sending.md", "Input columns")] == list(INPUT_COLUMNS)
 
 
-def _section(title: str) -> str:
-    body = re.split(rf"\n## {re.escape(title)}\n", README, maxsplit=1)[1]
-    return re.split(r"\n## ", body, maxsplit=1)[0]
+def _nav_pages(entry: object) -> list[str]:
+    if isinstance(entry, str):
+        return [entry]
+    if isinstance(entry, dict):
+        return [p for value in entry.values() for p in _nav_pages(value)]
+    if isinstance(entry, list):
+        return [p for item in entry for p in _nav_pages(item)]
+    return []
+
+
+def test_the_navigation_names_every_page() -> None:
+    """mkdocs.yml's nav names every page under docs/ (the hooks are no page), each once, and every
+    page it names exists."""
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    named = _nav_pages(config["nav"])
+    assert len(named) == len(set(named)), named
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if "_hooks" not in p.relative_to(DOCS).parts}
+    assert set(named) == pages, (sorted(pages - set(named)), sorted(set(named) - pages))
+    assert "_hooks/" in config["exclude_docs"] and "docs/_hooks/options.py" in config["hooks"]
+
+
+def test_readme_example_uses_what_the_package_exports() -> None:
+    """The README's example compiles and imports only what spark_qtransport exports."""
+    import spark_qtransport
+
+    (example,) = _blocks(README, "python")
+    compile(example, "README.md", "exec")
+    imported = re.findall(r"^from spark_qtransport import (.+)$", example, flags=re.M)
+    assert imported
+    for names in imported:
+        for name in names.split(","):
+            assert name.strip() in spark_qtransport.__all__, name
 
 
 def _blocks(text: str, language: str) -> list[str]:
@@ -86,15 +180,15 @@ queue "public"."Sales": claimed 1950, dropped 50 expired, moved 1 poison to "pub
 
 
 def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path) -> None:
-    """The README's quick start, verbatim: its commands in bash (against a database of its own on
-    the test server, where `sqlqueue dev-db` would run one), its script as quickstart.py."""
+    """The quick start of docs/getting-started.md, verbatim: its commands in bash (against a database of
+    its own on the test server, where `sqlqueue dev-db` would run one), its script as quickstart.py."""
     import os
     import subprocess
     import uuid
 
     import psycopg
 
-    section = _section("Quick start")
+    section = _section("getting-started.md", "Quick start")
     start, commands = _blocks(section, "bash")
     assert start.strip() == ".venv/bin/sqlqueue dev-db"  # run by tests/test_dev_db.py
     (script,) = _blocks(section, "python")
@@ -116,10 +210,10 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
         peeked = done.stdout[done.stdout.index("seq  native_id"):]  # the table `sqlqueue peek Web` prints
         assert peeked.count("Shop.OrderAccepted") == 3 * run, peeked
 
-    # ## Sending, continuing quickstart.py: its prerequisites, then each block in order, each run
-    # after new orders arrive, with Delta from conf/spark-defaults.conf as the section says
+    # docs/sending.md, continuing quickstart.py: its prerequisites, then each block in order, each run
+    # after new orders arrive, with Delta from conf/spark-defaults.conf as the page says
     (tmp_path / ".cache").symlink_to(Path(__file__).resolve().parent.parent / ".cache")  # Delta's jars
-    sending = _section("Sending")
+    sending = page("sending.md")
     prerequisites = _blocks(sending, "bash")[0]
     stream_writer, foreach_batch = _blocks(sending, "python")[:2]
     preamble = script[:script.index("replies = ")]  # its session, url and orders; its own query left out
@@ -148,13 +242,13 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
     assert len(list((tmp_path / "orders-delta").glob("*.parquet"))) >= 1
 
     # then the other python blocks in the order written, in one session: several queues and waiting
-    # for a batch (Options), failing and retrying (Sending), the platform (its query run until it
+    # for a batch (reading.md), failing and retrying (sending.md), the platform (platform.md: its query run until it
     # processed what waits, then stopped) and platform columns; after orders of the platform's shape
-    options = _blocks(_section("Options"), "python")
-    platform_blocks = _blocks(_section("The Particular platform"), "python")
+    several, waiting = _blocks(page("reading.md"), "python")
+    platform_blocks = _blocks(page("platform.md"), "python")
     failing = _blocks(sending, "python")[2]
-    assert "queuePattern" in options[1] and "minMessagesPerTrigger" in options[2] and "retry_later" in failing
-    platform_queues = re.search(r"\(`(sqlqueue create-queue audit [^`]+)`", _section("The Particular platform"))
+    assert "queuePattern" in several and "minMessagesPerTrigger" in waiting and "retry_later" in failing
+    platform_queues = re.search(r"\(`(sqlqueue create-queue audit [^`]+)`", page("platform.md"))
     assert platform_queues is not None
     orders = ['{"order_id": "A1", "amount": 5}', "not an order", '{"order_id": "U1", "amount": 0}']
     setup = sh + platform_queues.group(1) + "\n" + "\n".join(
@@ -162,13 +256,13 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
     done = subprocess.run(["bash", "-e", "-c", setup], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_platform = "\nplatform.processAllAvailable()\nplatform.stop()\n"
-    # "What it is" first, in a namespace of its own (its `orders` is another endpoint's), its
+    # "What it is" (index.md) first, in a namespace of its own (its `orders` is another endpoint's), its
     # example URL the test database's: it makes the stream it says, with the documented columns
-    (what_it_is,) = _blocks(_section("What it is"), "python")
+    (what_it_is,) = _blocks(_section("index.md", "What it is"), "python")
     assert '"postgresql://app@db:5432/shop"' in what_it_is
     first = (f"_ns = {{'spark': spark}}\nexec({what_it_is.replace(chr(34) + 'postgresql://app@db:5432/shop' + chr(34), 'url')!r},"
              " {**globals(), **_ns}, _ns)\nassert _ns['orders'].isStreaming and 'claim_seq' in _ns['orders'].columns\n")
-    script = (preamble + first + options[1] + options[2] + failing + platform_blocks[0] + run_platform
+    script = (preamble + first + several + waiting + failing + platform_blocks[0] + run_platform
               + platform_blocks[1])
     (tmp_path / "blocks.py").write_text(script, encoding="utf-8")
     done = subprocess.run([str(tmp_path / ".venv/bin/python"), "blocks.py"], cwd=tmp_path, env=env,

@@ -1,12 +1,13 @@
-"""README's shell examples, run as written and in the order written: the Operations transcripts
-(every `$ sqlqueue ...` line, its output and exit code), the `### Metrics for Prometheus` block,
-the DBA's commands of `## Permissions` and the spark-submit block of `## Jobs (spark-submit) and Delta`. Each block is read from README.md
-under its heading, so a README edit is what runs.
+"""The documentation's shell examples, run as written and in the order written: the transcripts of
+docs/operations/cli.md (every `$ sqlqueue ...` line, its output and exit code), the block of
+docs/operations/metrics.md, the DBA's commands of docs/operations/permissions.md and the
+spark-submit block of docs/jobs.md. Each block is read from its page under its heading, so a page
+edit is what runs.
 
 What differs from a person at a terminal, and why (every substitution is asserted to apply, so a
-README edit that removes its target fails here instead of being skipped):
+page edit that removes its target fails here instead of being skipped):
 
-- `$SQLQUEUE_URL` is a database of its own on the test server, where the README's reader has the
+- `$SQLQUEUE_URL` is a database of its own on the test server, where the reader of the docs has the
   `sqlqueue dev-db` of its `export` line (which tests/test_dev_db.py runs); `sqlqueue` is the
   checkout's `.venv/bin/sqlqueue`, on PATH as after `. .venv/bin/activate`.
 - A transcript's output is compared line by line with the values no two runs share left out:
@@ -15,7 +16,7 @@ README edit that removes its target fails here instead of being skipped):
   `--delay 1s` message is due by the `stats` two commands later, as it is for a person.
 - `pip install 'spark-qtransport[metrics]'` is not run: the test environment has the `metrics`
   extra (`import prometheus_client` is asserted instead).
-- `--listen` servers listen on port 0 (a free port, which the README says port 0 picks) instead of
+- `--listen` servers listen on port 0 (a free port, which the docs say port 0 picks) instead of
   9188, which may be taken; each is scraped once and stopped with SIGTERM.
 - `--once`'s file goes to a temporary directory instead of /var/lib/node_exporter/textfile/.
 - `## Permissions`: the DBA's role is `app_role` with a suffix (roles belong to the server, not to a
@@ -46,14 +47,18 @@ from test_metrics import parse, value
 
 from processes import ROOT, Job
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = ROOT / "docs"
 VENV_BIN = ROOT / ".venv" / "bin"
 
 
-def section(heading: str) -> str:
-    """The text under `heading` (a whole line, as `### Metrics for Prometheus`), up to the next
+def page(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def section(name: str, heading: str) -> str:
+    """The text of page `name` under `heading` (a whole line, as `# Permissions`), up to the next
     heading of any level; lines inside code fences are never headings."""
-    lines = README.splitlines()
+    lines = page(name).splitlines()
     start = lines.index(heading) + 1
     fenced = False
     for end in range(start, len(lines)):
@@ -73,13 +78,13 @@ def blocks(text: str) -> list[tuple[str, str]]:
 
 def substitute(text: str, replacements: dict[str, str]) -> str:
     for old, new in replacements.items():
-        assert old in text, f"the README no longer has {old!r}: update this test's substitutions"
+        assert old in text, f"the page no longer has {old!r}: update this test's substitutions"
         text = text.replace(old, new)
     return text
 
 
 def database(pg_url: str, name: str) -> str:
-    """A new database on the test server: what `sqlqueue dev-db` gives the README's reader."""
+    """A new database on the test server: what `sqlqueue dev-db` gives the reader of the docs."""
     db = f"{name}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{db}"')
@@ -105,7 +110,7 @@ class Command:
 
 def transcripts() -> list[list[Command]]:
     found = []
-    for language, body in blocks(section("## Operations")):
+    for language, body in blocks(page("operations/cli.md")):
         if language == "" and body.startswith("$ "):
             commands: list[Command] = []
             for line in body.splitlines():
@@ -140,7 +145,7 @@ def matcher(expected: str) -> re.Pattern[str]:
 def same_lines(actual: list[str], expected: list[str], command: str) -> None:
     assert len(actual) == len(expected), (command, actual, expected)
     for a, e in zip(actual, expected, strict=True):
-        assert matcher(e).fullmatch(a), f"$ {command}\n  printed: {a!r}\n  README:  {e!r}"
+        assert matcher(e).fullmatch(a), f"$ {command}\n  printed: {a!r}\n  docs:    {e!r}"
 
 
 class Typist:
@@ -161,7 +166,7 @@ class Typist:
         same_lines(done.stdout.splitlines(), command.output, command.line)
 
     def watch(self, command: Command) -> None:
-        """A `--watch` command: its first refresh, then Ctrl-C (exit code 0). The README shows a
+        """A `--watch` command: its first refresh, then Ctrl-C (exit code 0). The page shows a
         moment of a busier queue: its time line and header are compared, and its row by queue and
         number of columns."""
         self._pace()
@@ -221,7 +226,7 @@ def serve_and_stop(line: str, typist: Typist) -> None:
 
 
 def run_metrics(typist: Typist, tmp_path: Path) -> None:
-    [(language, block)] = blocks(section("### Metrics for Prometheus"))[:1]
+    [(language, block)] = blocks(section("operations/metrics.md", "# Metrics for Prometheus"))[:1]
     assert language == "bash"
     textfile = tmp_path / "textfile"
     textfile.mkdir()
@@ -256,7 +261,7 @@ def test_operations_then_metrics_run_as_written(pg_url: str, tmp_path: Path) -> 
 # ## Jobs (spark-submit) and Delta
 
 #: bash on a block, in a directory, started from a Python child so that `processes.Job` tags (and can
-#: kill) every process the block starts; the test session's Spark settings are not the README reader's
+#: kill) every process the block starts; the test session's Spark settings are not the reader's
 BASH = ("import os, sys\n"
         "for k in ('PYSPARK_PYTHON', 'PYSPARK_DRIVER_PYTHON', 'VIRTUAL_ENV', 'PYTHONPATH'): os.environ.pop(k, None)\n"
         "os.chdir(sys.argv[2])\n"
@@ -285,7 +290,7 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
     url = database(pg_url, "permissions")
     env = shell_env(url)
     role = f"app_role_{uuid.uuid4().hex[:8]}"
-    (dba,) = [body for language, body in blocks(section("## Permissions")) if body.startswith("sqlqueue create-queue")]
+    (dba,) = [body for language, body in blocks(section("operations/permissions.md", "# Permissions")) if body.startswith("sqlqueue create-queue")]
     dba = substitute(dba, {"app_role": role})
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(f'CREATE ROLE "{role}" NOLOGIN')
@@ -298,7 +303,7 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
             if "run what it prints" in comment:
                 with psycopg.connect(url, autocommit=True) as c:
                     c.execute(done.stdout)
-        table = section("## Permissions").split("| endpoint | table | privileges |", 1)[1]
+        table = section("operations/permissions.md", "# Permissions").split("| endpoint | table | privileges |", 1)[1]
         assert "| | `<queue>.Claims` | `SELECT, INSERT, UPDATE, DELETE` |" in table
         dml, write, read = ("SELECT, INSERT, UPDATE, DELETE", "SELECT, INSERT", "SELECT")
         expected = {"Sales": dml, "Sales.Claims": dml, "Sales.Delayed": dml, "Sales.Staging": dml, "Sales.Outbox": dml,
@@ -320,13 +325,13 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.usefixtures("delta")
 def test_the_spark_submit_job_runs_as_written(pg_url: str, tmp_path: Path) -> None:
-    jobs = section("## Jobs (spark-submit) and Delta")
+    jobs = section("jobs.md", "## Running a job with spark-submit")
     [(language, block)] = [b for b in blocks(jobs) if "spark-submit" in b[1]]
     assert language == "bash"
     # the queues the paragraph before the block says the job needs, made as it says
     paragraph = jobs[:jobs.index("```bash\n" + block)].rstrip().rsplit("\n\n", 1)[-1]
     queues = re.search(r"`(sqlqueue create-queue [^`]+)`", paragraph)
-    assert queues is not None, "the README no longer says which queues the spark-submit job needs"
+    assert queues is not None, "docs/jobs.md no longer says which queues the spark-submit job needs"
     table, checkpoint = tmp_path / "bronze" / "sales", tmp_path / "checkpoints" / "sales-bronze"
     block = substitute(block, {"/tmp/bronze/sales": str(table), "/tmp/checkpoints/sales-bronze": str(checkpoint)})
     url = database(pg_url, "jobs")

@@ -87,8 +87,8 @@ def test_queue_to_delta_does_not_share_the_quick_starts_endpoint() -> None:
     args = queue_to_delta.arguments(["--url", "postgresql://u@127.0.0.1/db", "--queue", "Sales", "--table", "t",
                                      "--checkpoint", "c"])
     assert queue_to_delta.endpoint(args) == "queue_to_delta"
-    readme = (JOBS.parent / "README.md").read_text()
-    quick = readme[readme.index("## Quick start"):readme.index("## Options")]
+    guide = (JOBS.parent / "docs" / "getting-started.md").read_text()
+    quick = guide[guide.index("## Quick start"):]
     assert '.option("queue", "Sales")' in quick and '.option("endpoint", "queue_to_delta")' not in quick
     args = queue_to_delta.arguments([*["--url", "postgresql://u@127.0.0.1/db", "--queue", "Sales", "--table", "t"],
                                      "--checkpoint", "c", "--endpoint", "Sales.Bronze"])

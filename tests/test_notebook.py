@@ -37,13 +37,13 @@ def test_notebook_is_committed_without_outputs() -> None:
     assert executed == [], f"cells {executed} carry outputs: clear them before committing"
 
 
-def test_readme_lists_the_parameters_of_the_first_cell() -> None:
-    """README's table: parameter, environment variable, widget and default, as the first cell has them."""
+def test_the_docs_list_the_parameters_of_the_first_cell() -> None:
+    """docs/notebook.md's table: parameter, environment variable, widget and default, as the first cell has them."""
     first = nbformat.read(NOTEBOOK, as_version=4).cells[0].source
     cell = {m[0]: (m[1], m[2]) for m in re.findall(r'^(\w+) = os\.environ\.get\("(\w+)", "([^"]*)"\)', first, re.M)}
     widgets = re.findall(r'"(\w+)": (\w+)', first.split("_widgets = {", 1)[1].split("}", 1)[0])
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Platform insights notebook\n", 1)[1]
-    rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \| `([^`]*)`", section.split("\n## ", 1)[0], re.M)
+    section = (ROOT / "docs" / "notebook.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \| `([^`]*)`", section, re.M)
     assert {r[0]: (r[1], r[3]) for r in rows} == cell
     assert sorted((r[2], r[0]) for r in rows) == sorted(widgets)
 

@@ -60,7 +60,7 @@ def seconds(a: datetime | None, b: datetime | None) -> float | None:
 
 
 def expected(h: dict[str, str]) -> dict[str, Any]:
-    """What ServiceControl makes of a message with headers `h` (README "Platform columns")."""
+    """What ServiceControl makes of a message with headers `h` (docs/platform.md, "Platform columns")."""
     time_sent, started, ended = parse(h.get("NServiceBus.TimeSent")), parse(h.get("NServiceBus.ProcessingStarted")), \
         parse(h.get("NServiceBus.ProcessingEnded"))
     start = parse(h["NServiceBus.DeliverAt"]) if "NServiceBus.DeliverAt" in h else time_sent

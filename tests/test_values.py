@@ -83,7 +83,7 @@ def test_deliver_at_more_than_100_years_from_now_is_refused() -> None:
 @pytest.mark.parametrize("past", [datetime(1, 1, 1), datetime(1, 1, 1, tzinfo=timezone.utc), datetime(1900, 1, 1),
                                   "a minute ago"])
 def test_deliver_at_in_the_past_is_due_now(past: Any) -> None:
-    """However far back (the README: past times are delivered at once): a delay of 0 from the
+    """However far back (the docs: past times are delivered at once): a delay of 0 from the
     database's clock, never a due time some database cannot store (SQL Server's datetime starts
     in 1753)."""
     if past == "a minute ago":

@@ -91,8 +91,8 @@ def _dotnet_guid(md5_hex: Any) -> Any:
 
 
 def platform_columns(df: Any) -> Any:
-    """`df` with the platform's columns added from its ``headers`` column (map<string,string>, as
-    ``format("sqlqueue")`` reads it); each column is described in README.md ("Platform columns").
+    """`df` with the platform's columns added from its ``headers`` column (`map<string,string>`, as
+    ``format("sqlqueue")`` reads it); each column is described in docs/platform.md ("Platform columns").
 
     - ``message_id``: kept if `df` has it (the stream's: the MessageId header, else the row's
       native id), else the ``NServiceBus.MessageId`` header;
@@ -107,7 +107,7 @@ def platform_columns(df: Any) -> Any:
       read as a .NET Guid), the endpoint being ProcessingEndpoint, else FailedQ's queue, else
       ReplyToAddress's queue (ServiceControl's ProcessingEndpointName); NULL when none is there.
 
-    Raises `SchemaError` (column ``headers``) when `df` has no map<string,string> ``headers``.
+    Raises `SchemaError` (column ``headers``) when `df` has no `map<string,string>` ``headers``.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import MapType, StringType
