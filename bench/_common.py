@@ -203,15 +203,11 @@ def reset(url: str, *queues: str, endpoints: tuple[str, ...] = (), nsb: bool = F
     """Drop the queues (with their claim tables) and the endpoints' Staging / Outbox / Delayed
     tables, then create the queues again, empty: with our installer, or with `nsb` with
     NServiceBus's DDL (`nsb_queue`)."""
-    import psycopg
 
     from spark_qtransport.connections import parse_url
     from spark_qtransport.transport.operations.install import create_queues
 
-    tables = [*queues, *(f"{q}.Claims" for q in queues),
-              *(f"{e}.{s}" for e in endpoints for s in ("Staging", "Outbox", "Delayed"))]
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("DROP TABLE IF EXISTS " + ", ".join(f'"{t}"' for t in tables))
+    drop(url, *queues, endpoints=endpoints)
     if nsb:
         nsb_queue(url, *queues)
     else:
@@ -225,7 +221,25 @@ def drop(url: str, *queues: str, endpoints: tuple[str, ...] = ()) -> None:
     tables = [*queues, *(f"{q}.Claims" for q in queues),
               *(f"{e}.{s}" for e in endpoints for s in ("Staging", "Outbox", "Delayed"))]
     with psycopg.connect(url, autocommit=True) as c:
+        let_go_prepared(c)
         c.execute("DROP TABLE IF EXISTS " + ", ".join(f'"{t}"' for t in tables))
+
+
+def let_go_prepared(conn: Any) -> None:
+    """Roll back the connector's prepared claims on the bench's own database. A stream stopped by
+    `query.stop()` leaves its last batch's claim prepared (pyspark does not call the source's stop:
+    its warden parks it half a `preparedClaimTimeout` later), and the claim holds its queue's ROW
+    EXCLUSIVE lock: a DROP would wait for it, and the warden's park, which reads the queue, would
+    queue behind the DROP, for ever. The messages of a bench are not kept."""
+    from psycopg import errors, sql
+
+    held = conn.execute("SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE database = current_database()"
+                        " AND gid LIKE 'sqlqueue:%'").fetchall()
+    for (gid,) in held:
+        try:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        except errors.UndefinedObject:  # parked or committed meanwhile
+            pass
 
 
 def settle(url: str, *queues: str) -> None:
