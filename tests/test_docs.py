@@ -11,39 +11,13 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from docs_pages import DOCS, ROOT, bodies, page, section
 
 from spark_qtransport.spark.options import OPTIONS, WRITER_OPTIONS
 from spark_qtransport.spark.reader import SCHEMA
 from spark_qtransport.transport.sending.messages import INPUT_COLUMNS
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-
-
-def page(name: str) -> str:
-    """The text of docs/<name>, as written (option placeholders and all)."""
-    return (DOCS / name).read_text(encoding="utf-8")
-
-
-def _section(name: str, title: str) -> str:
-    """The text under the heading `title` (any level) of docs/<name>, up to the next heading of the
-    same or a higher level; lines inside code fences are never headings."""
-    lines = page(name).splitlines()
-    fenced, start, level = False, -1, 0
-    for i, line in enumerate(lines):
-        if line.startswith("```"):
-            fenced = not fenced
-            continue
-        heading = None if fenced else re.match(r"(#+) (.*)$", line)
-        if heading is None:
-            continue
-        if start < 0 and heading[2] == title:
-            start, level = i + 1, len(heading[1])
-        elif start >= 0 and len(heading[1]) <= level:
-            return "\n".join(lines[start:i]) + "\n"
-    assert start >= 0, f"docs/{name} has no heading {title!r}"
-    return "\n".join(lines[start:]) + "\n"
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -58,7 +32,7 @@ def _rows(text: str) -> list[list[str]]:
 
 
 def _table(name: str, title: str) -> list[list[str]]:
-    return _rows(_section(name, title))
+    return _rows(section(name, title))
 
 
 def hook() -> ModuleType:
@@ -97,8 +71,8 @@ def test_the_pages_show_the_option_tables() -> None:
             assert f"\n<!-- options: {kind} -->\n" in text, (name, kind)
             assert options.options_table(kind) in built, (name, kind)
         assert "<!-- options:" not in built, name
-    assert "<!-- options: reader -->" in _section("reading.md", "Options")
-    assert "<!-- options: sink -->" in _section("sending.md", "Sink options")
+    assert "<!-- options: reader -->" in section("reading.md", "Options")
+    assert "<!-- options: sink -->" in section("sending.md", "Sink options")
 
 
 def test_output_columns_table_matches_the_schema() -> None:
@@ -139,17 +113,13 @@ def test_readme_example_uses_what_the_package_exports() -> None:
     """The README's example compiles and imports only what spark_qtransport exports."""
     import spark_qtransport
 
-    (example,) = _blocks(README, "python")
+    (example,) = bodies(README, "python")
     compile(example, "README.md", "exec")
     imported = re.findall(r"^from spark_qtransport import (.+)$", example, flags=re.M)
     assert imported
     for names in imported:
         for name in names.split(","):
             assert name.strip() in spark_qtransport.__all__, name
-
-
-def _blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
 def spark_noise(output: str) -> list[str]:
@@ -188,10 +158,10 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
 
     import psycopg
 
-    section = _section("getting-started.md", "Quick start")
-    start, commands = _blocks(section, "bash")
+    quick_start = section("getting-started.md", "Quick start")
+    start, commands = bodies(quick_start, "bash")
     assert start.strip() == ".venv/bin/sqlqueue dev-db"  # run by tests/test_dev_db.py
-    (script,) = _blocks(section, "python")
+    (script,) = bodies(quick_start, "python")
     (tmp_path / "quickstart.py").write_text(script, encoding="utf-8")
     (tmp_path / ".venv").symlink_to(Path(__file__).resolve().parent.parent / ".venv")
     (tmp_path / "conf").symlink_to(Path(__file__).resolve().parent.parent / "conf")  # its log4j2.properties
@@ -214,8 +184,8 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
     # after new orders arrive, with Delta from conf/spark-defaults.conf as the page says
     (tmp_path / ".cache").symlink_to(Path(__file__).resolve().parent.parent / ".cache")  # Delta's jars
     sending = page("sending.md")
-    prerequisites = _blocks(sending, "bash")[0]
-    stream_writer, foreach_batch = _blocks(sending, "python")[:2]
+    prerequisites = bodies(sending, "bash")[0]
+    stream_writer, foreach_batch = bodies(sending, "python")[:2]
     preamble = script[:script.index("replies = ")]  # its session, url and orders; its own query left out
     send = 'for i in 4 5 6; do sqlqueue send Sales --endpoint Web --type Shop.PlaceOrder --body "{\\"order\\": $i}"; done'
     sh = ". .venv/bin/activate\n"
@@ -244,9 +214,9 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
     # then the other python blocks in the order written, in one session: several queues and waiting
     # for a batch (reading.md), failing and retrying (sending.md), the platform (platform.md: its query run until it
     # processed what waits, then stopped) and platform columns; after orders of the platform's shape
-    several, waiting = _blocks(page("reading.md"), "python")
-    platform_blocks = _blocks(page("platform.md"), "python")
-    failing = _blocks(sending, "python")[2]
+    several, waiting = bodies(page("reading.md"), "python")
+    platform_blocks = bodies(page("platform.md"), "python")
+    failing = bodies(sending, "python")[2]
     assert "queuePattern" in several and "minMessagesPerTrigger" in waiting and "retry_later" in failing
     platform_queues = re.search(r"\(`(sqlqueue create-queue audit [^`]+)`", page("platform.md"))
     assert platform_queues is not None
@@ -258,7 +228,7 @@ def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path)
     run_platform = "\nplatform.processAllAvailable()\nplatform.stop()\n"
     # "What it is" (index.md) first, in a namespace of its own (its `orders` is another endpoint's), its
     # example URL the test database's: it makes the stream it says, with the documented columns
-    (what_it_is,) = _blocks(_section("index.md", "What it is"), "python")
+    (what_it_is,) = bodies(section("index.md", "What it is"), "python")
     assert '"postgresql://app@db:5432/shop"' in what_it_is
     first = (f"_ns = {{'spark': spark}}\nexec({what_it_is.replace(chr(34) + 'postgresql://app@db:5432/shop' + chr(34), 'url')!r},"
              " {**globals(), **_ns}, _ns)\nassert _ns['orders'].isStreaming and 'claim_seq' in _ns['orders'].columns\n")

@@ -43,37 +43,12 @@ from urllib.parse import unquote
 
 import psycopg
 import pytest
+from docs_pages import blocks, page, section
 from test_metrics import parse, value
 
 from processes import ROOT, Job
 
-DOCS = ROOT / "docs"
 VENV_BIN = ROOT / ".venv" / "bin"
-
-
-def page(name: str) -> str:
-    return (DOCS / name).read_text(encoding="utf-8")
-
-
-def section(name: str, heading: str) -> str:
-    """The text of page `name` under `heading` (a whole line, as `# Permissions`), up to the next
-    heading of any level; lines inside code fences are never headings."""
-    lines = page(name).splitlines()
-    start = lines.index(heading) + 1
-    fenced = False
-    for end in range(start, len(lines)):
-        if lines[end].startswith("```"):
-            fenced = not fenced
-        elif not fenced and re.match(r"#+ ", lines[end]):
-            break
-    else:
-        end = len(lines)
-    return "\n".join(lines[start:end]) + "\n"
-
-
-def blocks(text: str) -> list[tuple[str, str]]:
-    """(language, body) of every fenced block in `text`, in order; language "" for a bare fence."""
-    return re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)
 
 
 def substitute(text: str, replacements: dict[str, str]) -> str:
@@ -226,7 +201,7 @@ def serve_and_stop(line: str, typist: Typist) -> None:
 
 
 def run_metrics(typist: Typist, tmp_path: Path) -> None:
-    [(language, block)] = blocks(section("operations/metrics.md", "# Metrics for Prometheus"))[:1]
+    [(language, block)] = blocks(section("operations/metrics.md", "Metrics for Prometheus"))[:1]
     assert language == "bash"
     textfile = tmp_path / "textfile"
     textfile.mkdir()
@@ -290,7 +265,7 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
     url = database(pg_url, "permissions")
     env = shell_env(url)
     role = f"app_role_{uuid.uuid4().hex[:8]}"
-    (dba,) = [body for language, body in blocks(section("operations/permissions.md", "# Permissions")) if body.startswith("sqlqueue create-queue")]
+    (dba,) = [body for language, body in blocks(section("operations/permissions.md", "Permissions")) if body.startswith("sqlqueue create-queue")]
     dba = substitute(dba, {"app_role": role})
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(f'CREATE ROLE "{role}" NOLOGIN')
@@ -303,7 +278,7 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
             if "run what it prints" in comment:
                 with psycopg.connect(url, autocommit=True) as c:
                     c.execute(done.stdout)
-        table = section("operations/permissions.md", "# Permissions").split("| endpoint | table | privileges |", 1)[1]
+        table = section("operations/permissions.md", "Permissions").split("| endpoint | table | privileges |", 1)[1]
         assert "| | `<queue>.Claims` | `SELECT, INSERT, UPDATE, DELETE` |" in table
         dml, write, read = ("SELECT, INSERT, UPDATE, DELETE", "SELECT, INSERT", "SELECT")
         expected = {"Sales": dml, "Sales.Claims": dml, "Sales.Delayed": dml, "Sales.Staging": dml, "Sales.Outbox": dml,
@@ -325,7 +300,7 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.usefixtures("delta")
 def test_the_spark_submit_job_runs_as_written(pg_url: str, tmp_path: Path) -> None:
-    jobs = section("jobs.md", "## Running a job with spark-submit")
+    jobs = section("jobs.md", "Running a job with spark-submit")
     [(language, block)] = [b for b in blocks(jobs) if "spark-submit" in b[1]]
     assert language == "bash"
     # the queues the paragraph before the block says the job needs, made as it says
