@@ -231,13 +231,15 @@ def let_go_prepared(conn: Any) -> None:
     its warden parks it half a `preparedClaimTimeout` later), and the claim holds its queue's ROW
     EXCLUSIVE lock: a DROP would wait for it, and the warden's park, which reads the queue, would
     queue behind the DROP, for ever. The messages of a bench are not kept."""
-    from psycopg import errors, sql
+    from psycopg import errors
+
+    from spark_qtransport.dialects.postgres import PostgresDialect
 
     held = conn.execute("SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE database = current_database()"
                         " AND gid LIKE 'sqlqueue:%'").fetchall()
     for (gid,) in held:
         try:
-            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+            conn.execute(PostgresDialect().rollback_prepared(gid).sql)
         except errors.UndefinedObject:  # parked or committed meanwhile
             pass
 

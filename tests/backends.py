@@ -171,7 +171,7 @@ class Backend:
         with self.connect() as c:
             for (gid,) in c.execute("SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE gid LIKE 'sqlqueue:%%'"
                                     " AND database = current_database()").fetchall():
-                c.execute(f"ROLLBACK PREPARED '{gid}'")
+                c.execute(self.dialect.rollback_prepared(gid).sql)
 
     # -- NServiceBus send / receive -----------------------------------------------------------
 
