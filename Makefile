@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: setup system-deps test test-fast compat compat-table chaos demo bench lint docs wheel clean
+.PHONY: setup system-deps test test-unit test-fast compat compat-table chaos demo bench lint docs wheel clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest
+
+# the unit tier: no Spark, no database (tests/conftest.py sets the tier from the fixtures a test uses)
+test-unit: setup
+	$(PY) -m pytest -m "unit and not slow" -q
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"

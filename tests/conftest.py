@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,68 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: the tiers, from the fixtures a test uses (its closure): a new test lands in its tier by itself
+SPARK_FIXTURES = {"spark", "connect", "connect_session", "connect_url", "delta"}
+DB_FIXTURES = {"pg_url", "pg", "backend"}
+TIERS = ("unit", "db", "spark")
+
+
+def _tier(item: pytest.Item) -> str:
+    """The higher of the tier its fixtures need and the one its markers say."""
+    used = set(getattr(item, "fixturenames", ()))
+    needs = ["unit", "db" if used & DB_FIXTURES else "unit", "spark" if used & SPARK_FIXTURES else "unit"]
+    needs += [t for t in TIERS if any(m.name == t for m in item.iter_markers())]
+    return max(needs, key=TIERS.index)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test `spark` (it uses a SparkSession, local or over Spark Connect), else `db` (a
+    database), else `unit` (neither: `make test-unit`). A test that reaches Spark or a database
+    another way (a server of its own, a subprocess) says so with an explicit marker; one that does
+    not fails in the unit tier (`_reach`), naming what it started."""
+    for item in items:
+        tier = _tier(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+_RUNNING_TIER: list[str] = [""]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _RUNNING_TIER[0] = _tier(item)
+
+
+def _reach(what: str) -> None:
+    """A unit-tier test (fixtures included) reached `what`: it fails, naming it, so the tier holds."""
+    if _RUNNING_TIER[0] == "unit":
+        pytest.fail(f"a unit-tier test reached {what}: give it the `db` or `spark` marker", pytrace=False)
+
+
+def _guard_the_tiers() -> None:
+    import psycopg
+
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
+
+    opening = psycopg.connect
+
+    def connecting(*args: Any, **kwargs: Any) -> Any:
+        _reach("a PostgreSQL connection")
+        return opening(*args, **kwargs)
+
+    psycopg.connect = connecting  # what the dialect and the tests' Backend call
+    enter = EmbeddedPostgres.__enter__
+
+    def starting(self: Any) -> Any:
+        _reach("an embedded PostgreSQL")
+        return enter(self)
+
+    EmbeddedPostgres.__enter__ = starting  # type: ignore[method-assign]
+
+
+_guard_the_tiers()
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +143,7 @@ class Names:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
+    _reach("a SparkSession")
     from pyspark.sql import SparkSession
 
     from spark_qtransport import register

@@ -23,6 +23,8 @@ from spark_qtransport.cli import main
 from spark_qtransport.transport import session as db
 from spark_qtransport.transport.receiving.prepared import NUMBER_BASE, PreparedClaim, consumer_token
 
+pytestmark = pytest.mark.db  # a server of its own (prepared transactions on)
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:

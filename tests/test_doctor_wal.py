@@ -87,6 +87,7 @@ def test_the_test_servers_settings_as_the_doctor_reads_them(pg: Backend) -> None
     assert bool(advice) == (timeout < 15 * 60 or size < 4 * GB)
 
 
+@pytest.mark.db  # a durable server of its own
 def test_the_durable_embedded_server_passes_its_own_doctor() -> None:
     """Its checkpoints 30 minutes apart with 4 GB of WAL; with 5 minutes, the advice; read by a
     role that is not a superuser as well."""

@@ -120,7 +120,7 @@ def test_query_name_is_how_a_sink_query_is_named(spark: Any, pg: Backend, names:
     assert pg.count(out) == 1
 
 
-def test_fail_and_retry_later_take_their_arguments_as_the_readme_writes_them() -> None:
+def test_fail_and_retry_later_take_their_arguments_as_the_readme_writes_them(spark: Any) -> None:
     from pyspark.sql import functions as F
 
     from spark_qtransport import fail, retry_later

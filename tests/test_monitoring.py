@@ -247,6 +247,7 @@ def test_a_dead_database_is_logged_once_and_dropped(pg: Backend, caplog: pytest.
     assert monitor.pending() == {"ProcessingTime": 0, "CriticalTime": 0, "Retries": 0}
 
 
+@pytest.mark.db  # connects (to a socket that never answers)
 def test_a_hanging_database_blocks_flush_and_close_a_bounded_time() -> None:
     """A server that accepts connections and never answers: the caller waits `timeout`, not the
     connection's own timeout; the reporter thread finishes on its own."""

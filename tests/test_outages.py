@@ -25,6 +25,8 @@ from spark_qtransport.dialects import dialect_for
 from spark_qtransport.errors import DatabaseError
 from spark_qtransport.transport.session import Session
 
+pytestmark = pytest.mark.db  # servers of its own, stopped and started
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:

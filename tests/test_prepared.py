@@ -22,6 +22,8 @@ import pytest
 from backends import Backend, nsb_headers, prepared_slots, server_of_its_own
 from processes import Job, run_to_end, wait_for
 
+pytestmark = pytest.mark.db  # a server of its own (prepared transactions on)
+
 CHILD = Path(__file__).with_name("crash_child.py")
 
 

@@ -23,6 +23,8 @@ from spark_qtransport.errors import DatabaseError
 from spark_qtransport.spark.versions import capabilities
 from spark_qtransport.transport import session as db
 
+pytestmark = pytest.mark.db  # a server of its own with few connections
+
 CHILD = Path(__file__).with_name("crash_child.py")
 #: the server's connection limit: far below what a connection (or two) per queue would need
 MAX_CONNECTIONS = 30
