@@ -6,6 +6,8 @@ import json
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark_qtransport.wire import decode_headers, encode_headers, format_time, outgoing_headers, parse_time
 
@@ -109,3 +111,14 @@ class TestOutgoingHeaders:
     def test_round_trips_through_the_headers_column(self) -> None:
         h = self.make(headers={"Ünï": "😀 a/b"})
         assert decode_headers(encode_headers(h)) == h
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=16), st.none(),
+                                                      st.sampled_from(["\ud800", "a\udfffb", "\U0001f600\u2028"])),
+                       max_size=8))
+def test_encode_headers_writes_what_json_dumps_writes(headers: dict[str, str | None]) -> None:
+    """orjson writes the text (a lone surrogate, which it refuses, goes to the standard library):
+    byte for byte what ``json.dumps(ensure_ascii=False)`` wrote before, ``/`` escaped."""
+    expected = json.dumps(headers, ensure_ascii=False, separators=(",", ":")).replace("/", "\\/")
+    assert encode_headers(headers) == expected
