@@ -17,7 +17,9 @@ The hierarchy::
 
 Each error carries, besides its one-line message, the fields that say where it arose (those that
 apply; the others are None): ``queue`` (the queue or table, as written), ``option`` (the option at
-fault), ``column`` (an input column), ``sqlstate`` (the driver's code) and ``operation`` (what was
+fault, as the front end that took it calls it), ``field`` (the settings field at fault: what the
+transport names, below the front ends; its message then starts ``<field>: ``, and `named` gives it
+the front end's name), ``column`` (an input column), ``sqlstate`` (the driver's code) and ``operation`` (what was
 being done). Code that handles errors reads the fields; people read the message.
 
 Through Spark the Python object does not arrive: Spark turns it into text inside its own exception
@@ -31,11 +33,15 @@ those exceptions (their causes included), or None.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 __all__ = [
     "unwrap",
     "tagged",
+    "named",
+    "field_error",
     "QTransportError",
     "ConfigError",
     "MessageError",
@@ -54,7 +60,7 @@ class QTransportError(Exception):
     """Base class of every error raised by spark_qtransport."""
 
     #: the fields an error may carry (keyword arguments of every subclass)
-    FIELDS = ("queue", "option", "column", "sqlstate", "operation")
+    FIELDS = ("queue", "option", "field", "column", "sqlstate", "operation")
     #: worth running the transaction again (the retry policy, `transport.session`, retries it)
     transient: ClassVar[bool] = False
 
@@ -64,6 +70,7 @@ class QTransportError(Exception):
         *,
         queue: str | None = None,
         option: str | None = None,
+        field: str | None = None,
         column: str | None = None,
         sqlstate: str | None = None,
         operation: str | None = None,
@@ -71,6 +78,7 @@ class QTransportError(Exception):
         super().__init__(message)
         self.queue = queue
         self.option = option
+        self.field = field
         self.column = column
         self.sqlstate = sqlstate
         self.operation = operation
@@ -140,6 +148,39 @@ class DispatchError(QTransportError):
 
 class DatabaseError(QTransportError):
     """A database call failed: a persistent fault, or a transient one that outlasted the retries."""
+
+
+def field_error(field: str, detail: str, *, kind: type[QTransportError] | None = None, **fields: str) -> QTransportError:
+    """The error of a settings field, ``<field>: <detail>``, for a front end to name (`named`). Other
+    fields the detail refers to are written in backticks (``create_queues``): `named` names those too."""
+    return (kind or ConfigError)(f"{field}: {detail}", field=field, **fields)
+
+
+#: how a field's detail that goes on its name starts: ``option 'x' is empty`` (others: ``option 'x': invalid ...``)
+_PREDICATES = ("is ", "must ", "names ", "contains ")
+
+
+def _called(name: str) -> str:
+    return name if name.startswith("-") else f"option '{name}'"
+
+
+def named(exc: QTransportError, names: Mapping[str, str], *, called: Callable[[str], str] = _called) -> QTransportError:
+    """`exc` with the settings fields it names called what a front end calls them (``names``:
+    field -> an option's name, or a command line flag): the field at fault (`exc.field`; its message
+    then starts ``option 'errorQueue': `` or ``--error-queue: `` and its ``option`` is set to the
+    name) and every field any message refers to in backticks (``create_queues``); `called` says how a
+    name reads in a sentence (an option: ``option 'x'``; a flag or argument as it is). Anything else as it is."""
+    if exc.option is not None:
+        return exc  # named already
+    text = re.sub(r"`([a-z_]+)`", lambda m: called(names[m[1]]) if m[1] in names else m[0], exc.message)
+    if exc.field is None or exc.field not in names:
+        return exc if text == exc.message else _rebuild(type(exc), (text, *exc.args[1:]), exc.fields())
+    prefix = f"{exc.field}: "
+    name = names[exc.field]
+    if exc.message.startswith(prefix):
+        rest = text[len(prefix):]
+        text = f"{called(name)}{' ' if rest.startswith(_PREDICATES) else ': '}{rest}"
+    return _rebuild(type(exc), (text, *exc.args[1:]), {**exc.fields(), "option": name})
 
 
 # -- through Spark: the tag, and reading it back -------------------------------------------------

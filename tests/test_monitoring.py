@@ -19,6 +19,7 @@ import pytest
 
 from backends import Backend
 from spark_qtransport.errors import QueueNotFoundError
+from spark_qtransport.spark.registry import name_fields
 from spark_qtransport.transport.platform.monitoring import (
     MAX_DELTA_TICKS,
     Monitor,
@@ -186,9 +187,11 @@ def test_monitor_writes_the_reports(backend: Backend, names: Any) -> None:
 def test_a_missing_monitoring_queue_is_named(backend: Backend, names: Any) -> None:
     settings = settings_for(backend.url, names("sales"), names("monitoring"))
     monitor = Monitor(settings)
-    with backend.connect() as conn, pytest.raises(QueueNotFoundError, match="option 'monitoringQueue'") as caught:
+    with backend.connect() as conn, pytest.raises(QueueNotFoundError, match="^monitoring_queue: queue ") as caught:
         monitor.check(conn.cursor())
-    assert caught.value.option == "monitoringQueue"
+    assert caught.value.field == "monitoring_queue"  # the transport names its setting; the reader, its option:
+    named = name_fields(caught.value)
+    assert named.option == "monitoringQueue" and named.message.startswith("option 'monitoringQueue': queue ")
     monitor.close()
 
 

@@ -86,7 +86,7 @@ def test_past_the_bound_one_error_names_the_database_and_the_bound(alive: Any) -
     took = time.monotonic() - started
     text = str(failed.value)
     assert "\n" not in text
-    assert "longer than outageTimeout (2 s)" in text and f"127.0.0.1:{alive.port}" in text, text
+    assert "longer than `outage_timeout` (2 s)" in text and f"127.0.0.1:{alive.port}" in text, text
     assert 1.0 < took < 8.0, took
 
 
@@ -99,7 +99,7 @@ def test_an_outage_given_up_on_is_over_when_nobody_meets_it(alive: Any, monkeypa
     s = session(alive.url, outage=1.0)
     assert s.run(answer) == 42
     alive.crash()
-    with pytest.raises(DatabaseError, match="outageTimeout"):
+    with pytest.raises(DatabaseError, match="`outage_timeout`"):
         s.run(answer)
     alive.start()
     time.sleep(1.0)
@@ -113,7 +113,7 @@ def test_an_outage_timeout_of_zero_fails_at_the_first_fault(alive: Any) -> None:
     assert s.run(answer) == 42
     alive.crash()
     started = time.monotonic()
-    with pytest.raises(DatabaseError, match="outageTimeout is 0"):
+    with pytest.raises(DatabaseError, match="`outage_timeout` is 0"):
         s.run(answer)
     assert time.monotonic() - started < 3.0
 
@@ -255,7 +255,7 @@ def test_a_stream_rides_through_outages_and_fails_with_one_line_past_the_bound(
         alive.start()
     text = str(failed.value)
     print("PAST THE BOUND:", text)
-    assert "longer than outageTimeout (3 s)" in text and f"127.0.0.1:{alive.port}" in text, text[:2000]
+    assert "longer than option 'outageTimeout' (3 s)" in text and f"127.0.0.1:{alive.port}" in text, text[:2000]
     assert took < 60
     pg.send_many(q, [(nsb_headers(f"r{i:04d}"), b"z" * 200) for i in range(30)])
     query = _pipeline(spark, alive.url, q, out, e, checkpoint)

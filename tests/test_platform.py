@@ -143,10 +143,10 @@ def test_platform_queues_are_checked_at_start(pg: Backend, names: Any) -> None:
     from spark_qtransport.errors import QueueNotFoundError, SchemaError
 
     q, e = _queues(pg, names, "Sales", "error")
-    with pytest.raises(QueueNotFoundError, match="option 'auditQueue'"), receiving(
+    with pytest.raises(QueueNotFoundError, match="^audit_queue: queue "), receiving(
             pg, q, e, audit_queue=pg.address(names("missing"))) as r:
         r.latest(r.initial_offset(), 10)
-    with pytest.raises(SchemaError, match="option 'forwardTo'.*table of the transport itself"), receiving(
+    with pytest.raises(SchemaError, match="^forward_to: .*table of the transport itself"), receiving(
             pg, q, e, forward_to=pg.dialect.claims_table(pg.address(q))) as r:
         r.latest(r.initial_offset(), 10)
 

@@ -235,7 +235,7 @@ def test_claim_mode_is_decided_once_and_says_why(pg: Backend, ppg: Backend, name
         assert mode(pg) is False
         assert any("max_prepared_transactions" in r.getMessage() and "claim table" in r.getMessage()
                    for r in caplog.records)
-        with pytest.raises(ConfigError, match="claimMode.*max_prepared_transactions"):
+        with pytest.raises(ConfigError, match="^claim_mode: prepared: .*max_prepared_transactions"):
             mode(pg, claim_mode="prepared")
     audit = ppg.create_queue(names("audit"))
     assert mode(ppg, audit_queue=ppg.dialect.parse_address(audit), claim_mode="prepared") is True  # written before the commit

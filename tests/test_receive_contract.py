@@ -22,6 +22,7 @@ import pytest
 from backends import Backend, nsb_headers, server_of_its_own
 from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
+from spark_qtransport.spark.registry import name_fields
 from spark_qtransport.transport.receiving import setup
 from spark_qtransport.transport.receiving.planner import LOW_WATER_TTL
 from spark_qtransport.transport.receiving.receiver import ClaimOffset, Receiver, read_slice
@@ -441,9 +442,12 @@ def test_a_starting_query_waits_for_a_dying_holder(backend: Backend, queues) -> 
 def test_missing_queue_is_a_clear_error(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
     e = backend.create_queue(names("error"))
     r = make_receiver(backend, names("Nowhere"), e)
-    with pytest.raises(QueueNotFoundError, match="option 'queue'.*Nowhere.*does not exist"):
+    with pytest.raises(QueueNotFoundError, match="^queue: queue .*Nowhere.*does not exist") as missing:
         r.initial_offset()
     r.close()
+    # the transport names its setting (`field`); the reader's methods name the option (`name_fields`)
+    assert name_fields(missing.value).message.startswith("option 'queue': queue ")
+    assert "or set option 'createQueues')" in name_fields(missing.value).message
 
 
 def test_create_queues_option(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]

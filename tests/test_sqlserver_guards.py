@@ -418,6 +418,6 @@ def test_receiver_start_refuses_a_low_level() -> None:
 
     endpoint = Endpoint(Options(), D, D.claims_table(QueueAddress("Sales")))  # type: ignore[arg-type]
 
-    with pytest.raises(SchemaError, match=r"option 'url': database \[Shop\] is at compatibility level 110"):
+    with pytest.raises(SchemaError, match=r"^url: database \[Shop\] is at compatibility level 110"):
         EndpointSetUp(endpoint)._check_server(_Levels([("Shop", 110)]))
     EndpointSetUp(endpoint)._check_server(_Levels([("Shop", 130)]))

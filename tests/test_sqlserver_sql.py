@@ -597,12 +597,12 @@ class TestNoUserTextInSql:
 
     def test_consumer_length(self) -> None:
         c = D.claims_table(D.parse_address("Sales"))
-        with pytest.raises(ConfigError, match="option 'endpoint'"):
+        with pytest.raises(ConfigError, match="^consumer: consumer name"):
             D.read_claims(c, "x" * 201, after=0, upto=1)
-        with pytest.raises(ConfigError, match="option 'endpoint'"):
+        with pytest.raises(ConfigError, match="^consumer: consumer name"):
             D.try_lock_consumer(c, "")
         # nvarchar(200) counts UTF-16 code units: 101 emoji are 202 of them, and would be cut
-        with pytest.raises(ConfigError, match="option 'endpoint'"):
+        with pytest.raises(ConfigError, match="^consumer: consumer name"):
             D.claim(c, c, c, consumer="\U0001f600" * 101, limit=1, after=0, upto=None)
         D.read_claims(c, "\U0001f600" * 100, after=0, upto=1)
 
@@ -1578,7 +1578,7 @@ class TestSubscribersAsTheDatabaseCompares:
         from spark_qtransport.transport.sending.fanout import Destination, add_subscribers
 
         class NoLookups(Router):  # every subscriber queue exists
-            def resolve(self, cur: Any, text: str | None, *, option: str = "address") -> Target:
+            def resolve(self, cur: Any, text: str | None, *, source: str = "address") -> Target:
                 a = D.parse_address(str(text))
                 return Target(a, D.qualified(a), D.format_address(a), {})
 
@@ -2012,9 +2012,9 @@ class TestOperationStatements:
 
     @pytest.mark.parametrize("limit", [0, -1])
     def test_limits_are_positive(self, limit: int) -> None:
-        with pytest.raises(ValueError, match="limit must be at least 1"):
+        with pytest.raises(ValueError, match="^limit: must be at least 1"):
             D.peek_messages(self.Q, limit=limit, preview=240)
-        with pytest.raises(ValueError, match="limit must be at least 1"):
+        with pytest.raises(ValueError, match="^limit: must be at least 1"):
             D.purge_expired(self.Q, limit=limit)
 
     def test_subscribe_is_nservicebus_merge(self) -> None:
@@ -2058,13 +2058,13 @@ class TestOperationStatements:
         """nvarchar(200) NOT NULL, as NServiceBus creates SubscriptionRouting: refused here, not truncated there."""
         _marks_match(D.subscribe(self.SUBS, queue_address="q" * 200, endpoint="e" * 200, topic="t" * 200))
         for bad in ("", "x" * 201, None):
-            with pytest.raises(ConfigError, match="option '--endpoint'"):
+            with pytest.raises(ConfigError, match="^endpoint: "):
                 D.subscribe(self.SUBS, queue_address="q", endpoint=bad, topic="t")  # type: ignore[arg-type]
-            with pytest.raises(ConfigError, match="option '--topic'"):
+            with pytest.raises(ConfigError, match="^topic: "):
                 D.subscribe(self.SUBS, queue_address="q", endpoint="e", topic=bad)  # type: ignore[arg-type]
-            with pytest.raises(ConfigError, match="option 'queue'"):
+            with pytest.raises(ConfigError, match="^queue: "):
                 D.subscribe(self.SUBS, queue_address=bad, endpoint="e", topic="t")  # type: ignore[arg-type]
-            with pytest.raises(ConfigError, match="option '--topic'"):
+            with pytest.raises(ConfigError, match="^topic: "):
                 D.unsubscribe(self.SUBS, endpoint="e", topic=bad)  # type: ignore[arg-type]
 
     def test_list_queues_finds_queue_shaped_tables(self) -> None:
@@ -2140,7 +2140,7 @@ class TestMessageMoves:
 
     def test_lock_limit(self) -> None:
         assert D.lock_messages(self.E, native_ids=None, limit=0).params == (0,)  # TOP (0): nothing
-        with pytest.raises(ValueError, match="limit must not be negative"):
+        with pytest.raises(ValueError, match="^limit: must not be negative"):
             D.lock_messages(self.E, native_ids=None, limit=-1)
 
     def test_lock_takes_receive_locks(self) -> None:

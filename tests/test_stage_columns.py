@@ -82,7 +82,7 @@ def _builder(dialect: str, reply_to: str | None, destination: str | None, invali
     d = dialect_named(dialect)
     plan = SendPlan(dialect=dialect, endpoint="Sales/East", reply_to=reply_to, content_type="application/json",
                     default_destination=None if destination is None else d.parse_address(destination),
-                    sink="default", invalid_to=invalid_to)
+                    sink="default", error_queue=invalid_to, invalid_fail=invalid_to is None)
     b = MessageBuilder(plan, batch_id=7, attempt="a1")
     b._ids = (f"00000000-0000-4000-8000-{i:012d}" for i in itertools.count())
     b._id_block = lambda n: list(itertools.islice(b._ids, n))
@@ -236,7 +236,7 @@ def _task(rows: list[dict[str, Any]], batches: list[Any], inline_bytes: int) -> 
     d = options.dialect
     plan = SendPlan(dialect="postgres", endpoint="Sales", default_destination=d.parse_address("Billing"),
                     reply_to='"public"."Sales"', content_type="application/json", sink="default",
-                    invalid_to='"public"."error"')
+                    error_queue='"public"."error"')
     with mock.patch.object(builder_module, "uuid4_list", lambda n: [str(FIXED)] * n), \
             mock.patch.object(builder_module, "uuid4_texts", lambda: itertools.repeat(str(FIXED))), \
             mock.patch.object(uuid, "uuid4", lambda: FIXED):

@@ -1,8 +1,9 @@
 """mkdocs hook: the option tables, made from the code's registry.
 
 A line `<!-- options: reader -->` or `<!-- options: sink -->` in a page becomes the table of the
-source's (`spark_qtransport.spark.options.OPTIONS`) or the sink's (`WRITER_OPTIONS`) options, in
-the registry's order, so the documentation cannot drift from the code. tests/test_docs.py imports
+source's or the sink's options (`spark_qtransport.spark.registry.REGISTRY`: name, type and bounds,
+default, meaning, the command line's flag that takes the same value), in the registry's order, so
+the documentation cannot drift from the code. tests/test_docs.py imports
 `options_table` from this file.
 """
 
@@ -18,13 +19,13 @@ PLACEHOLDER = re.compile(r"^<!-- options: (reader|sink) -->$", re.M)
 _CODE = re.compile(r"(`[^`]*`)")
 
 
-def registry(kind: str) -> dict[str, tuple[str, str]]:
-    """The options of the source (`reader`) or the sink (`sink`): name -> (default shown, meaning)."""
+def registry(kind: str) -> list[Any]:
+    """The options (`registry.Option`) of the source (`reader`) or the sink (`sink`), in order."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from spark_qtransport.spark.options import OPTIONS, WRITER_OPTIONS
+    from spark_qtransport.spark.registry import READ, WRITE, for_side
 
-    return {"reader": OPTIONS, "sink": WRITER_OPTIONS}[kind]
+    return list(for_side({"reader": READ, "sink": WRITE}[kind]).values())
 
 
 def cell(text: str) -> str:
@@ -34,9 +35,12 @@ def cell(text: str) -> str:
 
 
 def options_table(kind: str) -> str:
-    """The markdown table of `kind`'s options: `| option | default | meaning |`, one row each."""
-    rows = ["| option | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{name}` | {cell(default)} | {cell(meaning)} |" for name, (default, meaning) in registry(kind).items()]
+    """The markdown table of `kind`'s options: `| option | type | default | meaning |`, one row each;
+    an option the command line takes too says its flag."""
+    rows = ["| option | type | default | meaning |", "|---|---|---|---|"]
+    for o in registry(kind):
+        also = f" (command line: `{o.cli}`)" if o.cli else ""
+        rows.append(f"| `{o.name}` | {cell(o.type_text())} | {cell(o.shown)} | {cell(o.meaning)}{also} |")
     return "\n".join(rows)
 
 

@@ -19,47 +19,58 @@ from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect
 from ..dialects.base import one_line
 from ..errors import ConfigError, QTransportError
-from ..spark.options import URL_ENV, parse_duration
+from ..spark.registry import OUTAGE_ENV, URL_ENV, flag, name_fields
 from ..transport.delayed import DelayedTableRule
 from ..transport.routing import RoutingPolicy
 from .output import echo, escape, escaped_logging, escaped_usage_error
 
-__all__ = ["Group", "main", "url_option", "allow_options", "routing_policy", "delayed_options", "delayed_rule",
+__all__ = ["Group", "main", "registered", "flag_value", "FLAGS", "OUTAGE_ENV", "url_option", "allow_options", "routing_policy", "delayed_options", "delayed_rule",
            "need_url", "usage_url", "command_what"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: the environment variable of the group's --outage-timeout
-OUTAGE_ENV = "SQLQUEUE_OUTAGE_TIMEOUT"
+def registered(cli: str, metavar: str, help: str) -> Callable[[F], F]:
+    """The flag `cli` of an option of the registry (`spark.registry`): its environment variable
+    from there, and its help saying which option of the source and the sink it matches."""
+    o = flag(cli)
+    env = f"; ${o.env}" if o.env else ""
+    return click.option(cli, envvar=o.env, metavar=metavar, help=f"{help} (the option {o.name}{env})")
+
+
+def flag_value(cli: str, raw: str | None) -> Any:
+    """The value of flag `cli` as the registry parses and checks it (its default when not given);
+    a bad one is a `ConfigError` naming the flag."""
+    return flag(cli).parse(raw, flag=True)
 
 
 def url_option(f: F) -> F:
-    return click.option("--url", envvar=URL_ENV, metavar="URL",
-                        help=f"database URL (postgresql://..., sqlserver://..., odbc:...); default ${URL_ENV}")(f)
+    return registered("--url", "URL", "database URL (postgresql://..., sqlserver://..., odbc:...)")(f)
 
 
 def allow_options(f: F) -> F:
-    """The allow-list for queue addresses that come from message data (as the Spark options
-    allowedSchemas / allowedQueues): addresses outside it are refused like missing queues."""
-    f = click.option("--allowed-queues", envvar="SQLQUEUE_ALLOWED_QUEUES", metavar="PATTERNS",
-                     help="comma-separated name patterns addresses from messages may name (default: any)")(f)
-    return click.option("--allowed-schemas", envvar="SQLQUEUE_ALLOWED_SCHEMAS", metavar="SCHEMAS",
-                        help="comma-separated schemas addresses from messages may name (default: any but "
-                        "system schemas)")(f)
+    """The allow-list for queue addresses that come from message data: addresses outside it are
+    refused like missing queues."""
+    f = registered("--allowed-queues", "PATTERNS",
+                   "comma-separated name patterns addresses from messages may name (default: any)")(f)
+    return registered("--allowed-schemas", "SCHEMAS",
+                      "comma-separated schemas addresses from messages may name (default: any but system schemas)")(f)
 
 
 def routing_policy(schemas: str | None, queues: str | None) -> RoutingPolicy:
-    return RoutingPolicy.parse(schemas, queues, schemas_option="--allowed-schemas", queues_option="--allowed-queues")
+    return RoutingPolicy.parse(schemas, queues)
 
 
 def delayed_options(f: F) -> F:
-    """Where an endpoint's delayed table is (as the Spark options delayedTable / delayedTableSuffix)."""
-    f = click.option("--delayed-table", metavar="ADDRESS",
-                     help="the endpoint's delayed table, where NServiceBus's is not <endpoint>.<suffix> beside "
-                     "its queue (one endpoint only)")(f)
-    return click.option("--delayed-suffix", envvar="SQLQUEUE_DELAYED_SUFFIX", metavar="SUFFIX",
-                        help="delayed tables are <endpoint>.<SUFFIX>: NServiceBus's DelayedDelivery.TableSuffix "
-                        "(default: Delayed)")(f)
+    """Where an endpoint's delayed table is."""
+    f = registered("--delayed-table", "ADDRESS", "the endpoint's delayed table, where NServiceBus's is not "
+                   "<endpoint>.<suffix> beside its queue (one endpoint only)")(f)
+    return registered("--delayed-suffix", "SUFFIX", "delayed tables are <endpoint>.<SUFFIX>: NServiceBus's "
+                      "DelayedDelivery.TableSuffix (default: Delayed)")(f)
+
+
+#: settings fields the transport names that a command's own flag sets (beside the registry's)
+FLAGS = {"role": "--grant-to", "limit": "--limit", "native_ids": "NATIVE_IDS", "endpoint": "--endpoint",
+         "topic": "--topic", "destination": "QUEUE", "create_queues": "--create-queues"}
 
 
 def delayed_rule(d: Dialect, table: str | None, suffix: str | None, *, names: int = 1) -> DelayedTableRule:
@@ -68,7 +79,7 @@ def delayed_rule(d: Dialect, table: str | None, suffix: str | None, *, names: in
     if table is not None and names != 1:
         raise click.UsageError("--delayed-table names one endpoint's delayed table: give one queue with it")
     return DelayedTableRule.create(d, table=None if table is None else d.parse_address(table, option="--delayed-table"),
-                                   suffix=suffix, options=("--delayed-table", "--delayed-suffix"))
+                                   suffix=suffix)
 
 
 def need_url(url: str | None) -> ConnectionURL:
@@ -82,7 +93,7 @@ def need_url(url: str | None) -> ConnectionURL:
     if outage is None:
         return parsed
     try:
-        return parsed.waiting(outage=parse_duration(outage, option="--outage-timeout"))
+        return parsed.waiting(outage=flag_value("--outage-timeout", outage))
     except ConfigError as exc:
         raise click.UsageError(one_line(exc.message)) from None
 
@@ -142,6 +153,7 @@ class Group(click.Group):
         except BrokenPipeError:
             _quiet_broken_pipe()
         except QTransportError as exc:
+            exc = name_fields(exc, cli=FLAGS)  # a settings field the transport names: the flag's name
             echo(f"error: {escape(exc)}", err=True)  # one line, whatever a name in it holds
             sys.exit(1)
         except Exception as exc:  # noqa: BLE001 - a driver error: its first line, passwords masked
@@ -153,9 +165,8 @@ class Group(click.Group):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="sqlqueue", message="%(prog)s %(version)s")
-@click.option("--outage-timeout", envvar=OUTAGE_ENV, metavar="DURATION",
-              help="how long a command waits out a database outage (30s, 2m; 0: fail at the first fault); "
-                   f"default 2m, as the option outageTimeout; ${OUTAGE_ENV}")
+@registered("--outage-timeout", "DURATION",
+            "how long a command waits out a database outage (30s, 2m; 0: fail at the first fault); default 2m")
 @click.pass_context
 def main(ctx: click.Context, outage_timeout: str | None) -> None:
     """Operate NServiceBus SQL Server / PostgreSQL transport queues used by spark-qtransport.

@@ -152,8 +152,6 @@ def _send_row(options: SendSettings, row: dict[str, Any]) -> DispatchResult:
         plan = set_up_sender(options)
         report = stage_partition(options, plan, [[row]], batch_id=-1, query_id=None)
         return dispatcher.dispatch(-2 - int.from_bytes(os.urandom(7), "big"), [report])
-    except QueueNotFoundError as exc:
-        raise QueueNotFoundError(f"{exc.message}; here: sqlqueue send ... --create-queues", **exc.fields()) from None
     finally:
         dispatcher.close()
 

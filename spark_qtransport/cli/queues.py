@@ -9,12 +9,11 @@ from typing import Any
 
 import click
 
-from ..spark.options import parse_duration
 from ..transport.delayed import DelayedTableRule
 from ..transport.operations.doctor import check_prepared, check_queue, check_server
 from ..transport.settings import DEFAULT_PREPARED_TIMEOUT
 from ..wire import H, decode_headers
-from .app import delayed_options, main, url_option
+from .app import delayed_options, flag_value, main, registered, url_option
 from .db import CommandDb, open_db
 from .output import echo, json_option, show, show_json_line
 from .snapshot import STATS_COLUMNS, all_stats
@@ -151,9 +150,8 @@ def purge_expired(queue: str, batch: int, url: str | None, as_json: bool) -> Non
 
 @main.command("doctor")
 @click.argument("queues", nargs=-1, required=True)
-@click.option("--prepared-timeout", metavar="DURATION",
-              help="PostgreSQL: a prepared transaction older than this is reported (30s, 5m); default "
-                   f"{DEFAULT_PREPARED_TIMEOUT:g}s, as the option preparedClaimTimeout")
+@registered("--prepared-timeout", "DURATION", "PostgreSQL: a prepared transaction older than this is reported "
+            f"(30s, 5m); default {DEFAULT_PREPARED_TIMEOUT:g}s")
 @delayed_options
 @url_option
 @json_option
@@ -176,8 +174,7 @@ def doctor(queues: tuple[str, ...], prepared_timeout: str | None, delayed_suffix
     Example:
       sqlqueue doctor Sales Billing error
     """
-    timeout = (DEFAULT_PREPARED_TIMEOUT if prepared_timeout is None
-               else parse_duration(prepared_timeout, option="--prepared-timeout"))
+    timeout = flag_value("--prepared-timeout", prepared_timeout)
     with open_db(url) as s:
         addresses = [s.address(q, option="QUEUE") for q in queues]
         rule = s.delayed_rule(delayed_table, delayed_suffix, names=len(queues))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import field_error
 from .base import (
     FAILED_COLUMN,
     NUMBER_BASE,
@@ -30,7 +30,7 @@ def dialect_named(name: str) -> Dialect:
         from .sqlserver import SqlServerDialect
 
         return SqlServerDialect()
-    raise ConfigError(f"unknown dialect {name!r}", option="url")
+    raise field_error("url", f"unknown dialect {name!r}")
 
 
 def dialect_for(url: Any) -> Dialect:

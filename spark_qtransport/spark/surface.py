@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import QTransportError, tagged
+from .registry import name_fields
 
 __all__ = ["surfaced", "in_spark_worker"]
 
@@ -39,7 +40,7 @@ def in_spark_worker() -> bool:
 def _leaving(exc: QTransportError) -> QTransportError:
     if in_spark_worker():
         os.environ[HIDE_TRACEBACK] = "1"
-    return tagged(exc)
+    return tagged(name_fields(exc))  # a settings field the transport names: the option's name
 
 
 def surfaced(fn: F) -> F:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
-from ..errors import ConfigError
+from ..errors import ConfigError, field_error
 from ..wire import H, decode_headers
 from . import session as db
 from .routing import Item, Router, RoutingPolicy, route_rows
@@ -52,30 +52,28 @@ class DelayedTableRule:
     after its endpoint (``OverrideLocalAddress``), or one moved by ``UseSchemaForQueue``, whose
     delayed table stays in the default schema.
 
-    `options` are the names errors give the table and the suffix (Spark's, or a command's flags).
+    Errors name the fields ``delayed_table`` and ``delayed_suffix`` (`errors.field_error`): the
+    front end that took them names its option or flag.
     """
 
     suffix: str = DEFAULT_DELAYED_SUFFIX
     table: QueueAddress | None = None
-    options: tuple[str, str] = field(default=("delayedTable", "delayedTableSuffix"), compare=False, repr=False)
 
     @classmethod
-    def create(cls, dialect: Dialect, *, table: QueueAddress | None = None, suffix: str | None = None,
-               options: tuple[str, str] = ("delayedTable", "delayedTableSuffix")) -> DelayedTableRule:
+    def create(cls, dialect: Dialect, *, table: QueueAddress | None = None, suffix: str | None = None) -> DelayedTableRule:
         """A rule from an explicit table (parsed already) and/or a suffix, checked: a suffix is
         one identifier part, never one of the other tables of ours (``Claims``, ...)."""
         if suffix is None:
             suffix = DEFAULT_DELAYED_SUFFIX
         else:
-            option = options[1]
             try:
-                dialect.check_name("delayed table suffix", suffix, option=option)
+                dialect.check_name("delayed table suffix", suffix)
             except ConfigError as exc:
-                raise ConfigError(f"option '{option}': {exc}", option=option) from None
+                raise field_error("delayed_suffix", str(exc)) from None
             if dialect.fold_name(suffix) in {dialect.fold_name(o) for o in _OURS}:
-                raise ConfigError(f"option '{option}': {suffix!r} names a table of the transport's own "
-                                  f"(<queue>.{suffix}), not a delayed table", option=option)
-        return cls(suffix, table, options)
+                raise field_error("delayed_suffix", f"{suffix!r} names a table of the transport's own "
+                                  f"(<queue>.{suffix}), not a delayed table")
+        return cls(suffix, table)
 
     @property
     def custom_suffix(self) -> bool:
@@ -91,11 +89,11 @@ class DelayedTableRule:
         except ConfigError as exc:
             if not self.custom_suffix:
                 raise
-            raise ConfigError(f"option '{self.options[1]}': {exc}", option=self.options[1]) from None
+            raise field_error("delayed_suffix", str(exc)) from None
 
     def check(self, dialect: Dialect, endpoint: QueueAddress, others: dict[str, QueueAddress]) -> None:
         """Refuse an explicit table that is another table of the endpoint: its queue, its tables
-        of ours beside it, or one of `others` (option name -> address: errorQueue, ...)."""
+        of ours beside it, or one of `others` (settings field -> address: error_queue, ...)."""
         if self.table is None:
             return
 
@@ -109,11 +107,10 @@ class DelayedTableRule:
                 taken.setdefault(key(dialect.companion(endpoint, suffix)), f"the endpoint's .{suffix} table")
             except ConfigError:
                 continue
-        for option, address in others.items():
-            taken.setdefault(key(address), f"option '{option}'")
+        for name, address in others.items():
+            taken.setdefault(key(address), f"`{name}`")
         if mine in taken:
-            raise ConfigError(f"option '{self.options[0]}': {dialect.qualified(self.table)} is {taken[mine]}, "
-                              "not a delayed table", option=self.options[0])
+            raise field_error("delayed_table", f"{dialect.qualified(self.table)} is {taken[mine]}, not a delayed table")
 
 
 #: NServiceBus's rule with its defaults: ``<endpoint>.Delayed`` beside the endpoint's queue
@@ -184,7 +181,7 @@ class DelayedMover:
             cur, router, items,
             insert=lambda t, keys, headers: d.move_delayed(self.delayed, t.address, keys=keys, headers=headers),
             delete=lambda keys: d.delete_delayed(self.delayed, keys=keys),
-            error_queue=lambda: router.configured(cur, self.error_queue, option="errorQueue"),
+            error_queue=lambda: router.configured(cur, self.error_queue, field="error_queue"),
             source="spark_qtransport.delayed", endpoint=self.endpoint.table,
         )
         result.moved += sum(routed.moved.values())

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress, Statement
-from ..errors import ConfigError, QTransportError, QueueNotFoundError
+from ..errors import ConfigError, QTransportError, QueueNotFoundError, field_error
 from ..wire import encode_headers, failure_headers
 from . import session as db
 
@@ -104,19 +104,20 @@ class RoutingPolicy:
         return any(fold(dialect.qualified(t)) == name for t in self.own_tables)
 
     @classmethod
-    def parse(cls, schemas: str | None, queues: str | None, *, schemas_option: str = "allowedSchemas",
-              queues_option: str = "allowedQueues") -> RoutingPolicy:
-        def items(raw: str | None, option: str) -> tuple[str, ...] | None:
+    def parse(cls, schemas: str | None, queues: str | None) -> RoutingPolicy:
+        """The allow-list from its two comma-separated lists (None: not given); errors name the
+        fields ``allowed_schemas`` and ``allowed_queues``."""
+        def items(raw: str | None, name: str) -> tuple[str, ...] | None:
             if raw is None:
                 return None
             values = tuple(v.strip() for v in str(raw).split(",") if v.strip())
             if not values:
-                raise ConfigError(f"option '{option}' is empty: give a comma-separated list, or leave it out", option=option)
+                raise field_error(name, "is empty: give a comma-separated list, or leave it out")
             if any("\x00" in v for v in values):
-                raise ConfigError(f"option '{option}' contains a NUL character", option=option)
+                raise field_error(name, "contains a NUL character")
             return values
 
-        return cls(items(schemas, schemas_option), items(queues, queues_option) or ())
+        return cls(items(schemas, "allowed_schemas"), items(queues, "allowed_queues") or ())
 
     def problem(self, dialect: Dialect, address: QueueAddress) -> str | None:
         fold = dialect.fold_name
@@ -165,13 +166,14 @@ class Router:
     def forget(self) -> None:
         self._found.clear()
 
-    def resolve(self, cur: Any, text: str | None, *, option: str = "address") -> Target | Refusal:
-        """Parse and check an address given as text (a header, a column, a subscription row)."""
+    def resolve(self, cur: Any, text: str | None, *, source: str = "address") -> Target | Refusal:
+        """Parse and check an address given as text (a header, a column, a subscription row:
+        `source` says which, in the refusal's reason)."""
         if text is None or not str(text).strip():
             return Refusal("", "the message names no destination queue")
         text = str(text)
         try:
-            address = self.dialect.parse_address(text, option=option)
+            address = self.dialect.parse_address(text, field=source)
         except ConfigError as exc:
             return Refusal(text, f"not a queue address ({exc})")
         return self.target(cur, address, given=text)
@@ -197,16 +199,13 @@ class Router:
         d = self.dialect
         return self._queue(cur, address, d.qualified(address), d.format_address(address))
 
-    def configured(self, cur: Any, address: QueueAddress, *, option: str) -> Target:
+    def configured(self, cur: Any, address: QueueAddress, *, field: str) -> Target:
         """Like `trusted`, for a queue the work cannot go on without (the error queue): a
-        `QueueNotFoundError` naming the option when it is missing or not a queue."""
+        `QueueNotFoundError` naming the settings field when it is missing or not a queue."""
         found = self.trusted(cur, address)
         if isinstance(found, Refusal):
-            raise QueueNotFoundError(
-                f"option '{option}': queue {found.reason}; "
-                "create it (sqlqueue create-queue, the DDL in sql/, or .option('createQueues', 'true'))",
-                option=option, queue=found.failed_q,
-            )
+            raise field_error(field, f"queue {found.reason}; create it (sqlqueue create-queue, the DDL in sql/, "
+                              "or set `create_queues`)", kind=QueueNotFoundError, queue=found.failed_q)
         return found
 
     def _queue(self, cur: Any, address: QueueAddress, name: str, text: str) -> Target | Refusal:

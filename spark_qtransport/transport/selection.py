@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
-from ..errors import ConfigError
+from ..errors import ConfigError, field_error
 
 __all__ = ["QueuePattern", "QueueSelection", "check_distinct", "split_queue_list"]
 
 
-def split_queue_list(text: str, *, option: str = "queue") -> list[str]:
+def split_queue_list(text: str) -> list[str]:
     """The addresses of a comma-separated list, split at commas outside quotes (``"a,b"``) and
     brackets (``[a,b]``): either dialect's quoting keeps a comma inside a name."""
     if not text.strip():
@@ -34,7 +34,7 @@ def split_queue_list(text: str, *, option: str = "queue") -> list[str]:
     parts.append(text[start:])
     items = [p.strip() for p in parts]
     if any(not p for p in items):
-        raise ConfigError(f"option '{option}': an empty address in the list {text[:200]!r}", option=option)
+        raise field_error("queue", f"an empty address in the list {text[:200]!r}")
     return items
 
 
@@ -68,19 +68,19 @@ class QueuePattern:
     schema: str | None
 
     @classmethod
-    def parse(cls, dialect: Dialect, text: str, *, option: str = "queuePattern") -> QueuePattern:
+    def parse(cls, dialect: Dialect, text: str) -> QueuePattern:
         raw = str(text).strip()
         if not raw:
-            raise ConfigError(f"option '{option}' is empty: give a pattern such as \"tenant_*\".\"audit\"", option=option)
+            raise field_error("queue_pattern", "is empty: give a pattern such as \"tenant_*\".\"audit\"")
         try:
             address = dialect.split_address(raw)
         except ConfigError as exc:
-            raise ConfigError(f"option '{option}': invalid pattern {raw!r}: {exc}", option=option) from None
+            raise field_error("queue_pattern", f"invalid pattern {raw!r}: {exc}") from None
         if address.catalog:
-            raise ConfigError(f"option '{option}': a pattern matches queues of the connection's database; "
-                              f"it cannot name a catalog ({raw!r})", option=option)
+            raise field_error("queue_pattern", "a pattern matches queues of the connection's database; "
+                              f"it cannot name a catalog ({raw!r})")
         if not address.table:
-            raise ConfigError(f"option '{option}': {raw!r} has no table part", option=option)
+            raise field_error("queue_pattern", f"{raw!r} has no table part")
         return cls(raw, address.table, address.schema)
 
     def like(self, dialect: Dialect) -> tuple[str, str]:
@@ -131,13 +131,12 @@ class QueueSelection:
         return found
 
 
-def check_distinct(dialect: Dialect, queues: list[QueueAddress], option: str = "queue") -> None:
+def check_distinct(dialect: Dialect, queues: list[QueueAddress]) -> None:
     """A list naming one queue twice (however spelled) is a mistake: say which."""
     seen: dict[str, QueueAddress] = {}
     for q in queues:
         name = dialect.fold_name(dialect.qualified(q))
         if name in seen:
-            raise ConfigError(f"option '{option}' names queue {dialect.format_address(q)} twice", option=option,
-                              queue=dialect.format_address(q))
+            raise field_error("queue", f"names queue {dialect.format_address(q)} twice", queue=dialect.format_address(q))
         seen[name] = q
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..dialects import Dialect, QueueAddress
-from ..errors import SchemaError
+from ..errors import SchemaError, field_error
 from . import session as db
 
 __all__ = ["database_problems", "require_databases"]
@@ -25,7 +25,7 @@ def database_problems(cur: Any, d: Dialect, tables: Iterable[QueueAddress]) -> l
 
 
 def require_databases(cur: Any, d: Dialect, tables: Iterable[QueueAddress], *, queue: str | None = None) -> None:
-    """`database_problems`, refused at start: a `SchemaError` naming option 'url' and the first
+    """`database_problems`, refused at start: a `SchemaError` naming the `url` and the first
     problem (a receiver names its queue)."""
     for problem in database_problems(cur, d, tables):
-        raise SchemaError(f"option 'url': {problem}", option="url", queue=queue)
+        raise field_error("url", problem, kind=SchemaError, **({} if queue is None else {"queue": queue}))

@@ -222,9 +222,9 @@ def _gave_up(dialect: Dialect, what: str, failure: BaseException, text: str, bac
             return failure
         return explain(dialect, what, failure)  # type: ignore[arg-type]
     if backoff.bound <= 0:
-        why = "outageTimeout is 0: no outage is waited out"
+        why = "`outage_timeout` is 0: no outage is waited out"
     else:
-        why = (f"{backoff.database} has not answered for {seconds:.0f} s, longer than outageTimeout "
+        why = (f"{backoff.database} has not answered for {seconds:.0f} s, longer than `outage_timeout` "
                f"({seconds_text(backoff.bound)})")
     fields = {"operation": what, "sqlstate": None if isinstance(failure, QTransportError) else dialect.sqlstate(failure)}
     return DatabaseError(f"{what} failed: {why}: {text}", **fields)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect, QueueAddress, dialect_for
-from ..errors import ConfigError
+from ..errors import ConfigError, field_error
 from .delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 from .routing import RoutingPolicy
 from .selection import QueueSelection
@@ -96,24 +96,23 @@ class ReceiveSettings:
         d = dialect_for(self.url)
         object.__setattr__(self, "dialect", d)
         if d.qualified(self.error_queue) == d.qualified(self.queue):
-            raise ConfigError("option 'errorQueue' must name another queue than option 'queue'", option="errorQueue")
-        for option, target in self.platform_queues().items():
+            raise field_error("error_queue", "must name another queue than `queue`")
+        for name, target in self.platform_queues().items():
             if d.qualified(target) == d.qualified(self.queue):
-                raise ConfigError(f"option '{option}' must name another queue than option 'queue': every message "
-                                  "would come back", option=option)
+                raise field_error(name, "must name another queue than `queue`: every message would come back")
         if self.audit_ttbr_seconds is not None and not 0 < self.audit_ttbr_seconds <= d.max_interval_seconds:
-            raise ConfigError("option 'auditTimeToBeReceived' must be a positive duration of at most "
-                              f"{d.max_interval_seconds:.0f} seconds", option="auditTimeToBeReceived")
+            raise field_error("audit_ttbr_seconds", "must be a positive duration of at most "
+                              f"{d.max_interval_seconds:.0f} seconds")
         if not 0.1 <= self.monitoring_interval <= 86_400:
-            raise ConfigError("option 'monitoringInterval' must be between 100ms and 1d", option="monitoringInterval")
+            raise field_error("monitoring_interval", "must be between 100ms and 1d")
         try:
             d.claims_table(self.queue)  # fails early when the claim table name would be too long
         except ConfigError as exc:
-            raise ConfigError(f"option 'queue': {exc}", option="queue") from None
+            raise field_error("queue", str(exc)) from None
         rule = self.delayed_rule
         if rule.table is not None or rule.custom_suffix:  # a table asked for must be one (see `delayed`)
             rule.table_for(d, self.queue)
-        rule.check(d, self.queue, {"errorQueue": self.error_queue})
+        rule.check(d, self.queue, {"error_queue": self.error_queue})
         object.__setattr__(self, "routing", self.routing.reserving(suffix=rule.suffix, table=rule.table))
 
     @classmethod
@@ -122,8 +121,8 @@ class ReceiveSettings:
         """Settings from addresses as text (NServiceBus syntax), for code that is not Spark's."""
         url = _url(url)
         d = dialect_for(url)
-        address = d.parse_address(queue, option="queue")
-        return cls(url=url, queue=address, error_queue=d.parse_address(error_queue, option="errorQueue"),
+        address = d.parse_address(queue, field="queue")
+        return cls(url=url, queue=address, error_queue=d.parse_address(error_queue, field="error_queue"),
                    consumer=consumer or address.table, **values)  # type: ignore[arg-type]
 
     @property
@@ -136,9 +135,9 @@ class ReceiveSettings:
             return None
 
     def platform_queues(self) -> dict[str, QueueAddress]:
-        """The queues the platform options name, by option: each must exist at start."""
-        named = {"auditQueue": self.audit_queue, "forwardTo": self.forward_to, "monitoringQueue": self.monitoring_queue}
-        return {option: address for option, address in named.items() if address is not None}
+        """The platform's queues, by settings field: each must exist at start."""
+        named = {"audit_queue": self.audit_queue, "forward_to": self.forward_to, "monitoring_queue": self.monitoring_queue}
+        return {name: address for name, address in named.items() if address is not None}
 
     def partitions_for(self, rows: int) -> int:
         if self.num_partitions:
@@ -167,8 +166,7 @@ class StreamSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dialect", dialect_for(self.url))
         if not 0 < self.max_trigger_delay <= 86_400 * 365:
-            raise ConfigError("option 'maxTriggerDelay' must be a positive duration of at most 365d",
-                              option="maxTriggerDelay")
+            raise field_error("max_trigger_delay", "must be a positive duration of at most 365d")
 
     @classmethod
     def of(cls, settings: ReceiveSettings) -> StreamSettings:
@@ -219,21 +217,20 @@ class SendSettings:
         d = dialect_for(self.url)
         object.__setattr__(self, "dialect", d)
         if self.invalid_rows not in INVALID_ROWS:
-            raise ConfigError(f"option 'invalidRows' must be {' or '.join(INVALID_ROWS)}, not {self.invalid_rows[:40]!r}",
-                              option="invalidRows")
+            raise field_error("invalid_rows", f"must be {' or '.join(INVALID_ROWS)}, not {self.invalid_rows[:40]!r}")
         rule = self.delayed_rule
         for suffix in ("Staging", "Outbox"):  # fail early when a name would be too long
             try:
                 d.companion(self.endpoint, suffix)  # (index names are derived to fit: `index_name`)
             except ConfigError as exc:
-                raise ConfigError(f"option 'endpoint': {exc}", option="endpoint") from None
+                raise field_error("endpoint", str(exc)) from None
         try:
             rule.table_for(d, self.endpoint)
         except ConfigError as exc:
-            if exc.option is not None and exc.option != "endpoint":
+            if exc.field is not None:  # the suffix's
                 raise
-            raise ConfigError(f"option 'endpoint': {exc}", option="endpoint") from None
-        others = {"errorQueue": self.error_queue, "subscriptionTable": self.subscriptions}
+            raise field_error("endpoint", str(exc)) from None
+        others = {"error_queue": self.error_queue, "subscriptions": self.subscriptions}
         if self.destination is not None:
             others["destination"] = self.destination
         rule.check(d, self.endpoint, others)
@@ -246,10 +243,10 @@ class SendSettings:
         """Settings from addresses as text (NServiceBus syntax), for code that is not Spark's."""
         url = _url(url)
         d = dialect_for(url)
-        return cls(url=url, endpoint=d.parse_address(endpoint, option="endpoint"),
-                   error_queue=d.parse_address(error_queue, option="errorQueue"),
-                   subscriptions=d.parse_address(subscriptions, option="subscriptionTable"),
-                   destination=d.parse_address(destination, option="destination") if destination else None,
+        return cls(url=url, endpoint=d.parse_address(endpoint, field="endpoint"),
+                   error_queue=d.parse_address(error_queue, field="error_queue"),
+                   subscriptions=d.parse_address(subscriptions, field="subscriptions"),
+                   destination=d.parse_address(destination, field="destination") if destination else None,
                    **values)  # type: ignore[arg-type]
 
     def inline_limit(self, partition: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from ...errors import ConfigError
+from ...errors import ConfigError, QTransportError, field_error
 from .values import QueueAddress, Statement
 
 
@@ -48,19 +48,24 @@ class AddressingSql(ABC):
     #: whether white space around an address is dropped (NServiceBus's SQL Server parser keeps it)
     trims_addresses = True
 
-    def parse_address(self, text: str, *, option: str = "queue") -> QueueAddress:
+    def parse_address(self, text: str, *, option: str = "queue", field: str | None = None) -> QueueAddress:
         """Parse a queue address in this transport's syntax (`split_address`) and check its
-        names (`check_address`); errors name `option`."""
+        names (`check_address`); errors name `option` (as a front end calls it) or, given, the
+        settings `field` (for the front end to name: `errors.named`)."""
+        def refuse(detail: str, queue: str | None = None) -> QTransportError:
+            if field is not None:
+                return field_error(field, detail, queue=queue) if queue else field_error(field, detail)
+            return ConfigError(f"option '{option}'{'' if detail.startswith('is ') else ':'} {detail}", option=option,
+                               queue=queue)
+
         if text is None or not str(text).strip():
-            raise ConfigError(f"option '{option}' is empty: give a queue name such as {self.address_example}",
-                              option=option)
+            raise refuse(f"is empty: give a queue name such as {self.address_example}")
         text = str(text).strip() if self.trims_addresses else str(text)
         try:
             address = self.split_address(text)
             self.check_address(address)
         except ConfigError as exc:
-            raise ConfigError(f"option '{option}': invalid queue address {text!r}: {exc}", option=option,
-                              queue=text) from None
+            raise refuse(f"invalid queue address {text!r}: {exc}", queue=text) from None
         return address
 
     @abstractmethod

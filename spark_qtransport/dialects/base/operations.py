@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 
-from ...errors import ConfigError
+from ...errors import field_error
 from .addressing import AddressingSql
 from .values import QueueAddress, Statement
 
@@ -17,7 +17,7 @@ def check_preview(preview: int) -> int:
     """How many bytes of each body `peek_messages` reads: 1 to PEEK_PREVIEW_MAX."""
     preview = int(preview)
     if not 1 <= preview <= PEEK_PREVIEW_MAX:
-        raise ConfigError(f"a body preview is 1 to {PEEK_PREVIEW_MAX} bytes, not {preview}", option="preview")
+        raise field_error("preview", f"a body preview is 1 to {PEEK_PREVIEW_MAX} bytes, not {preview}")
     return preview
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 
-from ...errors import ConfigError
+from ...errors import ConfigError, field_error
 from ..base import MARK, OperationsSql, QueueAddress, Statement, check_preview, check_privileges
 from .addressing import PostgresAddressing
 from .statements import ROWS_OF, UTC_NOW, instant_of, literal
@@ -18,7 +18,7 @@ FAILED_Q_PATTERN = r'"NServiceBus\.FailedQ"\s*:\s*"((?:[^"\\]|\\.)*)"'
 def _positive(limit: int) -> int:
     limit = int(limit)
     if limit < 1:
-        raise ConfigError(f"limit must be at least 1, not {limit}", option="limit")
+        raise field_error("limit", f"must be at least 1, not {limit}")
     return limit
 
 
@@ -207,7 +207,10 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
     def grants(
         self, role: str, tables: Mapping[QueueAddress, Sequence[str]], *, queues: Collection[QueueAddress] = ()
     ) -> list[Statement]:
-        grantee = '"' + self.check_name("role", role, option="--grant-to").replace('"', '""') + '"'
+        try:
+            grantee = '"' + self.check_name("role", role).replace('"', '""') + '"'
+        except ConfigError as exc:
+            raise field_error("role", str(exc)) from None
         schemas = dict.fromkeys(t.schema or self.default_schema for t in tables)
         out = [Statement(f"GRANT USAGE ON SCHEMA {self.quote(s)} TO {grantee}") for s in schemas]
         for table, privileges in tables.items():

@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 
-from ...errors import ConfigError, QTransportError
+from ...errors import QTransportError, field_error
 from ..base import OperationsSql, QueueAddress, Statement, check_preview, check_privileges
 from .addressing import SqlServerAddressing
 from .statements import CHUNK, ROW_BOUND, Params, bounded, copy_rows, json_keys, json_list, literal
@@ -34,7 +34,7 @@ def _native_id(value: str) -> str:
     try:
         return str(uuid.UUID(str(value).strip()))
     except ValueError:
-        raise ConfigError(f"not a native message id (a uniqueidentifier): {value!r}", option="NATIVE_IDS") from None
+        raise field_error("native_ids", f"not a native message id (a uniqueidentifier): {value!r}") from None
 
 
 class SqlServerOperations(SqlServerAddressing, OperationsSql):
@@ -71,15 +71,15 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
     def _check_limit(limit: int) -> int:
         limit = int(limit)
         if limit < 1:
-            raise ConfigError(f"limit must be at least 1, not {limit}", option="limit")
+            raise field_error("limit", f"must be at least 1, not {limit}")
         return limit
 
     @staticmethod
-    def _check_subscription(option: str, value: str) -> str:
-        """A value of the SubscriptionRouting table: nvarchar(200) NOT NULL, as NServiceBus makes it."""
+    def _check_subscription(name: str, value: str) -> str:
+        """A value of the SubscriptionRouting table: nvarchar(200) NOT NULL, as NServiceBus makes it;
+        errors name the field `name` (endpoint, queue, topic)."""
         if not isinstance(value, str) or not value or len(value) > 200:
-            raise ConfigError(f"option '{option}': {value!r} must be 1 to 200 characters (SubscriptionRouting)",
-                              option=option)
+            raise field_error(name, f"{value!r} must be 1 to 200 characters (SubscriptionRouting)")
         return value
 
     def peek_messages(self, queue: QueueAddress, *, limit: int, preview: int) -> Statement:
@@ -225,9 +225,9 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
         return Statement(
             sql.strip(),
             (
-                self._check_subscription("--endpoint", endpoint),
+                self._check_subscription("endpoint", endpoint),
                 self._check_subscription("queue", queue_address),
-                self._check_subscription("--topic", topic),
+                self._check_subscription("topic", topic),
             ),
         )
 
@@ -235,7 +235,7 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
         # NServiceBus's UnsubscribeText.
         return Statement(
             f"DELETE FROM {self.qualified(table)} WHERE Endpoint = ? AND Topic = ?",
-            (self._check_subscription("--endpoint", endpoint), self._check_subscription("--topic", topic)),
+            (self._check_subscription("endpoint", endpoint), self._check_subscription("topic", topic)),
         )
 
     # Moving messages between queues (sqlqueue error retry): lock rows, insert copies, delete the
@@ -251,7 +251,7 @@ VALUES (source.QueueAddress, source.Topic, source.Endpoint);"""
         # a table lock, which READPAST cannot skip (callers go on while rows are moved).
         limit = int(limit)
         if limit < 0:
-            raise ConfigError(f"limit must not be negative, not {limit}", option="limit")
+            raise field_error("limit", f"must not be negative, not {limit}")
         limit = min(limit, ROW_BOUND)
         sql = (
             "SELECT TOP (?) CAST(RowVersion AS varchar(20)), LOWER(CAST(Id AS varchar(36))), Headers"

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ConfigError, QTransportError
+from ...errors import QTransportError, field_error
 from ...wire import RETRY_COUNTERS
 from ..base import ClaimFailures, ClaimNumbering, QueueAddress, ReceiveSql, Statement
 from .addressing import SqlServerAddressing
@@ -227,11 +227,8 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
         # nvarchar counts UTF-16 code units: a character beyond the BMP takes two. A longer name
         # would be cut by the claim's nvarchar(200) variable, and its claims never read back.
         if not consumer or "\x00" in consumer or len(consumer.encode("utf-16-le")) // 2 > MAX_CONSUMER_CHARS:
-            raise ConfigError(
-                f"option 'endpoint': consumer name {consumer!r} must be 1 to {MAX_CONSUMER_CHARS} characters "
-                "(UTF-16 code units) without NUL (the Consumer column of the claim table)",
-                option="endpoint",
-            )
+            raise field_error("consumer", f"consumer name {consumer!r} must be 1 to {MAX_CONSUMER_CHARS} characters "
+                              "(UTF-16 code units) without NUL (the Consumer column of the claim table)")
         return consumer
 
     def _lock_resource(self, claims: QueueAddress, consumer: str, *, table: str = "table",

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ...errors import ConfigError, QTransportError
+from ...errors import QTransportError, field_error
 from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
 from .addressing import SqlServerAddressing
 from .statements import (
@@ -201,7 +201,7 @@ class SqlServerSend(SqlServerAddressing, SendSql):
     @staticmethod
     def _check_sink(sink: str) -> str:
         if not isinstance(sink, str) or not sink or len(sink) > MAX_SINK_CHARS:
-            raise ConfigError(f"sink name {sink!r} must be 1 to {MAX_SINK_CHARS} characters", option="sink")
+            raise field_error("sink", f"sink name {sink!r} must be 1 to {MAX_SINK_CHARS} characters")
         return sink
 
     def outbox_insert(self, outbox: QueueAddress, *, sink: str, batch_id: int, fingerprint: str) -> Statement:

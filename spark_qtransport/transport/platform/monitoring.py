@@ -53,7 +53,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...dialects import QueueAddress
-from ...errors import ConfigError
+from ...errors import field_error
 from ...wire import H, as_utc, encode_headers, host_id, machine
 from .. import session as db
 from ..routing import Router
@@ -209,7 +209,7 @@ class Monitor:
                  per_report: int = ENTRIES_PER_REPORT, seed: int | None = None,
                  reports: ReportSession | None = None) -> None:
         if settings.monitoring_queue is None:
-            raise ConfigError("monitoring needs option 'monitoringQueue'", option="monitoringQueue")
+            raise field_error("monitoring_queue", "monitoring needs a queue to report to")
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.settings = settings
@@ -248,7 +248,7 @@ class Monitor:
 
     def check(self, cur: Any) -> None:
         """The monitoring queue must exist and be a queue (at set-up, on the caller's cursor); then `start`."""
-        Router(self.dialect, self.settings.routing).configured(cur, self.address, option="monitoringQueue")
+        Router(self.dialect, self.settings.routing).configured(cur, self.address, field="monitoring_queue")
         self.start()
 
     def start(self) -> None:

@@ -76,7 +76,7 @@ def forward_claimed(
             cur, router, items,
             insert=lambda t, keys, headers: d.forward_claims(claims, consumer, t.address, keys=keys, headers=headers),
             delete=lambda keys: d.drop_claims(claims, consumer, keys=keys),
-            error_queue=lambda: router.configured(cur, error_queue, option="errorQueue"),
+            error_queue=lambda: router.configured(cur, error_queue, field="error_queue"),
             source="spark_qtransport.forward", endpoint=queue.table,
         )
         result.forwarded, result.failed = sum(routed.moved.values()), routed.failed

@@ -137,7 +137,7 @@ class QueueSet:
             address = address or now.get(key)
         r = self.receivers.get(key)
         if r is None:
-            target = address if address is not None else self.dialect.parse_address(key, option="queue")
+            target = address if address is not None else self.dialect.parse_address(key, field="queue")
             r = self.receivers[key] = Receiver(self.stream.settings_for(target), draining=draining,
                                                sessions=self.sessions)
         else:  # it may have left the stream, or come back (a dropped queue created again)

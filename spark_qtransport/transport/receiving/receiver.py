@@ -270,7 +270,7 @@ class Receiver:
                 "endpoint %r on queue %s: this query starts from a new checkpoint and takes over %d message(s) that "
                 "another query with the same endpoint (or this one, before its checkpoint logged a batch) claimed, "
                 "oldest at %s, and never acknowledged; they are delivered again. If that query handled them, they "
-                "are handled twice: give each job its own .option('endpoint', ...)",
+                "are handled twice: give each job its own endpoint (consumer identity)",
                 consumer, self.endpoint.queue_text, held[0], held[1],
             )
 

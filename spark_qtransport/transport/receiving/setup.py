@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...dialects import FAILED_COLUMN, Dialect, QueueAddress
-from ...errors import ConfigError, ConsumerBusyError, QueueNotFoundError, SchemaError
+from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError, field_error
 from .. import session as db
 from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
@@ -84,8 +84,8 @@ class EndpointSetUp:
                 raise QueueNotFoundError(f"claim table {d.qualified(claims)} does not exist",
                                          queue=self.endpoint.queue_text)
         else:
-            for option, address in (("queue", o.queue), ("errorQueue", o.error_queue), *o.platform_queues().items()):
-                self._check_queue(conn, cur, option, address)
+            for name, address in (("queue", o.queue), ("error_queue", o.error_queue), *o.platform_queues().items()):
+                self._check_queue(conn, cur, name, address)
             self._create_claims(conn, cur)
         self._lock_consumer(conn, cur)
         if not self._mode_decided and not self.draining:
@@ -115,7 +115,7 @@ class EndpointSetUp:
                "stream leaves half of the free ones to others. Raise max_prepared_transactions (a server "
                "restart; `sqlqueue doctor` says by how much) to hold claims without writing them twice")
         if explicit and not slots.taken:
-            raise ConfigError(f"option 'claimMode' prepared: {why}", option="claimMode")
+            raise field_error("claim_mode", f"prepared: {why}")
         log.info("queue %s: claims are held in the claim table (claimMode %s): %s", self.endpoint.queue_text,
                  o.claim_mode, why)
 
@@ -126,17 +126,18 @@ class EndpointSetUp:
             (version,) = db.one(cur, check)
             self.endpoint.dialect, problem = d.adapt_to_server(int(version), self.endpoint.claims)
             if problem:
-                raise SchemaError(f"option 'url': {problem}", option="url", queue=self.endpoint.queue_text)
+                raise field_error("url", problem, kind=SchemaError, queue=self.endpoint.queue_text)
         o = self.endpoint.options
         require_databases(cur, self.endpoint.dialect, (o.queue, o.error_queue, *o.platform_queues().values()),
                           queue=self.endpoint.queue_text)
 
-    def _check_queue(self, conn: Any, cur: Any, option: str, address: QueueAddress) -> None:
+    def _check_queue(self, conn: Any, cur: Any, name: str, address: QueueAddress) -> None:
+        """The queue settings field `name` gives exists (or is created) and is a queue table."""
         d = self.endpoint.dialect
-        if option != "queue" and self.endpoint.options.routing.is_own_table(d, address):
+        if name != "queue" and self.endpoint.options.routing.is_own_table(d, address):
             text = d.format_address(address)
-            raise SchemaError(f"option '{option}': {text} is a table of the transport itself, not a queue",
-                              option=option, queue=text)
+            raise field_error(name, f"{text} is a table of the transport itself, not a queue", kind=SchemaError,
+                              queue=text)
         cols = db.columns(cur, d.queue_columns(address))
         if not cols and self.endpoint.options.create_queues:
             warn_about_name(d, address)
@@ -145,13 +146,11 @@ class EndpointSetUp:
             cols = db.columns(cur, d.queue_columns(address))
         text = d.format_address(address)
         if not cols:
-            raise QueueNotFoundError(
-                f"option '{option}': queue {text} does not exist; create it "
-                "(the DDL in sql/, or .option('createQueues', 'true'))", option=option, queue=text,
-            )
+            raise field_error(name, f"queue {text} does not exist; create it (the DDL in sql/, or set "
+                              "`create_queues`)", kind=QueueNotFoundError, queue=text)
         shape = queue_shape_problem(cols)  # the routing path's own check, for our own queues too
         if shape is not None:
-            raise SchemaError(f"option '{option}': table {text} {shape}", option=option, queue=text)
+            raise field_error(name, f"table {text} {shape}", kind=SchemaError, queue=text)
 
     def _create_claims(self, conn: Any, cur: Any) -> None:
         """DDL only for what is missing: once a DBA has created the tables (and, on PostgreSQL
@@ -205,7 +204,7 @@ class EndpointSetUp:
                 raise ConsumerBusyError(
                     f"endpoint {o.consumer!r} is already receiving from queue {d.format_address(o.queue)} "
                     f"in another running query (waited {LOCK_WAIT:.0f}s); give each query its own "
-                    ".option('endpoint', ...)", option="endpoint", queue=d.format_address(o.queue),
+                    "`consumer`", field="consumer", queue=d.format_address(o.queue),
                 )
             if not warned:
                 log.warning("endpoint %r on %s is held by another session; waiting up to %.0fs",

@@ -63,9 +63,9 @@ class _Refused(Exception):  # noqa: N818 - internal: becomes a MessageError (`Me
     id the row was being built with (given, or generated for it)."""
 
     def __init__(self, column: str, reason: str, message_id: Any, *, field: str | None = None,
-                 option: str | None = None) -> None:
+                 setting: str | None = None) -> None:
         super().__init__(reason)
-        self.column, self.reason, self.message_id, self.field, self.option = column, reason, message_id, field, option
+        self.column, self.reason, self.message_id, self.field, self.setting = column, reason, message_id, field, setting
 
 
 def _timespan(seconds: float) -> str:
@@ -146,12 +146,12 @@ class MessageBuilder:
         if route is None:
             if destination is None:
                 if self.plan.default_destination is None:
-                    raise _Refused("destination", "no destination: fill the 'destination' column or set option "
-                                   "'destination'", message_id, option="destination")
+                    raise _Refused("destination", "no destination: fill the 'destination' column or set "
+                                   "`destination`", message_id, setting="destination")
                 address = self.plan.default_destination
             else:
                 try:
-                    address = self.dialect.parse_address(destination, option="destination")
+                    address = self.dialect.parse_address(destination, field="destination")
                 except ConfigError:  # kept for the error queue's FailedQ; a NUL is no text to store
                     route = self._routes[destination] = destination.replace("\x00", "\\x00")
                     return route
@@ -346,7 +346,7 @@ class MessageBuilder:
             else:
                 who = f"message {_shown(refused.message_id)} (an id generated in this run: no message_id column)"
         return MessageError(f"column {shown!r} of {who}: {refused.reason}", column=refused.column,
-                            option=refused.option)
+                            field=refused.setting)
 
     def _error_copy(self, row: Mapping[str, Any], now: datetime | str, message_id: Any, error: MessageError) -> StagedRow:
         """A refused row as the message it would have been (its body, the headers it would have

@@ -95,7 +95,7 @@ def set_up_sender(options: SendSettings) -> SendPlan:
                 db.install(d, cur, create(table))  # idempotent: safe to run again after a fault
         conn.commit()
         if options.destination is not None:  # a wrong static destination fails at start, named
-            Router(d, options.routing).configured(cur, options.destination, option="destination")
+            Router(d, options.routing).configured(cur, options.destination, field="destination")
         return bool(db.columns(cur, d.queue_columns(options.endpoint)))
 
     session = db.Session(d, options.url, what=f"setting up the sender tables of endpoint {d.format_address(options.endpoint)}")
@@ -110,9 +110,9 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         reply_to=d.format_address(options.endpoint) if has_input else None,
         content_type=options.content_type,
         sink=options.sink,
-        invalid_to=None if options.invalid_rows == INVALID_FAIL else d.format_address(options.error_queue),
         failed_q=d.format_address(options.endpoint),
         error_queue=d.format_address(options.error_queue),
+        invalid_fail=options.invalid_rows == INVALID_FAIL,
     )
 
 
@@ -280,8 +280,8 @@ class Dispatcher:
         error_queue = self.dialect.format_address(o.error_queue)
         for kind, route in batch.routes:
             if kind == SEND:
-                to = (router.configured(cur, o.error_queue, option="errorQueue") if route == error_queue
-                      else router.resolve(cur, route, option="destination"))
+                to = (router.configured(cur, o.error_queue, field="error_queue") if route == error_queue
+                      else router.resolve(cur, route, source="destination"))
                 destinations[route] = Destination(to, route)
         published = [route for (kind, route) in batch.routes if kind == PUBLISH]
         if published:
@@ -350,7 +350,7 @@ class Dispatcher:
             cur, router, items,
             insert=lambda t, keys, headers: d.move_staged(o.staging, t.address, keys=keys, headers=headers),
             delete=None,  # the staged rows go with the rest of the batch's
-            error_queue=lambda: router.configured(cur, o.error_queue, option="errorQueue"),
+            error_queue=lambda: router.configured(cur, o.error_queue, field="error_queue"),
             source="spark_qtransport.send", endpoint=o.endpoint.table,
         )
         return routed.failed
@@ -366,7 +366,7 @@ class Dispatcher:
         raise QueueNotFoundError(
             f"this batch has delayed messages but delayed delivery is not set up for endpoint {o.endpoint}: "
             f"table {d.qualified(o.delayed)} does not exist. Create it (the DDL in sql/, or "
-            ".option('createQueues', 'true')); nothing of this batch was sent",
+            "set `create_queues`); nothing of this batch was sent",
             queue=d.format_address(o.delayed),
         )
 

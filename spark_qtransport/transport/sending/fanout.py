@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...dialects import Dialect, QueueAddress
-from ...errors import QueueNotFoundError
+from ...errors import QueueNotFoundError, field_error
 from .. import session as db
 from ..routing import Refusal, Router, Target
 from .messages import topics_of
@@ -28,15 +28,13 @@ def add_subscribers(cur: Any, dialect: Dialect, router: Router, subscriptions: Q
                     published: list[str], destinations: dict[str, Destination]) -> None:
     """Add each subscriber queue of the `published` EnclosedMessageTypes values to `destinations`
     (by canonical address), with the values routed to it. `create`: create a missing
-    subscription table (option createQueues) instead of failing."""
+    subscription table (`create_queues`) instead of failing."""
     d = dialect
     if not db.columns(cur, d.queue_columns(subscriptions)):
         if not create:
-            raise QueueNotFoundError(
-                f"this batch publishes events, but the subscription table {d.qualified(subscriptions)} "
-                "does not exist; create it (option 'createQueues', or the DDL in sql/)",
-                queue=d.format_address(subscriptions), option="subscriptionTable",
-            )
+            raise field_error("subscriptions", f"this batch publishes events, but the subscription table "
+                              f"{d.qualified(subscriptions)} does not exist; create it (`create_queues`, or the DDL in "
+                              "sql/)", kind=QueueNotFoundError, queue=d.format_address(subscriptions))
         db.install(d, cur, d.create_subscriptions(subscriptions))
     by_topic: dict[str, list[str]] = {}
     for types in published:
@@ -50,7 +48,7 @@ def add_subscribers(cur: Any, dialect: Dialect, router: Router, subscriptions: Q
     topics = sorted(by_topic)
     for queue_text, i in db.rows(cur, d.subscribers(subscriptions, topics)):
         topic = topics[int(i)]
-        to = router.resolve(cur, queue_text, option=f"subscriber of {topic} in {d.qualified(subscriptions)}")
+        to = router.resolve(cur, queue_text, source=f"subscriber of {topic} in {d.qualified(subscriptions)}")
         dest = destinations.setdefault(to.text if isinstance(to, Target) else f"\0{queue_text}", Destination(to, None))
         for types in by_topic[topic]:
             if types not in dest.publish_routes:

@@ -195,11 +195,16 @@ class SendPlan:
     reply_to: str | None  # ReplyToAddress for messages without one (the endpoint's input queue)
     content_type: str
     sink: str
-    #: where rows the sink cannot build go, as error copies (the error queue's canonical address);
-    #: None: such a row fails the task (option invalidRows=fail)
-    invalid_to: str | None = None
     #: the endpoint's address: NServiceBus.FailedQ of an error copy whose row names no usable
     #: destination (otherwise FailedQ is the destination, so a retry delivers it there; default `endpoint`)
     failed_q: str | None = None
-    #: the sink's error queue (canonical address): where fail() and retry_later() rows go
+    #: the sink's error queue (canonical address): where fail() and retry_later() rows go, and the
+    #: error copies of rows the sink cannot build (`invalid_to`)
     error_queue: str | None = None
+    #: a row the sink cannot build fails the task instead (invalidRows=fail)
+    invalid_fail: bool = False
+
+    @property
+    def invalid_to(self) -> str | None:
+        """Where rows the sink cannot build go, as error copies; None: such a row fails the task."""
+        return None if self.invalid_fail else self.error_queue

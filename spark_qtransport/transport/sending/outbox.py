@@ -66,7 +66,7 @@ class Outbox:
                 f"batch {batch_id} of sink {self.sink!r} of endpoint {self.endpoint!r} was already dispatched "
                 f"at {record.dispatched_at} by another run ({record.fingerprint}; this is {fp}): the checkpoint "
                 "was deleted or reset, or another query sends as the same endpoint. Nothing was sent. "
-                "Give this query its own .option('sinkName', ...) or endpoint; or, if the old checkpoint "
+                "Give this query its own `sink` or `endpoint`; or, if the old checkpoint "
                 f"is gone for good, delete its records: DELETE FROM {t} WHERE sink = '{sink}'",
                 queue=self.dialect.format_address(self.table), operation="dispatch",
             )
