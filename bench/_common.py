@@ -205,7 +205,7 @@ def reset(url: str, *queues: str, endpoints: tuple[str, ...] = (), nsb: bool = F
     NServiceBus's DDL (`nsb_queue`)."""
 
     from spark_qtransport.connections import parse_url
-    from spark_qtransport.transport.operations.install import create_queues
+    from spark_qtransport.transport import create_queues
 
     drop(url, *queues, endpoints=endpoints)
     if nsb:

@@ -117,7 +117,7 @@ def main() -> int:
         from _spark import read_conf, session
 
         from spark_qtransport.connections import parse_url
-        from spark_qtransport.transport.operations.install import create_queues
+        from spark_qtransport.transport import create_queues
 
         java = f"{read_conf().get('spark.driver.extraJavaOptions', '')} {args.java_options}".strip()
         spark = session("sqlqueue-large-bodies", {

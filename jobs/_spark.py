@@ -311,10 +311,10 @@ def append_once(batch: Any, batch_id: int, *, table: str, job_id: str, partition
     id (kept in the checkpoint, so a new checkpoint is never taken for a replay), ``txnVersion`` =
     the batch id (a batch Spark replays after a crash is skipped by Delta).
 
-    The query id comes from `spark_qtransport.spark.writer.streaming_ids`: the local property
+    The query id comes from `spark_qtransport.streaming_ids`: the local property
     ``sql.streaming.queryId`` of the query's thread on classic Spark; over Spark Connect the
     session's active query (the one named `query_name` when the session runs several)."""
-    from spark_qtransport.spark.writer import streaming_ids
+    from spark_qtransport import streaming_ids
 
     query_id = streaming_ids(batch, query_name)[0] or "no-query"
     (batch.write.format("delta").mode("append").partitionBy(partition)

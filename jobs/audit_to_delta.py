@@ -127,8 +127,7 @@ def platform_rows(messages: Any, error_queues: list[str]) -> Any:
     """The tables' rows (`COLUMNS`) of received messages; ``failure`` says which table each is for."""
     from pyspark.sql import functions as F
 
-    from spark_qtransport import platform_columns
-    from spark_qtransport.spark.platform import utc_date
+    from spark_qtransport import platform_columns, utc_date
 
     failure = F.col("queue").isin(*error_queues)
     rows = platform_columns(messages)
@@ -136,7 +135,7 @@ def platform_rows(messages: Any, error_queues: list[str]) -> Any:
     return rows.select(*COLUMNS[:-1], utc_date(day).alias("day"), failure.alias("failure"))
 
 
-def append_once(paths: dict[str, str], job_id: str):  # type: ignore[no-untyped-def]
+def platform_tables_writer(paths: dict[str, str], job_id: str):  # type: ignore[no-untyped-def]
     """A foreachBatch function appending each batch's audit rows and failures once to their
     tables (Delta idempotent writes, one transaction per table; both tables are written even when
     one gets no rows, so both exist once the first batch is in)."""
@@ -173,14 +172,14 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, int]:
     """Run the job on `spark` until its query ends (AvailableNow: once drained); the rows it added
     to each table: {"audit": n, "failures": m}."""
     from spark_qtransport.connections import parse_url
-    from spark_qtransport.transport.operations.install import create_queues
+    from spark_qtransport.transport import create_queues
 
     audit, errors, poison = queues(args)
     create_queues(parse_url(str(args.url), option="--url"), poison)
     paths = tables(args)
     before = {name: count(spark, path) for name, path in paths.items()}
     rows = platform_rows(messages(spark, args, [*audit, *errors], poison), errors)
-    query = (rows.writeStream.foreachBatch(STOPS.gated(append_once(paths, args.job_id)))
+    query = (rows.writeStream.foreachBatch(STOPS.gated(platform_tables_writer(paths, args.job_id)))
              .option("checkpointLocation", args.checkpoint).trigger(**_config.trigger(args.trigger))
              .queryName(JOB).start())
     print(f"draining {', '.join(audit)} into {paths['audit']} and {', '.join(errors)} into {paths['failures']} "

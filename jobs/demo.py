@@ -59,8 +59,8 @@ def set_up(url: str) -> None:
 
     from spark_qtransport.connections import parse_url
     from spark_qtransport.dialects import dialect_named
+    from spark_qtransport.transport import create_queues
     from spark_qtransport.transport.delayed import NSERVICEBUS_DELAYED
-    from spark_qtransport.transport.operations.install import create_queues
 
     create_queues(parse_url(url), "Sales", "error", SHOP_WEB, *SUBSCRIBERS)
     d = dialect_named("postgres")

@@ -69,7 +69,7 @@ def bronze(messages: Any) -> Any:
     )
 
 
-def append_once(table: str, job_id: str):  # type: ignore[no-untyped-def]
+def delta_writer(table: str, job_id: str):  # type: ignore[no-untyped-def]
     """A foreachBatch function appending each batch once (Delta idempotent writes)."""
     from _spark import append_once as append
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     reader = (spark.readStream.format("sqlqueue").option("url", args.url).option("queue", args.queue)
               .option("errorQueue", args.error_queue).option("maxMessagesPerTrigger", str(args.max_messages)))
     reader = reader.option("endpoint", endpoint(args))
-    query = (bronze(reader.load()).writeStream.foreachBatch(STOPS.gated(append_once(args.table, args.job_id)))
+    query = (bronze(reader.load()).writeStream.foreachBatch(STOPS.gated(delta_writer(args.table, args.job_id)))
              .option("checkpointLocation", args.checkpoint).trigger(**_config.trigger(args.trigger))
              .queryName("queue_to_delta").start())
     print(f"draining {args.queue} into {args.table} (checkpoint {args.checkpoint})", flush=True)

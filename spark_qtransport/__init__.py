@@ -28,7 +28,7 @@ from .errors import (
     unwrap,
 )
 from .spark.columns import fail, publish, reply, retry_later
-from .spark.platform import platform_columns
+from .spark.platform import platform_columns, utc_date
 
 __all__ = [
     "register",
@@ -38,6 +38,8 @@ __all__ = [
     "fail",
     "retry_later",
     "platform_columns",
+    "utc_date",
+    "streaming_ids",
     "DatabaseError",
     "DispatchError",
     "OutboxConflictError",
@@ -71,9 +73,10 @@ def register(spark: Any, *, report_failures: bool = True) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    # QueueSink imports pyspark: load it on first use, so `import spark_qtransport` works without Spark.
-    if name == "QueueSink":
-        from .spark.writer import QueueSink
+    # QueueSink and streaming_ids import pyspark: load them on first use, so `import spark_qtransport`
+    # works without Spark.
+    if name in ("QueueSink", "streaming_ids"):
+        from .spark import writer
 
-        return QueueSink
+        return getattr(writer, name)
     raise AttributeError(f"module 'spark_qtransport' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import Dialect, QueueAddress, dialect_for
-from spark_qtransport.transport.operations.install import create_queues
+from spark_qtransport.transport import create_queues
 from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender
 from spark_qtransport.transport.sending.messages import InputColumns
 from spark_qtransport.transport.sending.staging import StageReport, stage_partition

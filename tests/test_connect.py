@@ -136,7 +136,7 @@ def test_queue_to_delta_append_over_connect_is_exactly_once(connect: Any, pg: Ba
 
     def run() -> None:
         query = (queue_to_delta.bronze(source(connect, pg, q.sales, q.error)).writeStream
-                 .foreachBatch(queue_to_delta.append_once(table, "bronze-connect"))
+                 .foreachBatch(queue_to_delta.delta_writer(table, "bronze-connect"))
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
         finish(query)
         query_ids.add(query.id)

@@ -238,7 +238,7 @@ def test_installers_racing_nservicebus_installers(pg: Backend, table: str) -> No
 
     from backends import PG_NSB_CREATE_QUEUE
     from spark_qtransport.cli import main
-    from spark_qtransport.transport.operations.install import create_queues
+    from spark_qtransport.transport import create_queues
 
     name = f"Race_{uuid.uuid4().hex[:8]}"
     d = pg.dialect
@@ -281,7 +281,7 @@ def test_creating_a_queue_nservicebus_refuses_is_a_warning(pg: Backend, caplog: 
     a warning that names the table and the rule; 55 bytes is fine."""
     import logging
 
-    from spark_qtransport.transport.operations.install import create_queues
+    from spark_qtransport.transport import create_queues
 
     tag = uuid.uuid4().hex[:8]
     fits, too_long = f"Fits_{tag}_" + "x" * 41, f"Long_{tag}_" + "x" * 42
