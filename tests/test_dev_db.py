@@ -52,6 +52,7 @@ def _listening(url: str) -> bool:
 
 
 def test_dev_db_serves_until_interrupted() -> None:
+    """The quick start's first command (getting-started.md): a server until Ctrl-C, then stopped."""
     proc, url, lines = _start([*SQLQUEUE, "dev-db"])
     data = Path(lines[0].split(" data in ", 1)[1].split(" ", 1)[0])
     try:

@@ -11,10 +11,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from docs_pages import DOCS, ROOT, bodies, page, section
+from docs_pages import DOCS, ROOT, bodies, fences, page, run_by, section
 
-from spark_qtransport.spark.options import OPTIONS, WRITER_OPTIONS
 from spark_qtransport.spark.reader import SCHEMA
+from spark_qtransport.spark.registry import READ, WRITE, for_side
 from spark_qtransport.transport.sending.messages import INPUT_COLUMNS
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -49,15 +49,20 @@ def test_readme_opens_with_demo_and_test_commands() -> None:
     assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()] == ["make demo", "make test"]
 
 
-@pytest.mark.parametrize(("kind", "registry"), [("reader", OPTIONS), ("sink", WRITER_OPTIONS)])
-def test_option_tables_are_made_from_the_registry(kind: str, registry: dict[str, tuple[str, str]]) -> None:
-    """One row per registry entry, in the registry's order, with its default and meaning."""
+@pytest.mark.parametrize(("kind", "side"), [("reader", READ), ("sink", WRITE)])
+def test_option_tables_are_made_from_the_registry(kind: str, side: str) -> None:
+    """One row per registry entry of the side, in the registry's order, with its type, default and
+    meaning, and the command line's flag where one takes the same value."""
     table = hook().options_table(kind)
-    assert table.splitlines()[0] == "| option | default | meaning |"
+    assert table.splitlines()[0] == "| option | type | default | meaning |"
     rows = _rows(table)
-    assert [r[0] for r in rows] == [f"`{name}`" for name in registry]
-    for key, default, meaning in rows:
-        assert (html.unescape(default), html.unescape(meaning)) == registry[key.strip("`")], key
+    options = list(for_side(side).values())
+    assert [r[0] for r in rows] == [f"`{o.name}`" for o in options]
+    for (_, kind_text, default, meaning), o in zip(rows, options, strict=True):
+        also = f" (command line: `{o.cli}`)" if o.cli else ""
+        assert html.unescape(kind_text) == o.type_text(), o.name
+        assert (html.unescape(default), html.unescape(meaning)) == (o.shown, o.meaning + also), o.name
+    assert "| `maxMessagesPerTrigger` | whole number, 1 to 10,000,000 | 10000 |" in table or kind == "sink"
 
 
 def test_the_pages_show_the_option_tables() -> None:
@@ -107,6 +112,37 @@ def test_the_navigation_names_every_page() -> None:
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if "_hooks" not in p.relative_to(DOCS).parts}
     assert set(named) == pages, (sorted(pages - set(named)), sorted(set(named) - pages))
     assert "_hooks/" in config["exclude_docs"] and "docs/_hooks/options.py" in config["hooks"]
+
+
+def test_every_block_of_the_site_is_run_by_a_test_or_says_why_not() -> None:
+    """A block is run, as written, by the test `docs_pages.RUN_BY` names (which reads it from its page),
+    or its title tells the reader it is not run and why (``title="not run: ..."``), or that it is
+    what a run prints (``title="printed: ..."``)."""
+    unclaimed, claimed = [], []
+    for path in sorted(DOCS.rglob("*.md")):
+        name = str(path.relative_to(DOCS))
+        for fence in fences(name):
+            test = run_by(fence)
+            title = fence.title or ""
+            if test is not None:
+                claimed.append((fence, test))
+                assert not title.startswith(("not run", "printed")), (name, fence.first_line)
+            elif not re.fullmatch(r"(not run|printed): \S.{4,}", title):
+                unclaimed.append(f"{name}: {fence.first_line[:60]!r}")
+    assert unclaimed == []
+    for fence, test in claimed:  # the test exists, and reads the block's page
+        file, function = test.split("::")
+        source = (Path(__file__).parent / file).read_text()
+        assert f"def {function}(" in source, test
+        assert fence.page in source, (test, fence.page)
+
+
+def test_the_api_page_shows_every_name_the_package_exports() -> None:
+    import spark_qtransport
+
+    api = page("reference/api.md")
+    shown = set(re.findall(r"^::: spark_qtransport\.(?:[\w.]+\.)?(\w+)$", api, flags=re.M))
+    assert set(spark_qtransport.__all__) - {"__version__"} - shown == set()
 
 
 def test_readme_example_uses_what_the_package_exports() -> None:
