@@ -23,6 +23,7 @@ from spark_qtransport.dialects import dialect_named
 from spark_qtransport.errors import MessageError
 from spark_qtransport.transport.sending import builder, staging
 from spark_qtransport.transport.sending.builder import MessageBuilder
+from spark_qtransport.transport.sending.checks import Refused
 from spark_qtransport.transport.sending.messages import SendPlan, StagedRow
 from spark_qtransport.transport.sending.staging import TaskRows
 from spark_qtransport.wire import (
@@ -111,7 +112,7 @@ def _general(b: MessageBuilder) -> Any:
     def build(row: dict[str, Any], now: Any) -> StagedRow:
         try:
             return b._build(row, now)
-        except builder._Refused as refused:
+        except Refused as refused:
             raise b.error(row, refused) from None
 
     return build

@@ -11,27 +11,48 @@ so it travels, exactly once, with the rest of its batch.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime, timedelta, timezone
-from typing import Any, NamedTuple
+from datetime import datetime, timezone
+from typing import Any
 
 from ...dialects import dialect_named
 from ...errors import ConfigError, MessageError
 from ...wire import (
     INTENTS,
-    NOT_GIVEN_TEXT,
     RESERVED,
     H,
     SentHeaderText,
     encode_headers,
     failure_headers,
     format_time,
-    given_texts,
     machine,
     outgoing_headers,
     uuid4_list,
     uuid4_texts,
+)
+from .checks import (
+    MAX_SECONDS,
+    Refused,
+    Timing,
+    clean,
+    given_headers,
+    loose_headers,
+    no_nul,
+    related_to,
+    seconds_of,
+    shown,
+    timespan,
+)
+from .columnwise import (
+    BODY_TYPES,
+    ROW_WISE_COLUMNS,
+    TEXT_COLUMNS,
+    TEXT_TYPES,
+    Keys,
+    given_columns,
+    groups,
+    intent_of,
+    intents_of,
 )
 from .messages import DELAYED, PUBLISH, SEND, InputColumns, RowGroup, SendPlan, StagedRow
 from .recovery import RECOVERY, RETRY, InvalidFailure, claim_of, failed_q_of, failure_of, next_attempt, retried_headers
@@ -44,73 +65,6 @@ TTBR_HEADER = "NServiceBus.TimeToBeReceived"
 INVALID_TYPE = "spark_qtransport.MessageError"
 #: ExceptionInfo.Source of those error copies
 SOURCE = "spark_qtransport.send"
-#: how much of a refused value an error shows (its repr: control characters escaped)
-SHOWN_CHARS = 200
-
-
-def _shown(value: Any) -> str:
-    """A value as an error shows it: its repr (NUL and control characters escaped), at most
-    `SHOWN_CHARS` characters of it."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - an object without a usable repr
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
-
-
-class _Refused(Exception):  # noqa: N818 - internal: becomes a MessageError (`MessageBuilder.error`)
-    """A row refused by a check: the column (and the part of it, `field`), why, and the message
-    id the row was being built with (given, or generated for it)."""
-
-    def __init__(self, column: str, reason: str, message_id: Any, *, field: str | None = None,
-                 setting: str | None = None) -> None:
-        super().__init__(reason)
-        self.column, self.reason, self.message_id, self.field, self.setting = column, reason, message_id, field, setting
-
-
-def _timespan(seconds: float) -> str:
-    """A .NET TimeSpan in its constant ("c") format: ``[d.]hh:mm:ss[.fffffff]``."""
-    ticks = round(seconds * 10_000_000)
-    days, rest = divmod(ticks, 86_400 * 10_000_000)
-    hours, rest = divmod(rest, 3600 * 10_000_000)
-    minutes, rest = divmod(rest, 60 * 10_000_000)
-    secs, frac = divmod(rest, 10_000_000)
-    text = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    if days:
-        text = f"{days}.{text}"
-    if frac:
-        text += f".{frac:07d}"
-    return text
-
-
-#: the longest delay or time to be received, and how far from now deliver_at may be (less where
-#: the dialect's date arithmetic takes less: `max_interval_seconds`)
-MAX_SECONDS = 100 * 365.25 * 86_400
-
-
-def _seconds(value: Any, column: str, message_id: str, limit: float = MAX_SECONDS) -> float | None:
-    """A duration column in seconds: finite and at most `limit` (negative values are the caller's)."""
-    if value is None:
-        return None
-    try:
-        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise _Refused(column, f"{_shown(value)} is not a number of seconds", message_id) from None
-    if not math.isfinite(seconds):
-        raise _Refused(column, f"{_shown(value)} is not a finite number of seconds", message_id)
-    if seconds > limit:
-        raise _Refused(column, f"{_shown(value)} is too long ({seconds:.0f} s; at most {limit:.0f} s, about "
-                               f"{limit / (365.25 * 86_400):.0f} years)", message_id)
-    return seconds
-
-
-def _no_nul(value: Any, column: str, message_id: str, *, field: str | None = None) -> None:
-    """PostgreSQL text cannot hold a NUL character: refuse it here, naming the message. `field`:
-    the part of the column named in the message (a header), when not the whole column."""
-    if isinstance(value, str) and "\x00" in value:
-        raise _Refused(column, f"{_shown(value)} contains a NUL character (\\x00)", message_id, field=field)
-
-
 class MessageBuilder:
     """Turns input rows into staged rows for one task attempt."""
 
@@ -146,7 +100,7 @@ class MessageBuilder:
         if route is None:
             if destination is None:
                 if self.plan.default_destination is None:
-                    raise _Refused("destination", "no destination: fill the 'destination' column or set "
+                    raise Refused("destination", "no destination: fill the 'destination' column or set "
                                    "`destination`", message_id, setting="destination")
                 address = self.plan.default_destination
             else:
@@ -166,7 +120,7 @@ class MessageBuilder:
         (`SendPlan.invalid_to` None) raises the `MessageError` naming it (`error`)."""
         try:
             return self._fast(row, now)
-        except _Refused as refused:
+        except Refused as refused:
             error = self.error(row, refused)
             if self.plan.invalid_to is None:
                 raise error from None
@@ -186,7 +140,7 @@ class MessageBuilder:
         would build from its text columns and headers alone (no time to be received, delay or
         deliver_at; text without NUL; a message type; a known intent; a destination it routes;
         headers, if any, of text, none that `_fast` fills in but the ConversationId:
-        `_given_columns`) is built with the batch's other such rows, a few operations per column rather than some
+        `given_columns`) is built with the batch's other such rows, a few operations per column rather than some
         per row, into `RowGroup`s of the staged rows `build` makes of them
         (tests/test_stage_columns.py keeps the two equal); any other row is built by `build`, in
         its turn. The rows of one (kind, route) come in the batch's order."""
@@ -201,7 +155,7 @@ class MessageBuilder:
         for stop in [*odd, n]:
             if stop > start:
                 end = done + stop - start
-                for key, columns in _groups(keys, done, end, message_ids, texts, bodies):
+                for key, columns in groups(keys, done, end, message_ids, texts, bodies):
                     size = len(columns[0])
                     counts[key] = counts.get(key, 0) + size
                     nothing = (None,) * size  # ttbr_ms, delay_ms, due
@@ -211,7 +165,7 @@ class MessageBuilder:
                 yield self.build(batch.row(stop), now)
             start = stop + 1
 
-    def _columns_plan(self, batch: InputColumns, now: datetime | str) -> tuple[list[int], _Keys, list[str], list[str],
+    def _columns_plan(self, batch: InputColumns, now: datetime | str) -> tuple[list[int], Keys, list[str], list[str],
                                                                                list[Any]] | None:
         """What `build_columns` needs: the rows it leaves to `build` (in order), then the (kind,
         route) of the others (one for all, or a list: one each), their message ids, headers texts
@@ -221,18 +175,18 @@ class MessageBuilder:
             return None
         columns = dict(zip(batch.names, batch.columns, strict=True))
         odd: set[int] = set()
-        for name in _ROW_WISE_COLUMNS:
+        for name in ROW_WISE_COLUMNS:
             column = columns.get(name)
             if column is not None and column.count(None) != n:
                 odd.update(i for i, v in enumerate(column) if v is not None)
         if len(odd) == n:
             return None
         text: dict[str, list[Any]] = {}
-        for name in _TEXT_COLUMNS:
+        for name in TEXT_COLUMNS:
             column = columns.get(name)
             if column is None or column.count(None) == n:
                 continue  # as if absent
-            if not set(map(type, column)) <= _TEXT_TYPES:
+            if not set(map(type, column)) <= TEXT_TYPES:
                 return None
             if "\x00" in "".join(filter(None, column)):
                 odd.update(i for i, v in enumerate(column) if v and "\x00" in v)
@@ -247,7 +201,7 @@ class MessageBuilder:
             bodies = [None] * n
         else:
             types = set(map(type, bodies))
-            if not types <= _BODY_TYPES:
+            if not types <= BODY_TYPES:
                 return None
             if str in types:
                 bodies = list(bodies)
@@ -258,11 +212,11 @@ class MessageBuilder:
                         except UnicodeError:  # raised by `build`, in its turn
                             odd.add(i)
         try:
-            extra, conversations = _given_columns(columns.get("headers"), n, odd)
-        except Exception:  # noqa: BLE001 - `_RowByRow`, or headers not (key, value) pairs: `build` builds them
+            extra, conversations = given_columns(columns.get("headers"), n, odd)
+        except Exception:  # noqa: BLE001 - `RowByRow`, or headers not (key, value) pairs: `build` builds them
             return None
         intents, destinations = text.get("intent"), text.get("destination")
-        keys: _Keys
+        keys: Keys
         if intents is None and destinations is None:
             key = self._key("Send", None)
             if key is None:
@@ -271,7 +225,7 @@ class MessageBuilder:
         else:  # one per row: (kind, route), (PUBLISH, None) for an event (routed by its type), None: `build`'s
             pairs = list(zip(intents or itertools.repeat(None, n), destinations or itertools.repeat(None, n),
                              strict=True))
-            known = {(intent, destination): self._key(_intent(intent), destination) for intent, destination in set(pairs)}
+            known = {(intent, destination): self._key(intent_of(intent), destination) for intent, destination in set(pairs)}
             keys = list(map(known.__getitem__, pairs))  # type: ignore[arg-type]
             if None in known.values():
                 odd.update(i for i, key in enumerate(keys) if key is None)
@@ -305,7 +259,7 @@ class MessageBuilder:
         one_type = message_types[0] if len(set(message_types)) == 1 else None
         texts = self._text.texts(
             message_ids=message_ids,
-            intent="Send" if intents is None else list(map(_intents(intents).__getitem__, intents)),
+            intent="Send" if intents is None else list(map(intents_of(intents).__getitem__, intents)),
             enclosed=one_type if one_type is not None else message_types,
             correlation_ids=text.get("correlation_id"),
             reply_to=default if reply_to is None else [r or default for r in reply_to],
@@ -328,24 +282,24 @@ class MessageBuilder:
         except Exception:  # noqa: BLE001 - refused, or failing, in its turn by `build`
             return None
 
-    def error(self, row: Mapping[str, Any], refused: _Refused) -> MessageError:
+    def error(self, row: Mapping[str, Any], refused: Refused) -> MessageError:
         """The error of a refused row: the column, the message, why. The message is named by
         what stays the same when the batch runs again: its ``message_id`` if the row gives one;
         else, for a reply (or any message carrying ``NServiceBus.RelatedTo``), the message it
         answers; only else the id generated for it in this run."""
-        shown = refused.field or refused.column
+        part = refused.field or refused.column
         given = row.get("message_id")
         if given:
-            who = f"message {_shown(given)}"
+            who = f"message {shown(given)}"
         else:
-            related = _related_to(row.get("headers"))
+            related = related_to(row.get("headers"))
             intent = row.get("intent")
             if related is not None:
                 kind = "reply to" if isinstance(intent, str) and intent.strip().lower() == "reply" else "message related to"
-                who = f"the {kind} message {_shown(related)} (NServiceBus.RelatedTo)"
+                who = f"the {kind} message {shown(related)} (NServiceBus.RelatedTo)"
             else:
-                who = f"message {_shown(refused.message_id)} (an id generated in this run: no message_id column)"
-        return MessageError(f"column {shown!r} of {who}: {refused.reason}", column=refused.column,
+                who = f"message {shown(refused.message_id)} (an id generated in this run: no message_id column)"
+        return MessageError(f"column {part!r} of {who}: {refused.reason}", column=refused.column,
                             field=refused.setting)
 
     def _error_copy(self, row: Mapping[str, Any], now: datetime | str, message_id: Any, error: MessageError) -> StagedRow:
@@ -353,8 +307,8 @@ class MessageBuilder:
         had as far as they can be built, NUL characters escaped as ``\\x00``) plus NServiceBus's
         failure headers (ExceptionInfo.Message: `error`), staged for the error queue. Never raises."""
         plan = self.plan
-        message_id = _clean(message_id) or next(self._ids)
-        given = _loose_headers(row.get("headers"))
+        message_id = clean(message_id) or next(self._ids)
+        given = loose_headers(row.get("headers"))
         raw_intent = row.get("intent")
         intent = (raw_intent if isinstance(raw_intent, str) else "send").strip().lower() or "send"
         recovering = intent in RECOVERY
@@ -373,7 +327,7 @@ class MessageBuilder:
         if error.column != "destination" and intent != "publish" and (destination is None or isinstance(destination, str)):
             try:
                 failed_q = self.route(destination, message_id) or failed_q
-            except _Refused:  # no destination at all
+            except Refused:  # no destination at all
                 pass
         headers = failure_headers(
             headers, failed_q=failed_q, exception_type=INVALID_TYPE,
@@ -384,7 +338,7 @@ class MessageBuilder:
         if isinstance(body, str):
             body = body.encode("utf-8", "surrogatepass")
         elif body is not None and not isinstance(body, bytes):
-            body = bytes(body) if isinstance(body, (bytearray, memoryview)) else _shown(body).encode("utf-8")
+            body = bytes(body) if isinstance(body, (bytearray, memoryview)) else shown(body).encode("utf-8")
         route = plan.invalid_to or ""
         self.counts[(SEND, route)] = self.counts.get((SEND, route), 0) + 1
         self.invalid += 1
@@ -402,9 +356,9 @@ class MessageBuilder:
         try:
             headers = outgoing_headers(
                 message_id=message_id, endpoint=plan.endpoint, machine=self.machine,
-                intent=intent if intent in INTENTS else "send", message_type=_clean(row.get("message_type")),
-                content_type=plan.content_type, correlation_id=_clean(row.get("correlation_id")),
-                reply_to_address=_clean(row.get("reply_to")) or plan.reply_to, headers=given, now=now,
+                intent=intent if intent in INTENTS else "send", message_type=clean(row.get("message_type")),
+                content_type=plan.content_type, correlation_id=clean(row.get("correlation_id")),
+                reply_to_address=clean(row.get("reply_to")) or plan.reply_to, headers=given, now=now,
             )
             if intent not in INTENTS and H.MESSAGE_INTENT not in given:
                 del headers[H.MESSAGE_INTENT]  # not known: not guessed
@@ -466,7 +420,7 @@ class MessageBuilder:
             timing = self._timing(row, message_id)
             ttbr, delay, deliver_at, deferred = timing.ttbr, timing.delay, timing.deliver_at, timing.deferred
             if ttbr is not None and (given is None or TTBR_HEADER not in given):
-                given = {**(given or {}), TTBR_HEADER: _timespan(ttbr)}
+                given = {**(given or {}), TTBR_HEADER: timespan(ttbr)}
         destination = get("destination")
         forward = None
         if intent == "send":
@@ -504,22 +458,22 @@ class MessageBuilder:
         """`build`, the general path: every row, every check in order."""
         get = row.get
         message_id = get("message_id") or next(self._ids)
-        _no_nul(message_id, "message_id", message_id)
+        no_nul(message_id, "message_id", message_id)
         for column in ("correlation_id", "message_type", "reply_to"):
-            _no_nul(get(column), column, message_id)
+            no_nul(get(column), column, message_id)
         intent = (get("intent") or "send").strip().lower()
         if intent in RECOVERY:
             return self._recover(row, intent, now)
         if intent not in INTENTS:
-            raise _Refused("intent", f"{_shown(get('intent'))} is not one of send, publish, reply, fail, retry",
+            raise Refused("intent", f"{shown(get('intent'))} is not one of send, publish, reply, fail, retry",
                            message_id)
         body = get("body")
         if isinstance(body, str):
             body = body.encode("utf-8")
-        given = _given_headers(get("headers"), message_id)
+        given = given_headers(get("headers"), message_id)
         timing = self._timing(row, message_id)
         if timing.ttbr is not None:
-            given.setdefault(TTBR_HEADER, _timespan(timing.ttbr))
+            given.setdefault(TTBR_HEADER, timespan(timing.ttbr))
         headers = self._headers(row, message_id, intent, given, now)
         kind, route = self._kind_and_route(get("destination"), message_id, intent, timing.deferred, headers)
         key = (kind, route)
@@ -541,17 +495,17 @@ class MessageBuilder:
         self._note_failed(row)
         message_id = get("message_id")
         if not message_id or not isinstance(message_id, str):
-            raise _Refused("message_id", f"{intent} needs the received message's id (column message_id), not "
-                           f"{_shown(message_id)}", next(self._ids))
+            raise Refused("message_id", f"{intent} needs the received message's id (column message_id), not "
+                           f"{shown(message_id)}", next(self._ids))
         try:
             failure = failure_of(get("failure"), intent, self._max_seconds)
         except InvalidFailure as bad:
-            raise _Refused("failure", bad.reason, message_id, field=f"failure.{bad.field}") from None
+            raise Refused("failure", bad.reason, message_id, field=f"failure.{bad.field}") from None
         given = get("headers")
         try:
             received = dict(given.items() if isinstance(given, Mapping) else given or ())
         except (TypeError, ValueError):
-            raise _Refused("headers", f"{_shown(given)} is not a map", message_id) from None
+            raise Refused("headers", f"{shown(given)} is not a map", message_id) from None
         received.pop(H.FORWARD_DESTINATION, None)
         received[H.MESSAGE_ID] = message_id
         body = get("body")
@@ -589,32 +543,32 @@ class MessageBuilder:
         if queue is not None and seq is not None:
             self.failed_claims.setdefault(queue, set()).add(seq)
 
-    def _timing(self, row: Mapping[str, Any], message_id: str) -> _Timing:
+    def _timing(self, row: Mapping[str, Any], message_id: str) -> Timing:
         """The row's time to be received, delay and deliver_at, checked. A deliver_at in the past
         (a minute or two thousand years ago) is due now: a delay of 0, counted from the
         database's clock at dispatch, as a negative delay is."""
-        ttbr = _seconds(row.get("time_to_be_received"), "time_to_be_received", message_id, self._max_seconds)
-        delay = _seconds(row.get("delay"), "delay", message_id, self._max_seconds)
+        ttbr = seconds_of(row.get("time_to_be_received"), "time_to_be_received", message_id, self._max_seconds)
+        delay = seconds_of(row.get("delay"), "delay", message_id, self._max_seconds)
         if delay is not None and delay < 0:
             delay = 0.0  # a negative delay: due now
         deliver_at = row.get("deliver_at")
         due_now = False
         if deliver_at is not None:
             if not isinstance(deliver_at, datetime):
-                raise _Refused("deliver_at", f"{_shown(deliver_at)} is not a timestamp", message_id)
+                raise Refused("deliver_at", f"{shown(deliver_at)} is not a timestamp", message_id)
             if deliver_at.tzinfo is None:
                 deliver_at = deliver_at.replace(tzinfo=timezone.utc)
             ahead = (deliver_at - self._now).total_seconds()
             if ahead > MAX_SECONDS:
-                raise _Refused("deliver_at", f"{deliver_at.isoformat()} is more than 100 years from now", message_id)
+                raise Refused("deliver_at", f"{deliver_at.isoformat()} is more than 100 years from now", message_id)
             if ahead <= 0:
                 deliver_at, delay, due_now = None, 0.0, True
-        timing = _Timing(ttbr, delay, deliver_at, due_now)
+        timing = Timing(ttbr, delay, deliver_at, due_now)
         if ttbr is not None:
             if ttbr <= 0:
-                raise _Refused("time_to_be_received", f"must be positive, not {ttbr}", message_id)
+                raise Refused("time_to_be_received", f"must be positive, not {ttbr}", message_id)
             if timing.deferred:
-                raise _Refused("time_to_be_received", "it is delayed and has a time to be received: NServiceBus "
+                raise Refused("time_to_be_received", "it is delayed and has a time to be received: NServiceBus "
                                "refuses delayed messages that can expire; drop one of them", message_id)
         return timing
 
@@ -636,18 +590,18 @@ class MessageBuilder:
             )
         except ValueError as exc:  # a reserved header given, or no message type in column or header
             column = "headers" if any(name in given for name in RESERVED) else "message_type"
-            raise _Refused(column, str(exc), message_id) from None
+            raise Refused(column, str(exc), message_id) from None
 
     def _kind_and_route(self, destination: str | None, message_id: str, intent: str, deferred: bool,
                         headers: dict[str, str | None]) -> tuple[str, str]:
         """Where the message goes: (SEND, DELAYED or PUBLISH, canonical address or published types)."""
         if intent == "publish":
             if destination is not None:
-                raise _Refused("destination", f"it is published and has a destination ({_shown(destination)}): "
+                raise Refused("destination", f"it is published and has a destination ({shown(destination)}): "
                                "published events go to their subscribers; send it instead, or clear the destination",
                                message_id)
             if deferred:
-                raise _Refused("intent", "delaying a published event is not supported; send it delayed", message_id)
+                raise Refused("intent", "delaying a published event is not supported; send it delayed", message_id)
             return PUBLISH, headers[H.ENCLOSED_MESSAGE_TYPES] or ""
         # a reply to a message without a ReplyToAddress has no destination: route "" is refused at
         # dispatch, and the reply goes to the error queue
@@ -658,146 +612,6 @@ class MessageBuilder:
         return SEND, route
 
 
-#: the columns `build_columns` reads; it ignores any other, as `_fast` does (``failure``: only
-#: intents fail and retry read it, and their rows are built by `build`)
-_TEXT_COLUMNS = ("message_id", "message_type", "correlation_id", "reply_to", "destination", "intent")
-#: columns whose rows `build` builds when they hold a value
-_ROW_WISE_COLUMNS = ("time_to_be_received", "delay", "deliver_at")
-_TEXT_TYPES = frozenset((str, type(None)))
-_BODY_TYPES = frozenset((bytes, str, type(None)))
-#: (kind, route) of every row, or one per row (a route None: not known yet, or refused)
-_Keys = tuple[str, Any] | list[tuple[str, Any]]
-
-
-class _RowByRow(Exception):  # noqa: N818 - internal: `build_columns` leaves the batch to `build`
-    """A batch whose rows are better built by `build` (`_given_columns`: forwarded messages)."""
-
-
-def _given_columns(headers: list[Any] | None, n: int, odd: set[int]) -> tuple[list[str], list[str | None]] | tuple[None, None]:
-    """The ``headers`` column as `build_columns` takes it: per row, the text of its given headers
-    (`given_texts`) and its given ConversationId (None: a new one), for rows whose headers are
-    (key, value) pairs of text without NUL, each key once, none of `NOT_GIVEN_TEXT` (else the
-    row is added to `odd`). Rows with the same keys are done together. (None, None): no headers.
-    Raises `_RowByRow` when the first row with headers has one that `_fast` fills in (a
-    forwarded message's MessageId, say): its batch is likely all such rows, not worth a pass."""
-    if headers is None or headers.count(None) == n:
-        return None, None
-    first = next(filter(None, headers), None)  # forwarded messages' headers (a MessageId...): all row by row, unread
-    if first is None:
-        return None, None  # empty maps: as none
-    if type(first) is not list or not NOT_GIVEN_TEXT.isdisjoint(name for name, _ in first):
-        raise _RowByRow
-    by_names: dict[tuple[Any, ...], list[int]] = {}
-    for i, pairs in enumerate(headers):
-        if pairs:
-            if type(pairs) is not list:
-                odd.add(i)
-                continue
-            try:
-                by_names.setdefault(tuple([name for name, _ in pairs]), []).append(i)
-            except (TypeError, ValueError):
-                odd.add(i)
-    texts: list[str] = [""] * n
-    conversations: list[str | None] = [None] * n
-    for names, rows in by_names.items():
-        if (not all(type(name) is str for name in names) or len(set(names)) < len(names)
-                or "\x00" in "".join(names) or not NOT_GIVEN_TEXT.isdisjoint(names)):
-            odd.update(rows)
-            continue
-        values = [[headers[i][j][1] for i in rows] for j in range(len(names))]
-        bad = {r for column in values for r, v in enumerate(column) if type(v) is not str or "\x00" in v}
-        if bad:
-            odd.update(rows[r] for r in bad)
-            rows = [i for r, i in enumerate(rows) if r not in bad]
-            values = [[v for r, v in enumerate(column) if r not in bad] for column in values]
-        if not rows:
-            continue
-        if H.CONVERSATION_ID in names:
-            for i, value in zip(rows, values[names.index(H.CONVERSATION_ID)], strict=True):
-                conversations[i] = value
-        rest = [(name, column) for name, column in zip(names, values, strict=True) if name != H.CONVERSATION_ID]
-        if rest:
-            for i, text in zip(rows, given_texts([name for name, _ in rest], [column for _, column in rest]), strict=True):
-                texts[i] = text
-    return texts, conversations
-
-
-def _intent(value: str | None) -> str | None:
-    """The MessageIntent of an intent column's value, as `_fast` reads it (None: not one it takes)."""
-    return INTENTS.get((value or "send").strip().lower())
-
-
-def _intents(values: list[str | None]) -> dict[str | None, str]:
-    """The MessageIntent of each distinct value of a plain rows' intent column."""
-    return {value: INTENTS[(value or "send").strip().lower()] for value in set(values)}
-
-
-def _groups(keys: _Keys, start: int, end: int, *columns: list[Any]) -> list[tuple[tuple[str, str], list[list[Any]]]]:
-    """Rows ``start`` to ``end`` of `columns`, by (kind, route) (`keys`: one for all, or one each),
-    each key's in order."""
-    if isinstance(keys, tuple):
-        return [(keys, [c[start:end] for c in columns])]
-    if len(set(keys[start:end])) == 1:
-        return [(keys[start], [c[start:end] for c in columns])]
-    rows: dict[tuple[str, str], list[int]] = {}
-    for i in range(start, end):
-        rows.setdefault(keys[i], []).append(i)
-    return [(key, [[c[i] for i in picked] for c in columns]) for key, picked in rows.items()]
-
-
 _ENCLOSED = H.ENCLOSED_MESSAGE_TYPES
 _FORWARD, _CONTROL = RESERVED
 _new_row = tuple.__new__
-
-class _Timing(NamedTuple):
-    ttbr: float | None  # seconds
-    delay: float | None  # seconds, not negative
-    deliver_at: datetime | None  # aware, in the future
-    due_now: bool = False  # deliver_at was in the past: delayed by 0
-
-    @property
-    def deferred(self) -> bool:
-        return self.deliver_at is not None or self.due_now or (self.delay is not None and self.delay > 0)
-
-
-def _given_headers(given: Any, message_id: str) -> dict[str, Any]:
-    """The headers column as a dict without null values, refusing NUL characters."""
-    if given is not None and not isinstance(given, Mapping):
-        given = dict(given)  # Arrow maps arrive as (key, value) pairs
-    headers = {k: v for k, v in (given or {}).items() if v is not None}
-    for key, value in headers.items():
-        _no_nul(key, "headers", message_id)
-        _no_nul(value, "headers", message_id, field=f"headers[{key!r}]")
-    return headers
-
-
-def _related_to(given: Any) -> str | None:
-    """The NServiceBus.RelatedTo header of a headers column, if it has one (text)."""
-    try:
-        value = (given if isinstance(given, Mapping) else dict(given or ())).get(H.RELATED_TO)
-    except Exception:  # noqa: BLE001 - not a map: no related message
-        return None
-    return value if isinstance(value, str) and value else None
-
-
-def _clean(value: Any) -> str | None:
-    """Text a header of an error copy can hold: NUL escaped (PostgreSQL text cannot hold it);
-    None for no value."""
-    if value is None or value == "":
-        return None
-    return (value if isinstance(value, str) else _shown(value)).replace("\x00", "\\x00")
-
-
-def _loose_headers(given: Any) -> dict[str, str]:
-    """The headers column of a refused row, as an error copy carries them: text, NUL escaped,
-    without null values or the transport's reserved headers. Never raises."""
-    try:
-        pairs = list((given if isinstance(given, Mapping) else dict(given or ())).items())
-    except Exception:  # noqa: BLE001 - not a map: none
-        return {}
-    out: dict[str, str] = {}
-    for key, value in pairs:
-        name, text = _clean(key), _clean(value)
-        if name is not None and text is not None and name not in RESERVED:
-            out[name] = text
-    return out
