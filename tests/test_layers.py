@@ -13,6 +13,7 @@ Read from the source (every import statement, at module level or inside a functi
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,12 @@ def test_the_rooms_are_what_the_check_reads() -> None:
     reader = _imports(PACKAGE / "spark" / "reader.py")
     assert any(n.startswith("spark_qtransport.transport") for n in reader)
     assert _room("spark_qtransport.cli.embedded") == "cli"
+
+
+def test_the_map_names_every_module() -> None:
+    """ARCHITECTURE.md's map names each module of the package (by its name: a dialect's modules are
+    named once for all dialects), so a new room or module lands on the map."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    missing = [str(p.relative_to(PACKAGE)) for p in _sources()
+               if p.name != "__init__.py" and not re.search(rf"\b{p.stem}\b", text)]
+    assert missing == []
