@@ -89,7 +89,11 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def connect_session(connect_url: str) -> Iterator[Any]:
+def connect_session(connect_url: str, spark: Any) -> Iterator[Any]:
+    """The Connect client's session. The classic test session (`spark`) starts first: once the
+    client's gRPC threads run, this process forking to launch a JVM (pyspark's gateway, through
+    Popen with a preexec_fn) can lose the child, which then never reports its port
+    (JAVA_GATEWAY_EXITED; seen once in the compatibility run, where Connect's tests come first)."""
     from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
     session = RemoteSparkSession.builder.remote(connect_url).create()
