@@ -67,29 +67,33 @@ def fences(name: str) -> list[Fence]:
     return [Fence(name, language, attributes.strip(), body) for language, attributes, body in found]
 
 
+#: the tests that run most of the blocks
+_QUICK_START = "test_docs.py::test_the_quick_start_and_sending_run_as_written"
+_OPERATIONS = "test_docs_shell.py::test_operations_then_metrics_run_as_written"
+
 #: the blocks the tests run, as written (page, how the block's first line starts) -> the test that runs it; every
 #: other block of the site says, in its title, that it is not run and why (``title="not run: ..."``),
 #: or that it is what a run prints (``title="printed: ..."``)
 RUN_BY: dict[tuple[str, str], str] = {
-    ("index.md", "from spark_qtransport import register"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
+    ("index.md", "from spark_qtransport import register"): _QUICK_START,
     ("getting-started.md", ".venv/bin/sqlqueue dev-db"): "test_dev_db.py::test_dev_db_serves_until_interrupted",
-    ("getting-started.md", ". .venv/bin/activate"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("getting-started.md", "import os"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
+    ("getting-started.md", ". .venv/bin/activate"): _QUICK_START,
+    ("getting-started.md", "import os"): _QUICK_START,
     ("reading.md", 'audit = (spark.readStream.format("sqlqueue").option("url", url)'):
-        "test_docs.py::test_the_quick_start_and_sending_run_as_written",
+        _QUICK_START,
     ("reading.md", 'spark.readStream.format("sqlqueue").option("queue", "Sales")'):
-        "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("sending.md", "sqlqueue create-queue Billing Reminders"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("sending.md", "from spark_qtransport import publish"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("sending.md", "from spark_qtransport import QueueSink"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("sending.md", "from pyspark.sql import functions as F"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("platform.md", "from pyspark.sql import functions as F"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("platform.md", "from spark_qtransport import platform_columns"): "test_docs.py::test_the_quick_start_and_sending_run_as_written",
-    ("operations/cli.md", "$ sqlqueue dev-db"): "test_docs_shell.py::test_operations_then_metrics_run_as_written",
-    ("operations/cli.md", "$ sqlqueue create-queue Sales --delayed"): "test_docs_shell.py::test_operations_then_metrics_run_as_written",
-    ("operations/cli.md", "$ sqlqueue peek Shop.Web"): "test_docs_shell.py::test_operations_then_metrics_run_as_written",
-    ("operations/cli.md", "$ sqlqueue stats Billing --watch 2"): "test_docs_shell.py::test_operations_then_metrics_run_as_written",
-    ("operations/metrics.md", "pip install 'spark-qtransport[metrics]'"): "test_docs_shell.py::test_operations_then_metrics_run_as_written",
+        _QUICK_START,
+    ("sending.md", "sqlqueue create-queue Billing Reminders"): _QUICK_START,
+    ("sending.md", "from spark_qtransport import publish"): _QUICK_START,
+    ("sending.md", "from spark_qtransport import QueueSink"): _QUICK_START,
+    ("sending.md", "from pyspark.sql import functions as F"): _QUICK_START,
+    ("platform.md", "from pyspark.sql import functions as F"): _QUICK_START,
+    ("platform.md", "from spark_qtransport import platform_columns"): _QUICK_START,
+    ("operations/cli.md", "$ sqlqueue dev-db"): _OPERATIONS,
+    ("operations/cli.md", "$ sqlqueue create-queue Sales --delayed"): _OPERATIONS,
+    ("operations/cli.md", "$ sqlqueue peek Shop.Web"): _OPERATIONS,
+    ("operations/cli.md", "$ sqlqueue stats Billing --watch 2"): _OPERATIONS,
+    ("operations/metrics.md", "pip install 'spark-qtransport[metrics]'"): _OPERATIONS,
     ("operations/permissions.md", "sqlqueue create-queue Sales error"): "test_docs_shell.py::test_the_permissions_dba_block_runs_as_written",
     ("jobs.md", ". .venv/bin/activate"): "test_docs_shell.py::test_the_spark_submit_job_runs_as_written",
 }

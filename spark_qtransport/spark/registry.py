@@ -21,8 +21,8 @@ from ..errors import ConfigError, QTransportError, named
 from ..transport import settings as defaults
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX
 
-__all__ = ["Option", "REGISTRY", "READ", "WRITE", "URL_ENV", "OUTAGE_ENV", "for_side", "find", "parse_duration",
-           "name_fields", "label"]
+__all__ = ["Option", "REGISTRY", "READ", "WRITE", "URL_ENV", "OUTAGE_ENV", "for_side", "flag", "parse_duration",
+           "name_fields"]
 
 #: environment variable read when no `url` option is given (on the driver, at load())
 URL_ENV = "SQLQUEUE_URL"
@@ -305,19 +305,9 @@ def for_side(side: str) -> dict[str, Option]:
     return {o.key: o for o in REGISTRY if side in o.applies}
 
 
-def find(name: str, side: str = READ) -> Option:
-    """The option `name` (any case) of `side`."""
-    return for_side(side)[name.lower()]
-
-
 def flag(cli: str) -> Option:
     """The option the command line's flag `cli` takes the value of (the first, where both sides have it)."""
     return next(o for o in REGISTRY if o.cli == cli)
-
-
-def label(field_name: str, side: str = READ) -> str | None:
-    """The option of `side` whose value fills the settings field `field_name`."""
-    return next((o.name for o in REGISTRY if o.field == field_name and side in o.applies), None)
 
 
 def name_fields(exc: QTransportError, *, cli: Mapping[str, str] | None = None) -> QTransportError:
