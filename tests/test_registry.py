@@ -77,6 +77,41 @@ def test_every_flag_the_registry_names_is_a_flag_of_the_command_line() -> None:
     assert flags and flags <= _flags(main), flags - _flags(main)
 
 
+def _params(command: click.Command, path: str = "sqlqueue") -> list[tuple[str, click.Parameter]]:
+    found = [(path, p) for p in command.params]
+    for name, sub in getattr(command, "commands", {}).items():
+        found += _params(sub, f"{path} {name}")
+    return found
+
+
+def _kebab(name: str) -> str:
+    return "--" + re.sub(r"[A-Z]", lambda m: "-" + m[0].lower(), name)
+
+
+#: flags that take an option's value under another name: `sqlqueue error list --queue` is an error queue
+_ALIASES = {("error", "--queue"): "errorQueue"}
+
+
+def test_a_flag_that_takes_an_option_defaults_as_the_option_does() -> None:
+    """The other direction: a flag of the command line that is an option's (`--error-queue` for
+    `errorQueue`, or one the registry names) has no default of its own. (Planted: `sqlqueue send
+    --error-queue` defaulting to "errors" fails this.)"""
+    options = {_kebab(o.name): o for o in r.REGISTRY if o.default is not None}
+    options |= {o.cli: o for o in r.REGISTRY if o.cli and o.default is not None}
+    checked, wrong = 0, []
+    for path, param in _params(main):
+        for flag in (f for f in getattr(param, "opts", ()) if f.startswith("--")):
+            alias = _ALIASES.get((path.split(" ")[1] if " " in path else "", flag))
+            option = options.get(_kebab(alias) if alias else flag)
+            if option is None or not isinstance(param.default, (str, int, float, bool)):
+                continue  # no option, or no default of the flag's own
+            checked += 1
+            if param.default != option.default and param.default != option.shown:
+                wrong.append(f"{path} {flag}: {param.default!r}, the option {option.name!r}: {option.default!r}")
+    assert checked >= 4, "the check found the flags it is about (--error-queue of send, move-delayed, ddl)"
+    assert wrong == []
+
+
 def test_a_field_error_is_named_by_each_front_end() -> None:
     exc = field_error("error_queue", "queue X does not exist; create it (or set `create_queues`)", kind=QueueNotFoundError)
     assert exc.message.startswith("error_queue: ") and exc.field == "error_queue" and exc.option is None

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..transport.operations.recover import RetryResult, retry_failed
+from ..transport.settings import DEFAULT_ERROR_QUEUE
 from ..wire import H, decode_headers
 from .app import allow_options, main, routing_policy, url_option
 from .db import open_db
@@ -39,7 +40,7 @@ def error_group() -> None:
 
 
 @error_group.command("list")
-@click.option("--queue", "queue", default="error", show_default=True, help="error queue address")
+@click.option("--queue", "queue", default=DEFAULT_ERROR_QUEUE, show_default=True, help="error queue address")
 @click.option("-n", "--count", default=20, show_default=True, type=click.IntRange(1, 10_000))
 @url_option
 @json_option
@@ -70,7 +71,7 @@ def error_list(queue: str, count: int, url: str | None, as_json: bool) -> None:
 @error_group.command("retry")
 @click.argument("native_ids", nargs=-1, callback=_native_ids)
 @click.option("--all", "retry_all", is_flag=True, help="retry every message (in batches of --batch)")
-@click.option("--queue", "queue", default="error", show_default=True, help="error queue address")
+@click.option("--queue", "queue", default=DEFAULT_ERROR_QUEUE, show_default=True, help="error queue address")
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 10_000))
 @allow_options
 @url_option

@@ -16,7 +16,7 @@ from ..errors import QueueNotFoundError
 from ..spark.options import parse_duration
 from ..transport.sending.dispatch import Dispatcher, DispatchResult, set_up_sender
 from ..transport.sending.staging import stage_partition
-from ..transport.settings import INVALID_FAIL, SendSettings
+from ..transport.settings import DEFAULT_ERROR_QUEUE, INVALID_FAIL, SendSettings
 from .app import allow_options, delayed_options, delayed_rule, main, need_url, routing_policy, url_option
 from .db import CommandDb, open_db, resolve
 from .install import SUBSCRIPTIONS
@@ -101,7 +101,7 @@ def _resolved(url: str | None, names: dict[str, str]) -> dict[str, str]:
 @click.option("--delay", help="deliver after this long (30s, 5m, 2h)")
 @click.option("--ttbr", help="time to be received (30s, 5m, 2h): becomes Expires")
 @click.option("--create-queues", is_flag=True, help="create the queue (and the endpoint's delayed table) when missing")
-@click.option("--error-queue", default="error", show_default=True,
+@click.option("--error-queue", default=DEFAULT_ERROR_QUEUE, show_default=True,
               help="where a message goes that cannot be delivered (e.g. a subscriber that is not a queue)")
 @delayed_options
 @allow_options
@@ -168,7 +168,7 @@ def _sent_rows(options: SendSettings, result: DispatchResult) -> list[dict[str, 
 
 @main.command("move-delayed")
 @click.argument("endpoint")
-@click.option("--error-queue", default="error", show_default=True, help="where undeliverable messages go")
+@click.option("--error-queue", default=DEFAULT_ERROR_QUEUE, show_default=True, help="where undeliverable messages go")
 @delayed_options
 @allow_options
 @url_option

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..transport.delayed import DelayedTableRule
 from ..transport.operations.doctor import GID_PREFIX
 from ..transport.receiving.prepared import PreparedClaim, consumer_token
+from ..transport.settings import DEFAULT_ERROR_QUEUE
 from ..wire import H, decode_headers, parse_time
 from .db import CommandDb
 
@@ -129,7 +130,7 @@ def take_snapshot(s: CommandDb, queues: Sequence[str], rule: DelayedTableRule, e
     if error_queues:
         targets = [s.queue(q, option="--error-queue") for q in error_queues]
     else:
-        default = s.address("error", option="--error-queue")
+        default = s.address(DEFAULT_ERROR_QUEUE, option="--error-queue")
         targets = [default] if s.exists(default) else []
     if targets:
         d = server_dialect(s, targets[0])
