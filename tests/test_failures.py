@@ -23,11 +23,15 @@ def _background_failure(spark: Any, pg: Backend, names: Any, checkpoint: str, na
             .option("checkpointLocation", checkpoint).start())
 
 
-def _ended(query: Any, timeout: float = 120) -> None:
+def _failed(query: Any, timeout: float = 120) -> None:
+    """Wait for `query` to end, and require that it ended by failing: a query still running after
+    `timeout` is a timeout, and one that stopped without an exception did not fail."""
     deadline = time.monotonic() + timeout
     while query.isActive:
-        assert time.monotonic() < deadline, "the query failed"
+        if time.monotonic() >= deadline:
+            pytest.fail(f"the query was still running after {timeout:.0f}s: it was expected to fail")
         time.sleep(0.2)
+    assert query.exception() is not None, "the query ended without failing"
 
 
 def _failure_lines(caplog: pytest.LogCaptureFixture, name: str, timeout: float = 30) -> list[str]:
@@ -45,7 +49,7 @@ def test_a_background_query_that_fails_says_why_in_one_line(spark: Any, pg: Back
     caplog.set_level(logging.ERROR, "spark_qtransport")
     name = names("background")
     query = _background_failure(spark, pg, names, checkpoint, name)
-    _ended(query)
+    _failed(query)
     [line] = _failure_lines(caplog, name)
     assert line.startswith(f"query '{name}' failed: QueueNotFoundError: ") and "does not exist" in line, line
     assert names("Nowhere") in line and "\n" not in line
@@ -60,7 +64,7 @@ def test_over_spark_connect_too(connect: Any, pg: Backend, names: Any, tmp_path:
     try:
         name = names("remote")
         query = _background_failure(connect, pg, names, str(tmp_path / "ckpt"), name)
-        _ended(query)
+        _failed(query)
         [line] = _failure_lines(caplog, name)
         assert line.startswith(f"query '{name}' failed: QueueNotFoundError: ") and "\n" not in line, line
     finally:  # no listener stream left running in the test session

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from backends import Backend, nsb_headers
+from spark_qtransport import unwrap
 from spark_qtransport.cli import main
-from spark_qtransport.errors import ConfigError
+from spark_qtransport.errors import ConfigError, QueueNotFoundError
 from spark_qtransport.spark.options import ReaderOptions
 from spark_qtransport.wire import H, decode_headers
 
@@ -125,26 +126,55 @@ def test_fail_and_retry_later_take_their_arguments_as_the_readme_writes_them(spa
 
     from spark_qtransport import fail, retry_later
 
-    assert len(fail("reason", "Shop.Type")) == len(fail(F.lit("reason"), exception_type="Shop.Type"))
-    assert len(retry_later("reason", "Shop.Type", None, 5, 30)) == len(retry_later("reason"))
+    received = spark.createDataFrame(
+        [(b"{}", "m1", {"NServiceBus.MessageId": "m1"}, "Sales", 7)],
+        "body binary, message_id string, headers map<string,string>, queue string, claim_seq long")
+
+    def failure(columns: list[Any]) -> dict[str, Any]:
+        [row] = received.select(*columns).collect()
+        return row.asDict(recursive=True)
+
+    # positional as the docs write them, and by keyword: the same message, each argument in its place
+    # (fails when the signature's order changes, or an argument lands in another field)
+    written = failure(fail("reason", "Shop.Type"))
+    assert written == failure(fail(F.lit("reason"), exception_type="Shop.Type"))
+    assert written["intent"] == "fail" and written["message_id"] == "m1"
+    assert {k: written["failure"][k] for k in ("exception_type", "message", "failed_q", "claim_seq")} == {
+        "exception_type": "Shop.Type", "message": "reason", "failed_q": "Sales", "claim_seq": 7}
+    later = failure(retry_later("reason", "Shop.Type", "at Handler()", 5, 30))
+    assert later == failure(retry_later(F.lit("reason"), exception_type="Shop.Type", stack_trace="at Handler()",
+                                        max_retries=5, delay=30))
+    assert later["intent"] == "retry" and later["destination"] == "Sales"
+    assert {k: later["failure"][k] for k in ("exception_type", "message", "stack_trace", "max_retries", "delay")} == {
+        "exception_type": "Shop.Type", "message": "reason", "stack_trace": "at Handler()", "max_retries": 5,
+        "delay": 30.0}
 
 
 def test_a_batch_write_sends_its_rows_in_one_transaction(spark: Any, pg: Backend, names: Any) -> None:
+    from pyspark.sql import functions as F
+
     out = pg.create_queue(names("Batch"))
     endpoint = names("Once")
     rows = spark.createDataFrame([(f'{{"n": {i}}}', "Shop.Ping", f"b{i}") for i in range(3)],
                                  "body string, message_type string, message_id string")
     rows.write.format("sqlqueue").option("url", pg.url).option("endpoint", endpoint).option("destination", out).mode("append").save()
     assert sorted(h[H.MESSAGE_ID] for h in _types(pg, out)) == ["b0", "b1", "b2"]
-    bad = rows.withColumn("destination", F_missing(names("Nowhere")))
-    with pytest.raises(Exception, match="does not exist"):
-        bad.write.format("sqlqueue").option("url", pg.url).option("endpoint", endpoint).mode("append").save()
+    # one row's destination (from data) is missing, so it must go to the error queue, which is missing
+    # too: the write fails, naming the option, and sends none of its rows, the good ones included
+    routed = rows.withColumn("destination", F.when(F.col("message_id") == "b1", F.lit(names("Nowhere")))
+                             .otherwise(F.lit(out)))
+    no_errors = names("NoErrors")
+    with pytest.raises(Exception) as failed:
+        (routed.write.format("sqlqueue").option("url", pg.url).option("endpoint", endpoint)
+         .option("errorQueue", no_errors).mode("append").save())
+    cause = unwrap(failed.value)
+    assert isinstance(cause, QueueNotFoundError) and cause.option == "errorQueue", failed.value
+    assert no_errors in str(cause.queue)
     assert pg.count(out) == 3, "a write that fails sends nothing"
+    # with the error queue there, the missing destination is no failure: that row goes there, the rest is sent
+    errors = pg.create_queue(names("error"))
+    (routed.write.format("sqlqueue").option("url", pg.url).option("endpoint", names("Twice"))
+     .option("errorQueue", errors).mode("append").save())
+    assert pg.count(out) == 5 and [h[H.MESSAGE_ID] for h in _types(pg, errors)] == ["b1"]
     rows.write.format("sqlqueue").option("url", pg.url).option("endpoint", endpoint).option("destination", out).mode("append").save()
-    assert pg.count(out) == 6, "a second write sends again: its message ids let a receiver's outbox drop them"
-
-
-def F_missing(name: str) -> Any:  # noqa: N802 - a column, as pyspark's functions are named
-    from pyspark.sql import functions as F
-
-    return F.lit(name)
+    assert pg.count(out) == 8, "a second write sends again: its message ids let a receiver's outbox drop them"

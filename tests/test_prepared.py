@@ -153,13 +153,16 @@ def test_no_prepared_claim_outlives_its_bound(spark: Any, ppg: Backend, names: A
     sink = Collect()
     query = (reader(spark, ppg, q, e, preparedClaimTimeout="3s").writeStream.foreachBatch(sink)
              .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
-    oldest = 0.0
+    oldest, seen = 0.0, 0
     try:
         _wait(lambda: len(sink.ids) == 50, 60, "the messages")
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
-            oldest = max([oldest, *(age for _, age in prepared_now(ppg, q))])
+            ages = [age for _, age in prepared_now(ppg, q)]
+            oldest, seen = max([oldest, *ages]), seen + len(ages)
             time.sleep(0.2)
+        # without this, a silent fallback to the claim table (no prepared claim at all) would pass
+        assert seen, "the last batch was never held in a prepared transaction"
         assert prepared_now(ppg, q) == [] and ppg.count(claims) == 50  # parked, still the last batch
         assert not horizon_held(ppg), "parked: nothing holds vacuum back"
         ppg.send_many(q, [(nsb_headers("next"), b"{}")])
@@ -241,7 +244,7 @@ def test_claim_mode_is_decided_once_and_says_why(pg: Backend, ppg: Backend, name
     assert mode(ppg, audit_queue=ppg.dialect.parse_address(audit), claim_mode="prepared") is True  # written before the commit
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="job processes SIGKILLed with prepared claims outstanding, the server crashed")
 def test_sigkill_and_a_server_crash_with_prepared_claims_outstanding(
         server: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
     """SIGKILL of the driver while a claim is prepared, during the executors' read, after the
@@ -313,7 +316,7 @@ def test_sigkill_and_a_server_crash_with_prepared_claims_outstanding(
     assert not ours_prepared(), "a finished run leaves no prepared claim"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a job process SIGKILLed, its claims parked by the warden after the bound")
 def test_a_killed_driver_leaves_no_prepared_claim_past_its_bound(ppg: Backend, names: Any, tmp_path: Path) -> None:
     """SIGKILL of every process of the job with claims prepared: the stream's warden (a process of
     its own, outside the job) parks them within the bound; the next run delivers them, once."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -429,14 +430,27 @@ def test_one_running_query_per_endpoint(backend: Backend, queues, monkeypatch) -
     r3.close()
 
 
-def test_a_starting_query_waits_for_a_dying_holder(backend: Backend, queues) -> None:  # type: ignore[no-untyped-def]
-    """A killed driver's leftover process may hold the endpoint for a moment: wait, then go on."""
+def test_a_starting_query_waits_for_a_dying_holder(backend: Backend, queues, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A killed driver's leftover process may hold the endpoint for a moment: wait, then go on,
+    holding the endpoint. (Fails when the lock is never taken: no wait, and a third receiver gets
+    in; or when it is not waited for: ConsumerBusyError at once.)"""
     q, e = queues
     old = make_receiver(backend, q, e)
     old.initial_offset()
-    threading.Timer(1.5, old.close).start()  # the leftover process exits a little later
-    with receiving(backend, q, e) as new:
-        new.initial_offset()
+    release = threading.Timer(1.5, old.close)  # the leftover process exits a little later
+    release.start()
+    try:
+        with receiving(backend, q, e) as new:
+            started = time.monotonic()
+            new.initial_offset()
+            waited = time.monotonic() - started
+            assert waited >= 1.0, f"took the endpoint after {waited:.2f}s while its holder had it for 1.5s"
+            monkeypatch.setattr(setup, "LOCK_WAIT", 0.5)
+            with receiving(backend, q, e) as third, pytest.raises(ConsumerBusyError) as busy:
+                third.initial_offset()
+            assert busy.value.field == "consumer", "the new receiver holds the endpoint"
+    finally:
+        release.join()
 
 
 def test_missing_queue_is_a_clear_error(backend: Backend, names) -> None:  # type: ignore[no-untyped-def]
