@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
 
 # the unit tier: no Spark, no database (tests/conftest.py sets the tier from the fixtures a test uses)
 test-unit: setup

@@ -48,6 +48,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _tier(item)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+    unexplained = sorted({item.nodeid.split("::")[0] + "::" + item.name.split("[")[0] for item in items
+                          if (mark := item.get_closest_marker("slow")) is not None and not slow_reason(mark)})
+    if unexplained:
+        raise pytest.UsageError("a `slow` marker says why the test is slow: pytest.mark.slow(reason=...) on "
+                                + ", ".join(unexplained))
+
+
+# -- the time budget -------------------------------------------------------------------------------
+
+#: a test of `make test` that takes longer (setup, call and teardown) is marked `slow` with its reason
+BUDGET_SECONDS = 60.0
+_TOOK: dict[str, float] = {}
+_SLOW: set[str] = set()
+
+
+def slow_reason(mark: pytest.Mark) -> str:
+    reason = mark.kwargs.get("reason", mark.args[0] if mark.args else "")
+    return reason.strip() if isinstance(reason, str) else ""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _TOOK.setdefault(nodeid, 0.0)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TOOK[report.nodeid] = _TOOK.get(report.nodeid, 0.0) + report.duration
+    if "slow" in report.keywords:
+        _SLOW.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name each test over the budget that is not marked `slow` (with its reason): the next
+    regression is seen in the run that brings it, not an hour of CI later."""
+    over = sorted(((took, nodeid) for nodeid, took in _TOOK.items()
+                   if took > BUDGET_SECONDS and nodeid not in _SLOW), reverse=True)
+    if over:
+        terminalreporter.section("over the budget", yellow=True)
+        terminalreporter.line(f"{len(over)} test(s) took over {BUDGET_SECONDS:.0f}s and are not marked slow: make "
+                              "them cheaper, or mark them pytest.mark.slow(reason=...)")
+        for took, nodeid in over:
+            terminalreporter.line(f"{took:7.1f}s {nodeid}")
 
 
 _RUNNING_TIER: list[str] = [""]

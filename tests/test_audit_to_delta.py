@@ -25,7 +25,7 @@ def day_of(text: str) -> date:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S:%f Z").replace(tzinfo=timezone.utc).date()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="the audit_to_delta job as a process, killed and run again")
 def test_audit_and_failures_exactly_once_across_a_kill(spark: Any, pg: Backend, names: Any, tmp_path: Path) -> None:
     from pyspark.sql.types import _parse_datatype_string
 
@@ -60,7 +60,7 @@ def test_audit_and_failures_exactly_once_across_a_kill(spark: Any, pg: Backend, 
     assert [pg.count(q) for q in (audit_q, error_q, poison, pg.claims(audit_q), pg.claims(error_q))] == [0] * 5
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="the audit_to_delta job run twice as a process")
 def test_generated_tables_for_notebooks_and_a_rerun_adds_nothing(spark: Any, pg_url: str, names: Any,
                                                                   tmp_path: Path) -> None:
     audit_to_delta = job_module()

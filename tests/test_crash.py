@@ -19,7 +19,7 @@ import pytest
 from backends import Backend, nsb_headers
 from processes import Job, kill_at_random, run_to_end, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="job processes SIGKILLed at awkward points, then restarted")
 
 CHILD = Path(__file__).with_name("crash_child.py")
 

@@ -25,7 +25,7 @@ from backends import Backend, nsb_headers
 from processes import Job, kill_at_random, run_to_end, wait_for
 from spark_qtransport.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="job processes SIGKILLed at points of the send side, then restarted")
 
 CHILD = Path(__file__).with_name("send_crash_child.py")
 #: the kill test rejects every FAIL_EVERY-th message with fail()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # starts PostgreSQL servers of its own
+pytestmark = pytest.mark.slow(reason="starts and stops PostgreSQL servers of its own, in processes it signals")
 
 SQLQUEUE = [sys.executable, "-m", "spark_qtransport.cli"]
 

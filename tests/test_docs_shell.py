@@ -297,7 +297,7 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
             c.execute(f'DROP ROLE "{role}"')
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="spark-submit starts a JVM of its own, as the page writes it")
 @pytest.mark.usefixtures("delta")
 def test_the_spark_submit_job_runs_as_written(pg_url: str, tmp_path: Path) -> None:
     jobs = section("jobs.md", "Running a job with spark-submit")

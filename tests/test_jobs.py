@@ -20,7 +20,7 @@ from spark_qtransport.spark.versions import capabilities
 
 JOBS = ROOT / "jobs"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="each job runs as a process of its own (its own JVM), as spark-submit starts it")
 
 
 def produce(pg: Backend, queue: str, ids: range, *, content_type: str = "application/json") -> None:

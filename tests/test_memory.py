@@ -169,7 +169,7 @@ def test_sink_turns_large_record_batches_into_rows_a_slice_at_a_time() -> None:
     assert rows == [{"body": b, "message_id": f"m{i}"} for i, b in enumerate(bodies)]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="streams bodies of several MB through Spark and measures the worker's memory")
 @pytest.mark.usefixtures("spark")
 def test_large_bodies_pass_through_a_stream_in_bounded_memory(
     spark: Any, pg: Backend, names: Any, checkpoint: str, capsys: pytest.CaptureFixture[str]

@@ -80,7 +80,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-@pytest.mark.slow  # a kernel process with its own local Spark
+@pytest.mark.slow(reason="a notebook kernel process with its own local Spark")
 def test_notebook_plots_the_platform_tables(spark: Any, pg_url: str, names: Any, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     tables = generate_platform_tables(spark, pg_url, names, tmp_path / "platform", n_audit=300, n_failures=60)

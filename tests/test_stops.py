@@ -28,7 +28,7 @@ from processes import ROOT
 
 JOBS = ROOT / "jobs"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="each case is a job process (its own JVM) stopped by a signal, then run again")
 
 
 @dataclass

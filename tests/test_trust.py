@@ -245,7 +245,7 @@ def test_the_allow_list_is_the_same_for_reader_sink_and_cli(pg: Backend, names: 
     assert pg.count(e) == 0 and pg.count(other) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="two queries run until one gives up waiting for the endpoint's lock")
 def test_two_running_queries_one_endpoint_two_spellings_never_share_a_message(
     spark: Any, pg: Backend, names: Any, tmp_path: Any
 ) -> None:

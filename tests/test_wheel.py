@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="builds the wheel in an isolated build environment (pip installs the build backend)")
 def test_wheel_builds_with_the_package_only(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
                    check=True, capture_output=True, timeout=600)

@@ -21,7 +21,7 @@ from processes import ROOT, Job
 from report import Sampler, plot, section, table
 from workload import megabytes, memory_mb, rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.db, pytest.mark.timeout(7200)]  # a server of its own
+pytestmark = [pytest.mark.slow(reason="a large backlog drained and its memory sampled"), pytest.mark.db, pytest.mark.timeout(7200)]  # a server of its own
 
 CHILD = ROOT / "tests" / "send_crash_child.py"
 

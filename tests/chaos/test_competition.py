@@ -19,7 +19,7 @@ from backends import Backend, nsb_headers
 from report import Sampler, plot, section, table
 from workload import Producer
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark"), pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow(reason="queries and an NServiceBus consumer compete for a while under a producer"), pytest.mark.usefixtures("spark"), pytest.mark.timeout(1800)]
 
 
 class Received:

@@ -30,7 +30,7 @@ from processes import ROOT, Job
 from report import Sampler, plot, section, table
 from workload import Killer, Producer, memory_mb, rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.db, pytest.mark.timeout(3600)]  # a server of its own
+pytestmark = [pytest.mark.slow(reason="job processes SIGKILLed and restarted under a producer, the database stopped"), pytest.mark.db, pytest.mark.timeout(3600)]  # a server of its own
 
 CHILD = ROOT / "tests" / "send_crash_child.py"
 

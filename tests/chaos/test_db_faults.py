@@ -25,7 +25,7 @@ import pytest
 from backends import Backend, nsb_headers
 from report import section
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark")]
+pytestmark = [pytest.mark.slow(reason="a session terminated in each phase, ridden through each time"), pytest.mark.usefixtures("spark")]
 
 #: messages sent before each run: one batch a run; for the read, one slice of 6,000 rows, which it
 #: reads in pages (1, 4, 16, ... 5,000 rows), so that the watcher finds its transaction open between two

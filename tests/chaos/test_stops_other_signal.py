@@ -15,7 +15,7 @@ from test_stops import test_queue_to_delta_stops_quietly_and_loses_nothing as qu
 
 from backends import Backend
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delta"),
+pytestmark = [pytest.mark.slow(reason="job processes stopped by the other signal (make chaos only)"), pytest.mark.usefixtures("delta"),
               pytest.mark.skipif(not os.environ.get("SQLQUEUE_CHAOS_KILLS"), reason="make chaos only (the long run)")]
 
 
