@@ -420,6 +420,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--lines", default=",".join(DEFAULT_LINES),
                    help=f"comma-separated Spark lines (default {','.join(DEFAULT_LINES)}; known: {', '.join(LINES)})")
     p.add_argument("--no-run", action="store_true", help="run nothing: write or check the table from earlier results")
+    p.add_argument("--setup-only", action="store_true",
+                   help="only make (or bring up to date) each line's venv and fetch its jars, to run later")
     table = p.add_mutually_exclusive_group()
     table.add_argument("--write-table", type=Path, metavar="PAGE", help="then (re)write the page's generated part")
     table.add_argument("--check-table", type=Path, metavar="PAGE",
@@ -434,8 +436,24 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, extra
 
 
+def prepare(spec: Line) -> bool:
+    """The line's venv and Delta jars, ready for a later run (CI prepares them while other stages run)."""
+    started = time.monotonic()
+    try:
+        set_up(spec)
+        if delta_jar(spec):
+            fetch_jars(spec)
+    except SetupFailed as exc:
+        say(f"compat: spark {spec.pyspark}: {exc}")
+        return False
+    say(f"compat: spark {spec.pyspark}: ready in {(time.monotonic() - started) / 60:.1f} min")
+    return True
+
+
 def main(argv: list[str]) -> int:
     args, extra = parse(argv)
+    if args.setup_only:
+        return 0 if all([prepare(LINES[name]) for name in args.lines]) else 1
     records = [] if args.no_run else [run_line(LINES[name], extra) for name in args.lines]
     for record in records:
         say(summary(record))
