@@ -54,8 +54,9 @@ class TestReaderOptions:
         monkeypatch.setenv("SQLQUEUE_URL", URL)
         assert ReaderOptions.parse({"queue": "Sales"}).url.host == "127.0.0.1"
         monkeypatch.delenv("SQLQUEUE_URL")
-        with pytest.raises(ConfigError, match="option 'url' is required.*SQLQUEUE_URL"):
+        with pytest.raises(ConfigError) as info:
             ReaderOptions.parse({"queue": "Sales"})
+        assert info.value.option == "url" and "SQLQUEUE_URL" in str(info.value)
 
     def test_password_option_overrides_url(self) -> None:
         o = ReaderOptions.parse({"url": "postgresql://app@db.example/x", "queue": "Sales", "password": "pw2"})
@@ -153,17 +154,20 @@ class TestWriterOptions:
 def test_integer_options_are_capped(option: str, cap: int) -> None:
     assert ReaderOptions.parse({"url": URL, "queue": "Sales", option: str(cap)})
     for too_big in (cap + 1, 2**63 - 1, 2**63, 10**100):
-        with pytest.raises(ConfigError, match=f"option '{option}' must be at most {cap:,}"):
+        with pytest.raises(ConfigError) as info:
             ReaderOptions.parse({"url": URL, "queue": "Sales", option: str(too_big)})
-    with pytest.raises(ConfigError, match=f"option '{option}' must be a whole number"):
+        assert info.value.option == option and f"{cap:,}" in str(info.value)
+    with pytest.raises(ConfigError) as info:
         ReaderOptions.parse({"url": URL, "queue": "Sales", option: "9" * 5000})  # past int()'s digit limit
+    assert info.value.option == option and "whole number" in str(info.value)
 
 
 def test_retention_is_capped() -> None:
     assert WriterOptions.parse({"url": URL, "endpoint": "S", "deduplicationRetention": "3650d"}).retention_seconds == 3650 * 86400
     for text in ("3651d", "9" * 400 + "d"):
-        with pytest.raises(ConfigError, match="option 'deduplicationRetention' must be at most 3650d"):
+        with pytest.raises(ConfigError) as info:
             WriterOptions.parse({"url": URL, "endpoint": "S", "deduplicationRetention": text})
+        assert info.value.option == "deduplicationRetention" and "3650d" in str(info.value)
 
 
 def test_index_names_always_fit_and_tables_too_long_fail_at_parse() -> None:
@@ -182,10 +186,12 @@ def test_index_names_always_fit_and_tables_too_long_fail_at_parse() -> None:
     assert len(names) == 3 and all(len(n.encode()) <= 63 for n in names)
     for stmt in d.create_outbox(options.outbox) + d.create_staging(options.staging):
         assert stmt.sql  # quoting checks every name's length
-    with pytest.raises(ConfigError, match=r"option 'endpoint': .*too long.*Staging"):
+    with pytest.raises(ConfigError) as info:
         WriterOptions.parse({"url": URL, "endpoint": "e" * 56})  # the staging table itself
-    with pytest.raises(ConfigError, match=r"option 'queue': .*too long.*Claims"):
+    assert info.value.option == "endpoint" and "Staging" in str(info.value) and "too long" in str(info.value)
+    with pytest.raises(ConfigError) as info:
         ReaderOptions.parse({"url": URL, "queue": "q" * 57})
+    assert info.value.option == "queue" and "Claims" in str(info.value) and "too long" in str(info.value)
     # SQL Server's indexes have fixed names: only its 128-character table names count
     sqlserver = "sqlserver://app@db.example.com/shop"
     assert WriterOptions.parse({"url": sqlserver, "endpoint": "e" * 100}).delayed.table == "e" * 100 + ".Delayed"
@@ -283,8 +289,9 @@ class TestDelayedTableOptions:
 
     def test_writer_refuses_its_destination_and_subscription_table(self) -> None:
         for option in ("destination", "subscriptionTable"):
-            with pytest.raises(ConfigError, match=f"option 'delayedTable': .* is option '{option}'"):
+            with pytest.raises(ConfigError) as info:
                 WriterOptions.parse({"url": URL, "endpoint": "Sales", option: "Billing", "delayedTable": "Billing"})
+            assert info.value.option == "delayedTable" and f"option '{option}'" in str(info.value)
 
     def test_routing_refuses_the_delayed_tables_the_options_name(self) -> None:
         from spark_qtransport.dialects import QueueAddress, dialect_named
