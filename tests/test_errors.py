@@ -421,7 +421,8 @@ class TestRetrying:
             db.retrying(pg.dialect, lambda conn: None, connection=connect, discard=db.close, what="peek on queue Q")
         assert time.monotonic() - started < 1 and calls == [1]
         text = str(info.value)
-        assert text.startswith("peek on queue Q failed: OperationalError: ") and "\n" not in text
+        assert info.value.operation == "peek on queue Q"
+        assert "\n" not in text and "OperationalError" in text
         assert "password authentication failed" in text
         assert isinstance(info.value.__cause__, psycopg.OperationalError)
         no_secret(text)
@@ -437,10 +438,11 @@ class TestRetrying:
         def fn(conn: Any) -> None:
             conn.execute('SELECT 1 FROM "public"."qt_absent"')
 
-        with pytest.raises(QueueNotFoundError, match=r'^read Q: a table does not exist \(relation "public.qt_absent"'
-                                                    r' does not exist\)$') as info:
+        with pytest.raises(QueueNotFoundError) as info:
             db.retrying(pg.dialect, fn, connection=connect, discard=db.close, what="read Q")
         assert calls == [1] and getattr(info.value.__cause__, "sqlstate", None) == "42P01"
+        assert (info.value.operation, info.value.sqlstate) == ("read Q", "42P01")
+        assert "qt_absent" in str(info.value) and "\n" not in str(info.value)
 
     def test_transient_errors_are_retried(self, pg: Backend, caplog: pytest.LogCaptureFixture) -> None:
         conns: list[Any] = []
@@ -462,7 +464,8 @@ class TestRetrying:
                 db.close(conn)
         assert len(conns) == 2
         # one fault the next attempt cured: a reconnection (DEBUG), not an outage (WARNING)
-        assert "peek on queue Q failed (terminating connection due to administrator command); reconnecting" in caplog.text
+        [line] = [r.getMessage() for r in caplog.records if "reconnecting" in r.getMessage()]
+        assert "peek on queue Q" in line and "terminating connection" in line  # the operation, the driver's reason
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
@@ -474,10 +477,11 @@ class TestStreamAndSinkSetUp:
         q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
         r = Receiver(ReaderOptions.parse({"url": role.url(WRONG), "queue": q, "errorQueue": e}))
         started = time.monotonic()
-        with pytest.raises(DatabaseError, match=rf'^connecting on queue "public"."{q}" failed: OperationalError: .*'
-                                                "password authentication failed") as info:
+        with pytest.raises(DatabaseError) as info:
             r.initial_offset()
         assert time.monotonic() - started < 3
+        assert info.value.operation is not None and q in info.value.operation
+        assert "password authentication failed" in str(info.value)  # the server's reason
         no_secret(str(info.value))
 
     def test_sender_with_a_wrong_password(self, pg: Backend, role: Role, names: Any) -> None:
@@ -489,12 +493,16 @@ class TestStreamAndSinkSetUp:
         good = WriterOptions.parse({"url": pg.url, "endpoint": sales})
         plan = set_up_sender(good)
         bad = WriterOptions.parse({"url": role.url(WRONG), "endpoint": sales, "inlineBytes": "0"})  # tasks stage
-        with pytest.raises(DatabaseError, match="^setting up the sender tables .* password authentication failed") as a:
+        with pytest.raises(DatabaseError) as a:
             set_up_sender(bad)
         rows = [{"body": b"{}", "message_type": "T", "destination": sales}]
-        with pytest.raises(DatabaseError, match="^staging batch 0 .* password authentication failed") as b:
+        with pytest.raises(DatabaseError) as b:
             stage_partition(bad, plan, [rows], batch_id=0, query_id=None)
+        assert a.value.operation is not None and a.value.operation.startswith("setting up the sender tables")
+        assert b.value.operation is not None and b.value.operation.startswith("staging batch 0")
         for info in (a, b):
+            assert sales in str(info.value.operation)
+            assert "password authentication failed" in str(info.value)  # the server's reason
             no_secret(str(info.value))
 
 
