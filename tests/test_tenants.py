@@ -207,8 +207,8 @@ def test_a_server_out_of_connections_is_one_line_naming_the_limit(small: Backend
             conn.close()
     text = str(failed.value)
     assert "\n" not in text
-    assert f"connection limit ({MAX_CONNECTIONS})" in text and "connecting for queue Sales" in text
-    assert "at most 3 connections on the driver" in text
+    assert failed.value.operation == "connecting for queue Sales"
+    assert f"limit ({MAX_CONNECTIONS})" in text and "3 connections" in text  # the limit; what a stream needs of it
 
 
 def test_an_idle_trigger_runs_the_same_few_statements_for_60_queues(small: Backend) -> None:
