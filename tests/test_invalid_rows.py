@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from backends import Backend, Sender, nsb_headers
-from spark_qtransport import QueueSink, reply
+from spark_qtransport import QueueSink, reply, unwrap
 from spark_qtransport.errors import ConfigError, MessageError, QueueNotFoundError
 from spark_qtransport.spark.options import WriterOptions
 from spark_qtransport.wire import H
@@ -98,9 +98,8 @@ def test_replies_with_a_nan_delay_go_to_the_error_queue_once_and_the_rest_is_sen
         failed_q, exception_type, message = failure(h)
         assert failed_q == web  # where the reply was going: a retry delivers it there
         assert exception_type == "spark_qtransport.MessageError"
-        assert message == (f"column 'delay' of the reply to message '{request}' (NServiceBus.RelatedTo): "
-                           "nan is not a finite number of seconds")
         assert h["NServiceBus.ExceptionInfo.Data.Column"] == "delay"
+        assert f"reply to message '{request}'" in message and "nan" in message  # the request it answers
         assert h["NServiceBus.ProcessingEndpoint"] == q.sales and h["NServiceBus.ProcessingMachine"]
         assert h[H.TIME_OF_FAILURE].endswith(" Z")
         # the reply it would have been: its body, intent, type and conversation
@@ -112,9 +111,9 @@ def test_replies_with_a_nan_delay_go_to_the_error_queue_once_and_the_rest_is_sen
     pg.send_many(q.sales, [(nsb_headers(f"order-{i}", **{H.REPLY_TO_ADDRESS: web}), b"{}") for i in (85, 100, 101)])
     with pytest.raises(Exception) as info:
         start(checkpoint + "-strict", invalidRows="fail", sinkName="strict").awaitTermination(180)
-    text = str(info.value)
-    assert ("column 'delay' of the reply to message 'order-85' (NServiceBus.RelatedTo): nan is not a finite "
-            "number of seconds") in text, text
+    err = unwrap(info.value)
+    assert isinstance(err, MessageError), info.value
+    assert err.column == "delay" and "'order-85'" in err.message, err
     assert pg.count(q.web) == 0 and pg.count(q.sink_error) == 0
 
 
@@ -151,8 +150,10 @@ def test_queue_sink_sends_invalid_rows_to_the_error_queue_and_past_deliver_at_at
     assert sorted(copies) == ["m3-invoice", "m7-invoice"]
     for message_id, h in copies.items():
         assert h["Shop.Note"] == "a\\x00b"
-        assert failure(h)[2] == (f"column \"headers['Shop.Note']\" of message '{message_id}': 'a\\x00b' contains a "
-                                 "NUL character (\\x00)")
+        assert h["NServiceBus.ExceptionInfo.Data.Column"] == "headers"
+        message = failure(h)[2]
+        assert "headers['Shop.Note']" in message and f"'{message_id}'" in message
+        assert "'a\\x00b'" in message  # the value, its NUL escaped
         assert H.FORWARD_DESTINATION not in h
 
 
@@ -174,8 +175,8 @@ def test_a_batch_of_invalid_rows_is_one_warning_and_a_missing_error_queue_fails_
         result = s.send(rows, batch_id=0)
     assert result.invalid == 3 and pg.count(queues.sink_error) == 3
     [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert "batch 0" in line and "all 3 rows could not be built into messages" in line
-    assert "column 'intent' of message 'i0': 'shout' is not one of send, publish, reply" in line
+    assert "batch 0" in line and "3 rows" in line
+    assert "'intent'" in line and "'i0'" in line and "'shout'" in line  # the first row's column, message, value
     # no error queue to take them: the batch fails, naming the option; nothing is lost or sent
     gone = Sender(pg, queues.sales, error_queue=names("missing"), destination=queues.billing, sink="gone")
     with pytest.raises(QueueNotFoundError, match="^error_queue: queue "):
@@ -195,9 +196,10 @@ def test_a_year_month_interval_is_refused_naming_the_column(spark: Any, pg: Back
     with pytest.raises(Exception) as info:
         df.write.format("sqlqueue").option("url", pg.url).option("endpoint", queues.sales) \
             .option("destination", queues.billing).mode("append").save()
-    text = str(info.value)
-    assert f"column '{column}' has type interval month: a year-month interval has no fixed length" in text, text
-    assert "KeyError" not in text
+    err = unwrap(info.value)
+    assert isinstance(err, MessageError) and err.column == column, info.value
+    assert "interval month" in err.message
+    assert "KeyError" not in str(info.value)
     assert pg.count(queues.billing) == 0
 
 
@@ -205,9 +207,10 @@ def test_the_invalid_rows_option() -> None:
     base = {"url": "postgresql://u@h/db", "endpoint": "Sales"}
     assert WriterOptions.parse(base).invalid_rows == "error-queue"
     assert WriterOptions.parse({**base, "invalidRows": " FAIL "}).invalid_rows == "fail"
-    with pytest.raises(ConfigError, match="option 'invalidRows' must be error-queue or fail, not 'skip'") as info:
+    with pytest.raises(ConfigError) as info:
         WriterOptions.parse({**base, "invalidrows": "skip"})
     assert info.value.option == "invalidRows"
+    assert "'skip'" in str(info.value) and "error-queue" in str(info.value)
     with pytest.raises(ConfigError, match="option 'invalidRows'"):
         QueueSink(url="postgresql://u@h/db", endpoint="Sales", invalidRows="drop")
 
