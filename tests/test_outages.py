@@ -22,7 +22,7 @@ from faultproxy import FaultProxy
 from backends import Backend, nsb_headers, server_settings
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import dialect_for
-from spark_qtransport.errors import DatabaseError
+from spark_qtransport.errors import DatabaseError, unwrap
 from spark_qtransport.transport.session import Session
 
 pytestmark = pytest.mark.db  # servers of its own, stopped and started
@@ -71,7 +71,7 @@ def test_a_killed_server_started_again_is_ridden_through(alive: Any, caplog: pyt
     assert time.monotonic() - started >= 2.5, "the answer came from the restarted server"
     warnings, infos = lines(caplog, logging.WARNING), lines(caplog, logging.INFO)
     assert len(warnings) == 1, warnings
-    assert "retrying for up to 2 min (outageTimeout)" in warnings[0] and "127.0.0.1" in warnings[0]
+    assert "2 min" in warnings[0] and "outageTimeout" in warnings[0] and "127.0.0.1" in warnings[0]  # the bound, its option
     assert [i for i in infos if "answers again" in i], infos
     s.close()
 
@@ -86,7 +86,7 @@ def test_past_the_bound_one_error_names_the_database_and_the_bound(alive: Any) -
     took = time.monotonic() - started
     text = str(failed.value)
     assert "\n" not in text
-    assert "longer than `outage_timeout` (2 s)" in text and f"127.0.0.1:{alive.port}" in text, text
+    assert "`outage_timeout`" in text and "(2 s)" in text and f"127.0.0.1:{alive.port}" in text, text
     assert 1.0 < took < 8.0, took
 
 
@@ -255,7 +255,10 @@ def test_a_stream_rides_through_outages_and_fails_with_one_line_past_the_bound(
         alive.start()
     text = str(failed.value)
     print("PAST THE BOUND:", text)
-    assert "longer than option 'outageTimeout' (3 s)" in text and f"127.0.0.1:{alive.port}" in text, text[:2000]
+    err = unwrap(failed.value)
+    assert isinstance(err, DatabaseError), text[:2000]
+    assert "option 'outageTimeout'" in err.message and "(3 s)" in err.message, err
+    assert f"127.0.0.1:{alive.port}" in err.message, err
     assert took < 60
     pg.send_many(q, [(nsb_headers(f"r{i:04d}"), b"z" * 200) for i in range(30)])
     query = _pipeline(spark, alive.url, q, out, e, checkpoint)
@@ -385,5 +388,5 @@ def test_stats_watch_waits_through_an_outage_and_says_so(alive: Any, names: Any)
     assert proc.returncode == 0, err
     said = err.splitlines()
     assert len(said) == 2, err
-    assert said[0].startswith("warning: ") and "retrying for up to 1 min (outageTimeout)" in said[0], err
+    assert said[0].startswith("warning: ") and "1 min" in said[0] and "outageTimeout" in said[0], err
     assert said[1].startswith("info: ") and "answers again, after" in said[1], err

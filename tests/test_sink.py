@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from backends import Backend, nsb_headers
-from spark_qtransport import QueueSink, publish, reply
+from spark_qtransport import OutboxConflictError, QueueNotFoundError, QueueSink, publish, reply, unwrap
 from spark_qtransport.spark.versions import capabilities
 from spark_qtransport.wire import H
 
@@ -216,8 +216,11 @@ def test_checkpoint_reset_with_a_reused_endpoint_fails_loudly(spark: Any, pg: Ba
     finish(start(checkpoint))
     shutil.rmtree(checkpoint)  # the checkpoint is deleted; the endpoint's outbox remembers batch 0
     pg.send_many(e.sales, [(nsb_headers(f"b{i}"), b"{}") for i in range(5)])
-    with pytest.raises(Exception, match=r"(?s)already dispatched.*sinkName"):
+    with pytest.raises(Exception) as failed:
         start(checkpoint).awaitTermination(180)
+    err = unwrap(failed.value)
+    assert isinstance(err, OutboxConflictError), failed.value
+    assert err.queue == f'"public"."{e.sales}.Outbox"' and "sinkName" in err.message, err  # the option to set
     assert pg.count(e.billing) == 5  # only the first run's messages; nothing skipped silently...
     # ...the second run's are still held, not lost (4.0/4.1: and the first run's one batch, which the
     # new checkpoint took over: it is acknowledged only when its own next batch is planned)
@@ -267,8 +270,11 @@ def test_a_failed_batch_sends_nothing_and_its_poison_waits_with_it(
                 .option("errorQueue", sink_errors)
                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
-    with pytest.raises(Exception, match=rf"(?s)errorQueue.*{sink_errors}.* does not exist"):
+    with pytest.raises(Exception) as failed:
         start().awaitTermination(180)
+    err = unwrap(failed.value)
+    assert isinstance(err, QueueNotFoundError), failed.value
+    assert (err.option, err.queue) == ("errorQueue", f'"public"."{sink_errors}"'), err
     assert pg.count(e.billing) == 0
     assert pg.count(e.error) == 0 and pg.held(e.sales) == 11  # all claimed, none acknowledged
     pg.create_queue(sink_errors)

@@ -57,7 +57,7 @@ def test_every_option_refuses_control_characters(parse: Any, option: str, value:
         base["queue"] = "Sales"
     exc = raised(lambda: parse({**base, option: value}))
     assert isinstance(exc, ConfigError) and exc.option == option
-    assert f"option '{option}': the value contains a control character" in str(exc)
+    assert "control character" in str(exc)  # why; the option is the field above
     assert "s3cret" not in str(exc) and "\x00" not in str(exc) and "\x1b" not in str(exc)
 
 
