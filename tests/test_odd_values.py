@@ -87,7 +87,8 @@ def test_odd_expires_never_stop_a_stream(spark: Any, pg: Backend, names: Any, ch
     [(native_id, headers, body)] = failures(pg, e)
     assert native_id == str(rows[105][0]) and body == b"too-late"
     assert headers[H.MESSAGE_ID] == "too-late" and headers[H.FAILED_Q] == f'"public"."{q}"'
-    assert "column expires holds 10000-01-01 00:00:00" in headers["NServiceBus.ExceptionInfo.Message"]
+    message = headers["NServiceBus.ExceptionInfo.Message"]
+    assert "expires" in message and "10000-01-01 00:00:00" in message  # the column, the value it holds
     assert headers["NServiceBus.ExceptionInfo.ExceptionType"] == "spark_qtransport.MessageError"
     assert headers[H.TIME_OF_FAILURE] and headers["NServiceBus.ProcessingEndpoint"]
     after = stats(pg, q)[0]
@@ -152,7 +153,7 @@ def test_null_headers_and_null_id_in_a_hand_made_table(pg: Backend, hand_made: t
         r.ack(end)
         assert r.stats.dead_lettered == 2 and r.report()["deadLettered"] == 2
         [warning] = [m.getMessage() for m in caplog.records if "failure headers" in m.getMessage()]
-        assert f'moved 2 message(s) to "public"."{e}"' in warning and "2 without an id (id is NULL)" in warning
+        assert "moved 2" in warning and f'"public"."{e}"' in warning and "id is NULL" in warning  # how many, where, why
     finally:
         r.close()
     assert [g[0] for g in got] == ["first", got[1][0], "last"]

@@ -236,8 +236,9 @@ def test_a_checkpoint_cannot_switch_between_one_queue_and_several() -> None:
 
     with pytest.raises(OffsetError, match="several queues"):
         ClaimOffset.from_dict({"queues": {}})
-    with pytest.raises(OffsetError, match="one-queue stream cannot be reused"):
+    with pytest.raises(OffsetError) as refused:
         QueueSetOffset.from_dict({"claim": 3, "claimTable": "1"})
+    assert "one-queue" in str(refused.value) and '"claim": 3' in str(refused.value)  # which way; the offset refused
     offset = QueueSetOffset({"b": ClaimOffset(2, "9"), "a": ClaimOffset(1, "8")})
     assert list(offset.to_dict()["queues"]) == ["a", "b"]  # stable JSON: Spark compares offsets as text
     assert QueueSetOffset.from_dict(offset.to_dict()) == offset
