@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml
 	$(PY) jobs/_spark.py fetch-jars
 	touch $@
 
+# the suite's files on TEST_WORKERS workers (pytest-xdist; each has its own SparkSession and embedded
+# PostgreSQL; the long files start first: tests/conftest.py); the 15 slowest tests printed at the end
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # the unit tier: no Spark, no database (tests/conftest.py sets the tier from the fixtures a test uses)
 test-unit: setup

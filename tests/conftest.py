@@ -48,11 +48,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _tier(item)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+    _longest_first(items)
     unexplained = sorted({item.nodeid.split("::")[0] + "::" + item.name.split("[")[0] for item in items
                           if (mark := item.get_closest_marker("slow")) is not None and not slow_reason(mark)})
     if unexplained:
         raise pytest.UsageError("a `slow` marker says why the test is slow: pytest.mark.slow(reason=...) on "
                                 + ", ".join(unexplained))
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Order the files so the long ones start first (those with `slow` tests, then Spark's, the
+    database's, the unit tier's), each file's tests together in their own order: `make test` runs
+    files on two workers (pytest-xdist, --dist loadfile), and a run that starts its longest files
+    last ends on one worker while the other idles."""
+    rank = {"spark": 1, "db": 2, "unit": 3}
+    cost: dict[str, int] = {}
+    for item in items:
+        here = 0 if item.get_closest_marker("slow") else rank[_tier(item)]
+        cost[item.nodeid.split("::")[0]] = min(here, cost.get(item.nodeid.split("::")[0], here))
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda item: (cost[item.nodeid.split("::")[0]], order[id(item)]))
 
 
 # -- the time budget -------------------------------------------------------------------------------

@@ -60,7 +60,6 @@ def test_audit_and_failures_exactly_once_across_a_kill(spark: Any, pg: Backend, 
     assert [pg.count(q) for q in (audit_q, error_q, poison, pg.claims(audit_q), pg.claims(error_q))] == [0] * 5
 
 
-@pytest.mark.slow(reason="the audit_to_delta job run twice as a process")
 def test_generated_tables_for_notebooks_and_a_rerun_adds_nothing(spark: Any, pg_url: str, names: Any,
                                                                   tmp_path: Path) -> None:
     audit_to_delta = job_module()

@@ -185,6 +185,7 @@ queue "public"."Sales": claimed 1950, dropped 50 expired, moved 1 poison to "pub
     assert spark_noise("replied to 3 orders\nWARNING: Using incubator modules: jdk.incubator.vector\n") == []
 
 
+@pytest.mark.slow(reason="the pages' scripts run as a reader runs them: five Python processes, each with its own JVM")
 def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path) -> None:
     """The quick start of docs/getting-started.md, verbatim: its commands in bash (against a database of
     its own on the test server, where `sqlqueue dev-db` would run one), its script as quickstart.py."""

@@ -113,6 +113,7 @@ class Peak:
 
 
 @pytest.mark.compat
+@pytest.mark.slow(reason="300 queues drained by a job process, SIGKILLed and run again to the end")
 def test_300_tenant_queues_by_pattern_on_30_connections_across_a_sigkill(small: Backend, tmp_path: Path) -> None:
     be = small
     create_tenants(be, range(1, TENANTS + 1))

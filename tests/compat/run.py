@@ -169,6 +169,7 @@ def capabilities(spec: Line) -> dict[str, Any]:
 def run_pytest(spec: Line, junit: Path, extra: list[str]) -> int:
     """pytest -m compat in the line's venv, its output passed on line by line with the prefix."""
     args = [str(python_of(spec)), "-m", "pytest", "-m", "compat", "-p", "no:cacheprovider", "-q",
+            "-n", os.environ.get("TEST_WORKERS", "3"), "--dist", "loadfile", "--no-loadscope-reorder",
             f"--junitxml={junit.relative_to(ROOT)}", *extra]
     prefix = f"[spark {spec.pyspark}] ".encode()
     proc = subprocess.Popen(args, cwd=ROOT, env=child_env(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
