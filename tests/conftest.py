@@ -59,8 +59,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _longest_first(items: list[pytest.Item]) -> None:
     """Order the files so the long ones start first (those with `slow` tests, then Spark's, the
     database's, the unit tier's), each file's tests together in their own order: `make test` runs
-    files on two workers (pytest-xdist, --dist loadfile), and a run that starts its longest files
-    last ends on one worker while the other idles."""
+    files on several workers (pytest-xdist, --dist loadfile --no-loadscope-reorder), and a run that
+    starts its longest files last ends on one worker while the others idle."""
     rank = {"spark": 1, "db": 2, "unit": 3}
     cost: dict[str, int] = {}
     for item in items:
