@@ -30,6 +30,10 @@ $(STAMP): pyproject.toml
 # the suite's files on TEST_WORKERS workers (pytest-xdist; each has its own SparkSession and embedded
 # PostgreSQL; the long files start first: tests/conftest.py); the 15 slowest tests printed at the end
 TEST_WORKERS ?= 3
+# the tests' JVMs (the sessions, the jobs they start, spark-submit, the Connect server) live seconds to
+# minutes: C1 only and the serial collector halve a JVM's start-up CPU (12 s -> 6 s a session here), and
+# the suite is CPU-bound on two cores. make bench and make chaos keep the JVM's defaults.
+test test-fast compat compat-table: export SPARK_SUBMIT_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
