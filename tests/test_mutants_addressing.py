@@ -55,6 +55,23 @@ class TestParse:
         assert PG.parse_address('Sales"') == QueueAddress('Sales"')
 
 
+class TestNServiceBusNameLimit:
+    """NServiceBus's PostgreSQL transport refuses a queue or delayed table name over 55 UTF-8 bytes."""
+
+    @pytest.mark.parametrize("table", ["x" * 55, "\u00e9" * 27 + "x"])
+    def test_up_to_55_bytes_is_fine(self, table: str) -> None:
+        assert PG.nservicebus_name_problem(QueueAddress(table)) is None
+
+    @pytest.mark.parametrize("table", ["x" * 56, "\u00e9" * 28])
+    def test_over_55_bytes_is_a_problem_naming_the_size_and_the_limit(self, table: str) -> None:
+        problem = PG.nservicebus_name_problem(QueueAddress(table))
+        assert problem is not None and problem.startswith(f"table name {table!r} is 56 bytes;")
+        assert "over 55 bytes" in problem
+
+    def test_sql_server_has_no_such_limit(self) -> None:
+        assert MSSQL.nservicebus_name_problem(QueueAddress("x" * 128)) is None
+
+
 class TestCompanionsAndIndexes:
     def test_a_queue_too_long_for_its_companion_is_an_error_naming_the_queue(self) -> None:
         queue = QueueAddress("x" * 58, "billing")

@@ -9,7 +9,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -24,8 +24,11 @@ from spark_qtransport.wire import (
     encode_headers,
     failure_headers,
     format_time,
+    given_texts,
+    host_id,
     outgoing_headers,
     parse_time,
+    retries_performed,
     uuid4_list,
     uuid4s,
 )
@@ -57,6 +60,7 @@ class TestPoisonRuleOfEscapedSurrogates:
         r'{"a":"\udc00"}',  # a low half alone: the lowest
         r'{"a":"\udfff"}',  # the highest
         r'{"a":"\ud800\ud800"}',  # a high half followed by another high half
+        r'{"a":"\ud800\ue000"}',  # ... by the first character past the low halves
         r'{"a":"\ud800\n"}',  # ... by another escape
         r'{"a":"\ud800x\udc00"}',  # ... by its low half, not next to it
         r'{"a":"\udc00\udc00"}',  # two low halves
@@ -75,6 +79,10 @@ class TestPoisonRuleOfEscapedSurrogates:
     ])
     def test_an_escaped_pair_is_one_character_where_the_standard_library_decides(self, pair: str, char: str) -> None:
         assert decode_headers(f'{{"a":"{pair}",{BEYOND_DOUBLE}}}') == {"a": char, "n": "x"}
+
+    @pytest.mark.parametrize(("escape", "char"), [(r"\ud7ff", "\ud7ff"), (r"\ue000", "\ue000")])
+    def test_an_escape_next_to_the_surrogates_is_a_character(self, escape: str, char: str) -> None:
+        assert decode_headers(f'{{"a":"{escape}",{BEYOND_DOUBLE}}}') == {"a": char, "n": "x"}
 
     def test_an_escaped_backslash_before_u_is_no_escape(self) -> None:
         assert decode_headers(rf'{{"a":"\\ud800",{BEYOND_DOUBLE}}}') == {"a": "\\ud800", "n": "x"}
@@ -145,6 +153,29 @@ class TestFailureHeaders:
         assert EXCEPTION_DATA == "NServiceBus.ExceptionInfo.Data."
 
 
+class TestRetriesPerformed:
+    """``NServiceBus.Retries`` read as .NET's ``int.TryParse`` reads it."""
+
+    @pytest.mark.parametrize(("value", "count"), [
+        ("3", 3), (" 3 ", 3), ("+3", 3), ("0", 0), ("2147483647", 2_147_483_647),
+        ("-1", 0),  # a negative count as 0
+        ("2147483648", 0), ("3.0", 0), ("abc", 0), ("", 0), ("\u0663", 0),  # not a 32-bit whole number in ASCII
+        (3, 0), (None, 0),  # not text
+    ])
+    def test_the_delayed_retries_performed(self, value: object, count: int) -> None:
+        assert retries_performed({H.RETRIES: value}) == count
+
+    def test_absent_is_none_performed(self) -> None:
+        assert retries_performed({}) == 0
+
+
+def test_an_endpoint_is_the_same_host_in_every_release() -> None:
+    # ServicePulse tells hosts apart by $.diagnostics.hostid: derived from the endpoint's name alone
+    # (a Guid in "N" format), so a new release must not change it
+    assert host_id("Sales") == "abfbf3b274495471992ad3c3d9fa0ec7"
+    assert host_id("Billing") != host_id("Sales")
+
+
 class TestConversation:
     def test_a_reply_to_a_message_without_a_conversation_starts_a_new_one(self) -> None:
         headers = outgoing_headers(message_id="m-1", endpoint="Sales", machine="spark-1", message_type="T",
@@ -170,6 +201,32 @@ class TestSentHeaderText:
             expected[H.CONVERSATION_ID] = "conversation-1"
         assert text == encode_headers(expected)
         assert json.loads(text)[name] == "given/value"
+
+
+    @pytest.mark.parametrize(("intent", "enclosed"), [("Send", "Shop.T"),
+                                                      (["Send", "Publish", "Send"], ["Shop.A", "Shop.B", "Shop.A"])])
+    def test_texts_write_for_each_message_what_text_writes(self, intent: str | Sequence[str],
+                                                           enclosed: str | Sequence[str]) -> None:
+        ids, conversations = ["m-1", "m/2", "m-\u00fc"], ["c-1", "c/2", "c-3"]
+        correlations, replies = ["x/1", None, ""], ["Sales", None, "Web/Replies"]
+        given = [{"Custom/1": "a/b", "\u00dcn\u00ef": "1"}, {"Custom/1": "", "\u00dcn\u00ef": "2"},
+                 {"Custom/1": 'q"', "\u00dcn\u00ef": "3"}]
+        drawn = iter(conversations)
+        one = SentHeaderText(endpoint="Sales/EU", machine="spark-1", content_type="application/json",
+                             new_id=lambda: next(drawn))
+        expected = [one.text(message_id=m, intent=i, enclosed=e, correlation_id=c or m, reply_to=r,
+                             time_sent=self.SENT, given=g)
+                    for m, i, e, c, r, g in zip(ids, [intent] * 3 if isinstance(intent, str) else intent,
+                                                [enclosed] * 3 if isinstance(enclosed, str) else enclosed,
+                                                correlations, replies, given, strict=True)]
+        many = SentHeaderText(endpoint="Sales/EU", machine="spark-1", content_type="application/json",
+                              new_id=lambda: "unused")
+        got = many.texts(message_ids=ids, intent=intent, enclosed=enclosed, correlation_ids=correlations,
+                         reply_to=replies, time_sent=self.SENT, conversations=conversations,
+                         given=given_texts(["Custom/1", "\u00dcn\u00ef"], [[g["Custom/1"] for g in given],
+                                                                         [g["\u00dcn\u00ef"] for g in given]]))
+        assert got == expected
+        assert json.loads(got[1])[H.CORRELATION_ID] == "m/2"  # no correlation id: the message's own
 
 
 class TestIds:
