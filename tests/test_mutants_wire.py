@@ -207,7 +207,8 @@ class TestSentHeaderText:
                                                       (["Send", "Publish", "Send"], ["Shop.A", "Shop.B", "Shop.A"])])
     def test_texts_write_for_each_message_what_text_writes(self, intent: str | Sequence[str],
                                                            enclosed: str | Sequence[str]) -> None:
-        ids, conversations = ["m-1", "m/2", "m-\u00fc"], ["c-1", "c/2", "c-3"]
+        # a column with a character to escape but no "/" (the message ids' quote), with "/" (the conversations')
+        ids, conversations = ["m-1", 'm"2', "m-\u00fc"], ["c-1", "c/2", "c-3"]
         correlations, replies = ["x/1", None, ""], ["Sales", None, "Web/Replies"]
         given = [{"Custom/1": "a/b", "\u00dcn\u00ef": "1"}, {"Custom/1": "", "\u00dcn\u00ef": "2"},
                  {"Custom/1": 'q"', "\u00dcn\u00ef": "3"}]
@@ -226,7 +227,7 @@ class TestSentHeaderText:
                          given=given_texts(["Custom/1", "\u00dcn\u00ef"], [[g["Custom/1"] for g in given],
                                                                          [g["\u00dcn\u00ef"] for g in given]]))
         assert got == expected
-        assert json.loads(got[1])[H.CORRELATION_ID] == "m/2"  # no correlation id: the message's own
+        assert json.loads(got[1])[H.CORRELATION_ID] == 'm"2'  # no correlation id: the message's own
 
 
 class TestIds:
