@@ -79,6 +79,20 @@ class TestSecondsOf:
             seconds_of(61, "delay", "m-1", limit=60)
 
 
+@pytest.mark.parametrize(("check", "column"), [
+    (lambda: seconds_of(math.nan, "delay", "m-7"), "delay"),
+    (lambda: seconds_of(MAX_SECONDS * 2, "ttbr", "m-7"), "ttbr"),
+    (lambda: no_nul("a\x00", "body", "m-7"), "body"),
+    (lambda: given_headers({"k\x00": "v"}, "m-7"), "headers"),
+    (lambda: given_headers({"k": "v\x00"}, "m-7"), "headers"),
+])
+def test_a_refusal_names_the_message(check: Any, column: str) -> None:
+    # the error (or the error copy) says which message the row was being built as
+    with pytest.raises(Refused) as caught:
+        check()
+    assert (caught.value.column, caught.value.message_id) == (column, "m-7")
+
+
 class TestNul:
     def test_text_with_a_nul_is_refused_naming_the_part(self) -> None:
         with pytest.raises(Refused) as caught:
