@@ -42,7 +42,7 @@ MUTMUT = "3.8.1"
 UNIT = "unit and not slow"
 _WIRE = ["tests/test_wire.py", "tests/test_properties.py", "tests/test_mutants_wire.py"]
 _ADDRESSING = ["tests/test_options.py", "tests/test_values.py", "tests/test_queues.py", "tests/test_vacuum.py",
-               "tests/test_privileges.py", "tests/test_mutants_addressing.py"]
+               "tests/test_privileges.py", "tests/test_mutants_addressing.py", "tests/test_mutants_routing.py"]
 
 #: module (under spark_qtransport/) -> the unit-tier test files that reach it, found with coverage's per-test
 #: contexts over `pytest -m "unit and not slow"`, less those that reach it only on the way to something else
