@@ -62,12 +62,12 @@ def _longest_first(items: list[pytest.Item]) -> None:
     files on several workers (pytest-xdist, --dist loadfile --no-loadscope-reorder), and a run that
     starts its longest files last ends on one worker while the others idle."""
     rank = {"spark": 1, "db": 2, "unit": 3}
-    cost: dict[str, int] = {}
+    cost: dict[Any, int] = {}
     for item in items:
         here = 0 if item.get_closest_marker("slow") else rank[_tier(item)]
-        cost[item.nodeid.split("::")[0]] = min(here, cost.get(item.nodeid.split("::")[0], here))
+        cost[item.path] = min(here, cost.get(item.path, here))
     order = {id(item): n for n, item in enumerate(items)}
-    items.sort(key=lambda item: (cost[item.nodeid.split("::")[0]], order[id(item)]))
+    items.sort(key=lambda item: (cost[item.path], order[id(item)]))
 
 
 # -- the time budget -------------------------------------------------------------------------------

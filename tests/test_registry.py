@@ -66,10 +66,7 @@ def test_the_flag_form_names_the_flag() -> None:
 
 
 def _flags(command: click.Command) -> set[str]:
-    found = {o for p in command.params for o in getattr(p, "opts", ()) if o.startswith("--")}
-    for sub in getattr(command, "commands", {}).values():
-        found |= _flags(sub)
-    return found
+    return {o for _, p in _params(command) for o in getattr(p, "opts", ()) if o.startswith("--")}
 
 
 def test_every_flag_the_registry_names_is_a_flag_of_the_command_line() -> None:

@@ -153,6 +153,16 @@ def fetch_jars(spec: Line) -> None:
     run_quietly("jobs/_spark.py fetch-jars", [str(python_of(spec)), "jobs/_spark.py", "fetch-jars"], child_env(spec))
 
 
+def ready(spec: Line) -> str | None:
+    """The line's venv made or brought up to date and its Delta jars fetched; the Delta artifact
+    its sessions load (None without Delta). SetupFailed when either cannot be had."""
+    set_up(spec)
+    delta = delta_jar(spec)
+    if delta:
+        fetch_jars(spec)
+    return delta
+
+
 def capabilities(spec: Line) -> dict[str, Any]:
     out = run_quietly("python -m spark_qtransport.spark.versions",
                       [str(python_of(spec)), "-m", "spark_qtransport.spark.versions"], child_env(spec))
@@ -221,10 +231,7 @@ def run_line(spec: Line, extra: list[str]) -> dict[str, Any]:
                               "pytest_args": extra, "problem": None}
     started = time.monotonic()
     try:
-        set_up(spec)
-        record["delta"] = delta_jar(spec)
-        if record["delta"]:
-            fetch_jars(spec)
+        record["delta"] = ready(spec)
         record["capabilities"] = capabilities(spec)
     except SetupFailed as exc:
         say(f"compat: spark {spec.pyspark}: {exc}")
@@ -441,9 +448,7 @@ def prepare(spec: Line) -> bool:
     """The line's venv and Delta jars, ready for a later run (CI prepares them while other stages run)."""
     started = time.monotonic()
     try:
-        set_up(spec)
-        if delta_jar(spec):
-            fetch_jars(spec)
+        ready(spec)
     except SetupFailed as exc:
         say(f"compat: spark {spec.pyspark}: {exc}")
         return False
