@@ -168,15 +168,25 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @surfaced
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         if HAS_ADMISSION_CONTROL:
+            self._committed(start)
             return self._latest(start, limit)
         # Spark 4.0/4.1: no start given. Spark starts the next batch from the offset returned
         # last (or from the end of a batch it replayed): pass that on as the start
         if self._next_start is None:
             end = self._first_batch()
         else:
+            self._committed(self._next_start)
             end = self._latest(self._next_start, None)
         self._next_start = end if self._run is None else {**end, "run": self._run}
         return self._next_start
+
+    def _committed(self, start: dict[str, Any] | None) -> None:
+        """Spark asks for the next offset only once every batch up to `start` is in its commit
+        log (a restart first replays a batch it had not committed): acknowledge up to `start` now,
+        so a batch is acknowledged within one trigger interval of its commit whether or not new
+        messages arrive. Spark's own ``commit(end)`` comes only with the next batch."""
+        if start is not None:
+            self.source.committed(self._offset(start))
 
     def _first_batch(self) -> dict[str, Any]:
         """Spark 4.0/4.1, the first trigger of a run that replayed no batch: the claims this

@@ -327,6 +327,17 @@ class QueueSet:
             parts += self.receiver(k).slices(s, e)
         return parts
 
+    def committed(self, upto: QueueSetOffset) -> None:
+        """Every batch up to `upto` is in Spark's commit log: each queue of the stream
+        acknowledges up to its position (`Receiver.committed`)."""
+        for k, e in upto.queues.items():
+            r = self.receivers.get(k)
+            if r is not None and k not in self._gone:
+                try:
+                    r.committed(e)
+                except QueueNotFoundError:
+                    log.info("not acknowledging queue %s: its claim table no longer exists", k)
+
     def ack(self, end: QueueSetOffset, *, background: bool = False) -> None:
         for k, e in end.queues.items():
             if k in self._gone:  # acknowledged when it left the stream

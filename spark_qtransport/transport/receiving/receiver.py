@@ -162,8 +162,7 @@ class Receiver:
         if self._available_now and after and end == after and after > self._acked:
             # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
             # It asks for the next offset only once `start` is in its commit log, so those claims
-            # are processed: acknowledge them, so a finished run leaves nothing claimed. (A
-            # running stream keeps its last batch until the next: deleting `commits/N` replays it.)
+            # are processed: acknowledge them, so a finished run leaves nothing claimed.
             self.ack(ClaimOffset(after, self.table_id))
             if self.monitor is not None:
                 # The run ends here, and Spark may end this process without the source's stop():
@@ -274,17 +273,25 @@ class Receiver:
                 consumer, self.endpoint.queue_text, held[0], held[1],
             )
 
+    def committed(self, upto: ClaimOffset) -> None:
+        """Every batch up to `upto` is in Spark's commit log (it asks for the next offset):
+        acknowledge up to it in the background, idle queue or not. A run's first planning
+        acknowledges the previous run's last batch itself, in the foreground
+        (`_release_previous_run`); an acknowledgement already made costs no statement."""
+        if not self._released or upto.claim <= self._acked or upto.table != self.table_id:
+            return
+        self.ack(upto, background=True)
+
     def _release_previous_run(self, start: ClaimOffset | None, after: int | None) -> None:
         """Acknowledge the batch a previous run of this checkpoint ended with.
 
         Spark sends ``commit(end)`` only when it plans a batch after ``end``, so a run's last batch
         stays claimed after it stops, and would stay so while the queue is empty. Spark asks for
         the next offset only once every batch up to ``start`` is in the commit log (a restart
-        first replays an uncommitted batch), so this run's first planning may acknowledge up to
-        ``start``. In an AvailableNow run `latest` acknowledges a later ``start`` when it finds
-        nothing new (the run ends there); while batches follow each other, Spark's ``commit`` does.
-        Otherwise a run's own last batch stays replayable until the next run (a manual replay
-        after deleting ``commits/N`` finds its rows).
+        first replays an uncommitted batch), so this run's first planning acknowledges up to
+        ``start``, in the foreground. Later triggers do so in the background (`committed`); in an
+        AvailableNow run `latest` acknowledges a later ``start`` when it finds nothing new (the
+        run ends there).
         """
         if self._released or start is None:
             return
