@@ -44,11 +44,14 @@ class Job:
                 continue
         return found
 
-    def kill(self) -> int:
-        """SIGKILL every process of the job, repeatedly until none is left."""
+    def kill(self, *, with_warden: bool = False) -> int:
+        """SIGKILL every process of the job, repeatedly until none is left. `with_warden`: its
+        streams' wardens too (processes of their own, outside the job: a lost machine takes them)."""
         killed = 0
         for _ in range(20):
             procs = self.processes()
+            if with_warden:
+                procs += [c for p in procs for c in _children(p) if "receiving.warden" in " ".join(_cmdline(c))]
             if not procs:
                 break
             for p in procs:
@@ -67,6 +70,20 @@ class Job:
             return self.proc.wait(timeout)
         finally:
             self.log.close()
+
+
+def _children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, job: Job) -> None:

@@ -95,6 +95,7 @@ class Receiver:
         self._backlog_refresh: Future[int | None] | None = None
         self._closed = threading.Event()  # stops the timer that parks old prepared claims
         self._watched = False  # the stream's warden was told of this queue
+        self._timed = False  # the timer that parks old prepared claims runs
 
     def _known_table_id(self) -> str:
         return self.set_up.table_id or ""
@@ -157,8 +158,9 @@ class Receiver:
             self._start_monitoring()
         self._release_previous_run(start, after)
         self._warn_of_takeover(start, after)
+        self._watch()
         end = self.planner.plan(after, limit, claim=not (self.draining or idle), whole=whole)
-        self._watch_prepared()
+        self._time_prepared()
         if self._available_now and after and end == after and after > self._acked:
             # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
             # It asks for the next offset only once `start` is in its commit log, so those claims
@@ -182,6 +184,7 @@ class Receiver:
         table = self.table_id
         if not self.draining:
             self._start_monitoring()
+        self._watch()
         if fresh:
             self._warn_of_takeover(ClaimOffset(0, table), 0)
         self._takeover_checked = True
@@ -299,13 +302,19 @@ class Receiver:
         if after:  # in the foreground: Spark may end this run's process without waiting on a thread
             self.ack(ClaimOffset(after, self.table_id))
 
-    def _watch_prepared(self) -> None:
-        """Once this run holds a prepared claim, the stream's warden watches the queue: a driver
-        killed with claims prepared leaves them to it (`warden.py`)."""
-        if not self._watched and self.planner.prepared.all():
+    def _watch(self) -> None:
+        """From its first planning on, the stream's warden knows the queue: Spark ends a query's
+        source process without a word (`query.stop()`, the end of an AvailableNow run, an exit, a
+        kill), and the warden then acknowledges what Spark committed and parks what is still
+        prepared (`warden.py`)."""
+        if not self._watched:
             self._watched = True
-            self.sessions.warden(self.options.prepared_timeout).watch(
-                self.dialect.format_address(self.options.queue), self.options.consumer)
+            self.sessions.warden(self.options.prepared_timeout).watch(self.options)
+
+    def _time_prepared(self) -> None:
+        """Once this run holds a prepared claim, a timer parks the ones older than their bound."""
+        if not self._timed and self.planner.prepared.all():
+            self._timed = True
             threading.Thread(target=self._tick, name="sqlqueue-prepared-bound", daemon=True).start()
 
     def _park_all(self) -> None:
@@ -317,7 +326,7 @@ class Receiver:
         try:
             self.acker.park(self.main, older_than=None)
         except Exception as exc:  # noqa: BLE001 - the warden, or the next run, parks them
-            self.sessions.parked = False
+            self.sessions.finished = False
             log.warning("queue %s: could not move its prepared claims into %s on stop (%s); the next run of this "
                         "endpoint does", self.endpoint.queue_text, self.dialect.qualified(self.claims),
                         db.describe(self.dialect, exc))
@@ -420,6 +429,8 @@ class Receiver:
         if end.claim <= self.acker.done(end.table):
             return 0  # acknowledged already: an idle queue's repeated commit costs no statement
         self._acked = max(self._acked, end.claim)
+        if self._watched:  # Spark committed it: the warden finishes it if this process cannot
+            self.sessions.warden(self.options.prepared_timeout).committed(self.options, end.table, end.claim)
         if self.planner.may_hold_prepared(end.claim):
             self.planner.held_max()  # what is held where (prepared, claim table), known before the ack
         if background:
@@ -435,6 +446,8 @@ class Receiver:
             self._park_all()
         finally:
             self.background.drain()  # the last acknowledgement's timings reach monitoring first
+            if self._acked > self.acker.done(self._known_table_id()):
+                self.sessions.finished = False  # an acknowledgement failed: the warden makes it
             if self.monitor is not None:
                 self.monitor.close()
             self.sessions.leave(self.set_up)

@@ -101,15 +101,16 @@ class StreamSessions:
         self._reports: ReportSession | None = None
         #: the whole stream is closing: a queue leaving keeps its lock until the connection closes
         self.closing = False
-        self._url = url
         self._warden: Warden | None = None
-        #: every queue that held prepared claims parked them on stop (else the warden does)
-        self.parked = True
+        #: every queue acknowledged what Spark committed and parked its prepared claims on stop
+        #: (else the warden does)
+        self.finished = True
 
     def warden(self, bound: float) -> Warden:
-        """The stream's warden of prepared claims (`warden.py`), started when first told of a queue."""
+        """The warden that finishes the stream once its process is gone (`warden.py`), started
+        when first told of a queue."""
         if self._warden is None:
-            self._warden = Warden(self._url, bound)
+            self._warden = Warden(bound)
         return self._warden
 
     def reports(self, settings: ReceiveSettings) -> ReportSession:
@@ -148,4 +149,4 @@ class StreamSessions:
             if self._reports is not None:
                 self._reports.close()
             if self._warden is not None:
-                self._warden.release(parked=self.parked)
+                self._warden.release(finished=self.finished)

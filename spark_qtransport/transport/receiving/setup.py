@@ -63,6 +63,8 @@ class EndpointSetUp:
         #: the connection this set-up last ran on (its consumer lock is held there)
         self.conn: Any = None
         self._clock = clock
+        #: how long the set-up waits for the consumer lock before ConsumerBusyError
+        self.lock_wait = LOCK_WAIT
         #: the stream's share of the server's prepared transactions (`StreamSessions.join`)
         self.slots: PreparedSlots | None = None
         self._mode_decided = False
@@ -193,7 +195,7 @@ class EndpointSetUp:
         connection closes when that process notices), so wait a while before calling it busy.
         """
         d, o = self.endpoint.dialect, self.endpoint.options
-        deadline = self._clock() + LOCK_WAIT
+        deadline = self._clock() + self.lock_wait
         warned = False
         while True:
             (locked,) = db.one(cur, d.try_lock_consumer(self.endpoint.claims, o.consumer))
@@ -203,12 +205,12 @@ class EndpointSetUp:
             if self._clock() >= deadline:
                 raise ConsumerBusyError(
                     f"endpoint {o.consumer!r} is already receiving from queue {d.format_address(o.queue)} "
-                    f"in another running query (waited {LOCK_WAIT:.0f}s); give each query its own "
+                    f"in another running query (waited {self.lock_wait:.0f}s); give each query its own "
                     "`consumer`", field="consumer", queue=d.format_address(o.queue),
                 )
             if not warned:
                 log.warning("endpoint %r on %s is held by another session; waiting up to %.0fs",
-                            o.consumer, d.format_address(o.queue), LOCK_WAIT)
+                            o.consumer, d.format_address(o.queue), self.lock_wait)
                 warned = True
             time.sleep(0.5)
 

@@ -1,14 +1,23 @@
-"""The warden: a small process that outlives a driver killed with prepared claims outstanding.
+"""The warden: a small process that finishes a stream whose driver process is gone.
 
-A prepared transaction outlives the session that prepared it, and holds vacuum back for the whole
-server until someone commits it. A stream that stops parks its claims itself (`Receiver.close`);
-one killed (SIGKILL, a lost machine, the scheduler's kill) cannot. So a stream holding prepared
-claims starts a warden: a process in a session of its own, with a minimal environment (no
-secrets, nothing a process manager finds the job by), told the stream's queues over a pipe. When
-the pipe closes without a goodbye, the driver is gone: the warden waits until the claims are half
-their bound old (a quick restart takes them over as they are), then, for each queue whose consumer
-lock it can take (no new run holds it), parks its consumer's prepared claims into the claim table
-(`prepared.park`) and exits. A restarted run that holds the lock first does that itself.
+Spark ends a query's source process without calling its ``stop()``: after ``query.stop()``, at the
+end of an AvailableNow run, at a clean exit, at Ctrl-C, as after a SIGKILL. So what a stream must
+do at its end is done by a process that outlives it. Each stream starts one at its first planning:
+a process in a session of its own, with a minimal environment (no secrets, nothing a process
+manager finds the job by), told over a pipe each queue's settings and, as Spark commits batches,
+how far each queue's claims are committed (`committed`: Spark asked for the next offset, or
+committed the batch). When the pipe closes without a goodbye, the stream is gone: at once, for each
+queue whose consumer lock it can take within `LOCK_WAIT` (a new run holding it does all this
+itself), the warden
+
+- acknowledges the claims up to the last committed offset it was told (audit and forwardTo copies,
+  retry acknowledgements with it, as the stream would have: `Receiver.ack`), so a stopped query
+  leaves nothing it processed claimed, and
+- moves the prepared claims left into the claim table (`prepared.park`): a prepared transaction
+  holds vacuum back for the whole server and locks its queue against DDL,
+
+then exits. A queue it cannot finish (the server away) is tried again every few seconds for as
+long as the prepared claims' bound allows (at least 10 minutes).
 
     python -m spark_qtransport.transport.receiving.warden   (reads its orders on stdin, JSON lines)
 """
@@ -24,36 +33,63 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Warden"]
+if TYPE_CHECKING:
+    from ..settings import ReceiveSettings
+
+__all__ = ["Warden", "LOCK_WAIT"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
 GOODBYE = "bye"
+#: how long the warden waits for a queue's consumer lock (the dead process's session may hold it a moment)
+LOCK_WAIT = 3.0
+
+
+def _key(settings: ReceiveSettings) -> str:
+    return json.dumps([settings.dialect.format_address(settings.queue), settings.consumer])
+
+
+def _pickled(value: Any) -> str:
+    return base64.b64encode(pickle.dumps(value)).decode("ascii")
 
 
 @dataclass
 class Warden:
-    """The driver's end of the pipe: `watch` each queue once its claims are prepared, `release` when
-    the stream stops."""
+    """The stream's end of the pipe: `watch` each queue at its first planning, tell it what Spark
+    `committed`, `release` when the stream stops itself."""
 
-    url: Any  # ConnectionURL
     bound: float
     _proc: subprocess.Popen[str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _told: dict[str, tuple[str, int]] = field(default_factory=dict)
 
-    def watch(self, queue: str, consumer: str) -> None:
+    def watch(self, settings: ReceiveSettings) -> None:
+        # the settings hold the URL (its password): through the pipe, never an argument or the environment
+        self._send({"watch": _key(settings), "settings": _pickled(settings)})
+
+    def committed(self, settings: ReceiveSettings, table: str, claim: int) -> None:
+        """Every claim of the queue up to `claim` (in claim table `table`) is processed: Spark
+        committed its batch. Told once per new position."""
+        key = _key(settings)
+        told = self._told.get(key)
+        if told is not None and told[0] == table and told[1] >= claim:
+            return
+        self._told[key] = (table, claim)
+        self._send({"committed": key, "table": table, "claim": claim})
+
+    def _send(self, order: dict[str, Any]) -> None:
         with self._lock:
             try:
                 if self._proc is None:
                     self._proc = self._start()
                 assert self._proc.stdin is not None
-                self._proc.stdin.write(json.dumps({"queue": queue, "consumer": consumer}) + "\n")
+                self._proc.stdin.write(json.dumps(order) + "\n")
                 self._proc.stdin.flush()
-            except OSError as exc:  # the stream goes on; its own stop and restart park as well
-                log.warning("the warden of prepared claims could not be told of queue %s: %s", queue, exc)
+            except OSError as exc:  # the stream goes on; a restart finishes what the warden could not
+                log.warning("the stream's warden could not be told (%s): %s", next(iter(order)), exc)
 
     def _start(self) -> subprocess.Popen[str]:
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -61,85 +97,88 @@ class Warden:
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=env, start_new_session=True, text=True)
         assert proc.stdin is not None
-        # the URL (its password) goes through the pipe, never an argument or the environment
-        url = base64.b64encode(pickle.dumps(self.url)).decode("ascii")
-        proc.stdin.write(json.dumps({"url": url, "bound": self.bound}) + "\n")
+        proc.stdin.write(json.dumps({"bound": self.bound}) + "\n")
         proc.stdin.flush()
         return proc
 
-    def release(self, *, parked: bool) -> None:
-        """The stream stops: `parked`, its claims are all in the claim table (the warden just
-        exits); else the warden parks what is left, as after a crash."""
+    def release(self, *, finished: bool) -> None:
+        """The stream stops itself: `finished`, every queue's committed claims are acknowledged and
+        its prepared claims parked (the warden just exits); else the warden finishes them."""
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is None or proc.stdin is None:
             return
         try:
-            if parked:
+            if finished:
                 proc.stdin.write(GOODBYE + "\n")
             proc.stdin.close()
         except OSError:
             pass
 
 
-def _park_orphans(url: Any, bound: float, queues: list[tuple[str, str]]) -> None:
-    """Park the prepared claims the dead driver's consumers left, queue by queue, once they are
-    half their bound old; skip a queue whose lock a new run holds. Returns when none is left."""
-    from .. import session as db
-    from ..settings import ReceiveSettings
-    from . import prepared
-    from .setup import Endpoint
+@dataclass
+class _Queue:
+    settings: ReceiveSettings
+    committed: tuple[str, int] | None = None  # (claim table id, claim sequence)
 
-    left = list(queues)
+
+def finish_queue(settings: ReceiveSettings, committed: tuple[str, int] | None, *, lock_wait: float = LOCK_WAIT) -> bool:
+    """Finish one queue of a stream that is gone: acknowledge its claims up to `committed`, park its
+    prepared claims. False: try again later (the server is away, a park failed)."""
+    from ...errors import ConsumerBusyError
+    from .planner import ClaimOffset
+    from .receiver import Receiver
+
+    # monitoring reports are best-effort and belong to the stream's own process
+    r = Receiver(replace(settings, monitoring_queue=None), draining=True)
+    r.set_up.lock_wait = lock_wait
+    try:
+        try:
+            table = r.table_id  # the set-up: the claim table, the consumer lock
+        except ConsumerBusyError:
+            return True  # a new run holds the queue: what is left is its business
+        r.planner.held_max(fresh=True)  # which claims are prepared, which in the claim table
+        if committed is not None and committed[0] == table:
+            r.ack(ClaimOffset(committed[1], table))
+    finally:
+        r.close()  # parks what is still prepared, releases the lock
+    return r.sessions.finished
+
+
+def _finish(bound: float, queues: dict[str, _Queue]) -> None:
+    left = dict(queues)
     deadline = time.monotonic() + max(bound * 4, 600)
-    while left and time.monotonic() < deadline:
-        time.sleep(max(bound / 8, 0.5))
-        for queue, consumer in list(left):
-            o = ReceiveSettings.create(url, queue, consumer=consumer)
-            d = o.dialect
-            endpoint = Endpoint(o, d, d.claims_table(o.queue))
+    while True:
+        for key, q in list(left.items()):
             try:
-                conn = d.connect(o.url)
-            except Exception:  # noqa: BLE001 - the server may be away: try again later
-                continue
-            try:
-                cur = conn.cursor()
-                (locked,) = db.one(cur, d.try_lock_consumer(endpoint.claims, consumer))
-                conn.commit()
-                if not locked:  # a new run holds the queue: its claims are its own business
-                    left.remove((queue, consumer))
-                    continue
-                (table,) = db.one(cur, d.table_id(endpoint.claims))
-                conn.commit()
-                held = prepared.listed(endpoint, cur, str(table))
-                conn.commit()
-                if not held:
-                    left.remove((queue, consumer))
-                for claim in held:
-                    if claim.age >= bound / 2:
-                        prepared.park(conn, endpoint, claim)
-            except Exception:  # noqa: BLE001 - tried again at the next round
+                if finish_queue(q.settings, q.committed):
+                    del left[key]
+            except Exception:  # noqa: BLE001 - the server may be away: tried again at the next round
                 pass
-            finally:
-                db.close(conn)
+        if not left or time.monotonic() >= deadline:
+            return
+        time.sleep(min(max(bound / 8, 0.5), 5.0))
 
 
 def main() -> int:
     orders = sys.stdin.readline()
     if not orders:
         return 0
-    first = json.loads(orders)
-    queues: list[tuple[str, str]] = []
-    for line in sys.stdin:  # until the driver closes the pipe: dies, or says goodbye first
+    bound = float(json.loads(orders)["bound"])
+    queues: dict[str, _Queue] = {}
+    for line in sys.stdin:  # until the stream closes the pipe: gone, or says goodbye first
         line = line.strip()
         if line == GOODBYE:
             return 0
-        if line:
-            order = json.loads(line)
-            if (order["queue"], order["consumer"]) not in queues:
-                queues.append((order["queue"], order["consumer"]))
-    url = pickle.loads(base64.b64decode(first["url"]))  # noqa: S301 - our own parent's, over a pipe
-    _park_orphans(url, float(first["bound"]), queues)
+        if not line:
+            continue
+        order = json.loads(line)
+        if "watch" in order and order["watch"] not in queues:
+            settings = pickle.loads(base64.b64decode(order["settings"]))  # noqa: S301 - our own parent's, over a pipe
+            queues[order["watch"]] = _Queue(settings)
+        elif "committed" in order and order["committed"] in queues:
+            queues[order["committed"]].committed = (str(order["table"]), int(order["claim"]))
+    _finish(bound, queues)
     return 0
 
 
