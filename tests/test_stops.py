@@ -37,6 +37,7 @@ class Stopped:
     before: list[str]  # the lines printed before the signal
     after: list[str]  # the lines printed from the signal on
     jvm_seconds: float  # from the driver's exit until its JVM was gone
+    left: list[str]  # processes of the job still alive 10 s after the signal (their command lines)
 
 
 def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float, log: Path,
@@ -57,8 +58,12 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
             assert proc.poll() is None, f"the job ended before {ready!r}: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"no {ready!r} in {timeout} s: {log.read_text()[-3000:]}"
             time.sleep(0.1)
-        jvms = [p for p in psutil.Process(proc.pid).children(recursive=True) if "java" in p.name()]
+        # every process the job started, wherever it went (pyspark.daemon's workers move to process
+        # groups of their own, a stream's warden to a session of its own)
+        everything = psutil.Process(proc.pid).children(recursive=True)
+        jvms = [p for p in everything if "java" in p.name()]
         before = log.read_text(errors="replace").splitlines()
+        signalled = time.monotonic()
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)
         else:
@@ -67,8 +72,10 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
         exited = time.monotonic()
         _, alive = psutil.wait_procs(jvms, timeout=15)
         jvm_seconds = time.monotonic() - exited if not alive else float("inf")
+        _, alive = psutil.wait_procs(everything, timeout=max(0.0, signalled + 10 - time.monotonic()))
+        left = [" ".join(_cmdline(p)) or str(p.pid) for p in alive]
         lines = log.read_text(errors="replace").splitlines()
-        return Stopped(code, before, lines[len(before):], jvm_seconds)
+        return Stopped(code, before, lines[len(before):], jvm_seconds, left)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -88,6 +95,14 @@ def quiet(stopped: Stopped, signum: int) -> None:
     assert len(stopped.after) <= 5, f"{len(stopped.after)} lines after the signal:\n{shown[-3000:]}"
     assert any(line.startswith("stopped") for line in stopped.after), shown
     assert stopped.jvm_seconds <= 10, f"the JVM outlived the driver by {stopped.jvm_seconds:.1f} s"
+    assert not stopped.left, f"{len(stopped.left)} process(es) of the job alive 10 s after the signal: {stopped.left}"
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 def produce(pg: Backend, queue: str, ids: range) -> None:

@@ -161,10 +161,11 @@ class Receiver:
         self._watch()
         end = self.planner.plan(after, limit, claim=not (self.draining or idle), whole=whole)
         self._time_prepared()
-        if self._available_now and after and end == after and after > self._acked:
+        if self._available_now and after and end == after:
             # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
             # It asks for the next offset only once `start` is in its commit log, so those claims
-            # are processed: acknowledge them, so a finished run leaves nothing claimed.
+            # are processed: acknowledge them, so a finished run leaves nothing claimed. In the
+            # foreground, after any made in the background (`committed`): the run ends here.
             self.ack(ClaimOffset(after, self.table_id))
             if self.monitor is not None:
                 # The run ends here, and Spark may end this process without the source's stop():
