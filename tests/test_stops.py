@@ -41,8 +41,8 @@ class Stopped:
 
 
 def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float, log: Path,
-              timeout: float = 240) -> Stopped:
-    """Start `script`, wait for a line containing `ready` (or `ready` seconds), send `signum`
+              timeout: float = 240, then: float = 0.0) -> Stopped:
+    """Start `script`, wait for a line containing `ready` (or `ready` seconds) and `then` seconds more, send `signum`
     (SIGINT: to the process group, as a terminal's Ctrl-C; SIGTERM: to the driver), and wait for
     it to end."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -58,6 +58,7 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
             assert proc.poll() is None, f"the job ended before {ready!r}: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"no {ready!r} in {timeout} s: {log.read_text()[-3000:]}"
             time.sleep(0.1)
+        time.sleep(then)
         # every process the job started, wherever it went (pyspark.daemon's workers move to process
         # groups of their own, a stream's warden to a session of its own)
         everything = psutil.Process(proc.pid).children(recursive=True)
@@ -130,6 +131,26 @@ def test_queue_to_delta_stops_quietly_and_loses_nothing(spark: Any, pg: Backend,
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     bronze = spark.read.format("delta").load(str(table))
     assert bronze.count() == bronze.select("message_id").distinct().count() == 2000
+
+
+@pytest.mark.usefixtures("delta")
+def test_ctrl_c_during_the_first_batch_leaves_no_process(spark: Any, pg: Backend, names: Any, tmp_path: Path) -> None:
+    """Ctrl-C 4 s into the first batch (its read and Delta write under way): the few lines, exit
+    130, and 10 s later no process of the job is left (a Python worker would hold a connection
+    and the endpoint's consumer lock); a rerun loses and duplicates nothing."""
+    q, e = pg.create_queue(names("Stop")), pg.create_queue(names("error"))
+    table, ckpt = tmp_path / "bronze", tmp_path / "ckpt"
+    args = ["--url", pg.url, "--queue", q, "--error-queue", e, "--table", str(table), "--checkpoint", str(ckpt),
+            "--job-id", f"stop-{uuid.uuid4().hex[:6]}"]
+    produce(pg, q, range(0, 3000))
+    stopped = interrupt(JOBS / "queue_to_delta.py", [*args, "--trigger", "100ms", "--max-messages", "3000"],
+                        signal.SIGINT, ready="draining", then=4.0, log=tmp_path / "job.log")
+    quiet(stopped, signal.SIGINT)
+    again = subprocess.run([sys.executable, str(JOBS / "queue_to_delta.py"), *args, "--trigger", "available-now",
+                            "--max-messages", "5000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    bronze = spark.read.format("delta").load(str(table))
+    assert bronze.count() == bronze.select("message_id").distinct().count() == 3000
 
 
 def _endpoint_config(pg: Backend, names: Any, tmp_path: Path, trigger: str) -> tuple[Path, str]:
