@@ -72,6 +72,12 @@ class Job:
             self.log.close()
 
 
+def wardens_of_this_process() -> list[psutil.Process]:
+    """The wardens of the streams this process runs (a process of their own each, started by a
+    stream's source process): what a test kills to play a machine lost with the driver."""
+    return [c for c in _children(psutil.Process(os.getpid())) if "receiving.warden" in " ".join(_cmdline(c))]
+
+
 def _children(p: psutil.Process) -> list[psutil.Process]:
     try:
         return p.children(recursive=True)

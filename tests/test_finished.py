@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from backends import Backend, nsb_headers
+from processes import wardens_of_this_process
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float) -> float:
@@ -62,3 +63,79 @@ def test_an_idle_stream_audits_its_last_batch_within_a_trigger_interval(
     finally:
         query.stop()
     assert pg.count(q.audit) == 6 and pg.count(q.billing) == 6
+
+
+def sales_endpoint(spark: Any, pg: Backend, q: Any, checkpoint: str) -> Any:
+    """The Sales endpoint as one micro-batch of three orders meets it: order-0 fails, order-1 is
+    answered (to its ReplyToAddress), order-2 is invoiced to Billing; every message is audited unless
+    it failed. A trigger of a minute: Spark plans nothing after the batch, so it never says the
+    batch was committed before the query is stopped."""
+    from pyspark.sql import functions as F
+
+    from spark_qtransport import fail, reply
+
+    received = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q.queue)
+                .option("auditQueue", q.audit).option("errorQueue", q.error).load())
+    failed = received.where(F.col("message_id") == "order-0").select(*fail(reason=F.lit("no lines")))
+    answered = received.where(F.col("message_id") == "order-1").select(
+        *reply(body=F.lit(b'{"ok": true}'), message_type=F.lit("Sales.Messages.OrderAccepted")))
+    invoiced = received.where(F.col("message_id") == "order-2").select(
+        "body", F.lit(q.billing).alias("destination"), F.lit("Billing.Messages.Invoice").alias("message_type"))
+    out = failed.unionByName(answered, allowMissingColumns=True).unionByName(invoiced, allowMissingColumns=True)
+    return (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", q.queue)
+            .option("errorQueue", q.error).option("checkpointLocation", checkpoint)
+            .trigger(processingTime="60 seconds").start())
+
+
+def three_orders(pg: Backend, q: Any) -> None:
+    pg.send_many(q.queue, [(nsb_headers(f"order-{i}", **{"NServiceBus.ReplyToAddress": q.web}), b'{"order": %d}' % i)
+                           for i in range(3)])
+
+
+def outputs(pg: Backend, q: Any) -> tuple[int, int, int]:
+    return pg.count(q.error), pg.count(q.web), pg.count(q.billing)
+
+
+@pytest.fixture
+def endpoint_queues(pg: Backend, names: Any, sales: Any) -> Any:
+    sales.web = pg.create_queue(names("Web"))
+    return sales
+
+
+@pytest.mark.usefixtures("spark")
+@pytest.mark.parametrize("warden", ["finishes", "lost"])
+def test_a_batch_the_sink_settled_is_never_delivered_again(
+    spark: Any, pg: Backend, endpoint_queues: Any, tmp_path: Any, warden: str,
+) -> None:
+    """Query A processes three orders (one failed, one answered, one invoiced) and is stopped right
+    after the batch, before Spark says it committed it. `finishes`: within 5 s its warden
+    acknowledges the batch the sink settled: the two that succeeded audited, none held. `lost` (the
+    warden gone with the machine): query B of the same endpoint, from a new checkpoint, takes over
+    and acknowledges them instead of delivering them again. Either way each output exists once.
+    (Before: B took over 3 messages and processed them again: two error copies, two replies.)"""
+    q = endpoint_queues
+    three_orders(pg, q)
+    a = sales_endpoint(spark, pg, q, str(tmp_path / "a"))
+    try:
+        wait_for("A's outputs", lambda: outputs(pg, q) == (1, 1, 1), 120)
+        assert pg.held(q.queue) == 3, "Spark has not said the batch was committed: its claims are held"
+        if warden == "lost":
+            for p in wardens_of_this_process():
+                p.kill()
+    finally:
+        a.stop()
+    if warden == "finishes":
+        took = wait_for("the settled batch acknowledged", lambda: pg.held(q.queue) == 0 and pg.count(q.audit) == 2, 5)
+        print(f"acknowledged {took:.1f} s after stop()")
+    else:
+        time.sleep(1)
+        assert pg.held(q.queue) == 3, "nothing finished the batch: its claims are still held"
+    b = sales_endpoint(spark, pg, q, str(tmp_path / "b"))
+    try:
+        wait_for("the settled batch acknowledged", lambda: pg.held(q.queue) == 0 and pg.count(q.audit) == 2, 60)
+        time.sleep(1)  # B would have processed them again by now
+    finally:
+        b.stop()
+    assert outputs(pg, q) == (1, 1, 1), "each output once: nothing was processed twice"
+    audited = sorted(h["NServiceBus.MessageId"] for h, _ in pg.drain(q.audit))
+    assert audited == ["order-1", "order-2"], "the failed message is not audited; the others once"

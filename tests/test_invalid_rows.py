@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from backends import Backend, Sender, nsb_headers
+from processes import wardens_of_this_process
 from spark_qtransport import QueueSink, reply, unwrap
 from spark_qtransport.errors import ConfigError, MessageError, QueueNotFoundError
 from spark_qtransport.spark.options import WriterOptions
@@ -77,18 +79,24 @@ def test_replies_with_a_nan_delay_go_to_the_error_queue_once_and_the_rest_is_sen
             writer = writer.option(k, v)
         return writer.trigger(**(trigger or {"availableNow": True})).start()
 
-    # a processing-time stream keeps its last batch claimed, so it can run again (an AvailableNow
-    # run acknowledges its last batch as it ends)
-    first = start(checkpoint, {"processingTime": "100 milliseconds"})
-    first.processAllAvailable()
+    # the query stops as soon as the sink has dispatched the last batch (its 3 error copies), before
+    # the next trigger (3 s) acknowledges it, and its warden goes with the machine: the batch stays
+    # claimed, and the next run replays it with its rows (its commit deleted, if Spark wrote it)
+    first = start(checkpoint, {"processingTime": "3 seconds"})
+    deadline = time.monotonic() + 120
+    while pg.count(q.sink_error) < 3:
+        assert time.monotonic() < deadline and first.exception() is None, first.exception()
+        time.sleep(0.05)
+    for p in wardens_of_this_process():
+        p.kill()
     first.stop()
-    assert first.exception() is None, first.exception()
-    last = max(p["batchId"] for p in first.recentProgress if p["numInputRows"])
+    assert pg.held(q.sales) == 20, "the last batch is still claimed"
+    last = max(int(p.name) for p in (Path(checkpoint) / "offsets").glob("[0-9]*"))
     for name in (str(last), f".{last}.crc"):  # the last batch runs again, under its batch id
-        (Path(checkpoint) / "commits" / name).unlink()
+        (Path(checkpoint) / "commits" / name).unlink(missing_ok=True)
     again = start(checkpoint)
     finish(again)
-    assert [p["batchId"] for p in again.recentProgress if p["numInputRows"]] == [last]
+    assert [(p["batchId"], p["numInputRows"]) for p in again.recentProgress if p["numInputRows"]] == [(last, 20)]
 
     replies = pg.drain(q.web)
     assert sorted(h[H.RELATED_TO] for h, _ in replies) == sorted(f"order-{i}" for i in range(100) if f"order-{i}" not in bad)

@@ -39,6 +39,11 @@ SCRIPTS = {
         "create_claims",
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
+    "batches.sql": (
+        'The database\'s settled-batches table "public"."SqlQueue.Batches": which claims each streaming batch read, and whether its sink settled it.',
+        "create_batches",
+        lambda: D.create_batches(D.batches_table()),
+    ),
     **endpoint_scripts(D),
     "poison_headers_pg13-15.sql": (
         'PostgreSQL 13 to 15 only: the header check the claim uses where pg_input_is_valid is missing.',

@@ -327,6 +327,8 @@ def test_ddl_grant_to_prints_the_grants_for_both_dialects() -> None:
         'GRANT USAGE ON SCHEMA "public" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Claims" TO "app_role";',
+        'GRANT SELECT, INSERT, DELETE ON TABLE "public"."SqlQueue.Batches" TO "app_role";',
+        'GRANT SELECT, UPDATE ON TABLE "public"."SqlQueue.Batches" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Delayed" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Staging" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Outbox" TO "app_role";',
@@ -346,6 +348,7 @@ def test_ddl_grant_to_prints_the_grants_for_both_dialects() -> None:
     assert [s.splitlines()[-1] for s in statements[1:]] == [
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Staging] TO [app role]",
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Outbox] TO [app role]",
+        "GRANT SELECT, UPDATE ON [dbo].[SqlQueue.Batches] TO [app role]",
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Delayed] TO [app role]",
         "GRANT SELECT, INSERT ON [dbo].[Billing] TO [app role]",
         "GRANT SELECT ON [dbo].[SubscriptionRouting] TO [app role]",

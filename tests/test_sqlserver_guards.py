@@ -187,7 +187,7 @@ def test_the_guard_catches_the_claims_old_count() -> None:
 
 # -- at most ROW_BOUND rows per statement into or out of a table that is not ours ---------------
 
-_OURS = re.compile(r"^[#@]|\.(Claims|Staging|Outbox)\]$")
+_OURS = re.compile(r"^[#@]|\.(Claims|Staging|Outbox|Batches)\]$")
 _CONCAT = re.compile(r"N'(?:[^']|'')*'(?:\s*\+\s*@\w+\s*\+\s*N'(?:[^']|'')*')*")
 
 

@@ -18,7 +18,7 @@ from .output import echo, echo_script, escape, json_option, show
 
 __all__ = ["DDL_PARTS", "create_queue", "create_outbox", "create_subscriptions", "ddl"]
 
-DDL_PARTS = ("queue", "claims", "sender", "delayed", "subscriptions")
+DDL_PARTS = ("queue", "claims", "batches", "sender", "delayed", "subscriptions")
 
 #: the subscription table's default address
 SUBSCRIPTIONS = "SubscriptionRouting"
@@ -183,6 +183,7 @@ def _ddl_makers(d: Dialect, address: QueueAddress, *, seq_bits: int,
     return {
         "queue": lambda: d.create_queue(address, seq_bits=seq_bits),
         "claims": lambda: d.create_claims(d.claims_table(address)),
+        "batches": lambda: d.create_batches(d.batches_table()),
         "sender": lambda: [*d.create_staging(d.companion(address, "Staging")),
                            *d.create_outbox(d.companion(address, "Outbox"))],
         "delayed": lambda: d.create_delayed(delayed.table_for(d, address)),

@@ -7,8 +7,10 @@ from typing import Any
 
 from ..errors import field_error
 from .base import (
+    BATCHES_TABLE,
     FAILED_COLUMN,
     NUMBER_BASE,
+    BatchRead,
     ClaimFailures,
     ClaimNumbering,
     ClaimResult,
@@ -18,7 +20,7 @@ from .base import (
     Statement,
 )
 
-__all__ = ["FAILED_COLUMN", "NUMBER_BASE", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
+__all__ = ["BATCHES_TABLE", "BatchRead", "FAILED_COLUMN", "NUMBER_BASE", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
 
 
 def dialect_named(name: str) -> Dialect:

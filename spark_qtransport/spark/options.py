@@ -47,7 +47,7 @@ def _table(side: str) -> dict[str, tuple[str, str]]:
 OPTIONS = _table(READ)
 WRITER_OPTIONS = _table(WRITE)
 #: options Spark adds itself, and the ones QueueSink passes to the batch writer
-_WRITER_INTERNAL = {"checkpointlocation", "path", "queryname", "_batchid", "_queryid"}
+_WRITER_INTERNAL = {"checkpointlocation", "path", "queryname", "_batchid", "_queryid", "_settles"}
 
 
 @contextlib.contextmanager
@@ -264,6 +264,7 @@ class WriterOptions:
                 content_type=str(given["contentType"]),
                 batch_id=int(batch_id) if batch_id not in (None, "") else None,
                 query_id=given.text("_queryId") or None,
+                settles=given.text("_settles") == "true",
                 routing=routing_policy(given),
                 inline_bytes=given["inlineBytes"],
                 delayed_rule=delayed_rule(given, dialect),

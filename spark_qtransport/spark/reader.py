@@ -24,10 +24,12 @@ from ..errors import ConfigError
 from ..transport.receiving.admission import TriggerGate
 from ..transport.receiving.queueset import QueueSet, QueueSetOffset
 from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, pack, read_batches, read_slice
+from ..transport.receiving.slices import record_batch
 from ..transport.settings import MAX_AUTO_PARTITIONS, PARTITION_TARGET_ROWS, ReceiveSettings, StreamSettings
 from .options import ReaderOptions
 from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
 from .surface import surfaced
+from .tasks import streaming_task
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -293,6 +295,9 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # as they are. pyspark keeps the first batch a read yields referenced until the read ends:
         # make it empty.
         parts: list[ClaimSlice] = partition.parts  # type: ignore[attr-defined]
+        ids = streaming_task()
+        if ids is not None:  # the claims of the batch, for the sink to settle (transport.settled)
+            record_batch(parts, query_id=ids[0], batch_id=ids[1])
         if not ARROW_READS:  # Spark 4.0/4.1: plain rows, converted by Spark
             for part in parts:
                 yield from read_slice(part)

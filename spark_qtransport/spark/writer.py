@@ -44,6 +44,7 @@ from ..transport.sending.staging import StageReport, stage_partition
 from ..transport.settings import SendSettings
 from .options import WriterOptions
 from .surface import surfaced
+from .tasks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 
 try:  # pyspark >= 4.1: writers that take Arrow record batches
     from pyspark.sql.datasource import DataSourceArrowWriter as _BatchWriter
@@ -60,9 +61,6 @@ __all__ = ["QueueSink", "SqlQueueStreamWriter", "SqlQueueWriter", "StagedMessage
 
 log = logging.getLogger("spark_qtransport.sink")
 
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-RUN_ID_PROPERTY = "spark.jobGroup.id"  # a streaming query's run id, while it runs a batch
 
 _CALLED: dict[tuple[Any, ...], None] = {}  # QueueSink calls of running queries (insertion-ordered)
 
@@ -192,7 +190,7 @@ class SqlQueueStreamWriter(_Staging, _StreamWriter):
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         dispatcher = Dispatcher(self.options)
         try:
-            dispatcher.dispatch(int(batchId), _reports(messages))
+            dispatcher.dispatch(int(batchId), _reports(messages), settles=True)  # its commit ends the batch
         finally:
             dispatcher.close()
 
@@ -218,7 +216,7 @@ class SqlQueueWriter(_Staging, _BatchWriter):
                 batch = next((r.batch_id for r in reports if r is not None and r.batch_id != ONE_OFF), None)
             if batch is None:  # an id no stream uses, recorded but never replayed
                 batch = -secrets.randbits(62) - 2
-            dispatcher.dispatch(batch, reports, query_id=self.options.query_id)
+            dispatcher.dispatch(batch, reports, query_id=self.options.query_id, settles=self.options.settles)
         finally:
             dispatcher.close()
 
@@ -276,15 +274,20 @@ class QueueSink:
 
         stream.writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start()
 
-    or, when the queues are the only output, ``foreachBatch(QueueSink(url=url, endpoint="Sales"))``.
+    or, when the queues are the only output, ``foreachBatch(QueueSink(url=url, endpoint="Sales", settles=True))``.
     Options are those of ``writeStream.format("sqlqueue")`` (keyword names as documented), plus
     ``queryName``: over Spark Connect, the name of the streaming query calling the sink, needed
-    only when its session runs several queries (see `streaming_ids`).
+    only when its session runs several queries (see `streaming_ids`); and ``settles``: this call
+    is the batch's last output, so its dispatch settles the claims the batch read: a query stopped
+    or killed right after the batch never has them delivered again, to any query of the endpoint
+    (the stream writer always does; a QueueSink followed by other writes must not, or a takeover
+    would skip those writes).
     """
 
     def __init__(self, url: str | None = None, *, endpoint: str, queryName: str | None = None,  # noqa: N803
-                 **options: Any) -> None:
+                 settles: bool = False, **options: Any) -> None:
         self.query_name = queryName
+        self.settles = settles
         self.options = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items() if v is not None}
         if url is not None:
             self.options["url"] = url
@@ -323,6 +326,8 @@ class QueueSink:
         writer = df.write.format("sqlqueue").mode("append").options(**self.options).option("_batchId", str(int(batch_id)))
         if query_id:
             writer = writer.option("_queryId", query_id)
+        if self.settles:
+            writer = writer.option("_settles", "true")
         try:
             writer.save()
         except Exception as exc:

@@ -51,7 +51,7 @@ log = logging.getLogger("spark_qtransport.routing")
 
 #: tables of ours (and NServiceBus's delayed store, by its default suffix) beside a queue: never a
 #: destination from data; a custom delayed suffix or table comes from the options (`RoutingPolicy.reserving`)
-COMPANION_SUFFIXES = ("Claims", "Staging", "Outbox", "Delayed")
+COMPANION_SUFFIXES = ("Claims", "Staging", "Outbox", "Delayed", "Batches")
 #: columns every queue table has (lower case), besides its sequence column
 QUEUE_COLUMNS = ("id", "headers", "body", "expires")
 #: a queue table's FIFO column: PostgreSQL's seq, SQL Server's RowVersion

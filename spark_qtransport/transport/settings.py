@@ -205,6 +205,9 @@ class SendSettings:
     content_type: str = DEFAULT_CONTENT_TYPE
     batch_id: int | None = None  # given by QueueSink (foreachBatch); streams get it from Spark
     query_id: str | None = None
+    #: the dispatch settles the claims its batch read (`transport.settled`): the stream writer's
+    #: always (its commit ends the batch); a QueueSink's when told it is the batch's last output
+    settles: bool = False
     routing: RoutingPolicy = RoutingPolicy()
     inline_bytes: int = DEFAULT_INLINE_BYTES  # per batch; 0: every task stages its rows
     #: which table holds the endpoint's delayed messages

@@ -18,6 +18,7 @@ from .operations import PEEK_PREVIEW_MAX, OperationsSql, check_preview
 from .prepared import PreparedSql
 from .receive import ReceiveSql
 from .send import SendSql
+from .settled import BATCHES_TABLE, BatchRead, SettledSql
 from .values import (
     AFTER_MARK,
     FAILED_COLUMN,
@@ -41,9 +42,9 @@ from .values import (
 __all__ = [
     "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "PickedRows", "NUMBERS_PER_MICROSECOND", "NUMBER_BASE", "MARK", "AFTER_MARK", "FAILED_MARK", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "PreparedSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
-    "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview",
+    "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview", "SettledSql", "BatchRead", "BATCHES_TABLE",
 ]
 
 
-class Dialect(InstallSql, ReceiveSql, PreparedSql, SendSql, OperationsSql, DelayedSql, DriverSupport):
+class Dialect(InstallSql, ReceiveSql, PreparedSql, SendSql, SettledSql, OperationsSql, DelayedSql, DriverSupport):
     """The SQL of one database. Subclasses: `PostgresDialect`, `SqlServerDialect` (frozen dataclasses)."""

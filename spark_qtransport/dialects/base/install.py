@@ -53,6 +53,10 @@ class InstallSql(AddressingSql):
         """Idempotent DDL for an endpoint's outbox: one row per dispatched (sink, batch id)."""
 
     @abstractmethod
+    def create_batches(self, table: QueueAddress) -> list[Statement]:
+        """Idempotent DDL for the database's settled-batches table (`settled.py`)."""
+
+    @abstractmethod
     def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
         """Idempotent DDL for ``<endpoint>.Delayed``, as NServiceBus creates it."""
 

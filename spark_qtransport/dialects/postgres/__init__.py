@@ -19,13 +19,14 @@ from .operations import PostgresOperations
 from .prepared import PostgresPrepared
 from .receive import FORWARD_NAME, HELPER_FUNCTION, PostgresReceive
 from .send import PostgresSend
+from .settled import PostgresSettled
 
 __all__ = ["PostgresDialect", "FORWARD_NAME", "HELPER_FUNCTION", "MIN_VERSION", "FAST_VERSION"]
 
 
 @dataclass(frozen=True)
 class PostgresDialect(
-    PostgresInstall, PostgresReceive, PostgresPrepared, PostgresSend, PostgresDelayed, PostgresOperations, PostgresAddressing,
+    PostgresInstall, PostgresReceive, PostgresPrepared, PostgresSend, PostgresSettled, PostgresDelayed, PostgresOperations, PostgresAddressing,
     PostgresDriver, Dialect,
 ):
     """The PostgreSQL dialect. Immutable: `adapt_to_server` returns a configured copy."""

@@ -133,6 +133,30 @@ class PostgresInstall(InstallSql):
             ),
         ]
 
+    def create_batches(self, table: QueueAddress) -> list[Statement]:
+        t = self.qualified(table)
+        # a row per (query, batch, claim table, consumer) while its claims are held: small, and
+        # found by the query's batch (the sink) or by the claim table and consumer (a takeover)
+        return [
+            self._ddl_lock(table),
+            Statement(
+                f"CREATE TABLE IF NOT EXISTS {t} (\n"
+                "    query_id text NOT NULL,\n"
+                "    batch_id bigint NOT NULL,\n"
+                "    claims text NOT NULL,\n"
+                "    consumer text NOT NULL,\n"
+                "    table_id text NOT NULL,\n"
+                "    after_claim bigint NOT NULL,\n"
+                "    upto_claim bigint NOT NULL,\n"
+                "    settled_at timestamptz,\n"
+                "    read_at timestamptz NOT NULL DEFAULT now(),\n"
+                "    PRIMARY KEY (query_id, batch_id, claims, consumer)\n"
+                ")"
+            ),
+            Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(self.index_name(table, 'claims'))} ON {t} "
+                      "(claims, consumer, upto_claim)"),
+        ]
+
     def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
         # NServiceBus's CreateDelayedMessageStoreText: the same columns and index (not unique) on
         # Due, named as its "<table>_Due" (shortened only past PostgreSQL's 63 bytes); without its

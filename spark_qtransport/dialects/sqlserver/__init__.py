@@ -36,6 +36,7 @@ from .install import SCRIPT_SET_OPTIONS, SqlServerInstall
 from .operations import SqlServerOperations
 from .receive import CLAIM_CHUNK, SqlServerReceive
 from .send import SqlServerSend
+from .settled import SqlServerSettled
 from .statements import placeholders
 
 __all__ = ["SqlServerDialect", "CLAIM_CHUNK", "MAX_NAME_CHARS", "SCRIPT_SET_OPTIONS", "placeholders"]
@@ -43,7 +44,7 @@ __all__ = ["SqlServerDialect", "CLAIM_CHUNK", "MAX_NAME_CHARS", "SCRIPT_SET_OPTI
 
 @dataclass(frozen=True)
 class SqlServerDialect(
-    SqlServerInstall, SqlServerReceive, SqlServerSend, SqlServerDelayed, SqlServerOperations, SqlServerAddressing,
+    SqlServerInstall, SqlServerReceive, SqlServerSend, SqlServerSettled, SqlServerDelayed, SqlServerOperations, SqlServerAddressing,
     SqlServerDriver, Dialect,
 ):
     """The SQL Server dialect. Immutable, and nothing in it depends on the server found."""

@@ -221,6 +221,28 @@ ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
 """
         return [self._create_batch(outbox, ddl)]
 
+    def create_batches(self, table: QueueAddress) -> list[Statement]:
+        t = self.qualified(table)
+        # A heap with a unique nonclustered key (a clustered key may be 900 bytes at most; a
+        # claim table's quoted name alone may be 1,552). EXACT: names compare as PostgreSQL's text.
+        ddl = f"""
+CREATE TABLE {t} (
+    QueryId nvarchar(64) {EXACT} NOT NULL,
+    BatchId bigint NOT NULL,
+    Claims {QNAME} {EXACT} NOT NULL,
+    Consumer nvarchar({MAX_CONSUMER_CHARS}) {EXACT} NOT NULL,
+    TableId nvarchar(64) NOT NULL,
+    AfterClaim bigint NOT NULL,
+    UptoClaim bigint NOT NULL,
+    SettledAt datetime2 NULL,
+    ReadAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME()
+);
+CREATE UNIQUE NONCLUSTERED INDEX [Index_Batch] ON {t} (QueryId, BatchId, Claims, Consumer);
+CREATE NONCLUSTERED INDEX [Index_Claims] ON {t} (Claims, Consumer, UptoClaim);
+ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
+"""
+        return [self._create_batch(table, ddl)]
+
     def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
         t = self.qualified(delayed)
         # Column for column NServiceBus's CreateDelayedMessageStoreText: a heap, Due in UTC,

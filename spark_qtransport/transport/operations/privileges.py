@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...dialects import Dialect, QueueAddress, Statement
+from .. import settled
 from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
 
 __all__ = ["DML", "WRITE", "READ", "Need", "receiving", "sending", "grant_statements"]
@@ -30,7 +31,7 @@ class Need:
 
     table: QueueAddress
     privileges: tuple[str, ...]
-    part: str  # queue | claims | sender | delayed | subscriptions
+    part: str  # queue | claims | batches | sender | delayed | subscriptions
     queue: bool = False  # a queue table: an INSERT advances its sequence (PostgreSQL serial)
     why: str = ""
 
@@ -49,6 +50,7 @@ def receiving(d: Dialect, queue: QueueAddress, *, error_queue: QueueAddress,
     return [
         Need(queue, DML, "queue", True, "claims messages (deletes them), the delayed mover inserts"),
         Need(d.claims_table(queue), DML, "claims", False, "claimed messages until their batch commits; the sink marks those it failed"),
+        Need(d.batches_table(), settled.READER, "batches", False, "which claims each batch read, until acknowledged"),
         Need(error_queue, WRITE, "queue", True, "poison messages, retry acknowledgements"),
         Need(delayed.table_for(d, queue), DML, "delayed", False, "moves due delayed messages"),
         *(Need(address, WRITE, "queue", True, PLATFORM_WHY[option]) for option, address in (platform or {}).items()),
@@ -62,6 +64,7 @@ def sending(d: Dialect, endpoint: QueueAddress, *, destinations: list[QueueAddre
     return [
         Need(d.companion(endpoint, "Staging"), DML, "sender", False, "staged rows until their batch is dispatched"),
         Need(d.companion(endpoint, "Outbox"), DML, "sender", False, "one record per dispatched batch"),
+        Need(d.batches_table(), settled.SINK, "batches", False, "settles the claims a dispatched batch read"),
         Need(delayed.table_for(d, endpoint), DML, "delayed", False, "delayed messages; moves due ones"),
         *(Need(q, WRITE, "queue", True, "destination") for q in destinations),
         Need(subscriptions, READ, "subscriptions", False, "subscribers of published events"),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import session as db
+from .. import settled
 from ..platform.after import AfterProcessing, Chunk
 from ..session import Session
 from . import prepared
@@ -40,6 +41,8 @@ class Acker:
         self._serial = threading.Lock()
         #: (claim table id, claim sequence): this consumer's claims up to it are deleted
         self._gone: tuple[str, int] = ("", 0)
+        #: told of each acknowledgement made (the stream's warden: `Receiver._watch`)
+        self.on_acked: Callable[[ClaimOffset], None] | None = None
 
     def done(self, table: str) -> int:
         """The claim sequence up to which this consumer's claims in `table` are deleted."""
@@ -77,7 +80,13 @@ class Acker:
         # while the background thread still works through earlier ones would read the same claims
         # and copy them twice. (The chunk's read also locks its claims, for any other session.)
         with self._serial:
-            return self._ack_serially(session, end)
+            total = self._ack_serially(session, end)
+            if self.endpoint.settling:  # the records of the batches acknowledged (`transport.settled`)
+                e = self.endpoint
+                session.run(lambda c: _forget(e, c, end.claim), e.what("forget acknowledged batches"))
+            if self.on_acked is not None:
+                self.on_acked(end)
+            return total
 
     def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
         if self.endpoint.dialect.prepared_claims and (self.endpoint.prepared or self.planner.prepared.all()):
@@ -199,6 +208,11 @@ class Acker:
             if n < batch:
                 self._gone = (end.table, max(self.done(end.table), end.claim))
                 return total
+
+
+def _forget(endpoint: Endpoint, conn: Any, upto: int) -> None:
+    settled.forget(endpoint.dialect, conn.cursor(), endpoint.claims, endpoint.options.consumer, upto)
+    conn.commit()
 
 
 def _held_chunk(after: AfterProcessing, claim: prepared.PreparedClaim, lo: int, batch: int, conn: Any) -> Chunk:

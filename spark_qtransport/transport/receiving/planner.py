@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...connections import ConnectionURL
@@ -76,6 +76,9 @@ class ClaimSlice:
     upto: int
     #: a slice of a claim held by a prepared transaction (`PreparedRead`); None: of the claim table
     prepared: PreparedRead | None = None
+    #: the whole batch's claims of this queue, (after, upto], recorded by the read
+    #: (`transport.settled`); None: the database has no table for it
+    batch: tuple[int, int] | None = None
 
     def __repr__(self) -> str:  # shown in Spark's UI and logs: no URL here
         held = "" if self.prepared is None else f", prepared {self.prepared.xid}"
@@ -402,16 +405,23 @@ class Planner:
         # the prepared claims of the batch's claim table (a batch planned over a claim table made
         # again reads from its start, and the claims made since are of the new one)
         held = [c for c in self.prepared.within(after, end.claim) if c.table == end.table]
+        parts = self._slices(end.table, after, end.claim, held)
+        if self.endpoint.settling:
+            parts = [replace(p, batch=(after, end.claim)) for p in parts]
+        return parts
+
+    def _slices(self, table: str, after: int, upto: int, held: list[Any]) -> list[ClaimSlice]:
+        """(after, upto] of claim table `table` cut into slices, each prepared claim's apart."""
         if not held:
-            return self._cut(end.table, after, end.claim)
+            return self._cut(table, after, upto)
         parts: list[ClaimSlice] = []
         lo = after
         for claim in held:
-            parts += self._table_gap(end.table, lo, min(claim.first - 1, end.claim))
+            parts += self._table_gap(table, lo, min(claim.first - 1, upto))
             read = PreparedRead(self.endpoint.options.queue, claim.xid, claim.shift, claim.claimed_at)
-            parts += self._cut(end.table, max(lo, claim.first - 1), min(claim.last, end.claim), read)
+            parts += self._cut(table, max(lo, claim.first - 1), min(claim.last, upto), read)
             lo = max(lo, claim.last)
-        return parts + self._table_gap(end.table, lo, end.claim)
+        return parts + self._table_gap(table, lo, upto)
 
     def _table_gap(self, table: str, after: int, upto: int) -> list[ClaimSlice]:
         """Claim-table slices of (after, upto], between prepared claims: only where it may hold some."""

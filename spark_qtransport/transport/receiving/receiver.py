@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...dialects import Dialect, QueueAddress
 from .. import session as db
+from .. import settled
 from ..platform.after import AfterProcessing, BatchTimes
 from ..platform.monitoring import Monitor
 from ..session import Session
@@ -47,6 +48,7 @@ from .prepared import HeldClaims
 from .sessions import StreamSessions
 from .setup import Endpoint, EndpointSetUp
 from .slices import pack, read_batches, read_chunks, read_slice
+from .warden import Warden
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
@@ -257,6 +259,7 @@ class Receiver:
         if self._takeover_checked or start is None or after != 0:
             return
         self._takeover_checked = True
+        self.ack_settled()
         consumer = self.options.consumer
         stmt = self.dialect.claim_stats(self.claims)
         rows = self.main.run(lambda c: db.rows(c.cursor(), stmt), self.endpoint.what("peek claims"))
@@ -286,6 +289,25 @@ class Receiver:
             return
         self.ack(upto, background=True)
 
+    def settled_upto(self) -> int:
+        """The highest claim of this consumer that a settled batch read (`transport.settled`): the
+        sink's dispatch committed that batch's output, and Spark runs a query's batches in order."""
+        if not self.endpoint.settling:
+            return 0
+        table = self.table_id
+        return self.main.run(lambda c: settled.settled_upto(self.dialect, c.cursor(), self.claims, self.options.consumer,
+                                                            table), self.endpoint.what("settled batches"))
+
+    def ack_settled(self) -> int:
+        """Acknowledge (in the foreground) the claims the sink settled that are still held: a query
+        gone before Spark told it the batch was committed left them. None is delivered again."""
+        upto = self.settled_upto()
+        if upto <= self.acker.done(self.table_id):
+            return 0
+        log.info("queue %s: acknowledging the claims up to %d that a batch of endpoint %r settled in its sink",
+                 self.endpoint.queue_text, upto, self.options.consumer)
+        return self.ack(ClaimOffset(upto, self.table_id))
+
     def _release_previous_run(self, start: ClaimOffset | None, after: int | None) -> None:
         """Acknowledge the batch a previous run of this checkpoint ended with.
 
@@ -310,12 +332,20 @@ class Receiver:
         prepared (`warden.py`)."""
         if not self._watched:
             self._watched = True
-            self.sessions.warden(self.options.prepared_timeout).watch(self.options)
+            warden = self.sessions.warden(self.options.prepared_timeout)
+            warden.watch(self.options)
+            self.acker.on_acked = lambda end: warden.acked(self.options, end.table, end.claim)
+
+    def _warden(self) -> Warden | None:
+        return self.sessions.warden(self.options.prepared_timeout) if self._watched else None
 
     def _time_prepared(self) -> None:
         """Once this run holds a prepared claim, a timer parks the ones older than their bound."""
         if not self._timed and self.planner.prepared.all():
             self._timed = True
+            warden = self._warden()
+            if warden is not None:
+                warden.prepared(self.options)
             threading.Thread(target=self._tick, name="sqlqueue-prepared-bound", daemon=True).start()
 
     def _park_all(self) -> None:
@@ -415,7 +445,11 @@ class Receiver:
     def slices(self, start: ClaimOffset, end: ClaimOffset) -> list[ClaimSlice]:
         self.times.planned(end.claim)  # the batch's planning: its messages' ProcessingStarted
         _ = self.table_id  # the set-up first: a replayed batch (Spark 4.0/4.1) is sliced before any planning
-        return self.planner.slices(start, end)
+        parts = self.planner.slices(start, end)
+        warden = self._warden()
+        if parts and warden is not None:  # held until acknowledged: the warden finishes it if this process cannot
+            warden.planned(self.options, end.table, end.claim)
+        return parts
 
     def ack(self, end: ClaimOffset, *, background: bool = False) -> int:
         """Delete this consumer's claims up to `end` in bounded batches. Idempotent.
@@ -430,8 +464,9 @@ class Receiver:
         if end.claim <= self.acker.done(end.table):
             return 0  # acknowledged already: an idle queue's repeated commit costs no statement
         self._acked = max(self._acked, end.claim)
-        if self._watched:  # Spark committed it: the warden finishes it if this process cannot
-            self.sessions.warden(self.options.prepared_timeout).committed(self.options, end.table, end.claim)
+        warden = self._warden()
+        if warden is not None:  # Spark committed it: the warden finishes it if this process cannot
+            warden.committed(self.options, end.table, end.claim)
         if self.planner.may_hold_prepared(end.claim):
             self.planner.held_max()  # what is held where (prepared, claim table), known before the ack
         if background:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...dialects import FAILED_COLUMN, Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError, field_error
 from .. import session as db
+from .. import settled
 from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
 from ..server import require_databases
@@ -40,6 +41,8 @@ class Endpoint:
     claims: QueueAddress  # the queue's claim table
     #: claims are held by prepared transactions (`claimMode`, decided by the set-up), not the claim table
     prepared: bool = False
+    #: the database has the settled-batches table (`transport.settled`): read tasks record their batches
+    settling: bool = False
 
     @property
     def queue_text(self) -> str:
@@ -85,10 +88,12 @@ class EndpointSetUp:
             if not db.columns(cur, d.queue_columns(claims)):
                 raise QueueNotFoundError(f"claim table {d.qualified(claims)} does not exist",
                                          queue=self.endpoint.queue_text)
+            self.endpoint.settling = settled.exists(d, o.url, conn, settled.READER)
         else:
             for name, address in (("queue", o.queue), ("error_queue", o.error_queue), *o.platform_queues().items()):
                 self._check_queue(conn, cur, name, address)
             self._create_claims(conn, cur)
+            self.endpoint.settling = settled.exists(d, o.url, conn, settled.READER)
         self._lock_consumer(conn, cur)
         if not self._mode_decided and not self.draining:
             self._decide_mode(cur)

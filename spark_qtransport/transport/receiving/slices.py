@@ -7,6 +7,7 @@ headers) are left out of what a read yields; the acknowledgement moves them to t
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,15 +15,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...dialects import Dialect, Statement, dialect_named
+from ...dialects import BatchRead, Dialect, Statement, dialect_named
 from ...errors import OffsetError
 from .. import session as db
+from .. import settled
 from ..executor import cached_connection, give_back
 from ..watchdog import WATCHDOG
 from .decode import ReceivedMessage, rows_batch
 from .planner import ClaimSlice
 
-__all__ = ["FETCH_BYTES", "ReceivedMessage", "pack", "read_batches", "read_chunks", "read_slice"]
+__all__ = ["FETCH_BYTES", "ReceivedMessage", "pack", "read_batches", "read_chunks", "read_slice", "record_batch"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -30,6 +32,32 @@ log = logging.getLogger("spark_qtransport.receive")
 _FETCH = 5000
 #: headers and body bytes one fetch aims at; the next fetch is sized from the largest row seen
 FETCH_BYTES = 16 * 2**20
+
+
+def record_batch(parts: list[ClaimSlice], *, query_id: str, batch_id: int) -> None:
+    """A read task of streaming batch `batch_id` of query `query_id`: record the whole batch's claims
+    of each queue it reads (`transport.settled`), so the sink's dispatch can settle them. A failure
+    costs only that: the batch is then acknowledged when Spark says it committed it (logged)."""
+    found: dict[tuple[Any, str], dict[tuple[str, str, str], tuple[int, int]]] = {}
+    for p in parts:
+        if p.batch is not None:
+            d = dialect_named(p.dialect)
+            found.setdefault((p.url, p.dialect), {})[(d.qualified(p.claims), p.consumer, p.table)] = p.batch
+    for (url, name), queues in found.items():
+        d = dialect_named(name)
+        reads = [BatchRead(c, n, t, a, u) for (c, n, t), (a, u) in queues.items()]
+        try:
+            record = functools.partial(_record, d, query_id=query_id, batch_id=batch_id, reads=reads)
+            conn, _ = cached_connection(d, url, record, what=f"recording the reads of batch {batch_id}", log=log)
+        except Exception as exc:  # noqa: BLE001 - the read goes on; its batch is acknowledged as Spark commits it
+            log.warning("could not record the claims batch %d reads (%s): it is acknowledged once Spark says it "
+                        "committed it", batch_id, db.describe(d, exc))
+            continue
+        give_back(url, conn)
+
+
+def _record(d: Dialect, conn: Any, *, query_id: str, batch_id: int, reads: list[BatchRead]) -> None:
+    settled.record_reads(d, conn, query_id=query_id, batch_id=batch_id, reads=reads)
 
 
 class _SliceCursor:

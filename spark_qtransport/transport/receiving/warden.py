@@ -5,14 +5,15 @@ end of an AvailableNow run, at a clean exit, at Ctrl-C, as after a SIGKILL. So w
 do at its end is done by a process that outlives it. Each stream starts one at its first planning:
 a process in a session of its own, with a minimal environment (no secrets, nothing a process
 manager finds the job by), told over a pipe each queue's settings and, as Spark commits batches,
-how far each queue's claims are committed (`committed`: Spark asked for the next offset, or
-committed the batch). When the pipe closes without a goodbye, the stream is gone: at once, for each
-queue whose consumer lock it can take within `LOCK_WAIT` (a new run holding it does all this
-itself), the warden
+how far each queue's claims are planned, committed (Spark asked for the next offset, or committed
+the batch) and acknowledged. When the pipe closes without a goodbye, the stream is gone: at once,
+for each queue with a batch not acknowledged or with prepared claims (an idle queue of a stream
+over hundreds costs nothing), whose consumer lock it can take within `LOCK_WAIT` (a new run
+holding it does all this itself), the warden
 
-- acknowledges the claims up to the last committed offset it was told (audit and forwardTo copies,
-  retry acknowledgements with it, as the stream would have: `Receiver.ack`), so a stopped query
-  leaves nothing it processed claimed, and
+- acknowledges the claims up to the last committed offset it was told, and those of a batch the
+  sink settled (`transport.settled`), with audit and forwardTo copies and retry acknowledgements,
+  as the stream would have (`Receiver.ack`), so a stopped query leaves nothing it processed claimed, and
 - moves the prepared claims left into the claim table (`prepared.park`): a prepared transaction
   holds vacuum back for the whole server and locks its queue against DDL,
 
@@ -64,7 +65,8 @@ class Warden:
     bound: float
     _proc: subprocess.Popen[str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _told: dict[str, tuple[str, int]] = field(default_factory=dict)
+    _told: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    _told_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def watch(self, settings: ReceiveSettings) -> None:
         # the settings hold the URL (its password): through the pipe, never an argument or the environment
@@ -73,12 +75,28 @@ class Warden:
     def committed(self, settings: ReceiveSettings, table: str, claim: int) -> None:
         """Every claim of the queue up to `claim` (in claim table `table`) is processed: Spark
         committed its batch. Told once per new position."""
+        self._tell("committed", settings, table, claim)
+
+    def planned(self, settings: ReceiveSettings, table: str, claim: int) -> None:
+        """A batch reads the queue's claims up to `claim`: held until acknowledged."""
+        self._tell("planned", settings, table, claim)
+
+    def acked(self, settings: ReceiveSettings, table: str, claim: int) -> None:
+        """The queue's claims up to `claim` are acknowledged."""
+        self._tell("acked", settings, table, claim)
+
+    def prepared(self, settings: ReceiveSettings) -> None:
+        """The queue holds prepared claims: they are parked at the end, whatever else."""
+        self._send({"prepared": _key(settings)})
+
+    def _tell(self, what: str, settings: ReceiveSettings, table: str, claim: int) -> None:
         key = _key(settings)
-        told = self._told.get(key)
-        if told is not None and told[0] == table and told[1] >= claim:
-            return
-        self._told[key] = (table, claim)
-        self._send({"committed": key, "table": table, "claim": claim})
+        with self._told_lock:  # acknowledgements are told from the background thread too
+            told = self._told.get((what, key))
+            if told is not None and told[0] == table and told[1] >= claim:
+                return
+            self._told[(what, key)] = (table, claim)
+        self._send({what: key, "table": table, "claim": claim})
 
     def _send(self, order: dict[str, Any]) -> None:
         with self._lock:
@@ -120,6 +138,19 @@ class Warden:
 class _Queue:
     settings: ReceiveSettings
     committed: tuple[str, int] | None = None  # (claim table id, claim sequence)
+    planned: tuple[str, int] | None = None
+    acked: tuple[str, int] | None = None
+    prepared: bool = False
+
+    @property
+    def unfinished(self) -> bool:
+        """A batch may hold claims not acknowledged (planned beyond the last acknowledgement: the
+        sink may have settled it, Spark committed it), or prepared claims are to be parked."""
+        if self.prepared:
+            return True
+        if self.planned is None:
+            return False
+        return self.acked is None or self.acked[0] != self.planned[0] or self.acked[1] < self.planned[1]
 
 
 def finish_queue(settings: ReceiveSettings, committed: tuple[str, int] | None, *, lock_wait: float = LOCK_WAIT) -> bool:
@@ -140,12 +171,15 @@ def finish_queue(settings: ReceiveSettings, committed: tuple[str, int] | None, *
         r.planner.held_max(fresh=True)  # which claims are prepared, which in the claim table
         if committed is not None and committed[0] == table:
             r.ack(ClaimOffset(committed[1], table))
+        r.ack_settled()  # a last batch the sink settled before Spark said it committed it
     finally:
         r.close()  # parks what is still prepared, releases the lock
     return r.sessions.finished
 
 
 def _finish(bound: float, queues: dict[str, _Queue]) -> None:
+    from ...errors import ConfigError, QueueNotFoundError, SchemaError
+
     left = dict(queues)
     deadline = time.monotonic() + max(bound * 4, 600)
     while True:
@@ -153,6 +187,8 @@ def _finish(bound: float, queues: dict[str, _Queue]) -> None:
             try:
                 if finish_queue(q.settings, q.committed):
                     del left[key]
+            except (QueueNotFoundError, SchemaError, ConfigError):
+                del left[key]  # the queue or its claim table is gone, or cannot be used: nothing to finish
             except Exception:  # noqa: BLE001 - the server may be away: tried again at the next round
                 pass
         if not left or time.monotonic() >= deadline:
@@ -173,12 +209,17 @@ def main() -> int:
         if not line:
             continue
         order = json.loads(line)
-        if "watch" in order and order["watch"] not in queues:
-            settings = pickle.loads(base64.b64decode(order["settings"]))  # noqa: S301 - our own parent's, over a pipe
-            queues[order["watch"]] = _Queue(settings)
-        elif "committed" in order and order["committed"] in queues:
-            queues[order["committed"]].committed = (str(order["table"]), int(order["claim"]))
-    _finish(bound, queues)
+        if "watch" in order:
+            if order["watch"] not in queues:
+                settings = pickle.loads(base64.b64decode(order["settings"]))  # noqa: S301 - our own parent's, over a pipe
+                queues[order["watch"]] = _Queue(settings)
+        elif "prepared" in order and order["prepared"] in queues:
+            queues[order["prepared"]].prepared = True
+        else:
+            for what in ("committed", "planned", "acked"):
+                if what in order and order[what] in queues:
+                    setattr(queues[order[what]], what, (str(order["table"]), int(order["claim"])))
+    _finish(bound, {k: q for k, q in queues.items() if q.unfinished})
     return 0
 
 

@@ -8,7 +8,10 @@ successful into their destination queues (due now) or ``<endpoint>.Delayed`` (du
 published events out to the queues subscribed in ``SubscriptionRouting``, deletes the staged rows
 and checks that every staged row was found. Rows of failed attempts are ignored and deleted.
 In the same transaction it marks the claims of the received messages the batch failed or retried
-(`recovery`: ``fail()``, ``retry_later()``), so the reader's acknowledgement does not audit them.
+(`recovery`: ``fail()``, ``retry_later()``), so the reader's acknowledgement does not audit them,
+and settles the claims the batch read (`transport.settled`: by Spark's query and batch id, also
+for a batch with nothing to send), so no query of the endpoint delivers them again, whenever they
+are acknowledged.
 
 A crash before the dispatch commits sends nothing (Spark replays the batch and stages it again);
 after it, the replay is skipped. Destinations come from data (the ``destination`` column, a
@@ -34,6 +37,7 @@ from ...dialects import FAILED_COLUMN, Dialect
 from ...errors import ConfigError, DispatchError, QueueNotFoundError
 from ...wire import decode_headers
 from .. import session as db
+from .. import settled
 from ..delayed import DelayedMover, MoveResult
 from ..operations.install import warn_about_name
 from ..receiving.vacuum import vacuum_if_due
@@ -66,6 +70,7 @@ class DispatchResult:
     failed: int = 0  # refused by the routing path: to the endpoint's error queue instead
     invalid: int = 0  # rows the tasks could not build: error copies to the error queue (counted in `sent`)
     marked: int = 0  # claims of received messages the batch failed or retried, marked: never audited
+    settled: int = 0  # the queues whose claims the batch read, settled (`transport.settled`)
     destinations: dict[str, int] = field(default_factory=dict)
     moved: MoveResult | None = None
 
@@ -101,6 +106,7 @@ def set_up_sender(options: SendSettings) -> SendPlan:
     session = db.Session(d, options.url, what=f"setting up the sender tables of endpoint {d.format_address(options.endpoint)}")
     try:
         has_input = session.run(set_up)
+        session.run(lambda conn: settled.ensure(d, options.url, conn, settled.SINK))
     finally:
         session.close()
     return SendPlan(
@@ -170,19 +176,26 @@ class Dispatcher:
         self.mover = DelayedMover(self.dialect, options.delayed, options.endpoint, options.error_queue,
                                   policy=options.routing)
         self.session = db.Session(self.dialect, options.url)
+        self._settling: bool | None = None
 
     def _what(self, what: str) -> str:
         return f"{what} for endpoint {self.options.endpoint}"
 
-    def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query_id: str | None = None) -> DispatchResult:
-        """Dispatch one batch from its successful tasks' reports (idempotent per batch id)."""
+    def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query_id: str | None = None,
+                 settles: bool = False) -> DispatchResult:
+        """Dispatch one batch from its successful tasks' reports (idempotent per batch id).
+        `settles`: this dispatch ends the batch (the stream writer's; a QueueSink's when told): it
+        settles the claims the batch read."""
         done = [r for r in reports if r is not None]
         query_id = query_id or next((r.query_id for r in done if r.query_id), None)
         fp = fingerprint(query_id, uuid.uuid4().hex)
         batch = _Batch.of(batch_id, done)
+        if self._settling is None:  # whether the batches it reads can be settled: once per dispatcher
+            self._settling = bool(settles and query_id) and self.session.run(
+                lambda conn: settled.exists(self.dialect, self.options.url, conn, settled.SINK), self._what("set-up"))
         # the session retries a transient fault, and an OutboxRaceError (a concurrent cleanup deleted
         # the batch's record between two statements)
-        result = self.session.run(lambda conn: self._dispatch(conn, batch, fp), self._what("dispatch"))
+        result = self.session.run(lambda conn: self._dispatch(conn, batch, fp, query_id), self._what("dispatch"))
         if result.skipped:
             log.info("batch %d of endpoint %s was dispatched before; nothing sent again", batch_id, self.options.endpoint)
         else:
@@ -202,10 +215,16 @@ class Dispatcher:
                         db.describe(self.dialect, exc))
         return result
 
-    def _dispatch(self, conn: Any, batch: _Batch, fp: str) -> DispatchResult:
+    def _dispatch(self, conn: Any, batch: _Batch, fp: str, query_id: str | None) -> DispatchResult:
         """The dispatch transaction (see the module's docstring); committed by the caller."""
-        d, o = self.dialect, self.options
         cur = conn.cursor()
+        result = self._send_batch(conn, cur, batch, fp)
+        if self._settling:
+            result.settled = settled.settle(self.dialect, cur, query_id=query_id, batch_id=batch.batch_id)
+        return result
+
+    def _send_batch(self, conn: Any, cur: Any, batch: _Batch, fp: str) -> DispatchResult:
+        d, o = self.dialect, self.options
         result = DispatchResult(batch.batch_id, invalid=batch.invalid)
         if batch.rows == 0:
             self._delete_leftovers(cur, batch.batch_id)
