@@ -139,3 +139,33 @@ def test_a_batch_the_sink_settled_is_never_delivered_again(
     assert outputs(pg, q) == (1, 1, 1), "each output once: nothing was processed twice"
     audited = sorted(h["NServiceBus.MessageId"] for h, _ in pg.drain(q.audit))
     assert audited == ["order-1", "order-2"], "the failed message is not audited; the others once"
+
+
+@pytest.mark.compat
+@pytest.mark.usefixtures("spark")
+def test_an_available_now_run_leaves_nothing_held_when_it_ends(
+    spark: Any, pg: Backend, sales: Any, checkpoint: str,
+) -> None:
+    """500 orders through an AvailableNow run of the stream writer, on every Spark line: each
+    delivered once, and within 5 s of the run's end every claim is acknowledged (audited). On
+    4.0/4.1 Spark runs it as one batch and asks the source nothing after it: the batch the sink
+    settled is acknowledged by the stream's warden. (Before: 500 left claimed until the next run.)"""
+    from pyspark.sql import functions as F
+
+    q = sales
+    pg.send_many(q.queue, [(nsb_headers(f"order-{i:03d}"), b"{}") for i in range(500)])
+    received = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q.queue)
+                .option("auditQueue", q.audit).option("errorQueue", q.error).option("maxMessagesPerTrigger", "200")
+                .load())
+    invoices = received.select("body", F.lit(q.billing).alias("destination"),
+                               F.lit("Billing.Messages.Invoice").alias("message_type"),
+                               F.concat(F.col("message_id"), F.lit("-invoice")).alias("message_id"))
+    query = (invoices.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", q.queue)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert not query.isActive and query.exception() is None, query.exception()
+    took = wait_for("nothing held, every message audited",
+                    lambda: pg.held(q.queue) == 0 and pg.count(q.audit) == 500, 5)
+    print(f"nothing held {took:.1f} s after the run ended")
+    ids = sorted(h["NServiceBus.MessageId"] for h, _ in pg.drain(q.billing))
+    assert ids == [f"order-{i:03d}-invoice" for i in range(500)]

@@ -4,9 +4,11 @@ SIGKILLed at random moments, the connector's database sessions are terminated at
 killed (``pg_ctl stop -m immediate``) and started again after each outage of SQLQUEUE_CHAOS_OUTAGES
 (seconds, comma-separated; ``past`` = longer than the job's outageTimeout): the job rides through the
 shorter ones and fails with one line naming the database and the bound after the last. Runs alternate between tasks that hand their messages to the driver and
-tasks that stage them (inlineBytes 0), so replays cross from one way to the other. After a final run
-every produced message is at the output exactly once, and (the reader audits, ``auditQueue``) in the
-audit queue exactly once, and nothing is left claimed or staged.
+tasks that stage them (inlineBytes 0), so replays cross from one way to the other. Every seventh
+message is rejected with ``fail()`` (FAIL_EVERY). After a final run every produced message is, exactly
+once, at the output or (rejected) in the error queue, every message that was not rejected is in the
+audit queue exactly once (the reader audits, ``auditQueue``; a rejected one never), and nothing is
+left claimed or staged.
 
 ``make test`` runs a short version (SQLQUEUE_CHAOS_KILLS=2, a producer of about 250 msg/s, one
 outage of 4 s); ``make chaos`` runs 20 kills under about 700 msg/s (SQLQUEUE_CHAOS_PAUSE=0.05) and
@@ -33,6 +35,8 @@ from workload import Killer, Producer, memory_mb, rows
 pytestmark = [pytest.mark.slow(reason="job processes SIGKILLed and restarted under a producer, the database stopped"), pytest.mark.db, pytest.mark.timeout(3600)]  # a server of its own
 
 CHILD = ROOT / "tests" / "send_crash_child.py"
+#: every message whose number is a multiple of this is rejected with fail(): to the error queue, never audited
+FAIL_EVERY = 7
 
 
 def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -74,7 +78,7 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
                 markers.mkdir()
                 job = Job(CHILD, [url, q, out, e, str(tmp_path / "ckpt"), str(markers)], log=log,
                           env={"SQLQUEUE_CHILD_INLINE_BYTES": "0" if n % 2 else str(256 * 2**20),
-                               "SQLQUEUE_CHILD_AUDIT_QUEUE": audit})
+                               "SQLQUEUE_CHILD_AUDIT_QUEUE": audit, "SQLQUEUE_CHILD_FAIL_EVERY": str(FAIL_EVERY)})
                 current.append(job)
                 deadline = time.monotonic() + 180
                 while not any(markers.glob("batch-*")) and job.proc.poll() is None and time.monotonic() < deadline:
@@ -105,7 +109,8 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             (tmp_path / name).mkdir()
             events.append((sampler.now(), name))
             job = Job(CHILD, [url, q, out, e, str(tmp_path / "ckpt"), str(tmp_path / name), "available-now"],
-                      log=log, env={"SQLQUEUE_CHILD_MAX_MESSAGES": "20000", "SQLQUEUE_CHILD_AUDIT_QUEUE": audit})
+                      log=log, env={"SQLQUEUE_CHILD_MAX_MESSAGES": "20000", "SQLQUEUE_CHILD_AUDIT_QUEUE": audit,
+                                    "SQLQUEUE_CHILD_FAIL_EVERY": str(FAIL_EVERY)})
             current.append(job)
             assert job.wait(3000) == 0, log.read_text()[-3000:]
         samples = sampler.stop()
@@ -113,12 +118,19 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         with pg.connect() as c:
             ids = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(out)}")]
             audited = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(audit)}")]
-        expected = {f"{m}-out" for m in producer.ids()}
+            errors = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM {pg.q(e)}")]
+        rejected = {m for m in producer.ids() if int(m[len(producer.prefix):]) % FAIL_EVERY == 0}
+        accepted = set(producer.ids()) - rejected
+        expected = {f"{m}-out" for m in accepted}
         figures = dict(
             kills=sum(r["outcome"] == "killed" for r in rounds), failed=sum(r["outcome"] != "killed" for r in rounds),
             terminated=killer.terminated, sent=producer.sent, received=len(ids), lost=len(expected - set(ids)),
-            duplicated=len(ids) - len(set(ids)), audited=len(audited), audit_lost=len(set(producer.ids()) - set(audited)),
-            audit_duplicated=len(audited) - len(set(audited)), staged=pg.count(f'"{q}.Staging"'), claimed=pg.count(pg.claims(q)),
+            duplicated=len(ids) - len(set(ids)), unexpected=len(set(ids) - expected),
+            rejected=len(errors), error_lost=len(rejected - set(errors)), error_duplicated=len(errors) - len(set(errors)),
+            error_unexpected=len(set(errors) - rejected),
+            audited=len(audited), audit_lost=len(accepted - set(audited)),
+            audit_duplicated=len(audited) - len(set(audited)), audit_unexpected=len(set(audited) - accepted),
+            staged=pg.count(f'"{q}.Staging"'), claimed=pg.count(pg.claims(q)),
             peak_memory=max([peak_memory, *(s["memory"] for s in samples)]), producer_retries=producer.errors,
             seconds=sampler.now(), seed=seed, pause=producer.pause, rate=producer.sent / max(sampler.now(), 1),
         )
@@ -126,10 +138,13 @@ def test_crash_loop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         write_section(rounds, samples, events, figures)
         assert figures["kills"] == kills, rounds
         assert len(ridden) == len(outages), f"every outage took place: {ridden}"
-        assert figures["duplicated"] == 0, "no message was sent twice"
-        assert figures["lost"] == 0, "every produced message was sent"
-        assert figures["audit_duplicated"] == 0 and figures["audit_lost"] == 0, "every message audited once"
-        assert pg.count(q) == 0 and pg.count(e) == 0
+        assert figures["duplicated"] == 0 and figures["unexpected"] == 0, "no message was sent twice or wrongly"
+        assert figures["lost"] == 0, "every accepted message was sent"
+        assert (figures["error_duplicated"], figures["error_lost"], figures["error_unexpected"]) == (0, 0, 0), \
+            "every rejected message is in the error queue once"
+        assert (figures["audit_duplicated"], figures["audit_lost"], figures["audit_unexpected"]) == (0, 0, 0), \
+            "every accepted message audited once, no rejected one"
+        assert pg.count(q) == 0
         assert figures["staged"] == 0, "nothing is left staged"
         assert figures["claimed"] == 0, "nothing is left claimed"
 
@@ -175,7 +190,8 @@ def write_section(rounds: list[dict[str, Any]], samples: list[dict[str, float]],
     lines = [
         "## Crash loop",
         "",
-        "queue -> Spark -> queue (`writeStream.format(\"sqlqueue\")`), the reader auditing every message, a continuous NServiceBus producer,",
+        "queue -> Spark -> queue (`writeStream.format(\"sqlqueue\")`), the reader auditing every message, every seventh rejected",
+        "with `fail()` (to the error queue, never audited), a continuous NServiceBus producer,",
         "the job (driver, JVM, workers) SIGKILLed at random moments, the connector's sessions terminated",
         "at random moments, PostgreSQL killed (`pg_ctl stop -m immediate`) and started again after each outage; then a run that drains the queue and",
         "one more on the empty queue (it acknowledges the drain's last batch).",
@@ -192,7 +208,9 @@ def write_section(rounds: list[dict[str, Any]], samples: list[dict[str, float]],
             ("messages at the output", f"{f['received']:,}"),
             ("lost", f["lost"]),
             ("duplicated", f["duplicated"]),
-            ("audit copies (`auditQueue`): lost / duplicated", f"{f['audit_lost']} / {f['audit_duplicated']}"),
+            ("rejected (`fail()`) in the error queue: lost / duplicated", f"{f['error_lost']} / {f['error_duplicated']}"),
+            ("audit copies (`auditQueue`): lost / duplicated / of rejected ones",
+             f"{f['audit_lost']} / {f['audit_duplicated']} / {f['audit_unexpected']}"),
             ("left staged", f["staged"]),
             ("left claimed", f["claimed"]),
             ("peak memory of the job (PSS of driver, JVM, workers)", f"{f['peak_memory']:.0f} MB"),
