@@ -65,7 +65,7 @@ def test_an_idle_stream_audits_its_last_batch_within_a_trigger_interval(
     assert pg.count(q.audit) == 6 and pg.count(q.billing) == 6
 
 
-def sales_endpoint(spark: Any, pg: Backend, q: Any, checkpoint: str) -> Any:
+def sales_endpoint(spark: Any, pg: Backend, q: Any, checkpoint: str, sink: str = "default") -> Any:
     """The Sales endpoint as one micro-batch of three orders meets it: order-0 fails, order-1 is
     answered (to its ReplyToAddress), order-2 is invoiced to Billing; every message is audited unless
     it failed. A trigger of a minute: Spark plans nothing after the batch, so it never says the
@@ -83,7 +83,7 @@ def sales_endpoint(spark: Any, pg: Backend, q: Any, checkpoint: str) -> Any:
         "body", F.lit(q.billing).alias("destination"), F.lit("Billing.Messages.Invoice").alias("message_type"))
     out = failed.unionByName(answered, allowMissingColumns=True).unionByName(invoiced, allowMissingColumns=True)
     return (out.writeStream.format("sqlqueue").option("url", pg.url).option("endpoint", q.queue)
-            .option("errorQueue", q.error).option("checkpointLocation", checkpoint)
+            .option("errorQueue", q.error).option("sinkName", sink).option("checkpointLocation", checkpoint)
             .trigger(processingTime="60 seconds").start())
 
 
@@ -130,7 +130,7 @@ def test_a_batch_the_sink_settled_is_never_delivered_again(
     else:
         time.sleep(1)
         assert pg.held(q.queue) == 3, "nothing finished the batch: its claims are still held"
-    b = sales_endpoint(spark, pg, q, str(tmp_path / "b"))
+    b = sales_endpoint(spark, pg, q, str(tmp_path / "b"), sink="b")  # another page's query: its own sink name
     try:
         wait_for("the settled batch acknowledged", lambda: pg.held(q.queue) == 0 and pg.count(q.audit) == 2, 60)
         time.sleep(1)  # B would have processed them again by now
