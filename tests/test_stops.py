@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from backends import Backend, nsb_headers
+from backends import Backend, nsb_headers, server_of_its_own
 from processes import ROOT
 
 JOBS = ROOT / "jobs"
@@ -133,11 +134,20 @@ def test_queue_to_delta_stops_quietly_and_loses_nothing(spark: Any, pg: Backend,
     assert bronze.count() == bronze.select("message_id").distinct().count() == 2000
 
 
+@pytest.fixture
+def ppg() -> Iterator[Backend]:
+    """A server of the test's own that allows prepared transactions: streams hold their claims there."""
+    for server in server_of_its_own(max_prepared_transactions="16"):
+        yield Backend(server.url)
+
+
 @pytest.mark.usefixtures("delta")
-def test_ctrl_c_during_the_first_batch_leaves_no_process(spark: Any, pg: Backend, names: Any, tmp_path: Path) -> None:
-    """Ctrl-C 4 s into the first batch (its read and Delta write under way): the few lines, exit
-    130, and 10 s later no process of the job is left (a Python worker would hold a connection
-    and the endpoint's consumer lock); a rerun loses and duplicates nothing."""
+def test_ctrl_c_during_the_first_batch_leaves_no_process(spark: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
+    """Ctrl-C 4 s into the first batch (its read and Delta write under way), claims held by prepared
+    transactions: the few lines, exit 130, and 10 s later no process of the job is left, its
+    warden included (a Python worker would hold a connection and the endpoint's consumer lock; the
+    warden waited half of preparedClaimTimeout before); a rerun loses and duplicates nothing."""
+    pg = ppg
     q, e = pg.create_queue(names("Stop")), pg.create_queue(names("error"))
     table, ckpt = tmp_path / "bronze", tmp_path / "ckpt"
     args = ["--url", pg.url, "--queue", q, "--error-queue", e, "--table", str(table), "--checkpoint", str(ckpt),
