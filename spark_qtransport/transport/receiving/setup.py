@@ -88,12 +88,11 @@ class EndpointSetUp:
             if not db.columns(cur, d.queue_columns(claims)):
                 raise QueueNotFoundError(f"claim table {d.qualified(claims)} does not exist",
                                          queue=self.endpoint.queue_text)
-            self.endpoint.settling = settled.exists(d, o.url, conn, settled.READER)
         else:
             for name, address in (("queue", o.queue), ("error_queue", o.error_queue), *o.platform_queues().items()):
                 self._check_queue(conn, cur, name, address)
             self._create_claims(conn, cur)
-            self.endpoint.settling = settled.exists(d, o.url, conn, settled.READER)
+        self.endpoint.settling = settled.exists(d, o.url, conn, settled.READER)
         self._lock_consumer(conn, cur)
         if not self._mode_decided and not self.draining:
             self._decide_mode(cur)

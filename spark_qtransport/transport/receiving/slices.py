@@ -38,26 +38,21 @@ def record_batch(parts: list[ClaimSlice], *, query_id: str, batch_id: int) -> No
     """A read task of streaming batch `batch_id` of query `query_id`: record the whole batch's claims
     of each queue it reads (`transport.settled`), so the sink's dispatch can settle them. A failure
     costs only that: the batch is then acknowledged when Spark says it committed it (logged)."""
-    found: dict[tuple[Any, str], dict[tuple[str, str, str], tuple[int, int]]] = {}
+    found: dict[tuple[Any, str], dict[tuple[Any, str, str], tuple[int, int]]] = {}
     for p in parts:
         if p.batch is not None:
-            d = dialect_named(p.dialect)
-            found.setdefault((p.url, p.dialect), {})[(d.qualified(p.claims), p.consumer, p.table)] = p.batch
+            found.setdefault((p.url, p.dialect), {})[(p.claims, p.consumer, p.table)] = p.batch
     for (url, name), queues in found.items():
         d = dialect_named(name)
-        reads = [BatchRead(c, n, t, a, u) for (c, n, t), (a, u) in queues.items()]
+        reads = [BatchRead(d.qualified(c), n, t, a, u) for (c, n, t), (a, u) in queues.items()]
         try:
-            record = functools.partial(_record, d, query_id=query_id, batch_id=batch_id, reads=reads)
+            record = functools.partial(settled.record_reads, d, query_id=query_id, batch_id=batch_id, reads=reads)
             conn, _ = cached_connection(d, url, record, what=f"recording the reads of batch {batch_id}", log=log)
         except Exception as exc:  # noqa: BLE001 - the read goes on; its batch is acknowledged as Spark commits it
             log.warning("could not record the claims batch %d reads (%s): it is acknowledged once Spark says it "
                         "committed it", batch_id, db.describe(d, exc))
             continue
         give_back(url, conn)
-
-
-def _record(d: Dialect, conn: Any, *, query_id: str, batch_id: int, reads: list[BatchRead]) -> None:
-    settled.record_reads(d, conn, query_id=query_id, batch_id=batch_id, reads=reads)
 
 
 class _SliceCursor:

@@ -65,8 +65,8 @@ class Warden:
     bound: float
     _proc: subprocess.Popen[str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: (what, queue) -> the last (claim table, claim) told; under `_lock` (told from the background thread too)
     _told: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
-    _told_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def watch(self, settings: ReceiveSettings) -> None:
         # the settings hold the URL (its password): through the pipe, never an argument or the environment
@@ -91,23 +91,27 @@ class Warden:
 
     def _tell(self, what: str, settings: ReceiveSettings, table: str, claim: int) -> None:
         key = _key(settings)
-        with self._told_lock:  # acknowledgements are told from the background thread too
+        with self._lock:
             told = self._told.get((what, key))
             if told is not None and told[0] == table and told[1] >= claim:
                 return
             self._told[(what, key)] = (table, claim)
-        self._send({what: key, "table": table, "claim": claim})
+            self._write({what: key, "table": table, "claim": claim})
 
     def _send(self, order: dict[str, Any]) -> None:
         with self._lock:
-            try:
-                if self._proc is None:
-                    self._proc = self._start()
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(json.dumps(order) + "\n")
-                self._proc.stdin.flush()
-            except OSError as exc:  # the stream goes on; a restart finishes what the warden could not
-                log.warning("the stream's warden could not be told (%s): %s", next(iter(order)), exc)
+            self._write(order)
+
+    def _write(self, order: dict[str, Any]) -> None:
+        """Under `_lock`: one order down the pipe (the warden started first)."""
+        try:
+            if self._proc is None:
+                self._proc = self._start()
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(order) + "\n")
+            self._proc.stdin.flush()
+        except OSError as exc:  # the stream goes on; a restart finishes what the warden could not
+            log.warning("the stream's warden could not be told (%s): %s", next(iter(order)), exc)
 
     def _start(self) -> subprocess.Popen[str]:
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

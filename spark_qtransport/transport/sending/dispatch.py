@@ -176,7 +176,6 @@ class Dispatcher:
         self.mover = DelayedMover(self.dialect, options.delayed, options.endpoint, options.error_queue,
                                   policy=options.routing)
         self.session = db.Session(self.dialect, options.url)
-        self._settling: bool | None = None
 
     def _what(self, what: str) -> str:
         return f"{what} for endpoint {self.options.endpoint}"
@@ -190,12 +189,12 @@ class Dispatcher:
         query_id = query_id or next((r.query_id for r in done if r.query_id), None)
         fp = fingerprint(query_id, uuid.uuid4().hex)
         batch = _Batch.of(batch_id, done)
-        if self._settling is None:  # whether the batches it reads can be settled: once per dispatcher
-            self._settling = bool(settles and query_id) and self.session.run(
-                lambda conn: settled.exists(self.dialect, self.options.url, conn, settled.SINK), self._what("set-up"))
+        # whether the claims the batch read can be settled (the table's check is made once per process)
+        settle_as = query_id if settles and query_id and self.session.run(
+            lambda conn: settled.exists(self.dialect, self.options.url, conn, settled.SINK), self._what("set-up")) else None
         # the session retries a transient fault, and an OutboxRaceError (a concurrent cleanup deleted
         # the batch's record between two statements)
-        result = self.session.run(lambda conn: self._dispatch(conn, batch, fp, query_id), self._what("dispatch"))
+        result = self.session.run(lambda conn: self._dispatch(conn, batch, fp, settle_as), self._what("dispatch"))
         if result.skipped:
             log.info("batch %d of endpoint %s was dispatched before; nothing sent again", batch_id, self.options.endpoint)
         else:
@@ -215,12 +214,12 @@ class Dispatcher:
                         db.describe(self.dialect, exc))
         return result
 
-    def _dispatch(self, conn: Any, batch: _Batch, fp: str, query_id: str | None) -> DispatchResult:
-        """The dispatch transaction (see the module's docstring); committed by the caller."""
+    def _dispatch(self, conn: Any, batch: _Batch, fp: str, settle_as: str | None) -> DispatchResult:
+        """The dispatch transaction (see the module's docstring); committed by the caller.
+        `settle_as`: the query id whose batch's reads it settles (None: it settles none)."""
         cur = conn.cursor()
         result = self._send_batch(conn, cur, batch, fp)
-        if self._settling:
-            result.settled = settled.settle(self.dialect, cur, query_id=query_id, batch_id=batch.batch_id)
+        result.settled = settled.settle(self.dialect, cur, query_id=settle_as, batch_id=batch.batch_id)
         return result
 
     def _send_batch(self, conn: Any, cur: Any, batch: _Batch, fp: str) -> DispatchResult:
