@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -225,12 +226,34 @@ def _fetch_jars_child(jar_conf: dict[str, str]) -> None:
 JVM_NOISE = (b"WARNING: Using incubator modules: ",)
 
 
+#: sent to a filter (`mute_jvm_stderr`) after Ctrl-C or SIGTERM: it drops everything from then on
+MUTE = signal.SIGUSR1
+
+
 def filter_stderr(source: IO[bytes], sink: IO[bytes]) -> None:
-    """Copy `source` to `sink` line by line as it comes, without the `JVM_NOISE` lines."""
+    """Copy `source` to `sink` line by line as it comes, without the `JVM_NOISE` lines, and
+    nothing at all after a `MUTE` signal."""
+    muted = False
+
+    def mute(signum: int, frame: Any) -> None:
+        nonlocal muted
+        muted = True
+
+    signal.signal(MUTE, mute)
     for line in source:
-        if not line.startswith(JVM_NOISE):
+        if not muted and not line.startswith(JVM_NOISE):
             sink.write(line)
             sink.flush()
+
+
+def mute_jvm_stderr() -> None:
+    """Nothing more from the JVMs started here, or from their Python workers (`MUTE`): after a
+    stop, a cancelled batch's aborted writes and its workers' broken pipes are not news."""
+    for filt in _FILTERS:
+        try:
+            filt.send_signal(MUTE)
+        except OSError:  # ended with its JVM
+            pass
 
 
 #: the filters started by `quiet_jvm_start` (each ends by itself when its JVM does)

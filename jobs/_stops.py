@@ -9,9 +9,11 @@ Here a signal only records that a stop was asked for:
 
 - while the job starts (no query yet: nothing read, nothing to finish) it ends at once with one
   line, after the clean-ups registered with `on_exit` (the demo's embedded PostgreSQL);
-- while a query runs, the batch under way finishes: no write is interrupted (an interrupted
-  foreachBatch call sends Spark a Python traceback inside a Java one, and Spark's check of that
-  text for an interruption overflows its stack). A batch that would start after the signal
+- while a query runs, the batch under way may finish for `BATCH_WAIT` seconds (3), then it is
+  cancelled: the job is gone within 10 s whatever moment the signal hits, and the cancelled batch
+  replays from the checkpoint next run (a cancelled foreachBatch call raises `StopRequested`, one
+  line: Spark's own text for it, a Java stack inside a Python one inside a Java one, overflows
+  its check for an interruption). A batch that would start after the signal
   (`gated`: the jobs' foreachBatch functions) ends the query before it writes anything, or
   `_progress.follow`, between two polls, stops a query that runs no batch. Spark's JVM logging is
   off from then on (a query ended on purpose is not news), the job prints its summary, and
@@ -119,6 +121,12 @@ class Stops:
             self.in_batch += 1
             try:
                 fn(batch, batch_id)
+            except Exception:
+                if not self.requested:
+                    raise
+                # the batch cancelled by `stop_query` (it ran past the wait): a short error, not
+                # the cancelled Spark job's Java stack inside a Python one inside a Java one
+                raise StopRequested(f"stopped ({self.name}) during batch {batch_id}") from None
             finally:
                 self.in_batch -= 1
 
@@ -148,7 +156,14 @@ def _kill_jvm() -> None:
 
 
 def quiet_jvm() -> None:
-    """Spark's JVM logging off: after a stop was asked for, what it logs is not news."""
+    """Spark's JVM logging off, and the connector's line for a failed query: after a stop was
+    asked for, the query ends on purpose, and what they would say is not news."""
+    import logging
+
+    logging.getLogger("spark_qtransport.failures").setLevel(logging.CRITICAL)
+    jobs_spark = sys.modules.get("_spark")  # the filter of the JVM's stderr, when the job started one
+    if jobs_spark is not None:
+        jobs_spark.mute_jvm_stderr()
     try:
         from pyspark import SparkContext
 
@@ -159,7 +174,14 @@ def quiet_jvm() -> None:
         pass
 
 
-def stop_query(query: Any, *, wait: float = 120.0) -> None:
+#: how long a stop waits for the batch under way to end by itself: a short batch ends cleanly; a
+#: longer one is cancelled (`query.stop()`), so that the job is gone within 10 s of the signal, its
+#: checkpoint and its claims replaying that batch next run (our sink and Delta's writes are
+#: idempotent per batch)
+BATCH_WAIT = 3.0
+
+
+def stop_query(query: Any, *, wait: float = BATCH_WAIT) -> None:
     """End a running query after a signal: once no batch runs (the next one, `gated`, ends it
     first), or after `wait` seconds, stopped as it is."""
     import time

@@ -3,7 +3,10 @@
 `freeze()` is the fault a failover or a dead load balancer leaves behind: every connection stays
 open, new ones are accepted by the kernel, and no byte goes through in either direction, so a
 client waits for an answer that never comes. `thaw()` forwards again; `cut()` closes every
-connection (the server going away with a reset).
+connection (the server going away with a reset); `throttle(n)` forwards at most n bytes a second
+on each connection (a slow link: a large read takes minutes), `throttle(None)` at full speed;
+`spare_new()` leaves the connections made from then on at full speed (a client's slow reads go
+on, a newcomer's work is quick).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -27,6 +31,8 @@ class FaultProxy:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._rate: float | None = None
+        self._spared_from: float | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def freeze(self) -> None:
@@ -34,6 +40,12 @@ class FaultProxy:
 
     def thaw(self) -> None:
         self._flowing.set()
+
+    def throttle(self, bytes_per_second: float | None) -> None:
+        self._rate, self._spared_from = bytes_per_second, None
+
+    def spare_new(self) -> None:
+        self._spared_from = time.monotonic()
 
     def cut(self) -> None:
         with self._lock:
@@ -58,6 +70,7 @@ class FaultProxy:
 
     def _serve(self, client: socket.socket) -> None:
         self._flowing.wait()  # a frozen proxy does not even reach the server
+        opened = time.monotonic()
         try:
             server = socket.create_connection(self.upstream, timeout=5)
         except OSError:
@@ -74,10 +87,14 @@ class FaultProxy:
                     self._flowing.wait()
                     continue  # what arrived while frozen was dropped with the connection, or goes on now
                 for sock in ready:
-                    data = sock.recv(65536)
+                    spared = self._spared_from is not None and opened >= self._spared_from
+                    rate = None if spared else self._rate
+                    data = sock.recv(65536 if rate is None else max(1, int(rate / 10)))
                     if not data:
                         return
                     ends[sock].sendall(data)
+                    if rate is not None:
+                        time.sleep(len(data) / rate)
         except OSError:
             return
         finally:

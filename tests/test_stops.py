@@ -16,13 +16,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from faultproxy import FaultProxy
 
 from backends import Backend, nsb_headers, server_of_its_own
 from processes import ROOT
@@ -42,10 +43,11 @@ class Stopped:
 
 
 def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float, log: Path,
-              timeout: float = 240, then: float = 0.0) -> Stopped:
-    """Start `script`, wait for a line containing `ready` (or `ready` seconds) and `then` seconds more, send `signum`
-    (SIGINT: to the process group, as a terminal's Ctrl-C; SIGTERM: to the driver), and wait for
-    it to end."""
+              timeout: float = 240, then: float = 0.0, at_ready: Callable[[], None] | None = None,
+              at_signal: Callable[[], None] | None = None) -> Stopped:
+    """Start `script`, wait for a line containing `ready` (or `ready` seconds), call `at_ready`, wait
+    `then` seconds more, send `signum` (SIGINT: to the process group, as a terminal's Ctrl-C;
+    SIGTERM: to the driver), call `at_signal`, and wait for it to end."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("SQLQUEUE_URL", None)
     with log.open("wb") as out:
@@ -59,6 +61,8 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
             assert proc.poll() is None, f"the job ended before {ready!r}: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"no {ready!r} in {timeout} s: {log.read_text()[-3000:]}"
             time.sleep(0.1)
+        if at_ready is not None:
+            at_ready()
         time.sleep(then)
         # every process the job started, wherever it went (pyspark.daemon's workers move to process
         # groups of their own, a stream's warden to a session of its own)
@@ -70,6 +74,8 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
             os.killpg(proc.pid, signum)
         else:
             proc.send_signal(signum)
+        if at_signal is not None:
+            at_signal()
         code = proc.wait(120)
         exited = time.monotonic()
         _, alive = psutil.wait_procs(jvms, timeout=15)
@@ -141,26 +147,45 @@ def ppg() -> Iterator[Backend]:
         yield Backend(server.url)
 
 
+def produce_fast(pg: Backend, queue: str, count: int) -> None:
+    """`count` orders in one statement (NServiceBus's headers, 1 KB bodies): a backlog in a second."""
+    headers = json.dumps(nsb_headers("MID")).replace('"MID"', '"\' || id || \'"')
+    with pg.connect() as c:
+        c.execute(f"INSERT INTO {pg.q(queue)} (id, headers, body) SELECT id, '{headers}', "
+                  "convert_to(rpad('{\"OrderId\": ' || n || ', \"Pad\": \"', 1020, 'x') || '\"}', 'UTF8') "
+                  "FROM (SELECT gen_random_uuid() AS id, n FROM generate_series(1, %s) AS n ORDER BY n) AS m",
+                  (count,))
+
+
 @pytest.mark.usefixtures("delta")
-def test_ctrl_c_during_the_first_batch_leaves_no_process(spark: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
-    """Ctrl-C 4 s into the first batch (its read and Delta write under way), claims held by prepared
-    transactions: the few lines, exit 130, and 10 s later no process of the job is left, its
-    warden included (a Python worker would hold a connection and the endpoint's consumer lock; the
-    warden waited half of preparedClaimTimeout before); a rerun loses and duplicates nothing."""
-    pg = ppg
+def test_ctrl_c_during_a_long_batch_leaves_no_process(spark: Any, ppg: Backend, names: Any, tmp_path: Path) -> None:
+    """Ctrl-C 1 s into a batch that would take half a minute (9,000 messages read over a link slowed to
+    200 KB/s after the first batch; connections made after the signal, the warden's, at full
+    speed), claims held by prepared transactions: the few lines, exit 130, and 10 s later no
+    process of the job is left, its warden included (a Python worker would hold a connection and
+    the endpoint's consumer lock). Before, the job waited up to 120 s for the batch to end. A rerun
+    at full speed loses and duplicates nothing."""
+    pg, count = ppg, 10_000
     q, e = pg.create_queue(names("Stop")), pg.create_queue(names("error"))
     table, ckpt = tmp_path / "bronze", tmp_path / "ckpt"
-    args = ["--url", pg.url, "--queue", q, "--error-queue", e, "--table", str(table), "--checkpoint", str(ckpt),
-            "--job-id", f"stop-{uuid.uuid4().hex[:6]}"]
-    produce(pg, q, range(0, 3000))
-    stopped = interrupt(JOBS / "queue_to_delta.py", [*args, "--trigger", "100ms", "--max-messages", "3000"],
-                        signal.SIGINT, ready="draining", then=4.0, log=tmp_path / "job.log")
-    quiet(stopped, signal.SIGINT)
-    again = subprocess.run([sys.executable, str(JOBS / "queue_to_delta.py"), *args, "--trigger", "available-now",
-                            "--max-messages", "5000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    link = FaultProxy(pg.url)
+    try:
+        args = ["--url", link.url, "--queue", q, "--error-queue", e, "--table", str(table), "--checkpoint",
+                str(ckpt), "--job-id", f"stop-{uuid.uuid4().hex[:6]}", "--max-messages", str(count)]
+        produce_fast(pg, q, count)
+        stopped = interrupt(JOBS / "queue_to_delta.py", [*args, "--trigger", "100ms"], signal.SIGINT,
+                            ready="batch 0:", at_ready=lambda: link.throttle(200_000), then=1.0, at_signal=link.spare_new,
+                            log=tmp_path / "job.log")
+        link.throttle(None)
+        quiet(stopped, signal.SIGINT)
+        assert not any(line.startswith("batch 1:") for line in stopped.after), "\n".join(stopped.after)
+        again = subprocess.run([sys.executable, str(JOBS / "queue_to_delta.py"), *args, "--trigger", "available-now"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        link.close()
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     bronze = spark.read.format("delta").load(str(table))
-    assert bronze.count() == bronze.select("message_id").distinct().count() == 3000
+    assert bronze.count() == bronze.select("message_id").distinct().count() == count
 
 
 def _endpoint_config(pg: Backend, names: Any, tmp_path: Path, trigger: str) -> tuple[Path, str]:
