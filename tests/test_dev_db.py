@@ -128,3 +128,32 @@ def test_dev_db_says_when_its_server_was_killed() -> None:
     assert proc.returncode == 1, (out, err)
     assert out.splitlines()[-1].startswith("PostgreSQL stopped on its own; its log: "), out
     assert "Traceback" not in err and not _listening(url)
+
+
+def test_a_second_dev_db_on_a_folder_in_use_fails_and_leaves_the_first_running(tmp_path: Path) -> None:
+    """`dev-db --keep DIR` twice: the second says which server holds the folder and stops nothing
+    (before, its clean-up stopped the running server, and the first dev-db ended with "PostgreSQL
+    stopped on its own")."""
+    keep = tmp_path / "db"
+    first, url, _ = _start([*SQLQUEUE, "dev-db", "--keep", str(keep)])
+    try:
+        pid = int((keep / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
+        port = url.rsplit(":", 1)[1].split("/", 1)[0]
+        second = subprocess.run([*SQLQUEUE, "dev-db", "--keep", str(keep)], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1, second
+        assert second.stderr.strip() == (f"Error: {keep} is in use: PostgreSQL runs on it (pid {pid}, on 127.0.0.1:"
+                                         f"{port}); use that server, stop it first, or keep the data in another folder")
+        assert _listening(url) and first.poll() is None
+        _cli(url, "create-queue", "Still")
+    finally:
+        _stop(first, signal.SIGINT)
+
+
+def test_dev_db_on_a_busy_port_names_the_process_that_holds_it() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        done = subprocess.run([*SQLQUEUE, "dev-db", "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done
+    assert done.stderr.startswith(f"Error: port {port} on 127.0.0.1 is in use by pid {os.getpid()} ("), done.stderr
+    assert done.stderr.rstrip().endswith("choose another --port, or leave it out for a free one"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

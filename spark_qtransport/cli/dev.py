@@ -24,6 +24,10 @@ def dev_db(data_dir: str | None, port: int | None) -> None:
     Example:
       sqlqueue dev-db --keep .sqlqueue-db
     """
-    from .embedded import serve  # only this command needs it
+    from .embedded import EmbeddedPostgresError, serve  # only this command needs it
 
-    sys.exit(serve(data_dir=data_dir, port=port, echo=echo))  # click.echo flushes; escaped like every line
+    try:
+        code = serve(data_dir=data_dir, port=port, echo=echo)  # click.echo flushes; escaped like every line
+    except EmbeddedPostgresError as exc:  # a busy folder or port, a server that would not start
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)

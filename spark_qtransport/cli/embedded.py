@@ -106,6 +106,9 @@ class EmbeddedPostgres:
         self.log_file = self.base_dir / "server.log"
         self.settings = dict(settings or {})
         self._started = False
+        #: `start` ran pg_ctl: a server on `data_dir` is this object's (stopped by `stop`), never
+        #: one that ran there before
+        self.launched = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -141,6 +144,7 @@ class EmbeddedPostgres:
         if self._started:
             return self
         bin_dir = _bin_dir()
+        self._refuse_busy()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             uid, gid = _ensure_system_user(SYSTEM_USER)
@@ -180,6 +184,7 @@ class EmbeddedPostgres:
         }
         options.update(self.settings)
         opt_string = " ".join(f"-c {k}={v}" for k, v in options.items())
+        self.launched = True  # from here on a server may run that this object started
         self._run(
             [
                 str(bin_dir / "pg_ctl"),
@@ -195,6 +200,26 @@ class EmbeddedPostgres:
         atexit.register(self._stop_at_exit)
         self._wait_ready()
         return self
+
+    def _refuse_busy(self) -> None:
+        """Fail, touching nothing, when a server runs on the data directory already or another
+        process listens on the port (pg_ctl says only "could not start server", and a clean-up
+        after it would stop the server that runs)."""
+        pid = _postmaster_pid(self.data_dir / "postmaster.pid")
+        if pid is not None:
+            port = _postmaster_port(self.data_dir / "postmaster.pid")
+            raise EmbeddedPostgresError(
+                f"{self.base_dir} is in use: PostgreSQL runs on it (pid {pid}"
+                f"{f', on 127.0.0.1:{port}' if port else ''}); use that server, stop it first, or keep "
+                "the data in another folder")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", self.port))
+            except OSError:
+                holder = port_holder(self.port)
+                raise EmbeddedPostgresError(
+                    f"port {self.port} on 127.0.0.1 is in use{f' by {holder}' if holder else ''}; "
+                    "choose another --port, or leave it out for a free one") from None
 
     def _stop_at_exit(self) -> None:
         """A server its program forgot to stop is stopped (its throw-away data deleted) when the
@@ -282,6 +307,52 @@ def _postmaster_alive(pid_file: Path) -> bool:
     return True
 
 
+def _postmaster_pid(pid_file: Path) -> int | None:
+    """The pid of the server that runs on this data directory, None when none does."""
+    if not _postmaster_alive(pid_file):
+        return None
+    try:
+        return int(pid_file.read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return -1  # alive, but the file cannot be read: a server all the same
+
+
+def _postmaster_port(pid_file: Path) -> int | None:
+    """The port in ``postmaster.pid`` (its fourth line), None when it cannot be read."""
+    try:
+        return int(pid_file.read_text().split("\n")[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def port_holder(port: int) -> str | None:
+    """"pid N (command line)" of the process listening on TCP `port`, from /proc (Linux; None
+    elsewhere, or when the process is another user's and hidden)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local address "0100007F:1F90", state 0A = LISTEN, inode the 10th field
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                return f"pid {proc.name} ({cmd[:120] or '?'})"
+        except OSError:  # gone, or not ours to look into
+            continue
+    return None
+
+
 def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = None,
           echo: Callable[[str], None] | None = None) -> int:
     """Run a local PostgreSQL until Ctrl-C or SIGTERM, then stop it cleanly: ``sqlqueue dev-db``.
@@ -318,8 +389,8 @@ def serve(*, data_dir: str | os.PathLike[str] | None = None, port: int | None = 
     finally:
         for sig in _STOP_SIGNALS:  # stopping on its own or on an error: ignore Ctrl-C from here on too
             signal.signal(sig, signal.SIG_IGN)
-        if not pg._started and (pg.data_dir / "postmaster.pid").exists():
-            pg._started = True  # interrupted while pg_ctl was starting it: stop it all the same
+        if pg.launched and not pg._started and (pg.data_dir / "postmaster.pid").exists():
+            pg._started = True  # interrupted while our pg_ctl was starting it: stop it all the same
         pg.stop()
     if code == 0:
         out("PostgreSQL stopped.")
