@@ -31,8 +31,10 @@ _SCHEMES = {
 # an ODBC PWD= / Password= value: braced (a } inside doubled, unterminated to the end) or up to ;
 _ODBC_SECRET = re.compile(r"(?i)\b(pwd|password)\s*=\s*(\{(?:\}\}|[^}])*(?:\}|$)|[^;]*)")
 # a URL's userinfo in free text: from :// to the last @ of the line. A password may hold spaces,
-# '/', '?', '#', '@' and even '://', so nothing shorter is safe; hiding too much is.
-_URL_USERINFO = re.compile(r"://[^\r\n]*@")
+# '/', '?', '#', '@' and even '://', so nothing shorter is safe; hiding too much is. A userinfo
+# masked already (``://***@``) is left alone: the rest of the line is not a password (an error
+# that shows a masked URL and then "@ as %40" kept only its start)
+_URL_USERINFO = re.compile(r"://(?!\*\*\*@)[^\r\n]*@")
 
 
 def mask(text: str) -> str:

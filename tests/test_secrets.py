@@ -87,8 +87,25 @@ class TestMask:
 
     def test_keeps_the_rest(self) -> None:
         assert mask(f"at postgresql://app:{PASSWORD}@db:5432/shop.") == "at postgresql://***@db:5432/shop."
+        # masked already: an error's advice after the URL ("@ as %40") stays whole
+        masked = "'postgresql://***@h:99999/db' (a port must be a number; @ as %40, : as %3A)"
+        assert mask(masked) == masked
         assert mask("odbc:Driver=x;PWD={a;b}}c};UID=sa") == "odbc:Driver=x;PWD=***;UID=sa"
         assert mask("no secrets at https://example.com/x") == "no secrets at https://example.com/x"
+
+
+def test_cli_port_out_of_range_is_the_whole_message() -> None:
+    """Before, the CLI's masking took the advice's "@ as %40" for the end of a password and cut
+    the message there: `'postgresql://***@ as %40, ...`."""
+    from spark_qtransport.cli import main
+
+    result = CliRunner().invoke(main, ["stats", "--url", f"postgresql://app:{PASSWORD}@127.0.0.1:99999/postgres"])
+    assert result.exit_code == 2
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: option '--url' is not a valid URL: 'postgresql://***@127.0.0.1:99999/postgres' "
+                           "(a port must be a number from 0 to 65535"), last
+    assert last.endswith("% as %25)"), last
+    no_secret(result.output)
 
 
 def test_cli_driver_errors_are_one_masked_line() -> None:
