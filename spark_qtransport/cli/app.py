@@ -187,3 +187,6 @@ def main(ctx: click.Context, outage_timeout: str | None) -> None:
     (a dotted name means schema.table only where that schema exists; if its table
     "public"."Shop.Web" exists as well, quote the name.)
     """
+    from ..transport.session import OUTAGES
+
+    OUTAGES.starts_here()  # a wrong address fails in seconds; the outage bound is for a server that answered

@@ -25,6 +25,7 @@ from ..transport.receiving.admission import TriggerGate
 from ..transport.receiving.queueset import QueueSet, QueueSetOffset
 from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, pack, read_batches, read_slice
 from ..transport.receiving.slices import record_batch
+from ..transport.session import OUTAGES
 from ..transport.settings import MAX_AUTO_PARTITIONS, PARTITION_TARGET_ROWS, ReceiveSettings, StreamSettings
 from .options import ReaderOptions
 from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
@@ -67,20 +68,27 @@ class SqlQueueDataSource(DataSource):
         ReaderOptions.stream(self.options)
         return SCHEMA
 
+    # Spark calls these in the process that plans the query (the executors get the reader and
+    # writer pickled): a database that never answers there fails the start in seconds
+    # (`OUTAGES.starts_here`), not after the outage bound.
+
     @surfaced
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        OUTAGES.starts_here()
         return SqlQueueStreamReader(ReaderOptions.stream(self.options))
 
     @surfaced
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         from .writer import SqlQueueStreamWriter, prepare
 
+        OUTAGES.starts_here()
         return SqlQueueStreamWriter(*prepare(self.options, schema))
 
     @surfaced
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         from .writer import SqlQueueWriter, prepare
 
+        OUTAGES.starts_here()
         return SqlQueueWriter(*prepare(self.options, schema))
 
     @surfaced

@@ -84,6 +84,11 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+#: seconds a database that has not answered once in this process is tried at a start (the CLI, a
+#: query's planning: `Outages.starts_here`) before the error: a wrong host or port fails in
+#: seconds, and the outage bound is for a database that answered before
+FIRST_CONTACT = 5.0
+
 #: seconds without a fault after which an outage counts as over (the longest wait between two
 #: attempts is 5 s, plus a connect timeout of 10 s)
 STALE = 30.0
@@ -103,6 +108,18 @@ class Outages:
         self._since: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self._declared: set[str] = set()
+        self._answered: set[str] = set()
+        self._starts_here = False
+
+    def starts_here(self) -> None:
+        """This process is a start (the CLI, a query's planning): a database that has not answered
+        in it yet is tried for `FIRST_CONTACT` seconds, not the outage bound. Not in Spark's
+        executors, whose first contact may fall in an outage of a database the query met."""
+        self._starts_here = True
+
+    def never_answered(self, backoff: Backoff) -> bool:
+        """A start whose database has not answered yet (`starts_here`)."""
+        return self._starts_here and backoff.database not in self._answered
 
     def began(self, backoff: Backoff, what: str, text: str, failed_attempt: int) -> float:
         """A transient fault of `what`, its `failed_attempt`-th: when its database's outage began.
@@ -131,9 +148,11 @@ class Outages:
         return since
 
     def ended(self, backoff: Backoff) -> None:
+        key = backoff.database
+        if key not in self._answered:
+            self._answered.add(key)
         if not self._since:
             return
-        key = backoff.database
         with self._lock:
             since = self._since.pop(key, None)
             declared = key in self._declared
@@ -175,7 +194,7 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
     exception (a bug, bad input) propagates as it is: only the driver's errors are "database
     failures". After a transient fault `after_failure(exc)` runs (drop the connection), then the
     policy's wait."""
-    n, call_since, full_since = 0, None, None
+    n, call_since, full_since, first_since = 0, None, None, None
     while True:
         n += 1
         try:
@@ -204,6 +223,15 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
         else:
             OUTAGES.ended(backoff)
             return result
+        if backoff.attempts is None and backoff.bound > 0 and OUTAGES.never_answered(backoff):
+            first_since = time.monotonic() if first_since is None else first_since
+            left = min(FIRST_CONTACT, backoff.bound) - (time.monotonic() - first_since)
+            if left <= 0:
+                raise _never_answered(dialect, what, failure, text, backoff) from failure
+            if after_failure is not None:
+                after_failure(failure)
+            time.sleep(min(backoff.wait(n), left))
+            continue
         since = OUTAGES.began(backoff, what, text, n)
         call_since = since if call_since is None else call_since
         outage = time.monotonic() - call_since
@@ -213,6 +241,16 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
             after_failure(failure)
         time.sleep(min(backoff.wait(n), max(backoff.bound - outage, 0.0)) if backoff.attempts is None
                    else backoff.wait(n))
+
+
+def _never_answered(dialect: Dialect, what: str, failure: BaseException, text: str,
+                    backoff: Backoff) -> QTransportError:
+    if isinstance(failure, QTransportError):
+        return failure
+    return DatabaseError(
+        f"{what} failed: {backoff.database} does not answer: {text}; nothing has answered there since this "
+        "started: check the host and port, and that the server runs",
+        operation=what, sqlstate=dialect.sqlstate(failure))
 
 
 def _gave_up(dialect: Dialect, what: str, failure: BaseException, text: str, backoff: Backoff,

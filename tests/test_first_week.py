@@ -1,0 +1,49 @@
+"""What a new user met in the first week, second round: a wrong address that waited two minutes,
+and a one-off write whose rows could not be built that said nothing. Each case failed before."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+SQLQUEUE = [sys.executable, "-m", "spark_qtransport.cli"]
+
+
+@pytest.fixture
+def nobody_url() -> str:
+    """A PostgreSQL URL where nothing listens: a port free a moment ago (refused at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def test_the_cli_on_a_wrong_port_fails_in_seconds_with_one_line(nobody_url: str) -> None:
+    """Before: 120.6 s (the outage bound) and then the error. A database that never answered is
+    not in an outage; one that answered before still is (tests/test_outages.py)."""
+    done = subprocess.run([*SQLQUEUE, "stats", "--url", nobody_url], capture_output=True, text=True, timeout=30,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("SQLQUEUE_")})
+    assert done.returncode == 1, done
+    said = done.stderr.strip().splitlines()
+    assert len(said) == 1, done.stderr
+    assert f"{nobody_url} does not answer" in said[0] and "Connection refused" in said[0], said[0]
+    assert "check the host and port" in said[0] and "outage" not in said[0], said[0]
+
+
+def test_a_stream_on_a_wrong_port_fails_at_its_start_in_seconds(spark: Any, nobody_url: str, tmp_path: Any) -> None:
+    query = (spark.readStream.format("sqlqueue").option("url", nobody_url).option("queue", "Sales")
+             .option("endpoint", "Sales").load()
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        with pytest.raises(Exception) as failed:  # before: active for the 2-minute outage bound
+            assert not query.awaitTermination(40), "the query ended without an error"
+    finally:
+        query.stop()
+    assert failed.type.__name__ == "StreamingQueryException", failed.value
+    text = str(failed.value)
+    assert f"{nobody_url} does not answer" in text and "check the host and port" in text, text[:2000]
