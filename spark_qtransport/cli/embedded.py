@@ -213,6 +213,8 @@ class EmbeddedPostgres:
                 f"{f', on 127.0.0.1:{port}' if port else ''}); use that server, stop it first, or keep "
                 "the data in another folder")
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # as PostgreSQL binds: connections of a server stopped a moment ago (TIME_WAIT) are no holder
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", self.port))
             except OSError:
