@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from backends import Backend
+
 SQLQUEUE = [sys.executable, "-m", "spark_qtransport.cli"]
 
 
@@ -47,3 +49,30 @@ def test_a_stream_on_a_wrong_port_fails_at_its_start_in_seconds(spark: Any, nobo
     assert failed.type.__name__ == "StreamingQueryException", failed.value
     text = str(failed.value)
     assert f"{nobody_url} does not answer" in text and "check the host and port" in text, text[:2000]
+
+
+def test_a_one_off_write_without_a_message_type_raises_naming_the_column_and_the_count(
+        spark: Any, pg: Backend, names: Any) -> None:
+    """Before: save() succeeded and all three rows went to the error queue, with one log line
+    naming a random batch id. A stream keeps that default (its endpoint's failed messages go
+    there); a one-off write sends nothing and says why, unless invalidRows is chosen."""
+    from spark_qtransport import unwrap
+    from spark_qtransport.errors import MessageError
+
+    billing, error = pg.create_queue(names("Billing")), pg.create_queue(names("error"))
+    df = spark.createDataFrame([("{}",), ("{}",), ("{}",)], "body string")
+
+    def write(**options: str) -> None:
+        (df.write.format("sqlqueue").option("url", pg.url).option("endpoint", names("Sales"))
+         .option("destination", billing).option("errorQueue", error).options(**options).mode("append").save())
+
+    with pytest.raises(Exception) as failed:
+        write()
+    cause = unwrap(failed.value)
+    assert isinstance(cause, MessageError), failed.value
+    assert cause.message.startswith("nothing was sent: all 3 rows of this write could not be built into messages; "
+                                    "the first: column 'message_type' of message "), cause.message
+    assert "set option invalidRows to 'error-queue'" in cause.message
+    assert pg.count(billing) == pg.count(error) == 0
+    write(invalidRows="error-queue")  # chosen: they go to the error queue, the write succeeds
+    assert pg.count(billing) == 0 and pg.count(error) == 3

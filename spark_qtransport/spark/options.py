@@ -269,4 +269,5 @@ class WriterOptions:
                 inline_bytes=given["inlineBytes"],
                 delayed_rule=delayed_rule(given, dialect),
                 invalid_rows=given["invalidRows"],
+                invalid_rows_chosen=given.text("invalidRows") is not None,
             )

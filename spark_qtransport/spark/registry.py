@@ -268,7 +268,8 @@ REGISTRY: tuple[Option, ...] = (
            "character, a bad `intent`, no destination): `error-queue` sends it, as the message it would have been, to "
            "`errorQueue` with NServiceBus's failure headers naming the column, the value and the reason, and sends "
            "the rest of the batch; `fail` fails the batch, naming the column and the message (for a reply, the "
-           "message it answers)", WRITE_ONLY, default=defaults.DEFAULT_INVALID_ROWS,
+           "message it answers). A one-off write (`df.write`) left at the default sends nothing and fails, naming the "
+           "column and how many rows: choose `error-queue` to send them there", WRITE_ONLY, default=defaults.DEFAULT_INVALID_ROWS,
            shown=defaults.DEFAULT_INVALID_ROWS, choices=defaults.INVALID_ROWS, field="invalid_rows"),
     Option("createQueues", BOOL, "create the `destination` and `errorQueue` queues, the endpoint's delayed table and "
            "`SubscriptionRouting` if missing; never a queue named by message data", WRITE_ONLY, default=False,

@@ -214,6 +214,9 @@ class SendSettings:
     delayed_rule: DelayedTableRule = NSERVICEBUS_DELAYED
     #: rows the sink cannot build: `INVALID_TO_ERROR_QUEUE` (to `error_queue`) or `INVALID_FAIL`
     invalid_rows: str = DEFAULT_INVALID_ROWS
+    #: `invalid_rows` was chosen, not left at its default: a one-off write (no stream, nobody to
+    #: look at an error queue) with rows it cannot build then sends them there; else it fails
+    invalid_rows_chosen: bool = False
     dialect: Dialect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -346,8 +346,10 @@ class Dispatcher:
         """One WARNING per batch with rows the tasks could not build (sent to the error queue)."""
         o = self.options
         share = f"all {batch.rows} rows" if batch.invalid >= batch.rows else f"{batch.invalid} of {batch.rows} rows"
-        log.warning("batch %d of endpoint %s: %s could not be built into messages and went to the error queue %s "
-                    "(option invalidRows); the first: %s", batch.batch_id, o.endpoint, share,
+        # a one-off write's batch id is a random negative number: not worth showing
+        which = f"batch {batch.batch_id}" if batch.batch_id >= 0 else "a one-off write"
+        log.warning("%s of endpoint %s: %s could not be built into messages and went to the error queue %s "
+                    "(option invalidRows); the first: %s", which, o.endpoint, share,
                     self.dialect.format_address(o.error_queue), batch.invalid_reason)
 
     def _delete_leftovers(self, cur: Any, batch_id: int) -> None:
