@@ -164,7 +164,8 @@ def spark_noise(output: str) -> list[str]:
     notices, Ivy's resolution listing and console progress bars. Java's one line about the incubator
     module Spark 4.1+ asks for is not Spark's, and the demo filters it (`jobs/_spark.py`)."""
     noise = re.compile(r"\bWARN\b|:: resolving|:: loading settings|\[Stage \d|Setting default log level"
-                       r"|Using Spark's default log4j profile|found io\.delta#")
+                       r"|Using Spark's default log4j profile|found io\.delta#"
+                       r"|\bERROR\b|^\tat |^Caused by: |Traceback")  # a Java stack, a Python one
     return [line for line in output.replace("\r", "\n").splitlines() if noise.search(line)]
 
 
@@ -180,8 +181,12 @@ Setting default log level to "WARN".
 [Stage 0:>                (0 + 1) / 1]\r[Stage 0:=========(1 + 0) / 1]
 replied to 3 orders
 queue "public"."Sales": claimed 1950, dropped 50 expired, moved 1 poison to "public"."error"
+06:29:52 ERROR StreamingQueryListenerBus: Listener PythonStreamingQueryListenerWrapper threw an exception
+py4j.Py4JException: Error while sending a command.
+	at py4j.CallbackClient.sendCommand(CallbackClient.java:397)
+Caused by: py4j.Py4JNetworkException: Error while sending a command: c
 """
-    assert len(spark_noise(printed)) == 7
+    assert len(spark_noise(printed)) == 10
     assert spark_noise("replied to 3 orders\nWARNING: Using incubator modules: jdk.incubator.vector\n") == []
 
 

@@ -16,6 +16,7 @@ whole text.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 from typing import Any
@@ -58,6 +59,24 @@ def report_failures(spark: Any) -> None:
         spark._sqlqueue_failures = listener
     except AttributeError:  # a session object that takes no attributes: a second call adds another
         pass
+    atexit.register(_remove, spark, listener)
+
+
+def _remove(spark: Any, listener: Any) -> None:
+    """At the program's exit, before pyspark's own exit hook ends the JVM (exit hooks run last
+    registered first): the listener leaves the session. Else Spark's listener bus, still
+    delivering the last batch's progress or the queries' ends, called into a Python that was
+    going away, and logged each failed call with a 40-line Java stack after the script's output.
+    Events Spark has queued are delivered first (a query that failed as the program ended is
+    still reported), for at most 2 s."""
+    try:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(2000)
+    except Exception as exc:  # noqa: BLE001 - Spark Connect (no sparkContext), a stopped session, a timeout
+        log.debug("listener bus not drained at exit: %s", exc)
+    try:
+        spark.streams.removeListener(listener)
+    except Exception as exc:  # noqa: BLE001 - a session stopped already, a JVM gone: nothing to call
+        log.debug("failure listener not removed at exit: %s", exc)
 
 
 def _listener() -> Any:
