@@ -167,7 +167,7 @@ def outage_round(server: Any, job: Job, markers: Path, outage: str, events: list
         took = time.monotonic() - started
         server.start()
         tail = log.read_text(errors="replace")[-20000:]
-        assert code != 0 and "longer than outageTimeout (2 min)" in tail, tail[-3000:]
+        assert code != 0 and "longer than option 'outageTimeout' (2 min)" in tail, tail[-3000:]
         return f"past the bound: failed after {took:.0f} s"
     time.sleep(float(outage))
     server.start()
