@@ -12,7 +12,8 @@ the running pyspark's line in place of the file's, and on a line Delta has no re
 drops the Delta settings, so sessions start without Delta (`delta_available`; the jobs that write
 Delta tables end at once with the line of `delta_missing`, `require_delta`).
 
-    python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf (this pyspark's line) now
+    python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf (this pyspark's line) now,
+                                         # and write conf/local/spark-defaults.conf (`write_local_conf`)
     python jobs/_spark.py filter-stderr  # what `quiet_jvm_start` runs
 """
 
@@ -189,6 +190,29 @@ def fetch_jars(conf: dict[str, str]) -> None:
                            + resolver_problems(done.stdout + done.stderr))
 
 
+#: what `write_local_conf` writes: conf/spark-defaults.conf with Delta's jars resolved
+LOCAL_CONF = ROOT / "conf" / "local" / "spark-defaults.conf"
+
+
+def write_local_conf(conf: dict[str, str]) -> Path | None:
+    """After `fetch_jars`: `LOCAL_CONF`, the settings of `conf` with ``spark.jars.packages``
+    replaced by the jars it resolved (`with_cached_jars`) and every path absolute, for scripts run
+    with ``SPARK_CONF_DIR=conf/local`` and for ``spark-submit --properties-file``: Delta without
+    the resolver's listing (about 55 lines) at every start. None when the jars are not cached."""
+    local = with_cached_jars(conf)
+    if local is conf and "spark.jars.packages" in conf:
+        return None
+    local = {k: v for k, v in local.items() if k != "spark.jars.ivy"}
+    LOCAL_CONF.parent.mkdir(exist_ok=True)
+    width = max(map(len, local)) + 2
+    LOCAL_CONF.write_text(
+        "# Written by `python jobs/_spark.py fetch-jars` (make setup) for this checkout and this pyspark's\n"
+        "# line: conf/spark-defaults.conf with Delta's jars resolved once. Not in git; run it again after\n"
+        "# changing conf/spark-defaults.conf or pyspark.\n"
+        + "".join(f"{k.ljust(width)}{v}\n" for k, v in local.items()), encoding="utf-8")
+    return LOCAL_CONF
+
+
 def resolver_problems(output: str, limit: int = 60) -> str:
     """What a failed fetch printed that says why: Ivy's problems summary when there is one (the
     modules not found, the URLs tried, the unresolved dependencies), then Spark's exception,
@@ -355,6 +379,7 @@ if __name__ == "__main__":
             fetch_jars(read_conf())
         except RuntimeError as e:
             sys.exit(str(e))
+        write_local_conf(read_conf())
     elif sys.argv[1:2] == ["fetch-jars"] and len(sys.argv) == 3:  # the child of `fetch_jars`
         _fetch_jars_child(json.loads(sys.argv[2]))
     else:

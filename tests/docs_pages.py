@@ -44,7 +44,7 @@ def blocks(text: str) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Fence:
-    """One fenced block of a page: its language, its attributes (``title="not run: ..."``), its body."""
+    """One fenced block of a page: its language, its attributes (``title="sales_out.py"``), its body."""
 
     page: str
     language: str
@@ -67,35 +67,36 @@ def fences(name: str) -> list[Fence]:
     return [Fence(name, language, attributes.strip(), body) for language, attributes, body in found]
 
 
-#: the tests that run most of the blocks
-_QUICK_START = "test_docs.py::test_the_quick_start_and_sending_run_as_written"
+#: the pages whose shell and Python blocks a reader runs in order, in the checkout after `sqlqueue
+#: dev-db`: `test_docs.py::test_a_page_runs_as_written` runs each so, on a database of its own (its
+#: Python blocks saved under their titles first, as the shell blocks run them by name)
+SCRIPT_PAGES = ("index.md", "getting-started.md", "reading.md", "sending.md", "platform.md")
+_PAGE_RUN = "test_docs.py::test_a_page_runs_as_written"
 _OPERATIONS = "test_docs_shell.py::test_operations_then_metrics_run_as_written"
 
-#: the blocks the tests run, as written (page, how the block's first line starts) -> the test that runs it; every
-#: other block of the site says, in its title, that it is not run and why (``title="not run: ..."``),
-#: or that it is what a run prints (``title="printed: ..."``)
+#: other blocks the tests run, as written (page, how the block's first line starts) -> the test that runs it
 RUN_BY: dict[tuple[str, str], str] = {
-    ("index.md", "from spark_qtransport import register"): _QUICK_START,
     ("getting-started.md", ".venv/bin/sqlqueue dev-db"): "test_dev_db.py::test_dev_db_serves_until_interrupted",
-    ("getting-started.md", ". .venv/bin/activate"): _QUICK_START,
-    ("getting-started.md", "import os"): _QUICK_START,
-    ("reading.md", 'audit = (spark.readStream.format("sqlqueue").option("url", url)'):
-        _QUICK_START,
-    ("reading.md", 'spark.readStream.format("sqlqueue").option("queue", "Sales")'):
-        _QUICK_START,
-    ("sending.md", "sqlqueue create-queue Billing Reminders"): _QUICK_START,
-    ("sending.md", "from spark_qtransport import publish"): _QUICK_START,
-    ("sending.md", "from spark_qtransport import QueueSink"): _QUICK_START,
-    ("sending.md", "from pyspark.sql import functions as F"): _QUICK_START,
-    ("platform.md", "from pyspark.sql import functions as F"): _QUICK_START,
-    ("platform.md", "from spark_qtransport import platform_columns"): _QUICK_START,
-    ("operations/cli.md", "$ sqlqueue dev-db"): _OPERATIONS,
-    ("operations/cli.md", "$ sqlqueue create-queue Sales --delayed"): _OPERATIONS,
-    ("operations/cli.md", "$ sqlqueue peek Shop.Web"): _OPERATIONS,
-    ("operations/cli.md", "$ sqlqueue stats Billing --watch 2"): _OPERATIONS,
+    ("operations/cli.md", "sqlqueue "): _OPERATIONS,  # each command, its output the `text` block after it
     ("operations/metrics.md", "pip install 'spark-qtransport[metrics]'"): _OPERATIONS,
     ("operations/permissions.md", "sqlqueue create-queue Sales error"): "test_docs_shell.py::test_the_permissions_dba_block_runs_as_written",
     ("jobs.md", ". .venv/bin/activate"): "test_docs_shell.py::test_the_spark_submit_job_runs_as_written",
+}
+
+#: the blocks no test runs, and why (kept here, not in the pages: a caption is for readers); a
+#: `text` block is what something prints, never run
+NOT_RUN: dict[tuple[str, str], str] = {
+    ("index.md", "make demo"): "CI runs make test itself, and the demo's job in tests/test_jobs.py",
+    ("getting-started.md", "make demo"): "CI runs make test itself, and the demo's job in tests/test_jobs.py",
+    ("getting-started.md", "pip install '.[postgres]'"): "installs into your environment; the tests use make setup's",
+    ("getting-started.md", "pip install 'dist/"): "installs into your environment; tests/test_wheel.py installs the wheel",
+    ("databricks.md", ""): "needs a Databricks workspace",
+    ("errors.md", "from spark_qtransport import"): "a pattern around the reader's own query or write",
+    ("notebook.md", "python jobs/audit_to_delta.py"): "tests/test_notebook.py runs the job and the notebook with test paths",
+    ("operations/metrics.md", "sqlqueue_queue_messages"): "a Grafana query; no Prometheus in the tests",
+    ("operations/permissions.md", "sqlqueue ddl --dialect sqlserver"): "SQL Server, which the tests cannot start",
+    ("operations/permissions.md", "GRANT "): "what sqlqueue ddl --grant-to prints (tests/test_privileges.py)",
+    ("spark-versions.md", "make compat-table"): "CI runs make compat, which checks this table",
 }
 
 
@@ -104,7 +105,17 @@ def bodies(text: str, language: str) -> list[str]:
     return [body for lang, body in blocks(text) if lang == language]
 
 
-def run_by(fence: Fence) -> str | None:
-    """The test that runs `fence` as written (`RUN_BY`), or None."""
-    return next((test for (name, start), test in RUN_BY.items()
+def not_run(fence: Fence) -> str | None:
+    """Why no test runs `fence` (`NOT_RUN`), or None."""
+    return next((why for (name, start), why in NOT_RUN.items()
                  if name == fence.page and fence.first_line.startswith(start)), None)
+
+
+def run_by(fence: Fence) -> str | None:
+    """The test that runs `fence` as written: `RUN_BY`'s, else for a block of a `SCRIPT_PAGES`
+    page `test_a_page_runs_as_written`; None."""
+    named = next((test for (name, start), test in RUN_BY.items()
+                  if name == fence.page and fence.first_line.startswith(start)), None)
+    if named is None and fence.page in SCRIPT_PAGES and fence.language in ("bash", "python") and not_run(fence) is None:
+        return _PAGE_RUN
+    return named

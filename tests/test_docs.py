@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from docs_pages import DOCS, ROOT, bodies, fences, page, run_by, section
+from docs_pages import DOCS, ROOT, SCRIPT_PAGES, bodies, fences, not_run, page, run_by, section
 
 from spark_qtransport.spark.reader import SCHEMA
 from spark_qtransport.spark.registry import READ, WRITE, for_side
@@ -115,26 +117,25 @@ def test_the_navigation_names_every_page() -> None:
 
 
 def test_every_block_of_the_site_is_run_by_a_test_or_says_why_not() -> None:
-    """A block is run, as written, by the test `docs_pages.RUN_BY` names (which reads it from its page),
-    or its title tells the reader it is not run and why (``title="not run: ..."``), or that it is
-    what a run prints (``title="printed: ..."``)."""
+    """A block is run, as written, by the test `docs_pages.run_by` names (which reads it from its
+    page), or `docs_pages.NOT_RUN` says why not, or it is a `text` block: what a run prints. Its
+    caption is for readers: no test bookkeeping in it."""
     unclaimed, claimed = [], []
     for path in sorted(DOCS.rglob("*.md")):
         name = str(path.relative_to(DOCS))
         for fence in fences(name):
             test = run_by(fence)
-            title = fence.title or ""
+            assert not re.match(r"(not run|printed)\b", fence.title or ""), (name, fence.title)
             if test is not None:
                 claimed.append((fence, test))
-                assert not title.startswith(("not run", "printed")), (name, fence.first_line)
-            elif not re.fullmatch(r"(not run|printed): \S.{4,}", title):
+            elif fence.language != "text" and not_run(fence) is None:
                 unclaimed.append(f"{name}: {fence.first_line[:60]!r}")
     assert unclaimed == []
     for fence, test in claimed:  # the test exists, and reads the block's page
         file, function = test.split("::")
         source = (Path(__file__).parent / file).read_text()
         assert f"def {function}(" in source, test
-        assert fence.page in source, (test, fence.page)
+        assert fence.page in source or "SCRIPT_PAGES" in source, (test, fence.page)
 
 
 def test_the_api_page_shows_every_name_the_package_exports() -> None:
@@ -190,98 +191,100 @@ Caused by: py4j.Py4JNetworkException: Error while sending a command: c
     assert spark_noise("replied to 3 orders\nWARNING: Using incubator modules: jdk.incubator.vector\n") == []
 
 
-@pytest.mark.slow(reason="the pages' scripts run as a reader runs them: five Python processes, each with its own JVM")
-def test_the_quick_start_and_sending_run_as_written(pg_url: str, tmp_path: Path) -> None:
-    """The quick start of docs/getting-started.md, verbatim: its commands in bash (against a database of
-    its own on the test server, where `sqlqueue dev-db` would run one), its script as quickstart.py."""
+@dataclass
+class Ran:
+    block: str
+    stdout: str
+    stderr: str
+
+
+def run_page(name: str, pg_url: str, tmp_path: Path) -> tuple[str, list[Ran]]:
+    """Run the shell blocks of docs/<name> in order, as a reader does in the checkout after
+    `sqlqueue dev-db` and its `export` line (here a database of its own on the test server), with
+    the page's Python blocks saved first under their titles (the shell blocks run them by name).
+    Each block must end well and print nothing from Spark but its one JVM line (`spark_noise`).
+    Returns the database's URL and what each block printed."""
     import os
     import subprocess
     import uuid
 
     import psycopg
 
-    quick_start = section("getting-started.md", "Quick start")
-    start, commands = bodies(quick_start, "bash")
-    assert start.strip() == ".venv/bin/sqlqueue dev-db"  # run by tests/test_dev_db.py
-    (script,) = bodies(quick_start, "python")
-    (tmp_path / "quickstart.py").write_text(script, encoding="utf-8")
-    (tmp_path / ".venv").symlink_to(Path(__file__).resolve().parent.parent / ".venv")
-    (tmp_path / "conf").symlink_to(Path(__file__).resolve().parent.parent / "conf")  # its log4j2.properties
-    db = f"quickstart_{uuid.uuid4().hex[:8]}"
+    checkout = Path(__file__).resolve().parent.parent
+    for linked in (".venv", "conf", ".cache"):  # the checkout's, where the reader runs the scripts
+        (tmp_path / linked).symlink_to(checkout / linked)
+    db = f"{Path(name).stem.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{db}"')
     url = pg_url.rsplit("/", 1)[0] + "/" + db
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV",
+                                                            "PYTHONPATH", "SPARK_CONF_DIR")}
     env["SQLQUEUE_URL"] = url
-    for run in (1, 2):
-        done = subprocess.run(["bash", "-e", "-c", commands], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert "replied to 3 orders" in done.stdout, done.stdout[-3000:]
-        assert not spark_noise(done.stdout + done.stderr), done.stderr[-3000:]
-        peeked = done.stdout[done.stdout.index("seq  native_id"):]  # the table `sqlqueue peek Web` prints
-        assert peeked.count("Shop.OrderAccepted") == 3 * run, peeked
-
-    # docs/sending.md, continuing quickstart.py: its prerequisites, then each block in order, each run
-    # after new orders arrive, with Delta from conf/spark-defaults.conf as the page says
-    (tmp_path / ".cache").symlink_to(Path(__file__).resolve().parent.parent / ".cache")  # Delta's jars
-    sending = page("sending.md")
-    prerequisites = bodies(sending, "bash")[0]
-    stream_writer, foreach_batch = bodies(sending, "python")[:2]
-    preamble = script[:script.index("replies = ")]  # its session, url and orders; its own query left out
-    send = 'for i in 4 5 6; do sqlqueue send Sales --endpoint Web --type Shop.PlaceOrder --body "{\\"order\\": $i}"; done'
-    sh = ". .venv/bin/activate\n"
-    for block in (prerequisites, send):
-        done = subprocess.run(["bash", "-e", "-c", sh + block], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    with_delta = {**env, "SPARK_CONF_DIR": "conf"}
-    for name, block in (("stream_writer", stream_writer), ("foreach_batch", foreach_batch)):
-        (tmp_path / f"{name}.py").write_text(preamble + block, encoding="utf-8")
-        done = subprocess.run([str(tmp_path / ".venv/bin/python"), f"{name}.py"], cwd=tmp_path, env=with_delta,
+    runnable = [f for f in fences(name) if run_by(f) == "test_docs.py::test_a_page_runs_as_written"]
+    for fence in runnable:
+        if fence.language == "python":
+            assert fence.title and fence.title.endswith(".py"), (name, fence.first_line)
+            (tmp_path / fence.title).write_text(fence.body, encoding="utf-8")
+    ran = []
+    for fence in runnable:
+        if fence.language != "bash":
+            continue
+        done = subprocess.run(["bash", "-e", "-c", ". .venv/bin/activate\n" + fence.body], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert not done.stderr.strip() or "WARNING: Using incubator modules" in done.stderr, done.stderr[-3000:]
-        if name == "stream_writer":
-            subprocess.run(["bash", "-e", "-c", sh + send], cwd=tmp_path, env=env, check=True, capture_output=True)
-    with psycopg.connect(url) as c:
-        types = [r[0] for r in c.execute("SELECT headers::json->>'NServiceBus.EnclosedMessageTypes' FROM \"Web\"")]
-        reminders = c.execute('SELECT count(*) FROM "Sales.Delayed"').fetchone()[0]
-    # the quick start's two runs, the stream writer's orders 4-6, the foreachBatch's second 4-6
-    assert sorted(types) == sorted(["Shop.OrderAccepted"] * 6 + ["Shop.Messages.OrderAccepted, Shop.Messages"] * 3
-                                   + ["Shop.OrderAccepted"] * 3), types
-    assert reminders == 3
-    assert len(list((tmp_path / "orders-delta").glob("*.parquet"))) >= 1
+        assert done.returncode == 0, (fence.body, done.stdout[-3000:] + done.stderr[:3000] + done.stderr[-3000:])
+        assert not spark_noise(done.stdout + done.stderr), (fence.body, done.stdout[-3000:] + done.stderr[-3000:])
+        ran.append(Ran(fence.body, done.stdout, done.stderr))
+    return url, ran
 
-    # then the other python blocks in the order written, in one session: several queues and waiting
-    # for a batch (reading.md), failing and retrying (sending.md), the platform (platform.md: its query run until it
-    # processed what waits, then stopped) and platform columns; after orders of the platform's shape
-    several, waiting = bodies(page("reading.md"), "python")
-    platform_blocks = bodies(page("platform.md"), "python")
-    failing = bodies(sending, "python")[2]
-    assert "queuePattern" in several and "minMessagesPerTrigger" in waiting and "retry_later" in failing
-    platform_queues = re.search(r"\(`(sqlqueue create-queue audit [^`]+)`", page("platform.md"))
-    assert platform_queues is not None
-    orders = ['{"order_id": "A1", "amount": 5}', "not an order", '{"order_id": "U1", "amount": 0}']
-    setup = sh + platform_queues.group(1) + "\n" + "\n".join(
-        f"sqlqueue send Sales --endpoint Web --type Shop.PlaceOrder --body '{o}'" for o in orders)
-    done = subprocess.run(["bash", "-e", "-c", setup], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    run_platform = "\nplatform.processAllAvailable()\nplatform.stop()\n"
-    # "What it is" (index.md) first, in a namespace of its own (its `orders` is another endpoint's), its
-    # example URL the test database's: it makes the stream it says, with the documented columns
-    (what_it_is,) = bodies(section("index.md", "What it is"), "python")
-    assert '"postgresql://app@db:5432/shop"' in what_it_is
-    first = (f"_ns = {{'spark': spark}}\nexec({what_it_is.replace(chr(34) + 'postgresql://app@db:5432/shop' + chr(34), 'url')!r},"
-             " {**globals(), **_ns}, _ns)\nassert _ns['orders'].isStreaming and 'claim_seq' in _ns['orders'].columns\n")
-    script = (preamble + first + several + waiting + failing + platform_blocks[0] + run_platform
-              + platform_blocks[1])
-    (tmp_path / "blocks.py").write_text(script, encoding="utf-8")
-    done = subprocess.run([str(tmp_path / ".venv/bin/python"), "blocks.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+def _count(url: str, table: str, where: str = "") -> int:
+    import psycopg
+
     with psycopg.connect(url) as c:
-        failed = c.execute("SELECT headers::json->>'NServiceBus.ExceptionInfo.Message' FROM \"error\"").fetchall()
-        retried = c.execute("""SELECT count(*) FROM "Sales.Delayed" WHERE headers LIKE '%Retries%'""").fetchone()[0]
-        accepted = c.execute("""SELECT count(*) FROM "Web" WHERE convert_from(body, 'UTF8') LIKE '%A1%'""").fetchone()[0]
-    assert failed == [("the body is not an order",)] and retried == 1 and accepted == 1, (failed, retried, accepted)
+        return int(c.execute(f'SELECT count(*) FROM "{table}" {where}').fetchone()[0])
+
+
+@pytest.mark.slow(reason="a page's scripts run as a reader runs them, each a Python process with its own JVM")
+@pytest.mark.parametrize("name", SCRIPT_PAGES)
+def test_a_page_runs_as_written(name: str, pg_url: str, tmp_path: Path) -> None:
+    """Every shell and Python block of a page of `SCRIPT_PAGES`, in order, from a fresh database;
+    then what the page says they do."""
+    url, ran = run_page(name, pg_url, tmp_path)
+    printed = "\n".join(r.stdout for r in ran)
+    if name == "index.md":
+        assert "Shop.PlaceOrder" in printed and '{"order": 1}' in printed, printed[-3000:]
+    elif name == "getting-started.md":
+        assert "replied to 3 orders" in printed, printed[-3000:]
+        assert printed[printed.index("seq  native_id"):].count("Shop.OrderAccepted") == 3, printed[-3000:]
+        again = subprocess_run_again(tmp_path, url, "quickstart.py")
+        assert "replied to 0 orders" in again, again
+    elif name == "reading.md":
+        assert '"public"."Orders_eu": 2\n"public"."Orders_us": 1' in printed, printed[-3000:]
+    elif name == "sending.md":
+        assert "answered the orders" in printed and "3 orders stored and answered" in printed, printed[-3000:]
+        assert "Shop.InvalidOrderException" in printed, printed[-3000:]
+        stats = json.loads(ran[1].stdout[ran[1].stdout.index("\n[") + 1:])  # sqlqueue stats Web Sales --json
+        by_queue = {q["queue"]: q for q in stats}
+        assert by_queue['"public"."Web"']["messages"] == 3 and by_queue['"public"."Sales"']["delayed_pending"] == 3
+        assert _count(url, "Web") == 7 and _count(url, "error") == 1  # 3 + 3 + order 7; the broken one
+        assert _count(url, "Sales.Delayed") == 4  # three reminders, order 8's retry
+    elif name == "platform.md":
+        assert "Shop.PlaceOrder at Sales: processed in " in printed, printed[-3000:]
+        assert _count(url, "error") == 1 and _count(url, "Particular.Monitoring") >= 1
+        assert _count(url, "Sales.Delayed", "WHERE headers LIKE '%Retries%'") == 1
+        assert _count(url, "audit") == 0  # audit_times.py read the one audit copy
+    else:
+        raise AssertionError(f"no check for {name}: say what its blocks do")
+
+
+def subprocess_run_again(cwd: Path, url: str, script: str) -> str:
+    """`python script` once more, in the page's directory: what a second run prints."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV",
+                                                            "PYTHONPATH", "SPARK_CONF_DIR")}
+    done = subprocess.run(["bash", "-e", "-c", f". .venv/bin/activate\npython {script}"], cwd=cwd,
+                          env={**env, "SQLQUEUE_URL": url}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and not spark_noise(done.stdout + done.stderr), done.stdout + done.stderr
+    return done.stdout

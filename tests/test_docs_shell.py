@@ -1,5 +1,5 @@
-"""The documentation's shell examples, run as written and in the order written: the transcripts of
-docs/operations/cli.md (every `$ sqlqueue ...` line, its output and exit code), the block of
+"""The documentation's shell examples, run as written and in the order written: the commands of
+docs/operations/cli.md (every `sqlqueue ...` block, the output and exit code after it), the block of
 docs/operations/metrics.md, the DBA's commands of docs/operations/permissions.md and the
 spark-submit block of docs/jobs.md. Each block is read from its page under its heading, so a page
 edit is what runs.
@@ -43,7 +43,7 @@ from urllib.parse import unquote
 
 import psycopg
 import pytest
-from docs_pages import blocks, page, section
+from docs_pages import blocks, fences, section
 from test_metrics import parse, value
 
 from processes import ROOT, Job
@@ -83,19 +83,21 @@ class Command:
     code: int = 0  # a "(exit N)" line after the output
 
 
-def transcripts() -> list[list[Command]]:
-    found = []
-    for language, body in blocks(page("operations/cli.md")):
-        if language == "" and body.startswith("$ "):
-            commands: list[Command] = []
-            for line in body.splitlines():
-                if line.startswith("$ "):
-                    commands.append(Command(line[2:]))
-                elif m := re.fullmatch(r"\(exit (\d+)\)", line):
-                    commands[-1].code = int(m[1])
+def transcripts() -> list[Command]:
+    """The commands of docs/operations/cli.md in order: each a `bash` block of one line, its
+    output the `text` block right after it (none: it prints nothing), ending in ``(exit N)`` when
+    it fails."""
+    found: list[Command] = []
+    for fence in fences("operations/cli.md"):
+        if fence.language == "bash" and fence.body.startswith("sqlqueue "):
+            assert fence.body.count("\n") == 1, fence.body
+            found.append(Command(fence.body.strip()))
+        elif fence.language == "text" and found and not found[-1].output:
+            for line in fence.body.splitlines():
+                if m := re.fullmatch(r"\(exit (\d+)\)", line):
+                    found[-1].code = int(m[1])
                 else:
-                    commands[-1].output.append(line)
-            found.append(commands)
+                    found[-1].output.append(line)
     return found
 
 
@@ -162,18 +164,17 @@ class Typist:
 
 
 def run_operations(typist: Typist) -> None:
-    """Every transcript of `## Operations` in order but the first, `sqlqueue dev-db`, which runs
-    until Ctrl-C (tests/test_dev_db.py runs it). The dotted-names transcript shows what happens
+    """Every command of `## Operations` in order but the first, `sqlqueue dev-db`, which runs
+    until Ctrl-C (tests/test_dev_db.py runs it). The dotted-names command shows what happens
     "when the schema exists": the test makes schema "Shop" before it, as its paragraph says."""
     dev_db, *rest = transcripts()
-    assert [c.line for c in dev_db] == ["sqlqueue dev-db"]
-    assert rest[0][0].line == "sqlqueue create-queue Sales --delayed" and len(rest) == 3
-    for commands in rest:
-        if commands[0].line == "sqlqueue peek Shop.Web":
+    assert dev_db.line == "sqlqueue dev-db" and rest[0].line == "sqlqueue create-queue Sales --delayed"
+    assert any(c.line == "sqlqueue peek Shop.Web" for c in rest) and "--watch" in rest[-1].line
+    for command in rest:
+        if command.line == "sqlqueue peek Shop.Web":
             with psycopg.connect(typist.env["SQLQUEUE_URL"], autocommit=True) as c:
                 c.execute('CREATE SCHEMA "Shop"')
-        for command in commands:
-            (typist.watch if "--watch" in command.line else typist.run)(command)
+        (typist.watch if "--watch" in command.line else typist.run)(command)
 
 
 # ### Metrics for Prometheus
@@ -336,3 +337,6 @@ def test_the_spark_submit_job_runs_as_written(pg_url: str, tmp_path: Path) -> No
     # the summary is the job's last word: under spark-submit the JVM outlives the job's Python
     # process, so the job stops Spark before it exits (else listeners' last events print py4j stacks)
     assert after == "", after[-3000:]
+    from test_docs import spark_noise
+
+    assert not spark_noise(printed), printed[:3000]  # conf/local: no resolver listing (55 lines with conf/)
