@@ -138,6 +138,17 @@ def test_every_block_of_the_site_is_run_by_a_test_or_says_why_not() -> None:
         assert fence.page in source or "SCRIPT_PAGES" in source, (test, fence.page)
 
 
+def test_the_pages_name_the_delta_version_the_project_uses() -> None:
+    """Every `delta-spark==X` a page tells a reader to install is the Delta of conf/spark-defaults.conf
+    (the notebook page said 4.4.1, whose jars are not on Maven Central)."""
+    conf = (ROOT / "conf" / "spark-defaults.conf").read_text(encoding="utf-8")
+    version = re.search(r"io\.delta:delta-spark_[\d.]+_[\d.]+:(\S+)", conf)
+    assert version is not None
+    named = {(str(p.relative_to(DOCS)), v) for p in DOCS.rglob("*.md")
+             for v in re.findall(r"delta-spark==([\w.]+)", p.read_text(encoding="utf-8"))}
+    assert named and all(v == version[1] for _, v in named), (version[1], named)
+
+
 def test_the_api_page_shows_every_name_the_package_exports() -> None:
     import spark_qtransport
 
