@@ -76,3 +76,50 @@ def test_a_one_off_write_without_a_message_type_raises_naming_the_column_and_the
     assert pg.count(billing) == pg.count(error) == 0
     write(invalidRows="error-queue")  # chosen: they go to the error queue, the write succeeds
     assert pg.count(billing) == 0 and pg.count(error) == 3
+
+
+# -- sqlqueue: what it prints ------------------------------------------------------------------------
+
+def _cli(pg: Backend, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from spark_qtransport.cli import main
+
+    return CliRunner().invoke(main, list(args), env={"SQLQUEUE_URL": pg.url})
+
+
+def test_peek_shows_a_binary_body_as_bytes_not_as_control_characters(pg: Backend, names: Any) -> None:
+    """The monitoring queue's reports are binary (NServiceBus's TaggedLongValueWriterOccurrence):
+    peek printed them as escaped control characters, one long garbled cell."""
+    q = pg.create_queue(names("Monitoring"))
+    pg.send(q, {"NServiceBus.MessageId": "m1"}, bytes([1, 0, 0, 0, 0x7F, 0xFF, 0x10]) + b"\x00" * 200)
+    pg.send(q, {"NServiceBus.MessageId": "m2"}, "a café, 订单\n".encode())
+    done = _cli(pg, "peek", q)
+    assert done.exit_code == 0, done.output
+    first, second = done.output.splitlines()[1:]
+    assert first.endswith("(binary, 207 bytes) 01 00 00 00 7f ff 10 00 00 00 00 00 00 00 00 00 00 00 00 00 ..."), first
+    assert second.endswith("a café, 订单\\x0a"), second  # text stays text (its newline escaped)
+
+
+def test_peek_of_a_delayed_table_says_what_it_is_and_what_reads_it(pg: Backend, names: Any) -> None:
+    sales = pg.create_queue(names("Sales"))
+    done = _cli(pg, "create-queue", sales, "--delayed")
+    assert done.exit_code == 0, done.output
+    done = _cli(pg, "peek", f"{sales}.Delayed")
+    assert done.exit_code == 1
+    assert done.output.strip() == (f'error: "public"."{sales}.Delayed" is the delayed table of endpoint "public".'
+                                   f'"{sales}", not a queue; `sqlqueue stats` counts its due and pending messages, '
+                                   "`sqlqueue move-delayed` delivers the due ones"), done.output
+
+
+def test_tables_stay_aligned_with_wide_characters(pg: Backend, names: Any) -> None:
+    """A queue named in Chinese took two columns a character in the terminal and one in the
+    padding: every column after it was shifted."""
+    from spark_qtransport.cli.output import display_width
+
+    wide, plain = names("订单"), names("Sales")
+    done = _cli(pg, "create-queue", wide, plain)
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    where = [display_width(line[:line.index("ready" if "ready" in line else "status")]) for line in lines]
+    assert len(set(where)) == 1, done.output

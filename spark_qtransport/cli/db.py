@@ -30,7 +30,11 @@ _ENDPOINT_NAME = re.compile(r"[\w-]+(?:\.[\w-]+)+")
 _COMPANIONS = ("Staging", "Outbox", DEFAULT_DELAYED_SUFFIX, "Claims")
 #: what the connector's tables beside a queue or endpoint are, for a command given one as a queue
 _COMPANION_KINDS = {"Claims": "the connector's claim table of queue", "Staging": "the sink's staging table of endpoint",
-                    "Outbox": "the sink's outbox table of endpoint"}
+                    "Outbox": "the sink's outbox table of endpoint",
+                    "Delayed": "the delayed table of endpoint"}
+#: what a command can do with such a table instead
+_COMPANION_ADVICE = {"Delayed": "; `sqlqueue stats` counts its due and pending messages, `sqlqueue move-delayed` "
+                                "delivers the due ones"}
 
 
 #: the bytes of each body `peek` reads: enough for PREVIEW_CHARS characters of UTF-8 text
@@ -56,11 +60,18 @@ class Peeked(NamedTuple):
 
     @property
     def preview(self) -> str:
-        """The body's first PREVIEW_CHARS characters (UTF-8, others replaced), ``...`` where it goes
-        on; ``(null)`` for a NULL body."""
+        """The body's first PREVIEW_CHARS characters, ``...`` where it goes on; ``(null)`` for a
+        NULL body; a body that is not text (not UTF-8, or control characters other than
+        white space: the monitoring queue's binary reports, a file) as ``(binary, N bytes) 7f 45
+        4c ...``, its first bytes in hex."""
         if self.body_start is None:
             return "(null)"
-        text = bytes(self.body_start).decode("utf-8", errors="replace")
+        start = bytes(self.body_start)
+        text = _text_of(start, whole=int(self.body_bytes or 0) <= len(start))
+        if text is None:
+            shown = " ".join(f"{b:02x}" for b in start[:PREVIEW_CHARS // 3])
+            return f"(binary, {int(self.body_bytes or len(start)):,} bytes) {shown}" + (
+                " ..." if int(self.body_bytes or 0) > PREVIEW_CHARS // 3 else "")
         return text[:PREVIEW_CHARS] + ("..." if self.cut else "")
 
     @property
@@ -70,6 +81,25 @@ class Peeked(NamedTuple):
             return False
         start = bytes(self.body_start)
         return int(self.body_bytes or 0) > len(start) or len(start.decode("utf-8", errors="replace")) > PREVIEW_CHARS
+
+
+def _text_of(start: bytes, *, whole: bool) -> str | None:
+    """`start` as text, None when it is not: invalid UTF-8 (a character cut at the end of a body's
+    first bytes is no fault), or a control character other than tab, newline and carriage return."""
+    for cut in range(0 if whole else 4):
+        try:
+            text = start[:len(start) - cut].decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            continue
+    else:
+        try:
+            text = start.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if any((ord(c) < 0x20 and c not in "\t\n\r") or ord(c) == 0x7F for c in text):
+        return None
+    return text
 
 
 class CommandDb:
@@ -127,8 +157,8 @@ class CommandDb:
             owner, dot, suffix = address.table.rpartition(".")
             what = _COMPANION_KINDS.get(suffix) if dot else None
             if what is not None:
-                raise ConfigError(f"{name} is {what} {self.d.format_address(address.with_table(owner))}, not a queue",
-                                  queue=name, option=option)
+                raise ConfigError(f"{name} is {what} {self.d.format_address(address.with_table(owner))}, not a queue"
+                                  + _COMPANION_ADVICE.get(suffix, ""), queue=name, option=option)
             raise ConfigError(f"{name} is not a queue: {problem}", queue=name, option=option)
         return address
 

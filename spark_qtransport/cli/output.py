@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -114,10 +115,20 @@ def show(rows: list[dict[str, Any]], as_json: bool) -> None:
     cols = list(dict.fromkeys(c for r in rows for c in r))
     cells = [{c: "-" if r.get(c) is None else escape(r[c]) for c in cols} for r in rows]
     names = {c: escape(c) for c in cols}
-    width = {c: max(len(names[c]), *(len(cell[c]) for cell in cells)) for c in cols}
-    echo("  ".join(names[c].ljust(width[c]) for c in cols).rstrip())
+    width = {c: max(display_width(names[c]), *(display_width(cell[c]) for cell in cells)) for c in cols}
+    echo("  ".join(_pad(names[c], width[c]) for c in cols).rstrip())
     for cell in cells:
-        echo("  ".join(cell[c].ljust(width[c]) for c in cols).rstrip())
+        echo("  ".join(_pad(cell[c], width[c]) for c in cols).rstrip())
+
+
+def display_width(text: str) -> int:
+    """The columns `text` takes in a terminal: a wide character (CJK, fullwidth forms) two, a
+    combining mark none, the rest one; so a table with queue names in Chinese stays aligned."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * (width - display_width(text))
 
 
 def show_json_line(value: Any) -> None:
