@@ -123,3 +123,33 @@ def test_tables_stay_aligned_with_wide_characters(pg: Backend, names: Any) -> No
     lines = done.output.splitlines()
     where = [display_width(line[:line.index("ready" if "ready" in line else "status")]) for line in lines]
     assert len(set(where)) == 1, done.output
+
+
+def test_the_first_progress_report_of_a_run_says_what_waits(spark: Any, pg: Backend, names: Any, tmp_path: Any) -> None:
+    """The jobs print each batch with the backlog the source reports: the first said `backlog 0`
+    while 27,000 messages waited (the estimate is made in the background, after the claim ahead,
+    and the first report had none yet)."""
+    import json
+
+    from backends import nsb_headers
+
+    q = pg.create_queue(names("Backlog"))
+    pg.create_queue(names("error"))
+    pg.send_many(q, [(nsb_headers(f"m{i}"), json.dumps({"n": i}).encode()) for i in range(3000)])
+    query = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q)
+             .option("errorQueue", names("error")).option("maxMessagesPerTrigger", "500").load()
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        import time
+
+        deadline = time.monotonic() + 120
+        while not [p for p in query.recentProgress if p["numInputRows"]]:
+            assert time.monotonic() < deadline and query.isActive, query.exception()
+            time.sleep(0.2)
+        first = next(p for p in query.recentProgress if p["numInputRows"])
+    finally:
+        query.stop()
+    latest = first["sources"][0]["latestOffset"]
+    latest = json.loads(latest) if isinstance(latest, str) else latest
+    assert latest.get("backlog") is not None and latest["backlog"] >= 2000, latest
