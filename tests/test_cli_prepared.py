@@ -126,6 +126,21 @@ def test_stats_lists_prepared_claims_per_consumer(ppg: Backend) -> None:
     assert after["prepared"] == {}
 
 
+def test_stats_names_a_consumer_with_underscores_that_the_claim_table_does_not(ppg: Backend) -> None:
+    """After Ctrl-C of jobs/queue_to_delta.py (consumer `queue_to_delta`, every claim prepared),
+    stats named it `~651a0495...=2`: a gid held a digest for any name with an underscore, and only
+    a claim-table row could name it. The gid now holds such a name as it is; a claim an earlier
+    version prepared (the digest) is still the consumer's (`prepared.listed`)."""
+    from spark_qtransport.transport.receiving.prepared import consumer_tokens
+
+    q = streamed_queue(ppg, f"Orders_{uuid.uuid4().hex[:8]}")
+    assert consumer_token("queue_to_delta") == "queue_to_delta"
+    assert len(consumer_tokens("queue_to_delta")) == 2 and consumer_tokens("Sales.Spark") == {"Sales.Spark"}
+    with prepared_claim(ppg, q, "queue_to_delta"):
+        [row] = json.loads(cli(ppg, "stats", q, "--json").output)
+    assert list(row["prepared"]) == ["queue_to_delta"], row["prepared"]
+
+
 def doctor(backend: Backend, *args: str, code: int = 0) -> list[dict[str, str]]:
     return list(json.loads(cli(backend, "doctor", *args, "--json", code=code).output))
 

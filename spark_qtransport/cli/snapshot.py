@@ -13,7 +13,7 @@ from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError
 from ..transport.delayed import DelayedTableRule
 from ..transport.operations.doctor import GID_PREFIX
-from ..transport.receiving.prepared import PreparedClaim, consumer_token
+from ..transport.receiving.prepared import PreparedClaim, consumer_tokens
 from ..transport.settings import DEFAULT_ERROR_QUEUE
 from ..wire import H, decode_headers, parse_time
 from .db import CommandDb
@@ -59,7 +59,7 @@ def _prepared_by_consumer(claims: list[PreparedClaim], names: Sequence[str]) -> 
     """Prepared claims per consumer: how many, up to how many messages (the claim numbers they
     span: expired rows, poison and gaps in the sequence make it fewer) and the oldest's age. A
     consumer is named as the claim table names it where one of `names` has its gid's token."""
-    named = {consumer_token(n): n for n in names}
+    named = {token: n for n in names for token in consumer_tokens(n)}
     out: dict[str, dict[str, Any]] = {}
     for c in sorted(claims, key=lambda c: c.first):
         entry = out.setdefault(named.get(c.consumer, c.consumer), {"claims": 0, "messages_up_to": 0, "oldest_age_s": 0.0})

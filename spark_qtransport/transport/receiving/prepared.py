@@ -32,20 +32,33 @@ from .judge import judged
 if TYPE_CHECKING:
     from .setup import Endpoint
 
-__all__ = ["NUMBER_BASE", "PreparedClaim", "HeldClaims", "commit", "consumer_token", "forget_progress", "listed", "note_progress", "park",
+__all__ = ["NUMBER_BASE", "PreparedClaim", "HeldClaims", "commit", "consumer_token", "consumer_tokens", "forget_progress", "listed", "note_progress", "park",
            "prefix_of", "progress"]
 
 #: PostgreSQL's answer to COMMIT PREPARED of a gid that is not there (undefined_object)
 UNDEFINED_OBJECT = "42704"
 
 
-_SAFE = re.compile(r"[A-Za-z0-9.-]{1,60}")
+_SAFE = re.compile(r"[A-Za-z0-9._-]{1,60}")
+#: what was plain before underscores were (a claim such a version prepared still names its consumer so)
+_SAFE_BEFORE = re.compile(r"[A-Za-z0-9.-]{1,60}")
 
 
 def consumer_token(consumer: str) -> str:
-    """The consumer as a gid may hold it: as it is when short and plain, else a digest."""
+    """The consumer as a gid may hold it: as it is when short and plain (so `sqlqueue stats`
+    can name it: `queue_to_delta=2`), else a digest."""
     if _SAFE.fullmatch(consumer):
         return consumer
+    return _digest(consumer)
+
+
+def consumer_tokens(consumer: str) -> frozenset[str]:
+    """Every token a gid of this consumer's claims may hold: `consumer_token`'s, and the digest
+    that stood for a name with an underscore before (claims prepared by an earlier version)."""
+    return frozenset({consumer_token(consumer), consumer if _SAFE_BEFORE.fullmatch(consumer) else _digest(consumer)})
+
+
+def _digest(consumer: str) -> str:
     return "~" + hashlib.sha256(consumer.encode("utf-8")).hexdigest()[:32]
 
 
@@ -147,11 +160,11 @@ class HeldClaims:
 
 def listed(endpoint: Endpoint, cur: Any, table: str) -> list[PreparedClaim]:
     """The prepared claims the endpoint's consumer holds on the server now, oldest first."""
-    d, token = endpoint.dialect, consumer_token(endpoint.options.consumer)
+    d, tokens = endpoint.dialect, consumer_tokens(endpoint.options.consumer)
     found = []
     for gid, xid, _at, age in db.rows(cur, d.list_prepared(prefix_of(table))):
         claim = PreparedClaim.parse(str(gid), xid=str(xid), age=float(age or 0.0))
-        if claim is not None and claim.consumer == token:
+        if claim is not None and claim.consumer in tokens:
             found.append(claim)
     return sorted(found, key=lambda c: c.first)
 
