@@ -121,6 +121,15 @@ class Outages:
         """A start whose database has not answered yet (`starts_here`)."""
         return self._starts_here and backoff.database not in self._answered
 
+    def answers(self, backoff: Backoff, dialect: Dialect, failure: BaseException) -> bool:
+        """Whether `failure` came from the server (an error with a SQLSTATE: a session it
+        terminated, a deadlock): then it answered, and is counted so. A refused or unreachable
+        connection carries none."""
+        if isinstance(failure, QTransportError) or dialect.sqlstate(failure) is None:
+            return False
+        self._answered.add(backoff.database)
+        return True
+
     def began(self, backoff: Backoff, what: str, text: str, failed_attempt: int) -> float:
         """A transient fault of `what`, its `failed_attempt`-th: when its database's outage began.
         An outage nobody has met for `STALE` seconds is over (whoever met it last gave up, and
@@ -223,7 +232,8 @@ def with_retries(dialect: Dialect, what: str, attempt: Callable[[int], T], *, ba
         else:
             OUTAGES.ended(backoff)
             return result
-        if backoff.attempts is None and backoff.bound > 0 and OUTAGES.never_answered(backoff):
+        if (backoff.attempts is None and backoff.bound > 0 and OUTAGES.never_answered(backoff)
+                and not OUTAGES.answers(backoff, dialect, failure)):
             first_since = time.monotonic() if first_since is None else first_since
             left = min(FIRST_CONTACT, backoff.bound) - (time.monotonic() - first_since)
             if left <= 0:
