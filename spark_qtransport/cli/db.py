@@ -86,17 +86,14 @@ class Peeked(NamedTuple):
 def _text_of(start: bytes, *, whole: bool) -> str | None:
     """`start` as text, None when it is not: invalid UTF-8 (a character cut at the end of a body's
     first bytes is no fault), or a control character other than tab, newline and carriage return."""
-    for cut in range(0 if whole else 4):
+    for cut in (0,) if whole else range(4):
         try:
             text = start[:len(start) - cut].decode("utf-8")
             break
         except UnicodeDecodeError:
             continue
     else:
-        try:
-            text = start.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+        return None
     if any((ord(c) < 0x20 and c not in "\t\n\r") or ord(c) == 0x7F for c in text):
         return None
     return text

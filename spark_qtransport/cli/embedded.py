@@ -292,31 +292,29 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _postmaster_alive(pid_file: Path) -> bool:
-    """Whether the server of this data directory runs: its ``postmaster.pid`` names a live process.
-    A killed server leaves the file behind (only a clean stop removes it)."""
-    try:
-        first = pid_file.read_text().split("\n", 1)[0]
-    except FileNotFoundError:
-        return False
-    except OSError:  # cannot tell
-        return True
-    try:
-        os.kill(int(first), 0)
-    except ProcessLookupError:
-        return False
-    except (ValueError, PermissionError):  # being written, or not ours to signal: cannot tell
-        return True
-    return True
+    """Whether the server of this data directory runs (`_postmaster_pid`)."""
+    return _postmaster_pid(pid_file) is not None
 
 
 def _postmaster_pid(pid_file: Path) -> int | None:
-    """The pid of the server that runs on this data directory, None when none does."""
-    if not _postmaster_alive(pid_file):
-        return None
+    """The pid of the server that runs on this data directory: its ``postmaster.pid`` names a live
+    process (a killed server leaves the file behind: only a clean stop removes it). None when none
+    runs; -1 when one may, but the file or the process cannot be read (being written, another
+    user's)."""
     try:
-        return int(pid_file.read_text().split("\n", 1)[0])
-    except (OSError, ValueError):
-        return -1  # alive, but the file cannot be read: a server all the same
+        first = pid_file.read_text().split("\n", 1)[0]
+    except FileNotFoundError:
+        return None
+    except OSError:  # cannot tell
+        return -1
+    try:
+        pid = int(first)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except (ValueError, PermissionError):  # being written, or not ours to signal: cannot tell
+        return -1
+    return pid
 
 
 def _postmaster_port(pid_file: Path) -> int | None:

@@ -36,12 +36,12 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..errors import ConfigError, MessageError, tagged, unwrap
+from ..errors import ConfigError, tagged, unwrap
 from ..transport import session as db
 from ..transport.sending.dispatch import Dispatcher, set_up_sender
 from ..transport.sending.messages import InputColumns, SendPlan, check_columns
 from ..transport.sending.staging import StageReport, stage_partition
-from ..transport.settings import INVALID_TO_ERROR_QUEUE, SendSettings
+from ..transport.settings import SendSettings
 from .options import WriterOptions
 from .surface import surfaced
 from .tasks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -214,34 +214,17 @@ class SqlQueueWriter(_Staging, _BatchWriter):
             batch = self.options.batch_id
             if batch is None:  # in foreachBatch, tasks know the batch id; else a one-off write
                 batch = next((r.batch_id for r in reports if r is not None and r.batch_id != ONE_OFF), None)
+            one_off = batch is None
             if batch is None:  # a one-off write: an id no stream uses, recorded but never replayed
-                _refuse_invalid(self.options, reports)
                 batch = -secrets.randbits(62) - 2
-            dispatcher.dispatch(batch, reports, query_id=self.options.query_id, settles=self.options.settles)
+            dispatcher.dispatch(batch, reports, query_id=self.options.query_id, settles=self.options.settles,
+                                one_off=one_off)
         finally:
             dispatcher.close()
 
     @surfaced
     def abort(self, messages: list[Any]) -> None:
         _abort(self.options, messages)
-
-
-def _refuse_invalid(options: SendSettings, reports: list[StageReport | None]) -> None:
-    """A one-off write with rows the tasks could not build sends nothing and says so, unless
-    option invalidRows was chosen: a stream's default (the error queue, where its endpoint's
-    failed messages go) would hide a missing column of a script's write behind one log line.
-    Spark then aborts the write, deleting what the tasks staged."""
-    invalid = sum(r.invalid for r in reports if r is not None)
-    if not invalid or options.invalid_rows_chosen:
-        return
-    rows = sum(r.rows for r in reports if r is not None)
-    first = next((r.invalid_reason for r in reports if r is not None and r.invalid_reason), "?")
-    share = f"all {rows} rows" if invalid >= rows else f"{invalid} of {rows} rows"
-    raise MessageError(
-        f"nothing was sent: {share} of this write could not be built into messages; the first: {first}. "
-        f"Fix the rows, or set option invalidRows to '{INVALID_TO_ERROR_QUEUE}' to send such rows to the error "
-        f"queue {options.dialect.format_address(options.error_queue)} and the rest on",
-        operation="write", queue=options.dialect.format_address(options.endpoint))
 
 
 def _abort(options: SendSettings, messages: list[Any]) -> None:

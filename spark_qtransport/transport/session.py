@@ -158,8 +158,7 @@ class Outages:
 
     def ended(self, backoff: Backoff) -> None:
         key = backoff.database
-        if key not in self._answered:
-            self._answered.add(key)
+        self._answered.add(key)
         if not self._since:
             return
         with self._lock:

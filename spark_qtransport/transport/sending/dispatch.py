@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ...dialects import FAILED_COLUMN, Dialect
-from ...errors import ConfigError, DispatchError, QueueNotFoundError
+from ...errors import ConfigError, DispatchError, MessageError, QueueNotFoundError
 from ...wire import decode_headers
 from .. import session as db
 from .. import settled
@@ -43,7 +43,7 @@ from ..operations.install import warn_about_name
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..server import require_databases
-from ..settings import INVALID_FAIL, SendSettings
+from ..settings import INVALID_FAIL, INVALID_TO_ERROR_QUEUE, SendSettings
 from .fanout import Destination, add_subscribers
 from .inline import InlineRows, RowGroup, by_route
 from .messages import DELAYED, PUBLISH, SEND, SendPlan
@@ -162,6 +162,11 @@ class _Batch:
     def rows(self) -> int:
         return sum(self.routes.values())
 
+    @property
+    def invalid_share(self) -> str:
+        """How many of its rows could not be built, as a sentence says it."""
+        return f"all {self.rows} rows" if self.invalid >= self.rows else f"{self.invalid} of {self.rows} rows"
+
     def count(self, kind: str) -> int:
         return sum(n for (k, _), n in self.routes.items() if k == kind)
 
@@ -181,14 +186,17 @@ class Dispatcher:
         return f"{what} for endpoint {self.options.endpoint}"
 
     def dispatch(self, batch_id: int, reports: list[StageReport | None], *, query_id: str | None = None,
-                 settles: bool = False) -> DispatchResult:
+                 settles: bool = False, one_off: bool = False) -> DispatchResult:
         """Dispatch one batch from its successful tasks' reports (idempotent per batch id).
         `settles`: this dispatch ends the batch (the stream writer's; a QueueSink's when told): it
-        settles the claims the batch read."""
+        settles the claims the batch read. `one_off`: a write outside any stream
+        (`_refuse_invalid`)."""
         done = [r for r in reports if r is not None]
         query_id = query_id or next((r.query_id for r in done if r.query_id), None)
         fp = fingerprint(query_id, uuid.uuid4().hex)
         batch = _Batch.of(batch_id, done)
+        if one_off:
+            self._refuse_invalid(batch)
         # whether the claims the batch read can be settled (the table's check is made once per process)
         settle_as = query_id if settles and query_id and self.session.run(
             lambda conn: settled.exists(self.dialect, self.options.url, conn, settled.SINK), self._what("set-up")) else None
@@ -342,14 +350,27 @@ class Dispatcher:
             raise DispatchError(f"batch {batch.batch_id}: {delayed} delayed messages staged, {result.delayed} stored",
                                 queue=d.format_address(o.delayed), operation="dispatch")
 
+    def _refuse_invalid(self, batch: _Batch) -> None:
+        """A one-off write with rows the tasks could not build sends nothing and says so, unless
+        option invalidRows was chosen: a stream's default (the error queue, where its endpoint's
+        failed messages go) would hide a missing column of a script's write behind one log line.
+        Spark then aborts the write, deleting what the tasks staged."""
+        o = self.options
+        if not batch.invalid or o.invalid_rows_chosen:
+            return
+        raise MessageError(
+            f"nothing was sent: {batch.invalid_share} of this write could not be built into messages; the first: "
+            f"{batch.invalid_reason or '?'}. Fix the rows, or set option invalidRows to '{INVALID_TO_ERROR_QUEUE}' to "
+            f"send such rows to the error queue {self.dialect.format_address(o.error_queue)} and the rest on",
+            operation="write", queue=self.dialect.format_address(o.endpoint))
+
     def _warn_invalid(self, batch: _Batch) -> None:
         """One WARNING per batch with rows the tasks could not build (sent to the error queue)."""
         o = self.options
-        share = f"all {batch.rows} rows" if batch.invalid >= batch.rows else f"{batch.invalid} of {batch.rows} rows"
         # a one-off write's batch id is a random negative number: not worth showing
         which = f"batch {batch.batch_id}" if batch.batch_id >= 0 else "a one-off write"
         log.warning("%s of endpoint %s: %s could not be built into messages and went to the error queue %s "
-                    "(option invalidRows); the first: %s", which, o.endpoint, share,
+                    "(option invalidRows); the first: %s", which, o.endpoint, batch.invalid_share,
                     self.dialect.format_address(o.error_queue), batch.invalid_reason)
 
     def _delete_leftovers(self, cur: Any, batch_id: int) -> None:
