@@ -157,3 +157,18 @@ def test_dev_db_on_a_busy_port_names_the_process_that_holds_it() -> None:
     assert done.stderr.startswith(f"Error: port {port} on 127.0.0.1 is in use by pid {os.getpid()} ("), done.stderr
     assert done.stderr.rstrip().endswith("choose another --port, or leave it out for a free one"), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.db
+def test_a_free_port_taken_before_the_start_is_exchanged_for_another() -> None:
+    """A server whose port was picked for it starts on another when something took that port in
+    between (three test workers start servers at once; a connection's local port can land on it);
+    a port the caller chose is refused instead (above)."""
+    from spark_qtransport.cli.embedded import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(fsync=False)
+    picked = pg.port
+    with socket.create_server(("127.0.0.1", picked)):
+        with pg:
+            assert pg.port != picked
+            assert _listening(pg.url)

@@ -59,6 +59,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _bindable(port: int) -> bool:
+    """Whether a server could listen on `port` of 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as PostgreSQL binds: connections of a server stopped a moment ago (TIME_WAIT) are no holder
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _ensure_system_user(name: str) -> tuple[int, int]:
     import pwd
 
@@ -100,6 +112,7 @@ class EmbeddedPostgres:
     ) -> None:
         self.fsync = fsync
         self.port = port or _free_port()
+        self._port_chosen = port is None  # a free port picked here: another one will do when it is taken
         self._own_dir = data_dir is None
         self.base_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sqlqueue-pg-"))
         self.data_dir = self.base_dir / "data"
@@ -212,16 +225,16 @@ class EmbeddedPostgres:
                 f"{self.base_dir} is in use: PostgreSQL runs on it (pid {pid}"
                 f"{f', on 127.0.0.1:{port}' if port else ''}); use that server, stop it first, or keep "
                 "the data in another folder")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # as PostgreSQL binds: connections of a server stopped a moment ago (TIME_WAIT) are no holder
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", self.port))
-            except OSError:
-                holder = port_holder(self.port)
-                raise EmbeddedPostgresError(
-                    f"port {self.port} on 127.0.0.1 is in use{f' by {holder}' if holder else ''}; "
-                    "choose another --port, or leave it out for a free one") from None
+        for _ in range(5):
+            if _bindable(self.port):
+                return
+            if not self._port_chosen or self.launched:  # a restart keeps its URL
+                break
+            self.port = _free_port()  # taken since it was picked (by another process's connection)
+        holder = port_holder(self.port)
+        raise EmbeddedPostgresError(
+            f"port {self.port} on 127.0.0.1 is in use{f' by {holder}' if holder else ''}; "
+            "choose another --port, or leave it out for a free one")
 
     def _stop_at_exit(self) -> None:
         """A server its program forgot to stop is stopped (its throw-away data deleted) when the
