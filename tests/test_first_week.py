@@ -3,10 +3,12 @@ and a one-off write whose rows could not be built that said nothing. Each case f
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -101,15 +103,37 @@ def test_peek_shows_a_binary_body_as_bytes_not_as_control_characters(pg: Backend
     assert second.endswith("a café, 订单\\x0a"), second  # text stays text (its newline escaped)
 
 
-def test_peek_of_a_delayed_table_says_what_it_is_and_what_reads_it(pg: Backend, names: Any) -> None:
+def test_peek_of_a_delayed_table_lists_what_is_due_soonest_and_where_it_goes(pg: Backend, names: Any) -> None:
+    """`peek Sales.Delayed` failed with "is not a queue table"; it lists the delayed messages, the
+    soonest due first, with the queue each goes to (read from NServiceBus's ForwardDestination)."""
     sales = pg.create_queue(names("Sales"))
     done = _cli(pg, "create-queue", sales, "--delayed")
     assert done.exit_code == 0, done.output
-    done = _cli(pg, "peek", f"{sales}.Delayed")
+    later = datetime.now(timezone.utc) + timedelta(hours=2)
+    with pg.connect() as conn:
+        for minutes, n in ((30, 2), (5, 1)):
+            conn.execute(
+                f'INSERT INTO "{sales}.Delayed" (headers, body, due) VALUES (%s, %s,'
+                " (now() AT TIME ZONE 'UTC') + make_interval(mins => %s))",
+                (json.dumps({"NServiceBus.MessageId": f"m{n}", "NServiceBus.SqlServer.ForwardDestination": "Billing"}),
+                 f"order {n}".encode(), minutes))
+    done = _cli(pg, "peek", f"{sales}.Delayed", "--json")
+    assert done.exit_code == 0, done.output
+    rows = json.loads(done.output)
+    assert [(r["message_id"], r["destination"], r["body"]) for r in rows] == [("m1", "Billing", "order 1"),
+                                                                             ("m2", "Billing", "order 2")]
+    due = [datetime.fromisoformat(r["due"]) for r in rows]
+    now = datetime.now(timezone.utc)
+    assert timedelta(minutes=4) < due[0] - now < timedelta(minutes=6) and due[1] < later, due
+    assert "seq" not in rows[0] and "expires" not in rows[0]
+    assert _cli(pg, "peek", f"{sales}.Delayed").output.splitlines()[0].split() == [
+        "due", "destination", "message_id", "type", "correlation_id", "body"]
+    # another command given the delayed table as a queue says what it is and what reads it
+    done = _cli(pg, "purge-expired", f"{sales}.Delayed")
     assert done.exit_code == 1
     assert done.output.strip() == (f'error: "public"."{sales}.Delayed" is the delayed table of endpoint "public".'
-                                   f'"{sales}", not a queue; `sqlqueue stats` counts its due and pending messages, '
-                                   "`sqlqueue move-delayed` delivers the due ones"), done.output
+                                   f'"{sales}", not a queue; `sqlqueue peek` lists its messages, `sqlqueue stats` '
+                                   "counts its due and pending messages, `sqlqueue move-delayed` delivers the due ones"), done.output
 
 
 def test_tables_stay_aligned_with_wide_characters(pg: Backend, names: Any) -> None:

@@ -276,6 +276,7 @@ def operation_statements(
         "delete_messages": [D.delete_messages(e, keys=MESSAGE_KEYS)],
         "delete_messages_none": [D.delete_messages(e, keys=[])],
         "peek_messages": [D.peek_messages(q, limit=10, preview=240)],
+        "peek_delayed": [D.peek_delayed(dl, limit=10, preview=240)],
         "queue_stats": [D.queue_stats(q)],
         "oldest_headers": [D.oldest_headers(q)],
         "failure_stats": [D.failure_stats(e, limit=100_000)],
@@ -1909,6 +1910,7 @@ class TestOperationStatements:
     def reads(self) -> dict[str, Statement]:
         return {
             "peek_messages": D.peek_messages(self.Q, limit=10, preview=240),
+            "peek_delayed": D.peek_delayed(self.DL, limit=10, preview=240),
             "queue_stats": D.queue_stats(self.Q),
             "oldest_headers": D.oldest_headers(self.Q),
             "delayed_stats": D.delayed_stats(self.DL),
@@ -1931,6 +1933,22 @@ class TestOperationStatements:
         for preview in (0, 8001):
             with pytest.raises(ConfigError, match="body preview"):
                 D.peek_messages(self.Q, limit=1, preview=preview)
+
+    def test_peek_delayed(self) -> None:
+        """NServiceBus's next-due read (MoveDueDelayedMessageText: TOP 1 ... Due FROM t WITH
+        (READPAST) ORDER BY Due) taken n rows deep, the start of each body only."""
+        assert D.peek_delayed(self.DL, limit=25, preview=240) == Statement(
+            "SELECT TOP (?) Due, Headers, CAST(SUBSTRING(Body, 1, ?) AS varbinary(8000)), DATALENGTH(Body)"
+            " FROM [dbo].[Sales.Delayed] WITH (READPAST, READCOMMITTEDLOCK) ORDER BY Due",
+            (25, 240),
+        )
+        (tree,) = parse_all(D.peek_delayed(self.DL, limit=1, preview=1).sql)
+        assert len(tree.expressions) == 4  # due, headers, body start, body length
+        for preview in (0, 8001):
+            with pytest.raises(ConfigError, match="body preview"):
+                D.peek_delayed(self.DL, limit=1, preview=preview)
+        with pytest.raises(ConfigError, match="at least 1"):
+            D.peek_delayed(self.DL, limit=0, preview=1)
 
     def test_queue_stats(self) -> None:
         s = D.queue_stats(self.Q)
@@ -2004,6 +2022,7 @@ class TestOperationStatements:
         (purge,) = [t for t in parse_all(D.purge_expired(self.Q, limit=1).sql) if isinstance(t, exp.Delete)]
         assert {c.name for c in purge.find_all(exp.Column) if not c.table} <= queue
         assert _used_columns(D.delayed_stats(self.DL)) <= _columns_of(D.create_delayed(self.DL))
+        assert _used_columns(D.peek_delayed(self.DL, limit=1, preview=1)) <= _columns_of(D.create_delayed(self.DL))
         assert _used_columns(D.claim_stats(self.C)) == {"Consumer", "ClaimedAt"} <= _columns_of(D.create_claims(self.C)[:1])
         subscriptions = _columns_of(D.create_subscriptions(self.SUBS))
         assert _used_columns(D.unsubscribe(self.SUBS, endpoint="e", topic="t")) <= subscriptions

@@ -19,7 +19,7 @@ from ..transport.routing import queue_shape_problem
 from ..transport.session import Backoff, Session
 from .app import command_what, delayed_rule, need_url
 
-__all__ = ["CommandDb", "Peeked", "open_db", "resolve"]
+__all__ = ["CommandDb", "Peeked", "PeekedDelayed", "open_db", "resolve"]
 
 T = TypeVar("T")
 
@@ -33,9 +33,12 @@ _COMPANION_KINDS = {"Claims": "the connector's claim table of queue", "Staging":
                     "Outbox": "the sink's outbox table of endpoint",
                     "Delayed": "the delayed table of endpoint"}
 #: what a command can do with such a table instead
-_COMPANION_ADVICE = {"Delayed": "; `sqlqueue stats` counts its due and pending messages, `sqlqueue move-delayed` "
+_COMPANION_ADVICE = {"Delayed": "; `sqlqueue peek` lists its messages, `sqlqueue stats` counts its due and pending messages, `sqlqueue move-delayed` "
                                 "delivers the due ones"}
 
+
+#: the columns of a delayed table (NServiceBus's: headers, body, due and a sequence or key)
+DELAYED_COLUMNS = ("headers", "body", "due")
 
 #: the bytes of each body `peek` reads: enough for PREVIEW_CHARS characters of UTF-8 text
 PREVIEW_CHARS = 60
@@ -60,27 +63,52 @@ class Peeked(NamedTuple):
 
     @property
     def preview(self) -> str:
-        """The body's first PREVIEW_CHARS characters, ``...`` where it goes on; ``(null)`` for a
-        NULL body; a body that is not text (not UTF-8, or control characters other than
-        white space: the monitoring queue's binary reports, a file) as ``(binary, N bytes) 7f 45
-        4c ...``, its first bytes in hex."""
-        if self.body_start is None:
-            return "(null)"
-        start = bytes(self.body_start)
-        text = _text_of(start, whole=int(self.body_bytes or 0) <= len(start))
-        if text is None:
-            shown = " ".join(f"{b:02x}" for b in start[:PREVIEW_CHARS // 3])
-            return f"(binary, {int(self.body_bytes or len(start)):,} bytes) {shown}" + (
-                " ..." if int(self.body_bytes or 0) > PREVIEW_CHARS // 3 else "")
-        return text[:PREVIEW_CHARS] + ("..." if self.cut else "")
+        return preview_of(self.body_start, self.body_bytes)
 
     @property
     def cut(self) -> bool:
-        """Whether the body goes on beyond `preview`."""
-        if self.body_start is None:
-            return False
-        start = bytes(self.body_start)
-        return int(self.body_bytes or 0) > len(start) or len(start.decode("utf-8", errors="replace")) > PREVIEW_CHARS
+        return is_cut(self.body_start, self.body_bytes)
+
+
+class PeekedDelayed(NamedTuple):
+    """A message as `Dialect.peek_delayed` reads it, the soonest due first: the start of its body only."""
+
+    due: Any
+    headers: str | None
+    body_start: bytes | None
+    body_bytes: int | None
+
+    @property
+    def preview(self) -> str:
+        return preview_of(self.body_start, self.body_bytes)
+
+    @property
+    def cut(self) -> bool:
+        return is_cut(self.body_start, self.body_bytes)
+
+
+def preview_of(body_start: bytes | None, body_bytes: int | None) -> str:
+    """A body's first PREVIEW_CHARS characters, ``...`` where it goes on; ``(null)`` for a NULL
+    body; a body that is not text (not UTF-8, or control characters other than white space: the
+    monitoring queue's binary reports, a file) as ``(binary, N bytes) 7f 45 4c ...``, its first
+    bytes in hex."""
+    if body_start is None:
+        return "(null)"
+    start = bytes(body_start)
+    text = _text_of(start, whole=int(body_bytes or 0) <= len(start))
+    if text is None:
+        shown = " ".join(f"{b:02x}" for b in start[:PREVIEW_CHARS // 3])
+        return f"(binary, {int(body_bytes or len(start)):,} bytes) {shown}" + (
+            " ..." if int(body_bytes or 0) > PREVIEW_CHARS // 3 else "")
+    return text[:PREVIEW_CHARS] + ("..." if is_cut(body_start, body_bytes) else "")
+
+
+def is_cut(body_start: bytes | None, body_bytes: int | None) -> bool:
+    """Whether a body goes on beyond its `preview_of`."""
+    if body_start is None:
+        return False
+    start = bytes(body_start)
+    return int(body_bytes or 0) > len(start) or len(start.decode("utf-8", errors="replace")) > PREVIEW_CHARS
 
 
 def _text_of(start: bytes, *, whole: bool) -> str | None:
@@ -129,6 +157,11 @@ class CommandDb:
         """The oldest `limit` messages of a queue, left where they are (the start of each body)."""
         return [Peeked(*row) for row in self.all(self.d.peek_messages(address, limit=limit, preview=PREVIEW_BYTES))]
 
+    def peek_delayed(self, delayed: QueueAddress, limit: int) -> list[PeekedDelayed]:
+        """The `limit` messages of a delayed table due soonest, left where they are."""
+        stmt = self.d.peek_delayed(delayed, limit=limit, preview=PREVIEW_BYTES)
+        return [PeekedDelayed(*row) for row in self.all(stmt)]
+
     def exists(self, address: QueueAddress) -> bool:
         return bool(self.all(self.d.queue_columns(address)))
 
@@ -140,6 +173,14 @@ class CommandDb:
         """The rule of the --delayed-table / --delayed-suffix flags (the table read as `address` reads names)."""
         resolved = None if table is None else resolve(self.d, table, option="--delayed-table", facts=self.one)
         return delayed_rule(self.d, resolved, suffix, names=names)
+
+    def peekable(self, text: str) -> tuple[QueueAddress, bool]:
+        """A queue's address, or a delayed table's (then True): the tables `peek` reads."""
+        address = self.address(text)
+        columns = dict(self.all(self.d.queue_columns(address)))
+        if columns and queue_shape_problem(columns) is not None and all(c in columns for c in DELAYED_COLUMNS):
+            return address, True
+        return self.queue(text), False
 
     def queue(self, text: str, option: str = "QUEUE") -> QueueAddress:
         """An existing queue's address; a table of another shape (the connector's own tables

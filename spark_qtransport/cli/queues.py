@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -14,7 +15,7 @@ from ..transport.operations.doctor import check_prepared, check_queue, check_ser
 from ..transport.settings import DEFAULT_PREPARED_TIMEOUT
 from ..wire import H, decode_headers
 from .app import delayed_options, flag_value, main, registered, url_option
-from .db import CommandDb, open_db
+from .db import CommandDb, Peeked, PeekedDelayed, open_db
 from .output import echo, json_option, show, show_json_line
 from .snapshot import STATS_COLUMNS, all_stats
 
@@ -30,25 +31,35 @@ def peek(queue: str, count: int, url: str | None, as_json: bool) -> None:
     """Show the oldest messages of a queue without taking them: ids, type, CorrelationId,
     Expires, the first 60 characters of the body (--json: all headers, the body's length in bytes
     and whether the preview is cut). Only the start of each body is read from the database.
+    Given an endpoint's delayed table (Sales.Delayed), the messages due soonest: when each is due
+    and the queue it goes to then.
 
     \b
-    Example:
+    Examples:
       sqlqueue peek Sales -n 5 --json
+      sqlqueue peek Sales.Delayed
     """
     with open_db(url) as s:
-        messages = s.peek(s.queue(queue), limit=count)
+        address, delayed = s.peekable(queue)
+        messages: Sequence[Peeked | PeekedDelayed] = (
+            s.peek_delayed(address, limit=count) if delayed else s.peek(address, limit=count))
     out = []
     for m in messages:
         headers = decode_headers(m.headers)
-        record: dict[str, Any] = {
-            "seq": m.seq,
-            "native_id": str(m.native_id).lower(),
+        record: dict[str, Any] = {}
+        if isinstance(m, PeekedDelayed):
+            due = m.due.replace(tzinfo=timezone.utc) if isinstance(m.due, datetime) and m.due.tzinfo is None else m.due
+            record.update(due=due, destination=(headers or {}).get(H.FORWARD_DESTINATION))
+        else:
+            record.update(seq=m.seq, native_id=str(m.native_id).lower())
+        record.update({
             "message_id": (headers or {}).get(H.MESSAGE_ID),
             "type": (headers or {}).get(H.ENCLOSED_MESSAGE_TYPES),
             "correlation_id": (headers or {}).get(H.CORRELATION_ID),
-            "expires": m.expires,
-            "body": m.preview,
-        }
+        })
+        if isinstance(m, Peeked):
+            record["expires"] = m.expires
+        record["body"] = m.preview
         if as_json:
             record["headers"] = headers if headers is not None else {"(not a flat JSON object)": m.headers}
             record["body_bytes"] = m.body_bytes

@@ -61,6 +61,12 @@ class OperationsSql(AddressingSql):
         sessions' rows."""
 
     @abstractmethod
+    def peek_delayed(self, delayed: QueueAddress, *, limit: int, preview: int) -> Statement:
+        """At most `limit` rows (due instant, headers, the first `preview` bytes of the body, the
+        body's length in bytes) of a delayed table, the soonest due first, as `peek_messages` reads
+        a queue: changes nothing, takes no lock, never waits."""
+
+    @abstractmethod
     def list_queues(self, *, like: tuple[str, str] | None = None) -> Statement:
         """Rows (schema, table) of every table of the database shaped like a queue table (id,
         headers, body, expires and a sequence column), ordered. With `like`, only those whose

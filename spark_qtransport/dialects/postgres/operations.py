@@ -61,6 +61,16 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
             {"limit": int(limit), "preview": check_preview(preview)},
         )
 
+    def peek_delayed(self, delayed: QueueAddress, *, limit: int, preview: int) -> Statement:
+        # NServiceBus reads the next due time as `SELECT now() AT TIME ZONE 'UTC', Due FROM t ORDER
+        # BY Due LIMIT 1` (its MoveDueDelayedMessageText); this is that order without its row lock,
+        # through the due index. Due is a UTC wall clock: shown as the instant it means.
+        return Statement(
+            f"SELECT {instant_of('due')}, headers, substring(body from 1 for %(preview)s), octet_length(body)"
+            f" FROM {self.qualified(delayed)} ORDER BY due LIMIT %(limit)s",
+            {"limit": int(limit), "preview": check_preview(preview)},
+        )
+
     def list_queues(self, *, like: tuple[str, str] | None = None) -> Statement:
         # Each table's schema by its oid (an index lookup a candidate), never a join: psycopg
         # prepares a statement run often, and a generic plan of a join filtered by names is a

@@ -95,6 +95,18 @@ class SqlServerOperations(SqlServerAddressing, OperationsSql):
             (self._check_limit(limit), check_preview(preview)),
         )
 
+    def peek_delayed(self, delayed: QueueAddress, *, limit: int, preview: int) -> Statement:
+        # NServiceBus reads the next due time as `SELECT TOP 1 GETUTCDATE(), Due FROM t WITH
+        # (READPAST) ORDER BY Due` (its MoveDueDelayedMessageText): the same order through
+        # Index_Due, TOP n, and READCOMMITTEDLOCK as `peek_messages` (READPAST needs locking read
+        # committed, which a database with READ_COMMITTED_SNAPSHOT would not give). Due is a UTC
+        # datetime.
+        return Statement(
+            "SELECT TOP (?) Due, Headers, CAST(SUBSTRING(Body, 1, ?) AS varbinary(8000)), DATALENGTH(Body)"
+            f" FROM {self.qualified(delayed)} WITH (READPAST, READCOMMITTEDLOCK) ORDER BY Due",
+            (self._check_limit(limit), check_preview(preview)),
+        )
+
     def list_queues(self, *, like: tuple[str, str] | None = None) -> Statement:
         # names compare as the database's collation does (case-insensitively by default); the
         # caller's exact match decides
