@@ -138,6 +138,19 @@ def test_every_block_of_the_site_is_run_by_a_test_or_says_why_not() -> None:
         assert fence.page in source or "SCRIPT_PAGES" in source, (test, fence.page)
 
 
+def test_every_document_the_code_cites_is_in_the_repository() -> None:
+    """The code and the architecture page named a DESIGN.md "the contract" that no clone had; the
+    contract is docs/contributing/contract.md, and every Markdown file a module or page names exists."""
+    sources = [*ROOT.joinpath("spark_qtransport").rglob("*.py"), ROOT / "ARCHITECTURE.md", ROOT / "README.md"]
+    cited = {(path.relative_to(ROOT), name) for path in sources
+             for name in re.findall(r"\b([\w./-]*[A-Z][\w/-]*\.md)\b", path.read_text(encoding="utf-8"))}
+    missing = sorted((str(path), name) for path, name in cited
+                     if not (ROOT / name).exists() and not (DOCS / name).exists()
+                     and not any(p.name == Path(name).name for p in DOCS.rglob("*.md")))
+    assert not missing, missing
+    assert "## Receive: claim, read, acknowledge" in page("contributing/contract.md")
+
+
 def test_the_pages_name_the_delta_version_the_project_uses() -> None:
     """Every `delta-spark==X` a page tells a reader to install is the Delta of conf/spark-defaults.conf
     (the notebook page said 4.4.1, whose jars are not on Maven Central)."""

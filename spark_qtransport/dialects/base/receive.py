@@ -10,7 +10,7 @@ from .values import ClaimFailures, ClaimNumbering, QueueAddress, Statement
 
 
 class ReceiveSql(AddressingSql):
-    """The SQL of the streaming source (see DESIGN.md, Receive)."""
+    """The SQL of the streaming source (docs/contributing/contract.md, Receive)."""
 
     #: Does the claim judge every row's headers (poison rows go to the error queue there)? When
     #: not, it judges only the rows it does not claim (expired, odd), claims the rest whatever

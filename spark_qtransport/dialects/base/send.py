@@ -11,7 +11,7 @@ from .values import QueueAddress, Statement
 
 
 class SendSql(AddressingSql):
-    """The SQL of the sink (see DESIGN.md, Send)."""
+    """The SQL of the sink (docs/contributing/contract.md, Send)."""
 
     #: the longest delay or time-to-be-received the database's date arithmetic takes, in seconds
     #: (100 years unless the dialect says less)
