@@ -111,3 +111,21 @@ def test_the_map_names_every_module() -> None:
     missing = [str(p.relative_to(PACKAGE)) for p in _sources()
                if p.name != "__init__.py" and not re.search(rf"(?<![\w.]){re.escape(p.name)}(?!\w)", text)]
     assert missing == []
+
+
+#: a five-character SQLSTATE as a string literal ("42704", "53200", "40P01")
+_SQLSTATE = re.compile(r"[0-9][0-9A-Z][0-9A-Z]{3}")
+
+
+@pytest.mark.parametrize("room", ["transport", "spark", "cli"])
+def test_no_sqlstate_above_the_dialects(room: str) -> None:
+    """Which driver error means what is the dialect's to say (`DriverSupport.is_transient`,
+    `is_out_of_prepared_slots`, `is_unknown_prepared`...): a SQLSTATE written above the dialects
+    is a second classification that the other dialect never gets."""
+    found = [f"{p.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
+             for p in sorted((PACKAGE / room).rglob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQLSTATE.fullmatch(node.value)
+             and not node.value.endswith(("KB", "MB", "GB", "TB"))]  # a setting's size ("256MB")
+    assert found == []
+

@@ -73,6 +73,17 @@ class DriverSupport(ABC):
     def is_undefined_table(self, exc: BaseException) -> bool:
         """True when the error says a table does not exist."""
 
+    def is_out_of_prepared_slots(self, exc: BaseException) -> bool:
+        """True when PREPARE TRANSACTION failed because the server has no slot for it (all of its
+        prepared transactions in use, or none allowed): the claim is rolled back and held in the
+        claim table instead. False where the database has no prepared transactions."""
+        return False
+
+    def is_unknown_prepared(self, exc: BaseException) -> bool:
+        """True when COMMIT or ROLLBACK PREPARED failed because no prepared transaction has that
+        gid (committed or parked before)."""
+        return False
+
     #: SQLSTATEs of "already exists" that idempotent DDL (CREATE ... IF NOT EXISTS) meets when
     #: another installer creates the same object at the same moment; empty: none is expected
     ddl_race_states: frozenset[str] = frozenset()

@@ -172,6 +172,14 @@ class PostgresDriver(DriverSupport):
     def is_undefined_table(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) == "42P01"
 
+    def is_out_of_prepared_slots(self, exc: BaseException) -> bool:
+        # "maximum number of prepared transactions reached" (out_of_memory), or
+        # max_prepared_transactions = 0 (feature_not_supported)
+        return _is_psycopg_error(exc) and self.sqlstate(exc) in ("53200", "0A000")
+
+    def is_unknown_prepared(self, exc: BaseException) -> bool:
+        return _is_psycopg_error(exc) and self.sqlstate(exc) == "42704"  # undefined_object
+
     def error_text(self, exc: BaseException) -> str:
         # The primary message only: DETAIL ("Key (b)=(...) already exists", "Failing row
         # contains (...)"), CONTEXT and HINT may copy row contents, the LINE lines the statement.

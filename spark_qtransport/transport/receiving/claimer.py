@@ -28,13 +28,6 @@ __all__ = ["ClaimOutcome", "ClaimRequest", "Claimer", "pick"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
-#: PostgreSQL's answer to PREPARE TRANSACTION when max_prepared_transactions are all in use
-#: ("maximum number of prepared transactions reached": out_of_memory)
-#: PostgreSQL's answers to PREPARE TRANSACTION when the server has no slot for it: all of
-#: max_prepared_transactions in use (out_of_memory), or none allowed (feature_not_supported)
-NO_PREPARED_SLOT = ("53200", "0A000")
-
-
 @dataclass(frozen=True)
 class ClaimRequest:
     """One claim as planned: at most `limit` rows with a queue sequence above `after` (the
@@ -187,7 +180,7 @@ class Claimer:
         try:
             db.execute(cur, d.prepare(claim.gid))
         except Exception as exc:
-            if not d.is_driver_error(exc) or d.sqlstate(exc) not in NO_PREPARED_SLOT:
+            if not d.is_out_of_prepared_slots(exc):
                 raise
             db.rollback(conn)
             self.endpoint.prepared = False

@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["NUMBER_BASE", "PreparedClaim", "HeldClaims", "commit", "consumer_token", "consumer_tokens", "forget_progress", "listed", "note_progress", "park",
            "prefix_of", "progress"]
 
-#: PostgreSQL's answer to COMMIT PREPARED of a gid that is not there (undefined_object)
-UNDEFINED_OBJECT = "42704"
-
-
 _SAFE = re.compile(r"[A-Za-z0-9._-]{1,60}")
 #: what was plain before underscores were (a claim such a version prepared still names its consumer so)
 _SAFE_BEFORE = re.compile(r"[A-Za-z0-9.-]{1,60}")
@@ -175,7 +171,7 @@ def commit(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> bool:
     try:
         d.run_outside_transaction(conn, d.commit_prepared(claim.gid))
     except Exception as exc:
-        if d.sqlstate(exc) == UNDEFINED_OBJECT:
+        if d.is_unknown_prepared(exc):
             return False
         raise
     return True
