@@ -22,6 +22,7 @@ driver's source runner process. Statements are counted by pg_stat_statements, so
 its own embedded server (with the library preloaded) and ignores $SQLQUEUE_URL.
 
     python bench/queues.py --tenants 10,100,1000 [--messages 20000] [--per-trigger 5000] [--idle-seconds 15]
+                           [--claim-mode table]
 
 Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
 """
@@ -83,6 +84,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="repetitions of the interleaved layouts (default 2)")
     ap.add_argument("--tenants", help="measure streams over this many tenant queues instead, e.g. 10,100,1000")
     ap.add_argument("--idle-seconds", type=float, default=15.0, help="how long each idle stream is measured")
+    ap.add_argument("--claim-mode", choices=["auto", "table", "prepared"], default="auto",
+                    help="with --tenants: the stream's claimMode (default auto: prepared claims, which this server allows)")
     args = ap.parse_args()
     if args.tenants:
         from tenants import scale

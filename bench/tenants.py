@@ -100,9 +100,13 @@ class Watch:
                         self.threads = max(self.threads, int(p.info["num_threads"] or 0))
 
 
+#: the streams' claimMode (`--claim-mode`)
+CLAIM_MODE = ["auto"]
+
+
 def reader(spark: Any, url: str, per_trigger: int) -> Any:
     return (spark.readStream.format("sqlqueue").option("url", url).option("queuePattern", PATTERN)
-            .option("maxMessagesPerTrigger", str(per_trigger)).load())
+            .option("maxMessagesPerTrigger", str(per_trigger)).option("claimMode", CLAIM_MODE[0]).load())
 
 
 @contextlib.contextmanager
@@ -162,6 +166,7 @@ def idle(spark: Any, url: str, meter: Meter, seconds: float) -> dict[str, Any]:
 def scale(args: argparse.Namespace, counts: list[int]) -> int:
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
+    CLAIM_MODE[0] = args.claim_mode
     pg = EmbeddedPostgres(fsync=True, settings={"shared_preload_libraries": "pg_stat_statements", "max_connections": "100",
                                                 "pg_stat_statements.max": "20000"}).start()
     rows = []
@@ -171,7 +176,8 @@ def scale(args: argparse.Namespace, counts: list[int]) -> int:
         with psycopg.connect(pg.url, autocommit=True) as c:
             c.execute("CREATE EXTENSION pg_stat_statements")
         print(f"PostgreSQL: embedded, fsync on, max_connections {pg.settings.get('max_connections', 'default')};"
-              f" {args.messages:,} x {args.size} B bodies a busy run, maxMessagesPerTrigger {args.per_trigger:,}\n")
+              f" {args.messages:,} x {args.size} B bodies a busy run, maxMessagesPerTrigger {args.per_trigger:,},"
+              f" claimMode {args.claim_mode}\n")
         from _spark import session
 
         spark = session("sqlqueue-tenants")
