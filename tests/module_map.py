@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_layers import PACKAGE, ROOT, _imports, _module, _module_exists, _sources  # noqa: E402
+from test_layers import ROOT, _imports, _module, _module_exists, _sources  # noqa: E402
 
 
 def imports_of(path: Path) -> set[str]:
