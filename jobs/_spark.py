@@ -13,7 +13,8 @@ drops the Delta settings, so sessions start without Delta (`delta_available`; th
 Delta tables end at once with the line of `delta_missing`, `require_delta`).
 
     python jobs/_spark.py fetch-jars     # fetch the jars of conf/spark-defaults.conf (this pyspark's line) now,
-                                         # and write conf/local/spark-defaults.conf (`write_local_conf`)
+                                         # and write conf/local/spark-defaults.conf (`write_local_conf`);
+                                         # --jars-only: the jars only (another line's virtualenv, tests/compat)
     python jobs/_spark.py filter-stderr  # what `quiet_jvm_start` runs
 """
 
@@ -374,13 +375,14 @@ if __name__ == "__main__":
             filter_stderr(sys.stdin.buffer, sys.stdout.buffer)
         except BrokenPipeError:  # our stderr's reader is gone: nothing more to show
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    elif sys.argv[1:] == ["fetch-jars"]:
+    elif sys.argv[1:] in (["fetch-jars"], ["fetch-jars", "--jars-only"]):
         try:
             fetch_jars(read_conf())
         except RuntimeError as e:
             sys.exit(str(e))
-        write_local_conf(read_conf())
+        if "--jars-only" not in sys.argv:  # another line's virtualenv (tests/compat) leaves the checkout's conf alone
+            write_local_conf(read_conf())
     elif sys.argv[1:2] == ["fetch-jars"] and len(sys.argv) == 3:  # the child of `fetch_jars`
         _fetch_jars_child(json.loads(sys.argv[2]))
     else:
-        sys.exit(f"usage: {sys.argv[0]} fetch-jars | filter-stderr")
+        sys.exit(f"usage: {sys.argv[0]} fetch-jars [--jars-only] | filter-stderr")

@@ -65,7 +65,21 @@ def register(spark: Any, *, report_failures: bool = True) -> None:
     gRPC stream open, and a process that forks while gRPC threads run can crash the child."""
     from .spark.reader import SqlQueueDataSource
 
-    spark.dataSource.register(SqlQueueDataSource)
+    try:
+        spark.dataSource.register(SqlQueueDataSource)
+    except Exception as exc:
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+        from .spark.versions import classpath_problem
+
+        problem = classpath_problem(spark)
+        if problem is None:
+            raise
+        raise ConfigError(
+            f"Spark cannot load the data sources on its classpath ({problem}), so it takes 'sqlqueue' for one "
+            f"that exists: a jar built for another Spark line (this is pyspark {spark.version}). With "
+            "SPARK_CONF_DIR=conf/local, run `make setup` again after changing pyspark; else check spark.jars "
+            "and spark.jars.packages") from None
     if report_failures and not type(spark).__module__.startswith("pyspark.sql.connect"):
         from .spark.failures import report_failures as add_listener
 

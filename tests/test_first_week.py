@@ -177,3 +177,35 @@ def test_the_first_progress_report_of_a_run_says_what_waits(spark: Any, pg: Back
     latest = first["sources"][0]["latestOffset"]
     latest = json.loads(latest) if isinstance(latest, str) else latest
     assert latest.get("backlog") is not None and latest["backlog"] >= 2000, latest
+
+
+@pytest.mark.spark
+def test_a_jar_of_another_spark_line_is_named_not_taken_for_sqlqueue_existing(tmp_path: Any) -> None:
+    """Delta's jars for Spark 4.0 on Spark 4.2 (a conf/local/spark-defaults.conf written for another
+    line) fail Java's ServiceLoader, and Spark's register() then said "Data source 'sqlqueue'
+    already exists": every run of the Sending page's Delta script failed so. A jar whose data
+    source provider cannot be loaded does the same; register() names the provider and the cure."""
+    import zipfile
+
+    jar = tmp_path / "broken-provider.jar"
+    with zipfile.ZipFile(jar, "w") as z:
+        z.writestr("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister", "com.example.NotThere\n")
+    script = tmp_path / "register.py"
+    script.write_text(
+        "import os, sys\n"
+        "os.environ.setdefault('PYSPARK_PYTHON', sys.executable)\n"
+        "from pyspark.sql import SparkSession\n"
+        "from spark_qtransport import ConfigError, register\n"
+        f"spark = (SparkSession.builder.master('local[1]').config('spark.jars', {str(jar)!r})\n"
+        "         .config('spark.ui.enabled', 'false').getOrCreate())\n"
+        "try:\n"
+        "    register(spark)\n"
+        "except ConfigError as exc:\n"
+        "    print('ConfigError:', exc)\n")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    said = [line for line in done.stdout.splitlines() if line.startswith("ConfigError:")]
+    assert said, (done.stdout, done.stderr[-3000:])
+    assert "com.example.NotThere" in said[0] and "make setup" in said[0], said
+    assert "already exists" not in said[0]

@@ -76,3 +76,20 @@ def test_a_failed_fetch_shows_ivys_problems_and_sparks_exception() -> None:
 
 def test_without_a_problems_summary_the_whole_output_says_why() -> None:
     assert _spark.resolver_problems("Error: Java gateway failed\n\n\tat x.y(Z.java)\n") == "Error: Java gateway failed"
+
+
+def test_another_line_s_fetch_leaves_the_checkout_s_local_conf_alone() -> None:
+    """make compat fetches each other Spark line's Delta jars from that line's virtualenv: that
+    fetch wrote conf/local/spark-defaults.conf with its line's jars, and the documentation's Delta
+    scripts then started the checkout's Spark 4.2 with Delta for 4.0 (every run of the Sending
+    page failed). `fetch-jars --jars-only`, as tests/compat runs it, does not write the file
+    (plain `fetch-jars`, as make setup runs it, writes it every time)."""
+    local = _spark.LOCAL_CONF
+    assert local.exists(), "make setup writes it"
+    before = local.stat().st_mtime_ns
+    done = subprocess.run([sys.executable, str(ROOT / "jobs" / "_spark.py"), "fetch-jars", "--jars-only"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done
+    assert local.stat().st_mtime_ns == before
+    compat = (ROOT / "tests" / "compat" / "run.py").read_text()
+    assert '"fetch-jars", "--jars-only"' in compat

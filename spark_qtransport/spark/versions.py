@@ -52,3 +52,22 @@ def capabilities() -> SparkCapabilities:
 
 if __name__ == "__main__":
     print(json.dumps(capabilities().to_dict()))
+
+
+def classpath_problem(spark: object) -> str | None:
+    """Why Spark cannot list its data sources, on a classic session: a jar on its classpath built
+    for another Spark line (Delta for 4.0 in Spark 4.2) fails Java's ServiceLoader, and Spark then
+    says a new data source "already exists". The failing provider's line; None when the lookup
+    works, or over Spark Connect (no JVM here)."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return None
+    try:
+        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            "sqlqueue", spark._jsparkSession.sessionState().conf())  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - py4j's error: its first Java line says why
+        for line in str(exc).splitlines():
+            if "ServiceConfigurationError" in line:
+                return line.split("ServiceConfigurationError:", 1)[1].strip()
+        return None
+    return None
