@@ -53,7 +53,7 @@ import psycopg
 
 import spark_qtransport
 from spark_qtransport.dialects import dialect_named
-from spark_qtransport.spark.options import MAX_INLINE_BYTES
+from spark_qtransport.options.parse import MAX_INLINE_BYTES
 from spark_qtransport.transport.receiving.decode import rows_batch
 from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
 from spark_qtransport.transport.sending.dispatch import Dispatcher, set_up_sender

@@ -40,7 +40,7 @@ def nsb_one_row(url: str, n: int, size: int) -> float:
 
 
 def raw_claim_read_ack(url: str, n: int, size: int, per_trigger: int) -> float:
-    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.options.parse import ReaderOptions
     from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
 
     reset(url, "BenchRaw", "error")

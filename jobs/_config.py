@@ -78,7 +78,7 @@ def parse(parser: argparse.ArgumentParser, section: str, defaults: dict[str, Any
 
 def trigger(text: str) -> dict[str, Any]:
     """``available-now`` or a duration (``500ms``, ``10s``, ``5m``) -> keyword arguments of ``trigger()``."""
-    from spark_qtransport.spark.options import parse_duration
+    from spark_qtransport.options.parse import parse_duration
 
     if text.strip().lower() == "available-now":
         return {"availableNow": True}

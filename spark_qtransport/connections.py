@@ -47,6 +47,13 @@ def mask(text: str) -> str:
     return text
 
 
+#: seconds of transient faults an operation rides through by default (option `outageTimeout`): as
+#: NServiceBus's receive circuit breaker, which raises its critical error after 2 minutes
+OUTAGE_TIMEOUT = 120.0
+#: seconds a transaction may go without an answer before its server is asked (option `responseTimeout`)
+RESPONSE_TIMEOUT = 30.0
+
+
 @dataclass(frozen=True)
 class ConnectionURL:
     """A parsed connection URL. `repr` and `str` never show the password."""
@@ -63,8 +70,8 @@ class ConnectionURL:
     #: the URL): seconds of transient faults ridden through before an operation fails (0: none),
     #: and seconds a transaction may go without an answer before its server is asked whether it is
     #: still working on it (and the connection cut if not: a failover that left it hanging)
-    outage: float = field(default=120.0, compare=False)
-    response: float = field(default=30.0, compare=False)
+    outage: float = field(default=OUTAGE_TIMEOUT, compare=False)
+    response: float = field(default=RESPONSE_TIMEOUT, compare=False)
 
     def __str__(self) -> str:
         return self.masked

@@ -15,8 +15,8 @@ from types import ModuleType
 import pytest
 from docs_pages import DOCS, ROOT, SCRIPT_PAGES, bodies, fences, not_run, page, run_by, section
 
+from spark_qtransport.options.registry import READ, WRITE, for_side
 from spark_qtransport.spark.reader import SCHEMA
-from spark_qtransport.spark.registry import READ, WRITE, for_side
 from spark_qtransport.transport.sending.messages import INPUT_COLUMNS
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")

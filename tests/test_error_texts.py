@@ -36,8 +36,8 @@ from spark_qtransport.errors import (
     QueueNotFoundError,
     SchemaError,
 )
-from spark_qtransport.spark.options import ReaderOptions
-from spark_qtransport.spark.registry import name_fields
+from spark_qtransport.options.parse import ReaderOptions
+from spark_qtransport.options.registry import name_fields
 from spark_qtransport.transport import session as db
 from spark_qtransport.transport.receiving import setup
 from spark_qtransport.transport.receiving.planner import ClaimOffset

@@ -471,7 +471,7 @@ class TestRetrying:
 
 class TestStreamAndSinkSetUp:
     def test_receiver_with_a_wrong_password(self, pg: Backend, role: Role, names: Any) -> None:
-        from spark_qtransport.spark.options import ReaderOptions
+        from spark_qtransport.options.parse import ReaderOptions
         from spark_qtransport.transport.receiving.receiver import Receiver
 
         q, e = pg.create_queue(names("Sales")), pg.create_queue(names("error"))
@@ -485,7 +485,7 @@ class TestStreamAndSinkSetUp:
         no_secret(str(info.value))
 
     def test_sender_with_a_wrong_password(self, pg: Backend, role: Role, names: Any) -> None:
-        from spark_qtransport.spark.options import WriterOptions
+        from spark_qtransport.options.parse import WriterOptions
         from spark_qtransport.transport.sending.dispatch import set_up_sender
         from spark_qtransport.transport.sending.staging import stage_partition
 

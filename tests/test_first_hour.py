@@ -14,7 +14,7 @@ from backends import Backend, nsb_headers
 from spark_qtransport import unwrap
 from spark_qtransport.cli import main
 from spark_qtransport.errors import ConfigError, QueueNotFoundError
-from spark_qtransport.spark.options import ReaderOptions
+from spark_qtransport.options.parse import ReaderOptions
 from spark_qtransport.wire import H, decode_headers
 
 

@@ -20,7 +20,7 @@ from backends import Backend, Sender, nsb_headers
 from processes import wardens_of_this_process
 from spark_qtransport import QueueSink, reply, unwrap
 from spark_qtransport.errors import ConfigError, MessageError, QueueNotFoundError
-from spark_qtransport.spark.options import WriterOptions
+from spark_qtransport.options.parse import WriterOptions
 from spark_qtransport.wire import H
 
 TYPE = "Shop.Messages.OrderAccepted, Shop.Messages"

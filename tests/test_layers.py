@@ -1,8 +1,9 @@
 """The package's rooms import each other in one direction only (ARCHITECTURE.md):
 
-    cli -> spark -> transport -> dialects -> foundation (errors, wire, connections)
+    cli -> spark -> options -> transport -> dialects -> foundation (errors, wire, connections)
 
-- transport/ never imports spark/ or pyspark: the CLI and other programs use it without Spark;
+- options/ (the registry, read by spark/ and cli/ alike) and transport/ never import spark/ or
+  pyspark: the CLI and other programs use them without Spark;
 - dialects/ never import transport/, spark/ or cli/: they hold SQL and know nothing of the operations;
 - the foundation modules import only each other;
 - nothing imports cli/ but cli/ itself (and the package's lazy `python -m` entry).
@@ -56,18 +57,19 @@ def _room(name: str) -> str | None:
     first = name.split(".")[1]
     if first in FOUNDATION:
         return "foundation"
-    return first if first in {"spark", "transport", "dialects", "cli"} else None
+    return first if first in {"spark", "options", "transport", "dialects", "cli"} else None
 
 
 ALLOWED = {
     "foundation": {"foundation"},
     "dialects": {"dialects", "foundation"},
     "transport": {"transport", "dialects", "foundation"},
-    "spark": {"spark", "transport", "dialects", "foundation", "top"},
-    "cli": {"cli", "spark", "transport", "dialects", "foundation", "top"},
+    "options": {"options", "transport", "dialects", "foundation"},
+    "spark": {"spark", "options", "transport", "dialects", "foundation", "top"},
+    "cli": {"cli", "spark", "options", "transport", "dialects", "foundation", "top"},
     "top": {"spark", "foundation"},
 }
-FORBIDDEN_THIRD_PARTY = {"transport": ("pyspark",), "dialects": ("pyspark",), "foundation": ("pyspark",)}
+FORBIDDEN_THIRD_PARTY = {"options": ("pyspark",), "transport": ("pyspark",), "dialects": ("pyspark",), "foundation": ("pyspark",)}
 
 
 def _sources() -> list[Path]:

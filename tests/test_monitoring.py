@@ -19,7 +19,7 @@ import pytest
 
 from backends import Backend
 from spark_qtransport.errors import QueueNotFoundError
-from spark_qtransport.spark.registry import name_fields
+from spark_qtransport.options.registry import name_fields
 from spark_qtransport.transport.platform.monitoring import (
     MAX_DELTA_TICKS,
     Monitor,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from spark_qtransport.errors import ConfigError, field_error
-from spark_qtransport.spark import registry as r
+from spark_qtransport.options import registry as r
 
 READ, WRITE = r.for_side(r.READ), r.for_side(r.WRITE)
 
@@ -85,8 +85,8 @@ class TestCommandLineNames:
         assert (str(exc), exc.option) == ("QUEUE is empty", "QUEUE")
 
     def test_a_field_no_flag_takes_keeps_its_own_name(self) -> None:
-        exc = r.name_fields(field_error("max_messages", "must be at least 1, as `error_queue` says"), cli={})
-        assert str(exc) == "max_messages: must be at least 1, as `error_queue` says"
+        exc = r.name_fields(field_error("max_messages", "must be at least 1, as `num_partitions` says"), cli={})
+        assert str(exc) == "max_messages: must be at least 1, as `num_partitions` says"
         assert exc.option is None
 
     def test_the_flags_name_only_fields_they_take(self) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from spark_qtransport.connections import mask, parse_url
 from spark_qtransport.errors import ConfigError, QTransportError, QueueNotFoundError
-from spark_qtransport.spark.options import ReaderOptions, WriterOptions
+from spark_qtransport.options.parse import ReaderOptions, WriterOptions
 from spark_qtransport.spark.reader import SqlQueueStreamReader
 
 URL = "postgresql://app:s3cr3t-pw@127.0.0.1:5432/db"

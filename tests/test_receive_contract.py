@@ -23,7 +23,7 @@ import pytest
 from backends import Backend, nsb_headers, server_of_its_own
 from spark_qtransport.dialects.postgres import PostgresDialect
 from spark_qtransport.errors import ConsumerBusyError, QueueNotFoundError
-from spark_qtransport.spark.registry import name_fields
+from spark_qtransport.options.registry import name_fields
 from spark_qtransport.transport.receiving import setup
 from spark_qtransport.transport.receiving.planner import LOW_WATER_TTL
 from spark_qtransport.transport.receiving.receiver import ClaimOffset, Receiver, read_slice

@@ -1,4 +1,4 @@
-"""The one registry of options (`spark_qtransport.spark.registry`): each option parsed and bounded
+"""The one registry of options (`spark_qtransport.options.registry`): each option parsed and bounded
 as it says, one name per settings field, every flag it names a real flag of the command line, and no
 option name spelled below the front ends (the transport and the dialects name settings fields)."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from spark_qtransport.cli import main
 from spark_qtransport.errors import ConfigError, QueueNotFoundError, field_error
-from spark_qtransport.spark import registry as r
-from spark_qtransport.spark.options import ReaderOptions, WriterOptions
+from spark_qtransport.options import registry as r
+from spark_qtransport.options.parse import ReaderOptions, WriterOptions
 from spark_qtransport.transport.settings import ReceiveSettings, SendSettings, StreamSettings
 
 PACKAGE = Path(__file__).resolve().parent.parent / "spark_qtransport"
@@ -107,6 +107,34 @@ def test_a_flag_that_takes_an_option_defaults_as_the_option_does() -> None:
                 wrong.append(f"{path} {flag}: {param.default!r}, the option {option.name!r}: {option.default!r}")
     assert checked >= 4, "the check found the flags it is about (--error-queue of send, move-delayed, ddl)"
     assert wrong == []
+
+
+#: flags named like an option that mean something else, and why
+_UNLIKE = {
+    ("ddl", "--queue"): "the queue whose DDL is printed",
+    ("ddl", "--destination"): "queues a sending endpoint sends to (repeatable), for its grants",
+    ("send", "--create-queues"): "an on/off switch, as the option createQueues is true or false",
+    ("subscribe", "--endpoint"): "the subscribing endpoint, not the sender",
+    ("unsubscribe", "--endpoint"): "the subscribing endpoint, not the sender",
+}
+
+
+def test_every_flag_that_takes_an_option_is_the_registry_s() -> None:
+    """A flag named like an option (or one of `_ALIASES`) is made by `cli.app.registered` from the
+    registry's entry (its help names the option; its default, env and errors are the option's), so
+    the option's default is written once: `--error-queue`'s "error" was written in four places."""
+    named = {_kebab(o.name) for o in r.REGISTRY} | {o.cli for o in r.REGISTRY if o.cli}
+    made_here, registered = [], 0
+    for path, param in _params(main):
+        command = path.split(" ")[1] if " " in path else ""
+        for flag in (f for f in getattr(param, "opts", ()) if f.startswith("--")):
+            if (flag in named or (command, flag) in _ALIASES) and (command, flag) not in _UNLIKE:
+                if "(the option " in (getattr(param, "help", None) or ""):
+                    registered += 1
+                else:
+                    made_here.append(f"{path} {flag}")
+    assert made_here == []
+    assert registered >= 40
 
 
 def test_a_field_error_is_named_by_each_front_end() -> None:

@@ -106,7 +106,7 @@ def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
     statement of a prepared claim (nor a numbered claim) is ever made for it."""
     from spark_qtransport.dialects import ClaimNumbering, PickedRows
     from spark_qtransport.errors import ConfigError
-    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.options.parse import ReaderOptions
 
     assert D.prepared_claims is False
     q, c = D.parse_address("Sales"), D.claims_table(D.parse_address("Sales"))

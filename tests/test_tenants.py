@@ -216,7 +216,7 @@ def test_an_idle_trigger_runs_the_same_few_statements_for_60_queues(small: Backe
     """No statement of its own per idle queue: the pattern resolved, every backlog in one
     statement, the progress backlog in one more; a queue created meanwhile joins at the next
     trigger. Every consumer lock is held on the one main connection."""
-    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.options.parse import ReaderOptions
     from spark_qtransport.transport.receiving.queueset import QueueSet
 
     be = small

@@ -14,7 +14,7 @@ import pytest
 
 from backends import Backend, nsb_headers
 from spark_qtransport.errors import ConsumerBusyError
-from spark_qtransport.spark.options import ReaderOptions
+from spark_qtransport.options.parse import ReaderOptions
 from spark_qtransport.transport.receiving import receiver as receive
 from spark_qtransport.transport.routing import RoutingPolicy
 from spark_qtransport.wire import H
@@ -215,7 +215,7 @@ def test_the_allow_list_is_the_same_for_reader_sink_and_cli(pg: Backend, names: 
     import sys
 
     from backends import Sender, receive_batch
-    from spark_qtransport.spark.options import ReaderOptions
+    from spark_qtransport.options.parse import ReaderOptions
 
     q, e, ok = pg.create_queue(names("Sales")), pg.create_queue(names("error")), pg.create_queue(names("Billing"))
     other = pg.create_queue(names("Shipping"))

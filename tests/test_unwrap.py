@@ -17,7 +17,7 @@ from spark_qtransport.errors import (
     QueueNotFoundError,
     tagged,
 )
-from spark_qtransport.spark.options import WRITER_OPTIONS, ReaderOptions, WriterOptions
+from spark_qtransport.options.parse import WRITER_OPTIONS, ReaderOptions, WriterOptions
 
 TRACEBACK = "Traceback (most recent call last)"
 

@@ -1,7 +1,7 @@
 """mkdocs hook: the option tables, made from the code's registry.
 
 A line `<!-- options: reader -->` or `<!-- options: sink -->` in a page becomes the table of the
-source's or the sink's options (`spark_qtransport.spark.registry.REGISTRY`: name, type and bounds,
+source's or the sink's options (`spark_qtransport.options.registry.REGISTRY`: name, type and bounds,
 default, meaning, the command line's flag that takes the same value), in the registry's order, so
 the documentation cannot drift from the code. tests/test_docs.py imports
 `options_table` from this file.
@@ -23,7 +23,7 @@ def registry(kind: str) -> list[Any]:
     """The options (`registry.Option`) of the source (`reader`) or the sink (`sink`), in order."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from spark_qtransport.spark.registry import READ, WRITE, for_side
+    from spark_qtransport.options.registry import READ, WRITE, for_side
 
     return list(for_side({"reader": READ, "sink": WRITE}[kind]).values())
 

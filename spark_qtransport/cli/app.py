@@ -19,7 +19,7 @@ from ..connections import ConnectionURL, parse_url
 from ..dialects import Dialect
 from ..dialects.base import one_line
 from ..errors import ConfigError, QTransportError
-from ..spark.registry import OUTAGE_ENV, URL_ENV, flag, name_fields
+from ..options.registry import OUTAGE_ENV, URL_ENV, by_name, flag, name_fields
 from ..transport.delayed import DelayedTableRule
 from ..transport.routing import RoutingPolicy
 from .output import echo, escape, escaped_logging, escaped_usage_error
@@ -29,12 +29,19 @@ __all__ = ["Group", "main", "registered", "flag_value", "FLAGS", "OUTAGE_ENV", "
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-def registered(cli: str, metavar: str, help: str) -> Callable[[F], F]:
-    """The flag `cli` of an option of the registry (`spark.registry`): its environment variable
-    from there, and its help saying which option of the source and the sink it matches."""
-    o = flag(cli)
+def registered(cli: str, metavar: str, help: str, *, option: str | None = None, with_default: bool = False,
+               **click_options: Any) -> Callable[[F], F]:
+    """The flag `cli` of an option of the registry (`options.registry`; `option` names it where
+    the flag is not the option's own, as `error list --queue`): its environment variable from
+    there, its help saying which option of the source and the sink it matches, and with
+    `with_default` the option's default (the flag's value when not given). `click_options`
+    (``multiple``, ``required``) go to click as they are."""
+    o = flag(cli) if option is None else by_name(option)
     env = f"; ${o.env}" if o.env else ""
-    return click.option(cli, envvar=o.env, metavar=metavar, help=f"{help} (the option {o.name}{env})")
+    if with_default:
+        click_options.update(default=o.default, show_default=True)
+    return click.option(cli, envvar=o.env, metavar=metavar, help=f"{help} (the option {o.name}{env})",
+                        **click_options)
 
 
 def flag_value(cli: str, raw: str | None) -> Any:

@@ -9,9 +9,8 @@ from typing import Any
 import click
 
 from ..transport.operations.recover import RetryResult, retry_failed
-from ..transport.settings import DEFAULT_ERROR_QUEUE
 from ..wire import H, decode_headers
-from .app import allow_options, main, routing_policy, url_option
+from .app import allow_options, main, registered, routing_policy, url_option
 from .db import open_db
 from .output import json_option, show
 
@@ -40,7 +39,7 @@ def error_group() -> None:
 
 
 @error_group.command("list")
-@click.option("--queue", "queue", default=DEFAULT_ERROR_QUEUE, show_default=True, help="error queue address")
+@registered("--queue", "QUEUE", "error queue address", option="errorQueue", with_default=True)
 @click.option("-n", "--count", default=20, show_default=True, type=click.IntRange(1, 10_000))
 @url_option
 @json_option
@@ -71,7 +70,7 @@ def error_list(queue: str, count: int, url: str | None, as_json: bool) -> None:
 @error_group.command("retry")
 @click.argument("native_ids", nargs=-1, callback=_native_ids)
 @click.option("--all", "retry_all", is_flag=True, help="retry every message (in batches of --batch)")
-@click.option("--queue", "queue", default=DEFAULT_ERROR_QUEUE, show_default=True, help="error queue address")
+@registered("--queue", "QUEUE", "error queue address", option="errorQueue", with_default=True)
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 10_000))
 @allow_options
 @url_option

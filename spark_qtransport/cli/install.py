@@ -11,8 +11,7 @@ from ..dialects import Dialect, QueueAddress, Statement, dialect_named
 from ..errors import ConfigError
 from ..transport.delayed import DelayedTableRule
 from ..transport.operations import privileges
-from ..transport.settings import DEFAULT_ERROR_QUEUE
-from .app import delayed_options, delayed_rule, main, url_option, usage_url
+from .app import delayed_options, delayed_rule, main, registered, url_option, usage_url
 from .db import open_db, resolve
 from .output import echo, echo_script, escape, json_option, show
 
@@ -132,10 +131,10 @@ def create_subscriptions(table: str, url: str | None, as_json: bool) -> None:
               help="with --grant-to: the endpoint kind (repeatable); default: both")
 @click.option("--destination", "destinations", multiple=True, metavar="QUEUE",
               help="with --grant-to: a queue the sending endpoint sends to (repeatable)")
-@click.option("--error-queue", default=DEFAULT_ERROR_QUEUE, show_default=True, help="with --grant-to: the error queue")
-@click.option("--audit-queue", metavar="QUEUE", help="with --grant-to: the receiving endpoint's auditQueue")
-@click.option("--forward-to", metavar="QUEUE", help="with --grant-to: the receiving endpoint's forwardTo queue")
-@click.option("--monitoring-queue", metavar="QUEUE", help="with --grant-to: the receiving endpoint's monitoringQueue")
+@registered("--error-queue", "QUEUE", "with --grant-to: the error queue", with_default=True)
+@registered("--audit-queue", "QUEUE", "with --grant-to: the receiving endpoint's audit queue")
+@registered("--forward-to", "QUEUE", "with --grant-to: the receiving endpoint's forwardTo queue")
+@registered("--monitoring-queue", "QUEUE", "with --grant-to: the receiving endpoint's monitoring queue")
 @delayed_options
 @url_option
 def ddl(dialect_name: str | None, queue: str, parts: tuple[str, ...], seq_bits: str, role: str | None,

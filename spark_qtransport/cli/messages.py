@@ -13,11 +13,11 @@ import click
 
 from ..dialects import QueueAddress, dialect_for
 from ..errors import QueueNotFoundError
-from ..spark.options import parse_duration
+from ..options.parse import parse_duration
 from ..transport.sending.dispatch import Dispatcher, DispatchResult, set_up_sender
 from ..transport.sending.staging import stage_partition
-from ..transport.settings import DEFAULT_ERROR_QUEUE, INVALID_FAIL, SendSettings
-from .app import allow_options, delayed_options, delayed_rule, main, need_url, routing_policy, url_option
+from ..transport.settings import INVALID_FAIL, SendSettings
+from .app import allow_options, delayed_options, delayed_rule, main, need_url, registered, routing_policy, url_option
 from .db import CommandDb, open_db, resolve
 from .install import SUBSCRIPTIONS
 from .output import json_option, show
@@ -92,8 +92,8 @@ def _resolved(url: str | None, names: dict[str, str]) -> dict[str, str]:
 @click.argument("queue", required=False)
 @click.option("--body", required=True,
               help=f"message body; @FILE reads a file, - reads stdin (at most {MAX_BODY_BYTES // 2**20} MB)")
-@click.option("--endpoint", required=True, envvar="SQLQUEUE_ENDPOINT",
-              help="sending endpoint (OriginatingEndpoint; its .Staging/.Outbox are created on first use)")
+@registered("--endpoint", "ENDPOINT", "sending endpoint (OriginatingEndpoint; its .Staging/.Outbox are created on "
+            "first use)", required=True)
 @click.option("--type", "message_type", help="NServiceBus.EnclosedMessageTypes (a .NET type name)")
 @click.option("--header", "headers", multiple=True, callback=_header, metavar="KEY=VALUE", help="header (repeatable)")
 @click.option("--id", "message_id", help="NServiceBus.MessageId (default: a new uuid)")
@@ -101,8 +101,8 @@ def _resolved(url: str | None, names: dict[str, str]) -> dict[str, str]:
 @click.option("--delay", help="deliver after this long (30s, 5m, 2h)")
 @click.option("--ttbr", help="time to be received (30s, 5m, 2h): becomes Expires")
 @click.option("--create-queues", is_flag=True, help="create the queue (and the endpoint's delayed table) when missing")
-@click.option("--error-queue", default=DEFAULT_ERROR_QUEUE, show_default=True,
-              help="where a message goes that cannot be delivered (e.g. a subscriber that is not a queue)")
+@registered("--error-queue", "QUEUE", "where a message goes that cannot be delivered (e.g. a subscriber that is not "
+            "a queue)", with_default=True)
 @delayed_options
 @allow_options
 @url_option
@@ -168,7 +168,7 @@ def _sent_rows(options: SendSettings, result: DispatchResult) -> list[dict[str, 
 
 @main.command("move-delayed")
 @click.argument("endpoint")
-@click.option("--error-queue", default=DEFAULT_ERROR_QUEUE, show_default=True, help="where undeliverable messages go")
+@registered("--error-queue", "QUEUE", "where undeliverable messages go", with_default=True)
 @delayed_options
 @allow_options
 @url_option

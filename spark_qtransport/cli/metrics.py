@@ -21,7 +21,8 @@ import click
 
 from ..dialects.base import one_line
 from ..errors import QTransportError
-from .app import delayed_options, main, url_option
+from ..options.registry import by_name
+from .app import delayed_options, main, registered, url_option
 from .db import CommandDb, open_db
 from .output import echo, escape
 from .snapshot import Snapshot, take_snapshot
@@ -155,9 +156,8 @@ def _error_line(exc: BaseException) -> str:
 @click.option("--listen", callback=_listen, metavar="HOST:PORT",
               help="serve Prometheus metrics over HTTP here (e.g. 0.0.0.0:9188; port 0 picks a free one)")
 @click.option("--once", is_flag=True, help="print the metrics once on stdout and exit (cron, textfile collectors)")
-@click.option("--error-queue", "error_queues", multiple=True, metavar="QUEUE",
-              help="an error queue whose failures are counted by FailedQ (repeatable; default: error, "
-              "where that table exists)")
+@registered("--error-queue", "QUEUE", "an error queue whose failures are counted by FailedQ (repeatable; default: "
+            f"{by_name('errorQueue').default}, where that table exists)", multiple=True)
 @click.option("--cache-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0),
               help="scrapes within this many seconds of the last round of queries reuse its numbers")
 @click.option("--failures-limit", default=FAILURES_LIMIT, show_default=True, type=click.IntRange(1, 10_000_000),

@@ -21,13 +21,13 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
+from ..options.parse import ReaderOptions
 from ..transport.receiving.admission import TriggerGate
 from ..transport.receiving.queueset import QueueSet, QueueSetOffset
 from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, pack, read_batches, read_slice
 from ..transport.receiving.slices import record_batch
 from ..transport.session import OUTAGES
 from ..transport.settings import MAX_AUTO_PARTITIONS, PARTITION_TARGET_ROWS, ReceiveSettings, StreamSettings
-from .options import ReaderOptions
 from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
 from .surface import surfaced
 from .tasks import streaming_task

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import QTransportError, tagged
-from .registry import name_fields
+from ..options.registry import name_fields
 
 __all__ = ["surfaced", "in_spark_worker"]
 

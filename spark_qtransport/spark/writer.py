@@ -37,12 +37,12 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from ..errors import ConfigError, tagged, unwrap
+from ..options.parse import WriterOptions
 from ..transport import session as db
 from ..transport.sending.dispatch import Dispatcher, set_up_sender
 from ..transport.sending.messages import InputColumns, SendPlan, check_columns
 from ..transport.sending.staging import StageReport, stage_partition
 from ..transport.settings import SendSettings
-from .options import WriterOptions
 from .surface import surfaced
 from .tasks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..connections import OUTAGE_TIMEOUT
 from ..dialects import Dialect, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 from .watchdog import WATCHDOG
@@ -35,9 +36,6 @@ outage_log = logging.getLogger(OUTAGE_LOGGER)
 
 T = TypeVar("T")
 
-#: seconds of transient faults an operation rides through by default (option `outageTimeout`): as
-#: NServiceBus's receive circuit breaker, which raises its critical error after 2 minutes
-OUTAGE_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What a receiver and a sender are configured with: plain, validated values, no Spark.
 
-Spark's option strings are parsed into these by `spark_qtransport.spark.options`; the CLI and the
+Spark's option strings are parsed into these by `spark_qtransport.options.parse`; the CLI and the
 tests build them with `ReceiveSettings.create` / `SendSettings.create`. Each holds its dialect,
 made once from its URL. Defaults are written here once; the option documentation shows them.
 """

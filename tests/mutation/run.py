@@ -60,7 +60,7 @@ MODULES: dict[str, list[str]] = {
                               "tests/test_poison_at_ack.py", "tests/test_monitoring.py", "tests/test_platform.py"],
     "wire/outgoing.py": _WIRE + ["tests/test_values.py", "tests/test_stage_fast.py", "tests/test_stage_columns.py"],
     "wire/ids.py": _WIRE + ["tests/test_values.py", "tests/test_stage_fast.py", "tests/test_inline.py"],
-    "spark/registry.py": ["tests/test_registry.py", "tests/test_options.py", "tests/test_docs.py",
+    "options/registry.py": ["tests/test_registry.py", "tests/test_options.py", "tests/test_docs.py",
                           "tests/test_unwrap.py", "tests/test_first_hour.py", "tests/test_invalid_rows.py",
                           "tests/test_audit_to_delta.py", "tests/test_mutants_registry.py"],
     "transport/routing.py": ["tests/test_options.py", "tests/test_registry.py", "tests/test_sqlserver_sql.py",

@@ -17,11 +17,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..connections import OUTAGE_TIMEOUT, RESPONSE_TIMEOUT
 from ..errors import ConfigError, QTransportError, named
 from ..transport import settings as defaults
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX
 
-__all__ = ["Option", "REGISTRY", "READ", "WRITE", "URL_ENV", "OUTAGE_ENV", "for_side", "flag", "parse_duration",
+__all__ = ["Option", "REGISTRY", "READ", "WRITE", "URL_ENV", "OUTAGE_ENV", "for_side", "flag", "by_name", "parse_duration",
            "name_fields"]
 
 #: environment variable read when no `url` option is given (on the driver, at load())
@@ -171,11 +172,13 @@ REGISTRY: tuple[Option, ...] = (
            "terminated) is ridden through before the query fails: claims, reads, acknowledgements, staging and "
            "dispatch wait and retry with backoff, one WARNING when it starts and one INFO when it ends (`30s`, `5m`; "
            "`0`: fail at the first fault), as NServiceBus's receive circuit breaker", BOTH,
-           shown="2m", minimum=0, field="outage_timeout", cli="--outage-timeout", env=OUTAGE_ENV),
+           shown=str(_duration_text(OUTAGE_TIMEOUT)), minimum=0, field="outage_timeout", cli="--outage-timeout",
+           env=OUTAGE_ENV),
     Option("responseTimeout", DURATION, "a transaction without an answer this long: the server is asked, on a "
            "connection of its own, whether it is still running it; if not, or if it cannot be asked, the connection "
            "is taken for lost (a failover that left it hanging) and the work retried on a new one (SQL Server: the "
-           "driver's query timeout, four times this)", BOTH, shown="30s", minimum=1, field="response_timeout"),
+           "driver's query timeout, four times this)", BOTH, shown=str(_duration_text(RESPONSE_TIMEOUT)), minimum=1,
+           field="response_timeout"),
     # -- the source
     Option("queue", ADDRESSES, "queue address to receive from, NServiceBus syntax; several, comma-separated (`Sales, "
            "Billing`), are read in one stream, each with its own claims, consumer lock and FIFO order, and the `queue` "
@@ -190,7 +193,8 @@ REGISTRY: tuple[Option, ...] = (
            "job its own (a new checkpoint takes over the claims its endpoint holds)", READ_ONLY,
            shown="the queue's table name", field="consumer"),
     Option("errorQueue", ADDRESS, "queue address that receives poison messages", READ_ONLY,
-           default=defaults.DEFAULT_ERROR_QUEUE, shown=defaults.DEFAULT_ERROR_QUEUE, field="error_queue"),
+           default=defaults.DEFAULT_ERROR_QUEUE, shown=defaults.DEFAULT_ERROR_QUEUE, field="error_queue",
+           cli="--error-queue"),
     Option("maxMessagesPerTrigger", INT, "most messages claimed per micro-batch (Trigger.Once, which reads all, "
            "claims in chunks of this size); over several queues it is shared fairly: a queue wanting less than an "
            "equal share gets all it wants, the others share the rest", READ_ONLY,
@@ -235,15 +239,16 @@ REGISTRY: tuple[Option, ...] = (
     Option("auditQueue", ADDRESS, "queue address (ServiceControl Audit reads `audit`) that gets a copy of every "
            "message whose batch is acknowledged, with NServiceBus's audit headers (ProcessingStarted/Ended, "
            "ProcessingEndpoint/Machine, host ids), in the acknowledgement's transaction: exactly once", READ_ONLY,
-           shown="none (no auditing)", field="audit_queue"),
+           shown="none (no auditing)", field="audit_queue", cli="--audit-queue"),
     Option("auditTimeToBeReceived", DURATION, "time to be received of the audit copies (`30s`, `12h`, `7d`): their "
            "Expires", READ_ONLY, minimum=0, field="audit_ttbr_seconds"),
     Option("forwardTo", ADDRESS, "queue address that gets an unchanged copy (headers and body) of every message whose "
-           "batch is acknowledged, in the acknowledgement's transaction", READ_ONLY, field="forward_to"),
+           "batch is acknowledged, in the acknowledgement's transaction", READ_ONLY, field="forward_to",
+           cli="--forward-to"),
     Option("monitoringQueue", ADDRESS, "queue address of ServiceControl.Monitoring (`Particular.Monitoring`) to send "
            "ServicePulse's metrics to: processing time, critical time and retries per message type, and the "
            "endpoint's metadata; best-effort, outside any transaction", READ_ONLY, shown="none (no monitoring)",
-           field="monitoring_queue"),
+           field="monitoring_queue", cli="--monitoring-queue"),
     Option("monitoringInterval", DURATION, "how often monitoring reports are sent", READ_ONLY,
            default=defaults.DEFAULT_MONITORING_INTERVAL, shown=f"{defaults.DEFAULT_MONITORING_INTERVAL:.0f}s",
            minimum=0.1, maximum=86_400, field="monitoring_interval"),
@@ -254,7 +259,8 @@ REGISTRY: tuple[Option, ...] = (
     # -- the sink
     Option("endpoint", ADDRESS, "sending endpoint, as its input queue's address (`Sales`, `\"billing\".\"Sales\"`): "
            "OriginatingEndpoint, default ReplyToAddress, owner of `<endpoint>.Staging`, `.Outbox` and its delayed "
-           "table (`<endpoint>.Delayed`)", WRITE_ONLY, shown="required", field="endpoint"),
+           "table (`<endpoint>.Delayed`)", WRITE_ONLY, shown="required", field="endpoint", cli="--endpoint",
+           env="SQLQUEUE_ENDPOINT"),
     Option("destination", ADDRESS, "queue address for rows whose `destination` column is null or absent", WRITE_ONLY,
            field="destination"),
     Option("sinkName", TEXT, "tells apart several sinks of one endpoint; part of the outbox key (sink, batch id)",
@@ -263,7 +269,7 @@ REGISTRY: tuple[Option, ...] = (
     Option("errorQueue", ADDRESS, "where messages go that cannot be delivered: a destination from data that is "
            "missing, not a queue or not allowed; due delayed messages likewise; and rows the sink cannot build "
            "(`invalidRows`)", WRITE_ONLY, default=defaults.DEFAULT_ERROR_QUEUE, shown=defaults.DEFAULT_ERROR_QUEUE,
-           field="error_queue"),
+           field="error_queue", cli="--error-queue"),
     Option("invalidRows", CHOICE, "a row the sink cannot build into a message (a NaN or out-of-range `delay`, a NUL "
            "character, a bad `intent`, no destination): `error-queue` sends it, as the message it would have been, to "
            "`errorQueue` with NServiceBus's failure headers naming the column, the value and the reason, and sends "
@@ -309,6 +315,11 @@ def for_side(side: str) -> dict[str, Option]:
 def flag(cli: str) -> Option:
     """The option the command line's flag `cli` takes the value of (the first, where both sides have it)."""
     return next(o for o in REGISTRY if o.cli == cli)
+
+
+def by_name(name: str) -> Option:
+    """The option called `name` (the first, where both sides have it)."""
+    return next(o for o in REGISTRY if o.name == name)
 
 
 def name_fields(exc: QTransportError, *, cli: Mapping[str, str] | None = None) -> QTransportError:
