@@ -30,17 +30,19 @@ __all__ = ["Group", "main", "registered", "flag_value", "FLAGS", "OUTAGE_ENV", "
 F = TypeVar("F", bound=Callable[..., Any])
 
 def registered(cli: str, metavar: str, help: str, *, option: str | None = None, with_default: bool = False,
-               **click_options: Any) -> Callable[[F], F]:
+               dest: str | None = None, **click_options: Any) -> Callable[[F], F]:
     """The flag `cli` of an option of the registry (`options.registry`; `option` names it where
     the flag is not the option's own, as `error list --queue`): its environment variable from
     there, its help saying which option of the source and the sink it matches, and with
-    `with_default` the option's default (the flag's value when not given). `click_options`
-    (``multiple``, ``required``) go to click as they are."""
+    `with_default` the option's default (the flag's value when not given); `dest` the function's
+    parameter where it is not the flag's name. `click_options` (``multiple``, ``required``) go to
+    click as they are."""
     o = flag(cli) if option is None else by_name(option)
     env = f"; ${o.env}" if o.env else ""
     if with_default:
         click_options.update(default=o.default, show_default=True)
-    return click.option(cli, envvar=o.env, metavar=metavar, help=f"{help} (the option {o.name}{env})",
+    names = (cli, dest) if dest else (cli,)
+    return click.option(*names, envvar=o.env, metavar=metavar, help=f"{help} (the option {o.name}{env})",
                         **click_options)
 
 

@@ -157,7 +157,7 @@ def _error_line(exc: BaseException) -> str:
               help="serve Prometheus metrics over HTTP here (e.g. 0.0.0.0:9188; port 0 picks a free one)")
 @click.option("--once", is_flag=True, help="print the metrics once on stdout and exit (cron, textfile collectors)")
 @registered("--error-queue", "QUEUE", "an error queue whose failures are counted by FailedQ (repeatable; default: "
-            f"{by_name('errorQueue').default}, where that table exists)", multiple=True)
+            f"{by_name('errorQueue').default}, where that table exists)", dest="error_queues", multiple=True)
 @click.option("--cache-seconds", default=5.0, show_default=True, type=click.FloatRange(min=0),
               help="scrapes within this many seconds of the last round of queries reuse its numbers")
 @click.option("--failures-limit", default=FAILURES_LIMIT, show_default=True, type=click.IntRange(1, 10_000_000),
