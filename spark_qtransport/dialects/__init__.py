@@ -14,13 +14,15 @@ from .base import (
     ClaimFailures,
     ClaimNumbering,
     ClaimResult,
+    Connection,
+    Cursor,
     Dialect,
     PickedRows,
     QueueAddress,
     Statement,
 )
 
-__all__ = ["BATCHES_TABLE", "BatchRead", "FAILED_COLUMN", "NUMBER_BASE", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
+__all__ = ["BATCHES_TABLE", "BatchRead", "FAILED_COLUMN", "NUMBER_BASE", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Connection", "Cursor", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
 
 
 def dialect_named(name: str) -> Dialect:

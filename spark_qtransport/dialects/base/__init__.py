@@ -2,8 +2,9 @@
 
 A dialect never executes anything (but `stage_rows`): each method returns a `Statement` (SQL text
 with quoted identifiers inlined and every value as a driver parameter) that the dialect-free code
-in `spark_qtransport.transport` runs on a DB-API connection. Only already-quoted identifiers are
-ever formatted into SQL text. One abstract class per feature, `Dialect` is all of them.
+in `spark_qtransport.transport` runs on a DB-API connection (`Connection`, `Cursor`: the part of
+DB-API it uses, `dbapi.py`). Only already-quoted identifiers are ever formatted into SQL text.
+One abstract class per feature, `Dialect` is all of them.
 
 Dialects are immutable: what depends on the server found (`adapt_to_server`) is a configured copy.
 """
@@ -11,6 +12,7 @@ Dialects are immutable: what depends on the server found (`adapt_to_server`) is 
 from __future__ import annotations
 
 from .addressing import AddressingSql
+from .dbapi import Connection, Cursor
 from .delayed import DelayedSql
 from .driver import DriverSupport
 from .install import InstallSql
@@ -42,7 +44,7 @@ from .values import (
 __all__ = [
     "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "PickedRows", "NUMBERS_PER_MICROSECOND", "NUMBER_BASE", "MARK", "AFTER_MARK", "FAILED_MARK", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "PreparedSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
-    "DriverSupport", "PEEK_PREVIEW_MAX", "check_preview", "SettledSql", "BatchRead", "BATCHES_TABLE",
+    "DriverSupport", "Connection", "Cursor", "PEEK_PREVIEW_MAX", "check_preview", "SettledSql", "BatchRead", "BATCHES_TABLE",
 ]
 
 
