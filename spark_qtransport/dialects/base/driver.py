@@ -5,33 +5,38 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from .dbapi import Connection, Cursor
 from .values import Statement, one_line
 
 
 class DriverSupport(ABC):
     """What runs statements: connections, savepoints, errors."""
 
-    def streaming_cursor(self, conn: Any) -> Any:
+    def streaming_cursor(self, conn: Connection) -> Cursor:
         """A cursor whose fetchmany() streams rows instead of holding the whole result in memory."""
         return conn.cursor()
 
+    def page_cursor(self, conn: Connection) -> Cursor:
+        """A cursor for one page of a slice's read (`ReceiveSql.read_in_pages`), closed once read."""
+        return conn.cursor()
+
     @abstractmethod
-    def connect(self, url: Any) -> Any:
+    def connect(self, url: Any) -> Connection:
         """Open a DB-API connection (autocommit off, READ COMMITTED) for a `ConnectionURL`."""
 
     # -- connections that hang (see transport/watchdog.py) ----------------------------------------
 
-    def backend_of(self, conn: Any) -> Any:
+    def backend_of(self, conn: Connection) -> Any:
         """The server's id of `conn`'s session, for `is_working`; None: this dialect's hangs are
         left to the driver's own timeout (`connect` sets it)."""
         return None
 
-    def is_working(self, probe: Any, backend: Any) -> bool:
+    def is_working(self, probe: Connection, backend: Any) -> bool:
         """Asked on another connection (`probe`): is the server running a statement of `backend`
         now? False when it waits for the client, or the session is gone."""
         return False
 
-    def cut(self, conn: Any) -> None:
+    def cut(self, conn: Connection) -> None:
         """End `conn`'s socket under a thread blocked on it: its read fails at once, as if the
         server had closed it. By default `conn` is closed."""
         conn.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .addressing import AddressingSql
+from .dbapi import Connection
 from .values import QueueAddress, Statement
 
 __all__ = ["PreparedSql"]
@@ -40,7 +41,7 @@ class PreparedSql(AddressingSql):
         """Roll a prepared transaction back (outside any transaction)."""
         return self._no_prepared()
 
-    def run_outside_transaction(self, conn: Any, stmt: Statement) -> None:
+    def run_outside_transaction(self, conn: Connection, stmt: Statement) -> None:
         """Run `stmt` on `conn` in autocommit (COMMIT PREPARED cannot run in a transaction)."""
         self._no_prepared()
 

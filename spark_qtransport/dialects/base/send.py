@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .addressing import AddressingSql
+from .dbapi import Connection
 from .values import QueueAddress, Statement
 
 
@@ -18,7 +19,7 @@ class SendSql(AddressingSql):
     max_interval_seconds: float = 100 * 365.25 * 86_400
 
     @abstractmethod
-    def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
+    def stage_rows(self, conn: Connection, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
         """Bulk-write staged rows (tuples in `STAGED_COLUMNS` order) with the driver's fastest
         path (COPY, fast executemany). The one dialect method that executes: bulk APIs are
         driver-specific. Does not commit."""
@@ -27,7 +28,7 @@ class SendSql(AddressingSql):
     #: rows small tasks hand it without staging them)
     sends_inline: bool = False
 
-    def send_rows(self, conn: Any, destination: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> int:
+    def send_rows(self, conn: Connection, destination: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> int:
         """Bulk-write messages into a queue table: tuples (row id as 16 bytes, time to be received
         in ms or None, headers, body). Expires is the database's UTC clock plus the time to be
         received, as the dispatch statements write it. Does not commit. Only where `sends_inline`."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...connections import mask
-from ..base import DriverSupport, Statement, one_line
+from ..base import Connection, Cursor, DriverSupport, Statement, one_line
+
+if TYPE_CHECKING:
+    import psycopg
 
 # A server error carries its SQLSTATE: transient are those below and class 08 (connection
 # exception); everything else (28P01/28000 authentication, 3D000 no database, 42501 permission,
@@ -85,6 +88,13 @@ _TRANSIENT_MESSAGES = (
 )
 
 
+def psycopg_connection(conn: Connection) -> psycopg.Connection[tuple[Any, ...]]:
+    """`conn` as what it is on this dialect: the psycopg connection `PostgresDriver.connect` opened,
+    for what only psycopg has (`info`, `fileno`, `Connection.execute`, binary cursors, COPY). No
+    check is made: the DB-API protocol stays DB-API, and this dialect's connections are psycopg's."""
+    return cast("psycopg.Connection[tuple[Any, ...]]", conn)
+
+
 def _is_psycopg_error(exc: BaseException) -> bool:
     try:
         import psycopg
@@ -119,7 +129,7 @@ class PostgresDriver(DriverSupport):
     # SubscriptionTableCreator.CreateIfNecessary: DuplicateTable, DuplicateObject, UniqueViolation).
     ddl_race_states = frozenset({"42P07", "42710", "23505"})
 
-    def connect(self, url: Any) -> Any:
+    def connect(self, url: Any) -> Connection:
         import psycopg
 
         conn = psycopg.connect(**url.psycopg_kwargs(), autocommit=False)
@@ -136,18 +146,21 @@ class PostgresDriver(DriverSupport):
             raise
         return conn
 
-    def backend_of(self, conn: Any) -> Any:
-        return conn.info.backend_pid
+    def page_cursor(self, conn: Connection) -> Cursor:
+        return psycopg_connection(conn).cursor(binary=True)
 
-    def is_working(self, probe: Any, backend: Any) -> bool:
+    def backend_of(self, conn: Connection) -> Any:
+        return psycopg_connection(conn).info.backend_pid
+
+    def is_working(self, probe: Connection, backend: Any) -> bool:
         # a role sees the state of its own sessions in pg_stat_activity, no privilege needed
-        row = probe.execute("SELECT state FROM pg_catalog.pg_stat_activity WHERE pid = %s", (backend,)).fetchone()
+        row = psycopg_connection(probe).execute("SELECT state FROM pg_catalog.pg_stat_activity WHERE pid = %s", (backend,)).fetchone()
         return row is not None and row[0] == "active"
 
-    def cut(self, conn: Any) -> None:
+    def cut(self, conn: Connection) -> None:
         # shutdown() acts on the socket, not on the descriptor: the copy's shutdown makes the
         # blocked recv() of libpq return, and psycopg raises "server closed the connection"
-        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        with socket.socket(fileno=os.dup(psycopg_connection(conn).fileno())) as sock:
             sock.shutdown(socket.SHUT_RDWR)
 
     def is_driver_error(self, exc: BaseException) -> bool:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..base import AFTER_MARK, FAILED_MARK, LATEST_TIME, PreparedSql, QueueAddress, Statement
+from ..base import AFTER_MARK, FAILED_MARK, LATEST_TIME, Connection, PreparedSql, QueueAddress, Statement
 from .addressing import PostgresAddressing
+from .driver import psycopg_connection
 from .statements import BY_INDEX, NO_ID, copies, page
 
 #: what a gid we build may hold: PREPARE TRANSACTION takes a literal, not a parameter
@@ -49,11 +50,11 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
     def rollback_prepared(self, gid: str) -> Statement:
         return Statement(f"ROLLBACK PREPARED {_literal(gid)}")
 
-    def run_outside_transaction(self, conn: Any, stmt: Statement) -> None:
+    def run_outside_transaction(self, conn: Connection, stmt: Statement) -> None:
         conn.rollback()  # idle: autocommit can be switched only outside a transaction
         conn.autocommit = True
         try:
-            conn.execute(stmt.sql, stmt.params)
+            psycopg_connection(conn).execute(stmt.sql, stmt.params)
         finally:
             conn.autocommit = False
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
+from ..base import STAGED_COLUMNS, Connection, QueueAddress, SendSql, Statement
+from .driver import psycopg_connection
 from .statements import DUE_NOW, ROWS_OF, UTC_NOW, due_of
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 @functools.cache
@@ -28,7 +32,7 @@ def _uuid_bytes_dumper() -> type:
     return UUIDBytesDumper
 
 
-def _copy_in(cur: Any, table: str, columns: Sequence[str], types: list[str], rows: Iterable[tuple[Any, ...]]) -> None:
+def _copy_in(cur: psycopg.Cursor[tuple[Any, ...]], table: str, columns: Sequence[str], types: list[str], rows: Iterable[tuple[Any, ...]]) -> None:
     """COPY `rows` into `table` (already quoted) in binary. bytea goes by psycopg's C dumper (the
     default one, in Python, also takes psycopg.Binary wrappers, which these rows never hold): this
     cursor only."""
@@ -45,18 +49,20 @@ def _copy_in(cur: Any, table: str, columns: Sequence[str], types: list[str], row
 class PostgresSend(SendSql):
     """The PostgreSQL send of the dialect."""
 
-    def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
-        with conn.cursor() as cur:
+    def stage_rows(self, conn: Connection, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
+        with psycopg_connection(conn).cursor() as cur:
             _copy_in(cur, self.qualified(staging), STAGED_COLUMNS,
                      ["text", "int8", "text", "text", "text", "text", "text", "bytea", "int8", "int8", "timestamptz"], rows)
 
     sends_inline = True
 
-    def send_rows(self, conn: Any, destination: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> int:
-        with conn.cursor() as cur:
+    def send_rows(self, conn: Connection, destination: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> int:
+        with psycopg_connection(conn).cursor() as cur:
             now: Any = None
             if any(ttbr is not None for _, ttbr, _, _ in rows):  # the transaction's clock, as dispatch uses
-                (now,) = cur.execute(f"SELECT {UTC_NOW}").fetchone()
+                clock = cur.execute(f"SELECT {UTC_NOW}").fetchone()
+                assert clock is not None  # a SELECT without FROM: always one row
+                (now,) = clock
             cur.adapters.register_dumper(None, _uuid_bytes_dumper())  # by oid only: ids as 16 raw bytes
             _copy_in(cur, self.qualified(destination), ("id", "expires", "headers", "body"),
                      ["uuid", "timestamp", "text", "bytea"],

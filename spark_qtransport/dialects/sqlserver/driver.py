@@ -8,10 +8,13 @@ the transient ones; anything else is permanent and fails at once.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import QTransportError
-from ..base import DriverSupport, Statement, one_line
+from ..base import Connection, DriverSupport, Statement, one_line
+
+if TYPE_CHECKING:
+    import pyodbc
 
 # error numbers that never go away by retrying
 _PERMANENT_NUMBERS = frozenset(
@@ -84,13 +87,21 @@ def without_reconnect(odbc: str) -> str:
     return "ConnectRetryCount=0;" + rest
 
 
+def pyodbc_connection(conn: Connection) -> pyodbc.Connection:
+    """`conn` as what it is on this dialect: the pyodbc connection `SqlServerDriver.connect` opened,
+    for what only pyodbc has (`fast_executemany`, `setinputsizes`, `executemany` on its cursors).
+    No check is made: the DB-API protocol stays DB-API, and this dialect's connections are pyodbc's.
+    (pyodbc has no type information mypy reads: what this returns is not checked further.)"""
+    return cast("pyodbc.Connection", conn)
+
+
 class SqlServerDriver(DriverSupport):
     """The SQL Server connections, savepoints and errors of the dialect."""
 
     # streaming_cursor: pyodbc's default cursor is a forward-only firehose whose fetchmany()
     # reads rows off the wire as asked, so the base implementation streams already.
 
-    def connect(self, url: Any) -> Any:
+    def connect(self, url: Any) -> Connection:
         import pyodbc
 
         # No ODBC connection pooling: a pooled session would keep its sp_getapplock (the

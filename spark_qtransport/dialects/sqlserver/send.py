@@ -7,8 +7,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...errors import QTransportError, field_error
-from ..base import STAGED_COLUMNS, QueueAddress, SendSql, Statement
+from ..base import STAGED_COLUMNS, Connection, QueueAddress, SendSql, Statement
 from .addressing import SqlServerAddressing
+from .driver import pyodbc_connection
 from .statements import (
     CHUNK,
     EXACT,
@@ -141,7 +142,7 @@ class SqlServerSend(SqlServerAddressing, SendSql):
     #: DATEADD takes an int of seconds
     max_interval_seconds = 2**31 - 1
 
-    def stage_rows(self, conn: Any, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
+    def stage_rows(self, conn: Connection, staging: QueueAddress, rows: Sequence[tuple[Any, ...]]) -> None:
         if not rows:
             return  # pyodbc refuses an empty executemany
         cols = ", ".join(_STAGED.values())
@@ -168,7 +169,7 @@ class SqlServerSend(SqlServerAddressing, SendSql):
             data.append(row)
             modes.append((_fits_nvarchar(row[_ROUTE]), _fits_nvarchar(row[_HEADERS]), _fits_varbinary(row[_BODY])))
         sql = f"INSERT INTO {self.qualified(staging)} ({cols}) VALUES ({marks})"
-        cur = conn.cursor()
+        cur = pyodbc_connection(conn).cursor()
         try:
             # One round trip per array of rows. Route, Headers and Body are (max) columns: bound
             # as the server describes them, pyodbc would send every one of their cells in pieces
