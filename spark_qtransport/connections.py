@@ -14,12 +14,12 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from .errors import ConfigError
 
-__all__ = ["ConnectionURL", "parse_url", "mask", "ConnectionCache", "EXECUTOR_CONNECTIONS"]
+__all__ = ["ConnectionURL", "parse_url", "mask", "ConnectionCache"]
 
 _SCHEMES = {
     "postgresql": "postgres",
@@ -204,18 +204,29 @@ def parse_url(url: str, *, option: str = "url") -> ConnectionURL:
     )
 
 
-class ConnectionCache:
+class _Closable(Protocol):
+    """All the cache asks of a connection (the DB-API protocols are the dialects', a room above)."""
+
+    def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Closable)
+
+
+class ConnectionCache(Generic[_C]):
     """One open connection per URL per process, reused across Spark tasks on an executor.
 
     Python workers are reused between tasks (spark.python.worker.reuse), so a module-level cache
-    saves a connection set-up per partition. A connection that failed is discarded, never reused.
+    (`transport.executor.EXECUTOR_CONNECTIONS`) saves a connection set-up per partition. A
+    connection that failed is discarded, never reused. `_C`: the connections it holds, as `connect`
+    opens them.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._conns: dict[tuple[Any, ...], Any] = {}
+        self._conns: dict[tuple[Any, ...], _C] = {}
 
-    def get(self, url: ConnectionURL, connect: Callable[[ConnectionURL], Any]) -> Any:
+    def get(self, url: ConnectionURL, connect: Callable[[ConnectionURL], _C]) -> _C:
         key = url.key()
         with self._lock:
             conn = self._conns.pop(key, None)
@@ -223,7 +234,7 @@ class ConnectionCache:
             return conn
         return connect(url)
 
-    def put(self, url: ConnectionURL, conn: Any) -> None:
+    def put(self, url: ConnectionURL, conn: _C) -> None:
         """Return a healthy connection (no open transaction) for reuse."""
         key = url.key()
         with self._lock:
@@ -233,17 +244,14 @@ class ConnectionCache:
             _close_quietly(old)
 
 
-def _is_closed(conn: Any) -> bool:
+def _is_closed(conn: _Closable) -> bool:
     closed = getattr(conn, "closed", False)
     return bool(closed)
 
 
-def _close_quietly(conn: Any) -> None:
+def _close_quietly(conn: _Closable) -> None:
     try:
         conn.close()
     except Exception:  # noqa: BLE001 - closing a broken connection must not mask the real error
         pass
 
-
-#: idle connections of this Python worker, shared by reads (receive) and staging (send) tasks
-EXECUTOR_CONNECTIONS = ConnectionCache()

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import click
 
-from ..dialects import Dialect, QueueAddress, Statement, dialect_named
+from ..dialects import Connection, Dialect, QueueAddress, Statement, dialect_named
 from ..errors import ConfigError, QueueNotFoundError
 from ..transport import session as db
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX, DelayedTableRule
@@ -135,7 +135,7 @@ class CommandDb:
         self.session = session
         self.d: Dialect = session.dialect
 
-    def run(self, fn: Callable[[Any], T]) -> T:
+    def run(self, fn: Callable[[Connection], T]) -> T:
         return self.session.run(fn)
 
     def all(self, stmt: Statement) -> list[tuple[Any, ...]]:

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dialects import Dialect, QueueAddress
+from ..dialects import Connection, Cursor, Dialect, QueueAddress
 from ..errors import ConfigError, field_error
 from ..wire import H, decode_headers
 from . import session as db
@@ -136,7 +136,7 @@ class DelayedMover:
     batch: int = MOVE_BATCH
     policy: RoutingPolicy | None = None
 
-    def move(self, conn: Any, *, max_batches: int = 20) -> MoveResult:
+    def move(self, conn: Connection, *, max_batches: int = 20) -> MoveResult:
         """Move due rows, at most `max_batches` transactions of `batch` rows. Commits each."""
         result = MoveResult()
         cur = conn.cursor()
@@ -159,7 +159,7 @@ class DelayedMover:
                      result.moved, self.dialect.qualified(self.delayed), result.failed)
         return result
 
-    def _move_rows(self, cur: Any, rows: list[Any], result: MoveResult) -> None:
+    def _move_rows(self, cur: Cursor, rows: list[Any], result: MoveResult) -> None:
         d = self.dialect
         # Destinations are looked up afresh in each transaction: a queue may have been created,
         # dropped, or lost or regained its Recoverable column since (SQL Server).

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from logging import Logger
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from ..connections import EXECUTOR_CONNECTIONS, ConnectionURL
-from ..dialects import Dialect
+from ..connections import ConnectionCache, ConnectionURL
+from ..dialects import Connection, Dialect
 from . import session as db
 
-__all__ = ["cached_connection", "give_back"]
+__all__ = ["EXECUTOR_CONNECTIONS", "cached_connection", "give_back"]
 
 T = TypeVar("T")
 
+#: idle connections of this Python worker, shared by reads (receive) and staging (send) tasks
+EXECUTOR_CONNECTIONS: ConnectionCache[Connection] = ConnectionCache()
 
-def cached_connection(dialect: Dialect, url: ConnectionURL, first_step: Callable[[Any], T],
-                      *, what: str, log: Logger) -> tuple[Any, T]:
+
+def cached_connection(dialect: Dialect, url: ConnectionURL, first_step: Callable[[Connection], T],
+                      *, what: str, log: Logger) -> tuple[Connection, T]:
     """This worker's cached connection to `url` (or a new one) and what `first_step(conn)` returned.
     A transient fault in the first step closes that connection and runs it once more on a new one;
     any other failure closes it and propagates. The replacement is logged (info) on `log`, the
@@ -38,6 +41,6 @@ def cached_connection(dialect: Dialect, url: ConnectionURL, first_step: Callable
     raise AssertionError("unreachable")
 
 
-def give_back(url: ConnectionURL, conn: Any) -> None:
+def give_back(url: ConnectionURL, conn: Connection) -> None:
     """Keep a healthy connection (no open transaction) for this worker's next task."""
     EXECUTOR_CONNECTIONS.put(url, conn)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..dialects import Dialect, QueueAddress, Statement
+from ..dialects import Cursor, Dialect, QueueAddress, Statement
 from ..errors import ConfigError, QTransportError, QueueNotFoundError, field_error
 from ..wire import encode_headers, failure_headers
 from . import session as db
@@ -166,7 +166,7 @@ class Router:
     def forget(self) -> None:
         self._found.clear()
 
-    def resolve(self, cur: Any, text: str | None, *, source: str = "address") -> Target | Refusal:
+    def resolve(self, cur: Cursor, text: str | None, *, source: str = "address") -> Target | Refusal:
         """Parse and check an address given as text (a header, a column, a subscription row:
         `source` says which, in the refusal's reason)."""
         if text is None or not str(text).strip():
@@ -178,7 +178,7 @@ class Router:
             return Refusal(text, f"not a queue address ({exc})")
         return self.target(cur, address, given=text)
 
-    def target(self, cur: Any, address: QueueAddress, *, given: str | None = None) -> Target | Refusal:
+    def target(self, cur: Cursor, address: QueueAddress, *, given: str | None = None) -> Target | Refusal:
         """Check a parsed address: system schema, companion table, allow-list, queue shape."""
         d = self.dialect
         try:
@@ -193,13 +193,13 @@ class Router:
             return Refusal(given, found.reason)
         return found
 
-    def trusted(self, cur: Any, address: QueueAddress) -> Target | Refusal:
+    def trusted(self, cur: Cursor, address: QueueAddress) -> Target | Refusal:
         """A queue named by an option, not by data (the endpoint's own queue): no allow-list,
         but it must exist and be queue-shaped."""
         d = self.dialect
         return self._queue(cur, address, d.qualified(address), d.format_address(address))
 
-    def configured(self, cur: Any, address: QueueAddress, *, field: str) -> Target:
+    def configured(self, cur: Cursor, address: QueueAddress, *, field: str) -> Target:
         """Like `trusted`, for a queue the work cannot go on without (the error queue): a
         `QueueNotFoundError` naming the settings field when it is missing or not a queue."""
         found = self.trusted(cur, address)
@@ -208,7 +208,7 @@ class Router:
                               "or set `create_queues`)", kind=QueueNotFoundError, queue=found.failed_q)
         return found
 
-    def _queue(self, cur: Any, address: QueueAddress, name: str, text: str) -> Target | Refusal:
+    def _queue(self, cur: Cursor, address: QueueAddress, name: str, text: str) -> Target | Refusal:
         """The table's columns: a `Target` if it is a queue table, else why not."""
         columns = db.columns(cur, self.dialect.queue_columns(address))
         shape = queue_shape_problem(columns)
@@ -216,7 +216,7 @@ class Router:
             return Refusal(text, f"{name} {shape}")
         return Target(address, name, text, columns)
 
-    def _check(self, cur: Any, address: QueueAddress, name: str) -> Target | Refusal:
+    def _check(self, cur: Cursor, address: QueueAddress, name: str) -> Target | Refusal:
         d = self.dialect
         text = d.format_address(address)
         schema = address.schema or d.default_schema
@@ -256,7 +256,7 @@ Insert = Callable[[Target, list[Any], list[str]], Statement]
 
 
 def route_rows(
-    cur: Any,
+    cur: Cursor,
     router: Router,
     items: Iterable[Item],
     *,
@@ -322,7 +322,7 @@ def route_rows(
 _SAVEPOINT = "sqlqueue_route"
 
 
-def insert_guarded(cur: Any, d: Dialect, stmt: Statement | Callable[[], int]) -> tuple[int, str | None]:
+def insert_guarded(cur: Cursor, d: Dialect, stmt: Statement | Callable[[], int]) -> tuple[int, str | None]:
     """Run one INSERT (a statement, or a function writing rows and returning how many) under a
     savepoint: (rows inserted, None) when it worked; (0, the reason) when it failed for good,
     rolled back to the savepoint so the transaction goes on. Transient faults propagate: the

@@ -4,16 +4,15 @@ starting, a sender starting, ``sqlqueue doctor``) before it relies on the dialec
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from ..dialects import Dialect, QueueAddress
+from ..dialects import Cursor, Dialect, QueueAddress
 from ..errors import SchemaError, field_error
 from . import session as db
 
 __all__ = ["database_problems", "require_databases"]
 
 
-def database_problems(cur: Any, d: Dialect, tables: Iterable[QueueAddress]) -> list[str]:
+def database_problems(cur: Cursor, d: Dialect, tables: Iterable[QueueAddress]) -> list[str]:
     """Why the databases of `tables` (and the connection's own, where every batch runs) cannot run
     the dialect's SQL, one line each with the fix: SQL Server databases below compatibility level
     130 have no OPENJSON, which the claim, the dispatch and the mover use. Empty when they can."""
@@ -24,7 +23,7 @@ def database_problems(cur: Any, d: Dialect, tables: Iterable[QueueAddress]) -> l
     return [p for p in found if p]
 
 
-def require_databases(cur: Any, d: Dialect, tables: Iterable[QueueAddress], *, queue: str | None = None) -> None:
+def require_databases(cur: Cursor, d: Dialect, tables: Iterable[QueueAddress], *, queue: str | None = None) -> None:
     """`database_problems`, refused at start: a `SchemaError` naming the `url` and the first
     problem (a receiver names its queue)."""
     for problem in database_problems(cur, d, tables):

@@ -17,12 +17,12 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..connections import OUTAGE_TIMEOUT
-from ..dialects import Dialect, Statement
+from ..dialects import Connection, Cursor, Dialect, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 from .watchdog import WATCHDOG
 
@@ -279,12 +279,12 @@ def args(stmt: Statement) -> tuple[Any, ...]:
     return (stmt.sql,) if stmt.params is None else (stmt.sql, stmt.params)
 
 
-def execute(cur: Any, stmt: Statement) -> Any:
+def execute(cur: Cursor, stmt: Statement) -> Cursor:
     cur.execute(*args(stmt))
     return cur
 
 
-def results(cur: Any) -> Any:
+def results(cur: Cursor) -> Cursor:
     """`cur`, moved on to the first result that has rows: every read of a statement's result goes
     through here. A batch of several statements may answer with results that carry no rows
     before the one it selects: row counts, or a warning that ODBC reports as a result of its own
@@ -297,23 +297,23 @@ def results(cur: Any) -> Any:
     return cur
 
 
-def first(cur: Any, stmt: Statement) -> Any:
+def first(cur: Cursor, stmt: Statement) -> Sequence[Any] | None:
     cur.execute(*args(stmt))
     return results(cur).fetchone()
 
 
-def one(cur: Any, stmt: Statement) -> tuple[Any, ...]:
+def one(cur: Cursor, stmt: Statement) -> tuple[Any, ...]:
     cur.execute(*args(stmt))
     row = results(cur).fetchone()
     return tuple(row) if row is not None else (None,)
 
 
-def rows(cur: Any, stmt: Statement) -> list[Any]:
+def rows(cur: Cursor, stmt: Statement) -> list[Sequence[Any]]:
     cur.execute(*args(stmt))
     return list(results(cur).fetchall())
 
 
-def prefixed(cur: Any, stmts: list[Statement]) -> Statement:
+def prefixed(cur: Cursor, stmts: list[Statement]) -> Statement:
     """Run every statement of `stmts` but the last (the `SET LOCAL`s a dialect puts first) and
     return the last, for the caller to run as it reads it (`rows`, `rowcount`)."""
     for stmt in stmts[:-1]:
@@ -321,11 +321,11 @@ def prefixed(cur: Any, stmts: list[Statement]) -> Statement:
     return stmts[-1]
 
 
-def columns(cur: Any, stmt: Statement) -> dict[str, str]:
+def columns(cur: Cursor, stmt: Statement) -> dict[str, str]:
     return {str(name).lower(): str(typ) for name, typ in rows(cur, stmt)}
 
 
-def rowcount(cur: Any, stmt: Statement) -> int:
+def rowcount(cur: Cursor, stmt: Statement) -> int:
     """The rows a statement wrote: the driver's rowcount, or the count a `Statement.counted`
     batch selects."""
     if stmt.counted:
@@ -335,14 +335,14 @@ def rowcount(cur: Any, stmt: Statement) -> int:
     return max(int(cur.rowcount), 0)
 
 
-def rollback(conn: Any) -> None:
+def rollback(conn: Connection) -> None:
     try:
         conn.rollback()
     except Exception:  # noqa: BLE001 - the connection may be gone; the caller raises the real error
         pass
 
 
-def close(conn: Any) -> None:
+def close(conn: Connection) -> None:
     try:
         conn.close()
     except Exception:  # noqa: BLE001 - see _rollback
@@ -353,7 +353,7 @@ def close(conn: Any) -> None:
 INSTALL_ATTEMPTS = 3
 
 
-def install(dialect: Dialect, cur: Any, statements: list[Statement]) -> None:
+def install(dialect: Dialect, cur: Cursor, statements: list[Statement]) -> None:
     """Run idempotent DDL (CREATE ... IF NOT EXISTS) in the caller's transaction.
 
     Another installer creating the same objects at the same moment (NServiceBus's installers take
@@ -404,10 +404,10 @@ def explain(dialect: Dialect, what: str, exc: Exception) -> QTransportError:
 
 def retrying(
     dialect: Dialect,
-    fn: Callable[[Any], T],
+    fn: Callable[[Connection], T],
     *,
-    connection: Callable[[], Any],
-    discard: Callable[[Any], None],
+    connection: Callable[[], Connection],
+    discard: Callable[[Connection], None],
     what: str,
     backoff: Backoff = BACKOFF,
     url: Any = None,
@@ -419,7 +419,7 @@ def retrying(
 
     `fn` must be safe to run again after a failure whose commit may or may not have happened
     (the dispatch finds its own outbox record; claims and acknowledgements are idempotent)."""
-    held: list[Any] = []
+    held: list[Connection] = []
 
     def attempt(_: int) -> T:
         held.clear()
@@ -450,11 +450,11 @@ class Session:
     best-effort work, such as monitoring reports, gives up sooner."""
 
     def __init__(self, dialect: Dialect, url: Any, *, what: str = "",
-                 on_connect: Callable[[Any], None] | None = None, backoff: Backoff | None = None) -> None:
+                 on_connect: Callable[[Connection], None] | None = None, backoff: Backoff | None = None) -> None:
         self.dialect, self.url, self.what = dialect, url, what
         self.backoff = backoff if backoff is not None else Backoff.of(url)
         self._on_connect = on_connect
-        self._conn: Any = None
+        self._conn: Connection | None = None
         #: connections opened and dropped so far: what was learnt on one (a claim's outcome, a
         #: lock) may not hold once it is gone, after a fault whose commit is unknown
         self.generation = 0
@@ -464,11 +464,11 @@ class Session:
         return self._conn is not None
 
     @property
-    def current(self) -> Any:
+    def current(self) -> Connection | None:
         """The open connection, or None (opens none)."""
         return self._conn
 
-    def connection(self) -> Any:
+    def connection(self) -> Connection:
         if self._conn is None:
             conn = self.dialect.connect(self.url)
             self.generation += 1
@@ -481,14 +481,14 @@ class Session:
             self._conn = conn
         return self._conn
 
-    def drop(self, conn: Any = None) -> None:
+    def drop(self, conn: Connection | None = None) -> None:
         """Close the connection (after a fault); the next use opens a new one."""
         if self._conn is not None and (conn is None or conn is self._conn):
             close(self._conn)
             self._conn = None
             self.generation += 1
 
-    def run(self, fn: Callable[[Any], T], what: str | None = None) -> T:
+    def run(self, fn: Callable[[Connection], T], what: str | None = None) -> T:
         """`fn(conn)` in a transaction, committed; retried on a new connection after a transient fault."""
         return retrying(self.dialect, fn, connection=self.connection, discard=self.drop, what=what or self.what,
                         backoff=self.backoff, url=self.url)

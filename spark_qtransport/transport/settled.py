@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..connections import ConnectionURL
-from ..dialects import BatchRead, Dialect, QueueAddress
+from ..dialects import BatchRead, Connection, Cursor, Dialect, QueueAddress
 from . import session as db
 
 __all__ = ["READER", "SINK", "ensure", "exists", "forget", "record_reads", "settle", "settled_upto"]
@@ -55,7 +55,7 @@ def _key(dialect: Dialect, url: ConnectionURL, needs: tuple[str, ...]) -> Any:
     return (dialect.name, url.key(), needs)
 
 
-def ensure(dialect: Dialect, url: ConnectionURL, conn: Any, needs: tuple[str, ...] = READER) -> bool:
+def ensure(dialect: Dialect, url: ConnectionURL, conn: Connection, needs: tuple[str, ...] = READER) -> bool:
     """The table exists (created if missing, on `conn`, committed) and this role holds `needs` on
     it. False otherwise, said once: batches are then acknowledged only when Spark says it committed
     them, and a query's last batch may be delivered again to a query that takes its endpoint over."""
@@ -96,14 +96,14 @@ def _note(dialect: Dialect, url: ConnectionURL, needs: tuple[str, ...], value: b
     return value
 
 
-def exists(dialect: Dialect, url: ConnectionURL, conn: Any, needs: tuple[str, ...]) -> bool:
+def exists(dialect: Dialect, url: ConnectionURL, conn: Connection, needs: tuple[str, ...]) -> bool:
     """`ensure`, looked up once per process and database."""
     with _lock:
         known = _USABLE.get(_key(dialect, url, needs))
     return known if known is not None else ensure(dialect, url, conn, needs)
 
 
-def record_reads(dialect: Dialect, conn: Any, *, query_id: str, batch_id: int, reads: Sequence[BatchRead]) -> None:
+def record_reads(dialect: Dialect, conn: Connection, *, query_id: str, batch_id: int, reads: Sequence[BatchRead]) -> None:
     """Record the claims a read task's batch reads, in a transaction of its own (committed)."""
     if reads:
         db.execute(conn.cursor(), dialect.batches_record(dialect.batches_table(), query_id=query_id,
@@ -111,7 +111,7 @@ def record_reads(dialect: Dialect, conn: Any, *, query_id: str, batch_id: int, r
     conn.commit()
 
 
-def settle(dialect: Dialect, cur: Any, *, query_id: str | None, batch_id: int) -> int:
+def settle(dialect: Dialect, cur: Cursor, *, query_id: str | None, batch_id: int) -> int:
     """In the sink's dispatch transaction: the batch's recorded reads are settled (rows marked).
     The caller checked the table is usable (`exists`, before the transaction)."""
     if not query_id or batch_id < 0:
@@ -119,14 +119,14 @@ def settle(dialect: Dialect, cur: Any, *, query_id: str | None, batch_id: int) -
     return db.rowcount(cur, dialect.batches_settle(dialect.batches_table(), query_id=query_id, batch_id=batch_id))
 
 
-def settled_upto(dialect: Dialect, cur: Any, claims: QueueAddress, consumer: str, table_id: str) -> int:
+def settled_upto(dialect: Dialect, cur: Cursor, claims: QueueAddress, consumer: str, table_id: str) -> int:
     """The highest claim of `consumer` in `claims` a settled batch read (0: none)."""
     row = db.first(cur, dialect.batches_settled(dialect.batches_table(), claims=dialect.qualified(claims),
                                                 consumer=consumer, table_id=table_id))
     return int(row[0]) if row is not None and row[0] is not None else 0
 
 
-def forget(dialect: Dialect, cur: Any, claims: QueueAddress, consumer: str, upto: int) -> None:
+def forget(dialect: Dialect, cur: Cursor, claims: QueueAddress, consumer: str, upto: int) -> None:
     """The rows of batches acknowledged up to `upto` go."""
     db.execute(cur, dialect.batches_forget(dialect.batches_table(), claims=dialect.qualified(claims),
                                            consumer=consumer, upto=upto))

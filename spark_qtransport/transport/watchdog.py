@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..dialects import Dialect
+from ..dialects import Connection, Dialect
 
 __all__ = ["WATCHDOG", "Watchdog"]
 
@@ -35,7 +35,7 @@ log = logging.getLogger("spark_qtransport.db")
 class _Watch:
     dialect: Dialect
     url: Any
-    conn: Any
+    conn: Connection
     backend: Any
     what: str
     deadline: float
@@ -49,7 +49,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watching(self, dialect: Dialect, url: Any, conn: Any, what: str) -> Iterator[None]:
+    def watching(self, dialect: Dialect, url: Any, conn: Connection, what: str) -> Iterator[None]:
         """Watch `conn` while the block runs (one transaction, or one round trip): the block must
         not wait on anything but the server (a watched connection idle in its transaction for
         `responseTimeout` is taken for a lost one)."""

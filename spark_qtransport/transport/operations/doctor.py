@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...dialects import FAILED_COLUMN, Dialect, QueueAddress
+from ...dialects import FAILED_COLUMN, Cursor, Dialect, QueueAddress
 from ...errors import ConfigError
 from .. import session as db
 from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
@@ -61,7 +61,7 @@ class TableFacts:
     old_claims: str | None = None  # its claim table (quoted), when an earlier version made it (no FAILED_COLUMN)
 
 
-def check_server(cur: Any, d: Dialect, queues: list[QueueAddress]) -> list[Finding]:
+def check_server(cur: Cursor, d: Dialect, queues: list[QueueAddress]) -> list[Finding]:
     """What the server must offer besides the tables, for the databases of `queues` and the
     connection's own: SQL Server's compatibility level 130 (OPENJSON), an error below it; a
     PostgreSQL TimeZone that is not UTC, a warning (NServiceBus stores a delayed message's Due as
@@ -194,7 +194,7 @@ FREE_PER_QUEUE = 2 * PreparedSlots.PER_QUEUE
 _SAME_AGE = 1.0
 
 
-def check_prepared(cur: Any, d: Dialect, queues: Sequence[QueueAddress], *,
+def check_prepared(cur: Cursor, d: Dialect, queues: Sequence[QueueAddress], *,
                    timeout: float = DEFAULT_PREPARED_TIMEOUT) -> list[Finding]:
     """PostgreSQL's prepared transactions, as claims use them (`claimMode`); nothing where the
     database has none (SQL Server). Warnings: a claim of ours prepared longer ago than `timeout`
@@ -231,7 +231,7 @@ def check_prepared(cur: Any, d: Dialect, queues: Sequence[QueueAddress], *,
     return out
 
 
-def _claim_tables(cur: Any, d: Dialect, queues: Sequence[QueueAddress]) -> dict[str, QueueAddress]:
+def _claim_tables(cur: Cursor, d: Dialect, queues: Sequence[QueueAddress]) -> dict[str, QueueAddress]:
     """The id of each queue's claim table (`Dialect.table_id`, as a gid holds it) -> the queue, for
     the queues that have one; a schema the role may not use is skipped (its tables cannot be looked
     up by name)."""
@@ -311,7 +311,7 @@ def prepared_capacity_advice(setting: int, others: int, *, streamed: int) -> lis
         f"hold their claims in the claim table, writing each message three times instead of once; {how}"))]
 
 
-def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
+def check_queue(cur: Cursor, d: Dialect, queue: QueueAddress, *,
                 delayed: DelayedTableRule = NSERVICEBUS_DELAYED) -> list[Finding]:
     """Check one queue table, the tables of ours beside it and its endpoint's delayed table."""
     name = d.qualified(queue)
@@ -356,7 +356,7 @@ def check_queue(cur: Any, d: Dialect, queue: QueueAddress, *,
                              nullable, tuple(too_long), old_claims), d)
 
 
-def _missing(cur: Any, d: Dialect, table: QueueAddress) -> list[str]:
+def _missing(cur: Cursor, d: Dialect, table: QueueAddress) -> list[str]:
     """What the current role lacks of `DML` on `table` and of what using it needs besides
     (schema, sequence). Unknown (NULL: SQL Server cannot see the object) counts as held."""
     rows = db.rows(cur, d.privileges(table, DML))

@@ -10,9 +10,8 @@ refuses: see `transport.routing`) stays where it is, reported.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Connection, Dialect, QueueAddress
 from ...wire import H, decode_headers
 from .. import session as db
 from ..routing import Item, Router, RoutingPolicy, route_rows
@@ -34,7 +33,7 @@ class RetryResult:
 
 
 def retry_failed(
-    conn: Any, dialect: Dialect, error_queue: QueueAddress, *, native_ids: list[str] | None, limit: int = 1000,
+    conn: Connection, dialect: Dialect, error_queue: QueueAddress, *, native_ids: list[str] | None, limit: int = 1000,
     policy: RoutingPolicy | None = None,
 ) -> RetryResult:
     """Move failed messages (the given native ids, else the oldest `limit`) back; one transaction."""

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ...dialects import NUMBER_BASE, QueueAddress, Statement
+from ...dialects import NUMBER_BASE, Cursor, QueueAddress, Statement
 from ...wire import (
     H,
     as_utc,
@@ -231,7 +231,7 @@ class AfterProcessing:
 
     # -- one chunk, in the caller's transaction ---------------------------------------------------
 
-    def ack_chunk(self, cur: Any, *, upto: int, batch: int, after: int = 0) -> Chunk:
+    def ack_chunk(self, cur: Cursor, *, upto: int, batch: int, after: int = 0) -> Chunk:
         """Copy and delete the consumer's first `batch` claims in (after, upto]."""
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
@@ -254,7 +254,7 @@ class AfterProcessing:
         db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=[int(seq) for seq, *_ in rows]))
         return chunk
 
-    def ack_held_chunk(self, cur: Any, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
+    def ack_held_chunk(self, cur: Cursor, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
         """The after-processing of a prepared claim's first `batch` rows numbered above `after`,
         and its progress noted (`prepared.note_progress`), in one transaction: the copies are
         written before the claim's COMMIT PREPARED, which cannot carry them, and the progress
@@ -282,7 +282,7 @@ class AfterProcessing:
         prepared.note_progress(cur, e, claim, done)
         return Chunk(len(found), done)
 
-    def _held_chunk_appended(self, cur: Any, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
+    def _held_chunk_appended(self, cur: Cursor, claim: PreparedClaim, *, after: int, batch: int) -> Chunk:
         """`ack_held_chunk` for a claim this run judged free of poison, when nothing needs each
         message's headers decoded (no monitoring): the chunk's numbers (after, upto] end at their
         batch's end, so one ProcessingStarted serves them, and NServiceBus's audit headers are
@@ -327,7 +327,7 @@ class AfterProcessing:
             self.stats.forwarded += forwarded
         return Chunk(max(audited, forwarded), upto)
 
-    def _failed_marks(self, cur: Any, after: int, upto: int) -> set[int]:
+    def _failed_marks(self, cur: Cursor, after: int, upto: int) -> set[int]:
         """The numbers in (after, upto] the sink marked failed while their claims were held by
         prepared transactions (`mark_failed`), deleted here: read once, in the transaction that
         acknowledges them. Only claims numbered by us can have one."""
@@ -339,7 +339,7 @@ class AfterProcessing:
             db.execute(cur, d.drop_failed_marks(e.claims, after=after, upto=upto))
         return failed
 
-    def _after(self, cur: Any, rows: list[tuple[int, str, Any, bool]], parsed: Sequence[dict[str, str | None] | None],
+    def _after(self, cur: Cursor, rows: list[tuple[int, str, Any, bool]], parsed: Sequence[dict[str, str | None] | None],
                copy: Callable[[QueueAddress, list[int], list[str] | None, int | None], Statement]) -> None:
         """The after-processing of acknowledged messages, rows (number, headers text, claimed at,
         failed) with their decoded headers (None: the claim judged them, and an audit copy keeps
@@ -370,7 +370,7 @@ class AfterProcessing:
             self.stats.audited += len(kept) if o.audit_queue is not None else 0
             self.stats.forwarded += len(kept) if o.forward_to is not None else 0
 
-    def ack_plain_chunk(self, cur: Any, *, upto: int, batch: int, after: int = 0) -> Chunk:
+    def ack_plain_chunk(self, cur: Cursor, *, upto: int, batch: int, after: int = 0) -> Chunk:
         """Without copies to make, where the claim did not judge headers: move the poison among
         the consumer's first `batch` claims in (after, upto] to the error queue, delete the rest."""
         d, e = self.endpoint.dialect, self.endpoint
@@ -383,7 +383,7 @@ class AfterProcessing:
         db.execute(cur, d.drop_claim_range(e.claims, e.options.consumer, lo=int(rows[0][0]), hi=int(rows[-1][0])))
         return Chunk(len(rows), int(rows[-1][0]))
 
-    def _dead_letter(self, cur: Any, keys: list[int], *, drop: bool = True) -> None:
+    def _dead_letter(self, cur: Cursor, keys: list[int], *, drop: bool = True) -> None:
         """Move the poison claims `keys` raw to the error queue, and delete them (`drop`; not when
         the caller deletes their whole range next)."""
         d, e = self.endpoint.dialect, self.endpoint
@@ -403,7 +403,7 @@ class AfterProcessing:
             except Exception as exc:  # noqa: BLE001 - monitoring is best-effort
                 log.warning("monitoring could not take %d processed message(s): %s", len(processed), exc)
 
-    def ack_retried(self, cur: Any, *, upto: int, batch: int) -> tuple[int, int]:
+    def ack_retried(self, cur: Cursor, *, upto: int, batch: int) -> tuple[int, int]:
         """Without copies to make: acknowledge the ServicePulse retries among the first `batch`
         of the consumer's claims <= upto whose headers mention one, and delete those claims.
         (claims deleted, claims looked at): a full page means the caller asks again. The rest
@@ -425,7 +425,7 @@ class AfterProcessing:
         start = claimed if planned is None else max(claimed, planned)
         return min(start, ended)
 
-    def _acknowledge_retries(self, cur: Any, rows: list[tuple[int, dict[str, str | None]]],
+    def _acknowledge_retries(self, cur: Cursor, rows: list[tuple[int, dict[str, str | None]]],
                              now: datetime) -> tuple[list[int], set[int]]:
         """Send the retry acknowledgements of these claims: (the claims that are ServicePulse
         retries, those whose acknowledgement went)."""

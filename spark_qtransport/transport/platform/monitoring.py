@@ -50,9 +50,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
-from typing import Any
 
-from ...dialects import QueueAddress
+from ...dialects import Connection, Cursor, QueueAddress
 from ...errors import field_error
 from ...wire import H, as_utc, encode_headers, host_id, machine
 from .. import session as db
@@ -175,7 +174,7 @@ class ReportSession:
         self._session = db.Session(d, url, backoff=db.Backoff.of(url, attempts=ATTEMPTS),
                                    what=f"sending monitoring reports to {d.format_address(settings.monitoring_queue)}")
 
-    def run(self, fn: Callable[[Any], None]) -> None:
+    def run(self, fn: Callable[[Connection], None]) -> None:
         with self._lock:
             self._session.run(fn)
 
@@ -246,7 +245,7 @@ class Monitor:
 
     # -- the caller's side ----------------------------------------------------------------------
 
-    def check(self, cur: Any) -> None:
+    def check(self, cur: Cursor) -> None:
         """The monitoring queue must exist and be a queue (at set-up, on the caller's cursor); then `start`."""
         Router(self.dialect, self.settings.routing).configured(cur, self.address, field="monitoring_queue")
         self.start()
@@ -365,7 +364,7 @@ class Monitor:
             messages = self.reports(self._take())
             d, address = self.dialect, self.address
 
-            def send(conn: Any) -> None:
+            def send(conn: Connection) -> None:
                 cur = conn.cursor()
                 for headers, body in messages:
                     db.execute(cur, d.insert_message(address, headers=headers, body=body, ttbr_ms=TTBR_MS))

@@ -10,8 +10,8 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
+from ...dialects import Connection
 from .. import session as db
 from .. import settled
 from ..platform.after import AfterProcessing, Chunk
@@ -172,7 +172,7 @@ class Acker:
         return self._chunks(session, end, batch, lambda c, lo: after.ack_chunk(c.cursor(), upto=end.claim, batch=batch, after=lo),
                             committed=after.committed)
 
-    def _chunks(self, session: Session, end: ClaimOffset, batch: int, chunk: Callable[[Any, int], Chunk],
+    def _chunks(self, session: Session, end: ClaimOffset, batch: int, chunk: Callable[[Connection, int], Chunk],
                 committed: Callable[[], None] = lambda: None) -> int:
         """Run `chunk` (one transaction each) until one finds fewer than `batch` claims; each reads
         after the last the one before read (and the first after where an earlier acknowledgement of
@@ -210,14 +210,14 @@ class Acker:
                 return total
 
 
-def _forget(endpoint: Endpoint, conn: Any, upto: int) -> None:
+def _forget(endpoint: Endpoint, conn: Connection, upto: int) -> None:
     settled.forget(endpoint.dialect, conn.cursor(), endpoint.claims, endpoint.options.consumer, upto)
     conn.commit()
 
 
-def _held_chunk(after: AfterProcessing, claim: prepared.PreparedClaim, lo: int, batch: int, conn: Any) -> Chunk:
+def _held_chunk(after: AfterProcessing, claim: prepared.PreparedClaim, lo: int, batch: int, conn: Connection) -> Chunk:
     return after.ack_held_chunk(conn.cursor(), claim, after=lo, batch=batch)
 
 
-def _after(chunk: Callable[[Any, int], Chunk], lo: int, conn: Any) -> Chunk:
+def _after(chunk: Callable[[Connection, int], Chunk], lo: int, conn: Connection) -> Chunk:
     return chunk(conn, lo)

@@ -13,7 +13,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...dialects import ClaimFailures, ClaimNumbering, ClaimResult, Dialect, PickedRows, QueueAddress
+from ...dialects import (
+    ClaimFailures,
+    ClaimNumbering,
+    ClaimResult,
+    Connection,
+    Cursor,
+    Dialect,
+    PickedRows,
+    QueueAddress,
+)
 from ...wire import H
 from .. import session as db
 from ..routing import Router
@@ -59,7 +68,7 @@ class ClaimOutcome:
         return self.result is not None and self.result.deleted >= self.request.limit
 
 
-def pick(dialect: Dialect, cur: Any, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> PickedRows:
+def pick(dialect: Dialect, cur: Cursor, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> PickedRows:
     """Lock at most `limit` of the oldest unlocked queue rows above `after` (`ReceiveSql.pick`) and
     judge their headers here (`judge.judged`): the claim's statement is then told which rows are
     poison instead of parsing every header itself."""
@@ -111,7 +120,7 @@ class Claimer:
     def _claim(self, session: Session, request: ClaimRequest) -> ClaimOutcome:
         return session.run(lambda conn: self._transaction(conn, request), self.endpoint.what("claim"))
 
-    def _transaction(self, conn: Any, request: ClaimRequest) -> ClaimOutcome:
+    def _transaction(self, conn: Connection, request: ClaimRequest) -> ClaimOutcome:
         """One peek-then-claim transaction."""
         d, o = self.endpoint.dialect, self.endpoint.options
         cur = conn.cursor()
@@ -135,7 +144,10 @@ class Claimer:
                             upto=request.upto, failures=failures, numbering=numbering):
             db.execute(cur, stmt)
         row = db.results(cur).fetchone()
-        names = [str(column[0]).lower() for column in cur.description]
+        described = cur.description
+        # the claim's LAST statement returns one row (`ReceiveSql.claim`): fetchone() raised otherwise
+        assert row is not None and described is not None
+        names = [str(column[0]).lower() for column in described]
         values: dict[str, Any] = dict(zip(names, row, strict=True))
         extra = {name: values.pop(name) for name in ("tabled", "low_source", "claimed_at", "xid") if name in values}
         claim = ClaimResult(**{name: None if v is None else int(v) for name, v in values.items()})  # type: ignore[arg-type]
@@ -157,7 +169,7 @@ class Claimer:
                 error_queue=o.error_queue, lo=claim.min_claim, hi=claim.max_claim)
         return ClaimOutcome(request, claim, forwarded, after)
 
-    def _head(self, cur: Any, upto: int | None) -> int | None:
+    def _head(self, cur: Cursor, upto: int | None) -> int | None:
         """Where a claim from the queue head begins (None: no row to claim): the first gap between
         the rows this consumer's prepared claims hold with an unlocked row in it. A peek steps over
         locked rows one by one, and ours stand at the head of the queue until committed: looking
@@ -171,7 +183,7 @@ class Claimer:
             after = max(after, claim.high)
         return after if db.first(cur, d.peek(o.queue, after=after, upto=upto)) is not None else None
 
-    def _prepare(self, conn: Any, cur: Any, claim: PreparedClaim) -> bool:
+    def _prepare(self, conn: Connection, cur: Cursor, claim: PreparedClaim) -> bool:
         """End the claim's transaction with PREPARE TRANSACTION (the session's commit is then a
         no-op). False when the server has no slot left (its `max_prepared_transactions` taken by
         other streams since the start): rolled back, and this run holds its claims in the claim

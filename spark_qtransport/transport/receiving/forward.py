@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Cursor, Dialect, QueueAddress
 from ...wire import H, decode_headers, encode_headers
 from .. import session as db
 from ..routing import Item, Router, route_rows
@@ -41,7 +40,7 @@ class ForwardResult:
 
 def forward_claimed(
     dialect: Dialect,
-    cur: Any,
+    cur: Cursor,
     *,
     router: Router,
     queue: QueueAddress,

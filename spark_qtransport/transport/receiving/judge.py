@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ...dialects import Statement
+from ...dialects import Cursor, Statement
 from ...wire import decode_header_texts
 from .. import session as db
 
@@ -20,7 +20,7 @@ FIRST_PAGE = 256
 PAGE_ROWS, PAGE_BYTES = 10_000, 16 * 2**20
 
 
-def judged(cur: Any, page: Callable[[int, int], list[Statement]], *, after: int,
+def judged(cur: Cursor, page: Callable[[int, int], list[Statement]], *, after: int,
            limit: int | None = None) -> Iterator[tuple[tuple[Any, ...], dict[str, str | None] | None]]:
     """(row, its headers or None when poison) of the rows `page(after, n)` returns, its LAST
     statement giving rows (seq, headers text, ...) in order, each page after the last row of the

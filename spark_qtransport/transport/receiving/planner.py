@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...connections import ConnectionURL
-from ...dialects import QueueAddress
+from ...dialects import Connection, QueueAddress
 from ...errors import OffsetError
 from .. import session as db
 from ..session import Session
@@ -232,7 +232,7 @@ class Planner:
             self._held_seen = self._claimer.generations()
         return self._held
 
-    def _read_held(self, conn: Any) -> None:
+    def _read_held(self, conn: Connection) -> None:
         """What this consumer holds, read from the server: claim-table claims and prepared ones."""
         d, cur = self.endpoint.dialect, conn.cursor()
         high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))

@@ -23,9 +23,9 @@ import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ...dialects import NUMBER_BASE
+from ...dialects import NUMBER_BASE, Connection, Cursor
 from .. import session as db
 from .judge import judged
 
@@ -154,7 +154,7 @@ class HeldClaims:
 
 
 
-def listed(endpoint: Endpoint, cur: Any, table: str) -> list[PreparedClaim]:
+def listed(endpoint: Endpoint, cur: Cursor, table: str) -> list[PreparedClaim]:
     """The prepared claims the endpoint's consumer holds on the server now, oldest first."""
     d, tokens = endpoint.dialect, consumer_tokens(endpoint.options.consumer)
     found = []
@@ -165,7 +165,7 @@ def listed(endpoint: Endpoint, cur: Any, table: str) -> list[PreparedClaim]:
     return sorted(found, key=lambda c: c.first)
 
 
-def commit(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> bool:
+def commit(conn: Connection, endpoint: Endpoint, claim: PreparedClaim) -> bool:
     """COMMIT PREPARED; False when it is gone already (committed or parked before)."""
     d = endpoint.dialect
     try:
@@ -177,7 +177,7 @@ def commit(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> bool:
     return True
 
 
-def progress(cur: Any, endpoint: Endpoint, claim: PreparedClaim) -> int:
+def progress(cur: Cursor, endpoint: Endpoint, claim: PreparedClaim) -> int:
     """The last number of `claim` whose after-processing (audit and forwardTo copies) is written:
     `claim.first - 1` when none is (`transport.platform.after`: `ack_held_chunk`)."""
     d, o = endpoint.dialect, endpoint.options
@@ -185,14 +185,14 @@ def progress(cur: Any, endpoint: Endpoint, claim: PreparedClaim) -> int:
     return claim.first - 1 if row is None else int(row[0])
 
 
-def note_progress(cur: Any, endpoint: Endpoint, claim: PreparedClaim, done: int) -> None:
+def note_progress(cur: Cursor, endpoint: Endpoint, claim: PreparedClaim, done: int) -> None:
     """In the caller's transaction: `claim`'s after-processing is written up to number `done`."""
     d, o = endpoint.dialect, endpoint.options
     for stmt in d.note_progress(endpoint.claims, o.consumer, first=claim.first, done=done):
         db.execute(cur, stmt)
 
 
-def forget_progress(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None:
+def forget_progress(conn: Connection, endpoint: Endpoint, claim: PreparedClaim) -> None:
     """`claim` is committed: its progress record goes (one that stays, the driver dying first, is
     deleted by the next one noted: `note_progress`)."""
     d, o = endpoint.dialect, endpoint.options
@@ -200,7 +200,7 @@ def forget_progress(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None
     conn.commit()
 
 
-def park(conn: Any, endpoint: Endpoint, claim: PreparedClaim) -> None:
+def park(conn: Connection, endpoint: Endpoint, claim: PreparedClaim) -> None:
     """Move a prepared claim into the claim table: its deliverable rows are copied there with
     their numbers (one transaction, committed; a copy made before is not made again), then the
     prepared transaction is committed. Its batch reads the copies from then on (`read_chunks`).

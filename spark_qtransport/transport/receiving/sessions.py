@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ...dialects import Dialect
+from ...dialects import Connection, Cursor, Dialect
 from ...errors import QueueNotFoundError
 from .. import session as db
 from ..platform.monitoring import ReportSession
@@ -54,7 +54,7 @@ class SetUps:
     def remove(self, set_up: EndpointSetUp) -> None:
         self._set_ups.pop(id(set_up), None)
 
-    def __call__(self, conn: Any) -> None:
+    def __call__(self, conn: Connection) -> None:
         several = len(self._set_ups) > 1
         for set_up in list(self._set_ups.values()):
             try:
@@ -78,7 +78,7 @@ class PreparedSlots:
         self.setting: int | None = None
         self.taken = 0
 
-    def take(self, dialect: Dialect, cur: Any) -> bool:
+    def take(self, dialect: Dialect, cur: Cursor) -> bool:
         if self.free is None:
             setting, used = db.one(cur, dialect.prepared_capacity())
             self.setting, self.free = int(setting), max(0, int(setting) - int(used))
@@ -119,7 +119,7 @@ class StreamSessions:
             self._reports = ReportSession(settings)
         return self._reports
 
-    def _connected(self, conn: Any) -> None:
+    def _connected(self, conn: Connection) -> None:
         """A new main connection: note the server's connection limit (named if it is ever
         reached: `session.CONNECTION_LIMITS`), then every queue's set-up."""
         (limit,) = db.one(conn.cursor(), self.dialect.connection_limit())

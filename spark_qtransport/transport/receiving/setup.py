@@ -8,9 +8,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ...dialects import FAILED_COLUMN, Dialect, QueueAddress
+from ...dialects import FAILED_COLUMN, Connection, Cursor, Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError, field_error
 from .. import session as db
 from .. import settled
@@ -64,7 +64,7 @@ class EndpointSetUp:
         self.draining = draining
         self.table_id: str | None = None
         #: the connection this set-up last ran on (its consumer lock is held there)
-        self.conn: Any = None
+        self.conn: Connection | None = None
         self._clock = clock
         #: how long the set-up waits for the consumer lock before ConsumerBusyError
         self.lock_wait = LOCK_WAIT
@@ -72,13 +72,13 @@ class EndpointSetUp:
         self.slots: PreparedSlots | None = None
         self._mode_decided = False
 
-    def ensure(self, conn: Any) -> None:
+    def ensure(self, conn: Connection) -> None:
         """The set-up on `conn`, unless it ran there already (a stream's shared connection runs
         every queue's set-up when it opens; a queue that joins later runs its own here)."""
         if self.conn is not conn:
             self(conn)
 
-    def __call__(self, conn: Any) -> None:
+    def __call__(self, conn: Connection) -> None:
         """Check the queues, create our claim table, take the consumer lock (once per connection)."""
         cur = conn.cursor()
         self._check_server(cur)
@@ -103,7 +103,7 @@ class EndpointSetUp:
         self.table_id = str(table_id)
         self.conn = conn
 
-    def _decide_mode(self, cur: Any) -> None:
+    def _decide_mode(self, cur: Cursor) -> None:
         """Where this run holds its claims (`claimMode`): decided once, on the first connection."""
         d, o = self.endpoint.dialect, self.endpoint.options
         self._mode_decided = True
@@ -125,7 +125,7 @@ class EndpointSetUp:
         log.info("queue %s: claims are held in the claim table (claimMode %s): %s", self.endpoint.queue_text,
                  o.claim_mode, why)
 
-    def _check_server(self, cur: Any) -> None:
+    def _check_server(self, cur: Cursor) -> None:
         d = self.endpoint.dialect
         check = d.server_check()
         if check is not None:
@@ -137,7 +137,7 @@ class EndpointSetUp:
         require_databases(cur, self.endpoint.dialect, (o.queue, o.error_queue, *o.platform_queues().values()),
                           queue=self.endpoint.queue_text)
 
-    def _check_queue(self, conn: Any, cur: Any, name: str, address: QueueAddress) -> None:
+    def _check_queue(self, conn: Connection, cur: Cursor, name: str, address: QueueAddress) -> None:
         """The queue settings field `name` gives exists (or is created) and is a queue table."""
         d = self.endpoint.dialect
         if name != "queue" and self.endpoint.options.routing.is_own_table(d, address):
@@ -158,7 +158,7 @@ class EndpointSetUp:
         if shape is not None:
             raise field_error(name, f"table {text} {shape}", kind=SchemaError, queue=text)
 
-    def _create_claims(self, conn: Any, cur: Any) -> None:
+    def _create_claims(self, conn: Connection, cur: Cursor) -> None:
         """DDL only for what is missing: once a DBA has created the tables (and, on PostgreSQL
         13-15, the helper function), table privileges are enough to run."""
         d, claims = self.endpoint.dialect, self.endpoint.claims
@@ -172,7 +172,7 @@ class EndpointSetUp:
         db.install(d, cur, ddl)
         conn.commit()
 
-    def _upgrade_claims(self, conn: Any, cur: Any) -> None:
+    def _upgrade_claims(self, conn: Connection, cur: Cursor) -> None:
         """A claim table an earlier version made: add the column that marks the claims the
         pipeline failed (`FAILED_COLUMN`), or say what the table's owner must run."""
         d, claims = self.endpoint.dialect, self.endpoint.claims
@@ -192,7 +192,7 @@ class EndpointSetUp:
             ) from exc
         conn.commit()
 
-    def _lock_consumer(self, conn: Any, cur: Any) -> None:
+    def _lock_consumer(self, conn: Connection, cur: Cursor) -> None:
         """Take the session lock that makes this query the endpoint's only receiver on the queue.
 
         A driver that was just killed may leave a process that still holds it for a moment (its
@@ -218,7 +218,7 @@ class EndpointSetUp:
                 warned = True
             time.sleep(0.5)
 
-    def unlock(self, conn: Any) -> None:
+    def unlock(self, conn: Connection) -> None:
         """Release the consumer lock before the connection closes (closing releases it anyway)."""
         d = self.endpoint.dialect
         try:

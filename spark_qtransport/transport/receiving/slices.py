@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 
-from ...dialects import BatchRead, Dialect, Statement, dialect_named
+from ...dialects import BatchRead, Connection, Cursor, Dialect, Statement, dialect_named
 from ...errors import OffsetError
 from .. import session as db
 from .. import settled
@@ -32,6 +32,9 @@ log = logging.getLogger("spark_qtransport.receive")
 _FETCH = 5000
 #: headers and body bytes one fetch aims at; the next fetch is sized from the largest row seen
 FETCH_BYTES = 16 * 2**20
+
+#: the statement of a slice's read: its rows after a claim sequence, at most `limit` (None: all)
+_Read = Callable[[int, int | None], Statement]
 
 
 def record_batch(parts: list[ClaimSlice], *, query_id: str, batch_id: int) -> None:
@@ -65,22 +68,25 @@ class _SliceCursor:
         self.chunk, self.budget = chunk, budget
         self.after = part.after
         self.size, self.largest = 1, 1  # rows to fetch next; bytes of the largest row seen
-        self.conn: Any = None
-        self.cur: Any = None  # the streaming cursor, or the statement of a page (`read_in_pages`)
+        self.conn: Connection | None = None
+        self.cur: Cursor | None = None  # the streaming cursor; None where the dialect reads in pages
+        self.page: _Read | None = None  # the statement of a page (`read_in_pages`)
         self.done = self.last_page = False
 
-    def fetch(self, _attempt: int) -> list[tuple[Any, ...]]:
+    def fetch(self, _attempt: int) -> list[Sequence[Any]]:
         """The next rows, or [] once the slice is read (its transaction then ends)."""
-        if self.cur is None:
+        conn, page = self.conn, self.page
+        if conn is None or page is None:  # both or neither: set and dropped together
             rest = replace(self.part, after=self.after)
-            self.conn, self.cur = cached_connection(self.dialect, rest.url, lambda conn: _open(self.dialect, rest, conn),
-                                                    what=f"reading {rest!r}", log=log)
-        with WATCHDOG.watching(self.dialect, self.part.url, self.conn, f"reading {self.part!r}"):
-            rows = self._next_rows()
+            conn, (cur, page) = cached_connection(self.dialect, rest.url, lambda c: _open(self.dialect, rest, c),
+                                                  what=f"reading {rest!r}", log=log)
+            self.conn, self.cur, self.page = conn, cur, page
+        with WATCHDOG.watching(self.dialect, self.part.url, conn, f"reading {self.part!r}"):
+            rows = self._next_rows(conn, page)
         if not rows:
-            if not self.dialect.read_in_pages:
+            if self.cur is not None:  # not read in pages
                 self.cur.close()
-            self.conn.commit()
+            conn.commit()
             self.done = True
             return []
         self.after = int(rows[-1][0])
@@ -88,14 +94,17 @@ class _SliceCursor:
         self.size = max(1, min(self.chunk, self.size * 4, self.budget // self.largest))
         return rows
 
-    def _next_rows(self) -> list[tuple[Any, ...]]:
-        if not self.dialect.read_in_pages:
+    def _next_rows(self, conn: Connection, page: _Read) -> list[Sequence[Any]]:
+        if self.cur is not None:  # not read in pages: the streaming cursor's next rows
             return list(self.cur.fetchmany(self.size))
         if self.last_page:  # the page before came short: the slice has no more rows
             return []
-        with self.conn.cursor(binary=True) as cur:
-            cur.execute(*db.args(self.cur(self.after, self.size)))
+        cur = self.dialect.page_cursor(conn)
+        try:
+            cur.execute(*db.args(page(self.after, self.size)))
             rows = list(cur.fetchall())
+        finally:
+            cur.close()
         self.last_page = len(rows) < self.size
         return rows
 
@@ -105,19 +114,19 @@ class _SliceCursor:
             log.info("reading %r again after claim %d", self.part, self.after)
         if self.conn is not None:
             db.close(self.conn)
-        self.conn = self.cur = None
+        self.conn = self.cur = self.page = None
 
     def release(self) -> None:
         """Keep the connection for the next task if the slice was read to its end, else close it."""
         if self.done and self.conn is not None:
             give_back(self.part.url, self.conn)
-            self.conn = self.cur = None
+            self.conn = self.cur = self.page = None
         self.drop()
 
 
 def read_chunks(
     part: ClaimSlice, *, chunk: int = _FETCH, budget: int = FETCH_BYTES
-) -> Iterator[list[tuple[Any, ...]]]:
+) -> Iterator[list[Sequence[Any]]]:
     """Yield the raw claim rows of one slice in order, a fetch at a time, on a reused connection.
 
     Fetches are bounded by bytes as well as rows: the first asks for one row, each next one for
@@ -145,10 +154,10 @@ def read_chunks(
         slice_cursor.release()
 
 
-def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
+def _open(dialect: Dialect, part: ClaimSlice, conn: Connection) -> tuple[Cursor | None, _Read]:
     """Check the claim table is the one the batch was planned on, and start the slice's query: a
-    cursor to fetch from, or, where the dialect reads in pages, what makes the statement of the
-    page of `limit` rows after a claim sequence."""
+    cursor to fetch from (None where the dialect reads in pages), and what makes the statement of
+    the page of `limit` rows after a claim sequence."""
     # a prepared claim's slice reads one snapshot for the question and the read: a claim parked
     # (`prepared.park`) has its copies committed before its prepared transaction, so the snapshot
     # sees either the copies or the queue rows still held, never neither nor both
@@ -171,10 +180,10 @@ def _open(dialect: Dialect, part: ClaimSlice, conn: Any) -> Any:
         def read(after: int, limit: int | None) -> Statement:
             return dialect.read_claims(part.claims, part.consumer, after=after, upto=part.upto, limit=limit)
     if dialect.read_in_pages:
-        return read
+        return None, read
     cur = dialect.streaming_cursor(conn)
     cur.execute(*db.args(read(part.after, None)))
-    return cur
+    return cur, read
 
 
 def read_batches(part: ClaimSlice) -> Iterator[pa.RecordBatch]:

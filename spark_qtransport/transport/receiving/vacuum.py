@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Connection, Dialect, QueueAddress
 from .. import session as db
 
 log = logging.getLogger("spark_qtransport.vacuum")
@@ -35,7 +34,7 @@ _LEFT_TO_AUTOVACUUM: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
 
 
-def vacuum_if_due(dialect: Dialect, conn: Any, table: QueueAddress, *, every: float = VACUUM_EVERY,
+def vacuum_if_due(dialect: Dialect, conn: Connection, table: QueueAddress, *, every: float = VACUUM_EVERY,
                   min_rows: int = VACUUM_MIN_ROWS) -> bool:
     """Vacuum `table` on `conn` (between transactions) if it is due. True if it ran."""
     due, stmt = dialect.vacuum_due(table, every_seconds=every, min_rows=min_rows), dialect.vacuum(table)

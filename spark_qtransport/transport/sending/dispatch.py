@@ -31,9 +31,9 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from ...dialects import FAILED_COLUMN, Dialect
+from ...dialects import FAILED_COLUMN, Connection, Cursor, Dialect
 from ...errors import ConfigError, DispatchError, MessageError, QueueNotFoundError
 from ...wire import decode_headers
 from .. import session as db
@@ -90,7 +90,7 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         if options.destination is not None:
             tables.append((options.destination, d.create_queue, True))
 
-    def set_up(conn: Any) -> bool:
+    def set_up(conn: Connection) -> bool:
         cur = conn.cursor()
         require_databases(cur, d, [t for t, _, _ in tables])
         for table, create, shared in tables:
@@ -222,7 +222,7 @@ class Dispatcher:
                         db.describe(self.dialect, exc))
         return result
 
-    def _dispatch(self, conn: Any, batch: _Batch, fp: str, settle_as: str | None) -> DispatchResult:
+    def _dispatch(self, conn: Connection, batch: _Batch, fp: str, settle_as: str | None) -> DispatchResult:
         """The dispatch transaction (see the module's docstring); committed by the caller.
         `settle_as`: the query id whose batch's reads it settles (None: it settles none)."""
         cur = conn.cursor()
@@ -230,7 +230,7 @@ class Dispatcher:
         result.settled = settled.settle(self.dialect, cur, query_id=settle_as, batch_id=batch.batch_id)
         return result
 
-    def _send_batch(self, conn: Any, cur: Any, batch: _Batch, fp: str) -> DispatchResult:
+    def _send_batch(self, conn: Connection, cur: Cursor, batch: _Batch, fp: str) -> DispatchResult:
         d, o = self.dialect, self.options
         result = DispatchResult(batch.batch_id, invalid=batch.invalid)
         if batch.rows == 0:
@@ -273,7 +273,7 @@ class Dispatcher:
         self.outbox.finish(cur, batch.batch_id, sent=result.sent, delayed=result.delayed, published=result.published)
         return result
 
-    def _mark_failed(self, cur: Any, queue: str, seqs: list[int]) -> int:
+    def _mark_failed(self, cur: Cursor, queue: str, seqs: list[int]) -> int:
         """Mark the claims of `queue` that this batch failed or retried, in its transaction: the
         reader's acknowledgement, which comes after Spark commits the batch, then makes no audit
         copy of them (`recovery`). The queue is the one the rows name; one that is not an address,
@@ -298,7 +298,7 @@ class Dispatcher:
             marked += n
         return marked
 
-    def _destinations(self, cur: Any, router: Router, batch: _Batch) -> dict[str, Destination]:
+    def _destinations(self, cur: Cursor, router: Router, batch: _Batch) -> dict[str, Destination]:
         """The queues the batch goes to, by canonical address (or why not): its SEND routes and
         the subscribers of the events it publishes."""
         o = self.options
@@ -315,7 +315,7 @@ class Dispatcher:
                             destinations=destinations)
         return destinations
 
-    def _send(self, cur: Any, router: Router, attempts: list[str], destinations: dict[str, Destination],
+    def _send(self, cur: Cursor, router: Router, attempts: list[str], destinations: dict[str, Destination],
               result: DispatchResult) -> None:
         """Move the staged messages due now to their queues (subscribers' for published ones);
         those whose destination is refused to the error queue."""
@@ -338,7 +338,7 @@ class Dispatcher:
         if refused:
             result.failed = self._to_error_queue(cur, router, attempts, refused)
 
-    def _store_delayed(self, cur: Any, batch: _Batch, attempts: list[str], result: DispatchResult) -> None:
+    def _store_delayed(self, cur: Cursor, batch: _Batch, attempts: list[str], result: DispatchResult) -> None:
         """Move the batch's delayed messages into the endpoint's delayed table."""
         d, o = self.dialect, self.options
         delayed = batch.count(DELAYED)
@@ -373,13 +373,13 @@ class Dispatcher:
                     "(option invalidRows); the first: %s", which, o.endpoint, batch.invalid_share,
                     self.dialect.format_address(o.error_queue), batch.invalid_reason)
 
-    def _delete_leftovers(self, cur: Any, batch_id: int) -> None:
+    def _delete_leftovers(self, cur: Cursor, batch_id: int) -> None:
         """Delete what failed attempts of a streaming batch staged (one-off writes have no batch
         id of their own in staging: theirs go with the retention cleanup)."""
         if batch_id >= 0:
             db.execute(cur, self.dialect.delete_batch_leftovers(self.options.staging, sink=self.options.sink, batch_id=batch_id))
 
-    def _to_error_queue(self, cur: Any, router: Router, attempts: list[str], refused: list[Destination]) -> int:
+    def _to_error_queue(self, cur: Cursor, router: Router, attempts: list[str], refused: list[Destination]) -> int:
         """Copy the staged messages of refused destinations to the endpoint's error queue, with
         NServiceBus's failure headers naming the destination and the reason."""
         d, o = self.dialect, self.options
@@ -396,7 +396,7 @@ class Dispatcher:
         )
         return routed.failed
 
-    def _check_delayed(self, cur: Any) -> None:
+    def _check_delayed(self, cur: Cursor) -> None:
         d, o = self.dialect, self.options
         if db.columns(cur, d.queue_columns(o.delayed)):
             return
@@ -413,7 +413,7 @@ class Dispatcher:
 
     def move_due(self) -> MoveResult | None:
         """Move the endpoint's due delayed messages (no-op when its delayed table does not exist)."""
-        def move(conn: Any) -> MoveResult | None:
+        def move(conn: Connection) -> MoveResult | None:
             if not db.columns(conn.cursor(), self.dialect.queue_columns(self.options.delayed)):
                 return None
             return self.mover.move(conn)

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Cursor, Dialect, QueueAddress
 from ...errors import QueueNotFoundError, field_error
 from .. import session as db
 from ..routing import Refusal, Router, Target
@@ -24,7 +23,7 @@ class Destination:
     publish_routes: list[str] = field(default_factory=list)  # EnclosedMessageTypes values routed to it
 
 
-def add_subscribers(cur: Any, dialect: Dialect, router: Router, subscriptions: QueueAddress, *, create: bool,
+def add_subscribers(cur: Cursor, dialect: Dialect, router: Router, subscriptions: QueueAddress, *, create: bool,
                     published: list[str], destinations: dict[str, Destination]) -> None:
     """Add each subscriber queue of the `published` EnclosedMessageTypes values to `destinations`
     (by canonical address), with the values routed to it. `create`: create a missing

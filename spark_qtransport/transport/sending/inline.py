@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Connection, Dialect, QueueAddress
 from ...wire import uuid4s
 from ..routing import Target, insert_guarded
 from .fanout import Destination
@@ -84,7 +84,7 @@ class InlineRows:
     def __bool__(self) -> bool:
         return bool(self.groups)
 
-    def send(self, conn: Any, d: Dialect, destinations: dict[str, Destination],
+    def send(self, conn: Connection, d: Dialect, destinations: dict[str, Destination],
              staged_routes: set[tuple[str, str]]) -> None:
         """Write the rows of each queue only these rows go to straight into it (`sent`)."""
         cur = conn.cursor()
@@ -104,7 +104,7 @@ class InlineRows:
                 del self.groups[key]
                 self.sent[name] = (to.text, n)
 
-    def stage_rest(self, conn: Any, d: Dialect, staging: QueueAddress, *, sink: str, batch_id: int) -> None:
+    def stage_rest(self, conn: Connection, d: Dialect, staging: QueueAddress, *, sink: str, batch_id: int) -> None:
         """Stage the rows `send` did not write, under `attempt` (`staged` counts them)."""
         for groups in self.groups.values():
             for group in groups:

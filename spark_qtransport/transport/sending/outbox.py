@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Connection, Cursor, Dialect, QueueAddress
 from ...errors import OutboxConflictError, OutboxRaceError
 from .. import session as db
 
@@ -48,7 +47,7 @@ class Outbox:
     endpoint: str
     sink: str
 
-    def begin(self, cur: Any, batch_id: int, fp: str) -> BatchRecord | None:
+    def begin(self, cur: Cursor, batch_id: int, fp: str) -> BatchRecord | None:
         """Record the batch as ours, inside the dispatch transaction. None: go on and send. A
         record: the batch was dispatched already by `fp` (skip) or by another query (raises)."""
         if db.rowcount(cur, self.dialect.outbox_insert(self.table, sink=self.sink, batch_id=batch_id, fingerprint=fp)):
@@ -72,11 +71,11 @@ class Outbox:
             )
         return record
 
-    def finish(self, cur: Any, batch_id: int, *, sent: int, delayed: int, published: int) -> None:
+    def finish(self, cur: Cursor, batch_id: int, *, sent: int, delayed: int, published: int) -> None:
         db.execute(cur, self.dialect.outbox_finish(
             self.table, sink=self.sink, batch_id=batch_id, sent=sent, delayed=delayed, published=published))
 
-    def cleanup(self, conn: Any, retention_seconds: int) -> int:
+    def cleanup(self, conn: Connection, retention_seconds: int) -> int:
         """Delete records past the retention, and staged rows of batches never dispatched, at
         most `CLEANUP_BATCH` of each per call (each in its own short transaction)."""
         cur = conn.cursor()

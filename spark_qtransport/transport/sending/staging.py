@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from ...connections import EXECUTOR_CONNECTIONS
+from ...dialects import Connection
 from ...wire import format_time
 from .. import session as db
-from ..executor import cached_connection
+from ..executor import EXECUTOR_CONNECTIONS, cached_connection
 from ..settings import SendSettings
 from ..watchdog import WATCHDOG
 from .builder import MessageBuilder
@@ -147,7 +147,7 @@ class StageReport:
 # -- the task ---------------------------------------------------------------------------
 
 
-def _check(conn: Any) -> None:
+def _check(conn: Connection) -> None:
     """A trivial statement: a connection the server dropped since the last task fails here."""
     conn.cursor().execute("SELECT 1").fetchall()
     conn.rollback()
