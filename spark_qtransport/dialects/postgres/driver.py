@@ -11,6 +11,7 @@ from ..base import Connection, Cursor, DriverSupport, Statement, one_line
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg.rows import TupleRow
 
 # A server error carries its SQLSTATE: transient are those below and class 08 (connection
 # exception); everything else (28P01/28000 authentication, 3D000 no database, 42501 permission,
@@ -88,11 +89,11 @@ _TRANSIENT_MESSAGES = (
 )
 
 
-def psycopg_connection(conn: Connection) -> psycopg.Connection[tuple[Any, ...]]:
+def psycopg_connection(conn: Connection) -> psycopg.Connection[TupleRow]:
     """`conn` as what it is on this dialect: the psycopg connection `PostgresDriver.connect` opened,
     for what only psycopg has (`info`, `fileno`, `Connection.execute`, binary cursors, COPY). No
     check is made: the DB-API protocol stays DB-API, and this dialect's connections are psycopg's."""
-    return cast("psycopg.Connection[tuple[Any, ...]]", conn)
+    return cast("psycopg.Connection[TupleRow]", conn)
 
 
 def _is_psycopg_error(exc: BaseException) -> bool:

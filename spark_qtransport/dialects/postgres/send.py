@@ -13,6 +13,7 @@ from .statements import DUE_NOW, ROWS_OF, UTC_NOW, due_of
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg.rows import TupleRow
 
 
 @functools.cache
@@ -32,7 +33,7 @@ def _uuid_bytes_dumper() -> type:
     return UUIDBytesDumper
 
 
-def _copy_in(cur: psycopg.Cursor[tuple[Any, ...]], table: str, columns: Sequence[str], types: list[str], rows: Iterable[tuple[Any, ...]]) -> None:
+def _copy_in(cur: psycopg.Cursor[TupleRow], table: str, columns: Sequence[str], types: list[str], rows: Iterable[tuple[Any, ...]]) -> None:
     """COPY `rows` into `table` (already quoted) in binary. bytea goes by psycopg's C dumper (the
     default one, in Python, also takes psycopg.Binary wrappers, which these rows never hold): this
     cursor only."""
