@@ -13,50 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_layers import ROOT, _imports, _module, _module_exists, _sources  # noqa: E402
-
-
-def imports_of(path: Path) -> set[str]:
-    """The modules of ours `path` imports (a name imported from a module counts as the module)."""
-    found = set()
-    for name in _imports(path):
-        while name != ROOT and name.startswith(ROOT + ".") and not _module_exists(name):
-            name = name.rsplit(".", 1)[0]
-        if name.startswith(ROOT + ".") and name != _module(path):
-            found.add(name)
-    return found
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected groups of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    groups: list[list[str]] = []
-
-    def visit(m: str) -> None:
-        index[m] = low[m] = len(index)
-        stack.append(m)
-        for t in graph[m]:
-            if t not in index:
-                visit(t)
-                low[m] = min(low[m], low[t])
-            elif t in stack:
-                low[m] = min(low[m], index[t])
-        if low[m] == index[m]:
-            group = []
-            while True:
-                t = stack.pop()
-                group.append(t)
-                if t == m:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    for m in sorted(graph):
-        if m not in index:
-            visit(m)
-    return groups
+from test_layers import ROOT, _module, _sources, circles, imports_of  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

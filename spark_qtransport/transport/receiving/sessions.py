@@ -22,19 +22,20 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ...dialects import Connection, Cursor, Dialect
+from ...dialects import Connection, Dialect
 from ...errors import QueueNotFoundError
 from .. import session as db
 from ..platform.monitoring import ReportSession
 from ..session import Session
 from .background import Background
+from .setup import PreparedSlots
 from .warden import Warden
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
     from .setup import EndpointSetUp
 
-__all__ = ["PreparedSlots", "SetUps", "StreamSessions"]
+__all__ = ["SetUps", "StreamSessions"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -63,29 +64,6 @@ class SetUps:
                 if not several:
                     raise
                 log.info("set-up of %s skipped on a new connection: %s", set_up.endpoint.queue_text, exc)
-
-
-class PreparedSlots:
-    """The server's prepared transactions a stream's queues may hold (`claimMode`): read once,
-    when the first queue decides; each queue holding its claims in prepared transactions counts
-    on `PER_QUEUE` of them (a claim made and not acknowledged, one claimed ahead), and the stream
-    leaves half of what was free to the server's other users."""
-
-    PER_QUEUE = 2
-
-    def __init__(self) -> None:
-        self.free: int | None = None
-        self.setting: int | None = None
-        self.taken = 0
-
-    def take(self, dialect: Dialect, cur: Cursor) -> bool:
-        if self.free is None:
-            setting, used = db.one(cur, dialect.prepared_capacity())
-            self.setting, self.free = int(setting), max(0, int(setting) - int(used))
-        if self.taken + self.PER_QUEUE > self.free // 2:
-            return False
-        self.taken += self.PER_QUEUE
-        return True
 
 
 class StreamSessions:

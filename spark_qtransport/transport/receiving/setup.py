@@ -18,12 +18,11 @@ from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
 from ..server import require_databases
 from ..settings import CLAIM_PREPARED, CLAIM_TABLE
-from .sessions import PreparedSlots
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
 
-__all__ = ["Endpoint", "LOCK_WAIT", "EndpointSetUp"]
+__all__ = ["Endpoint", "LOCK_WAIT", "EndpointSetUp", "PreparedSlots"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -51,6 +50,29 @@ class Endpoint:
     def what(self, operation: str) -> str:
         """An operation's name for errors and logs: it names the queue."""
         return f"{operation} on queue {self.queue_text}"
+
+
+class PreparedSlots:
+    """The server's prepared transactions a stream's queues may hold (`claimMode`): read once,
+    when the first queue decides; each queue holding its claims in prepared transactions counts
+    on `PER_QUEUE` of them (a claim made and not acknowledged, one claimed ahead), and the stream
+    leaves half of what was free to the server's other users."""
+
+    PER_QUEUE = 2
+
+    def __init__(self) -> None:
+        self.free: int | None = None
+        self.setting: int | None = None
+        self.taken = 0
+
+    def take(self, dialect: Dialect, cur: Cursor) -> bool:
+        if self.free is None:
+            setting, used = db.one(cur, dialect.prepared_capacity())
+            self.setting, self.free = int(setting), max(0, int(setting) - int(used))
+        if self.taken + self.PER_QUEUE > self.free // 2:
+            return False
+        self.taken += self.PER_QUEUE
+        return True
 
 
 class EndpointSetUp:
