@@ -180,13 +180,16 @@ class CommandDb:
         columns = dict(self.all(self.d.queue_columns(address)))
         if columns and queue_shape_problem(columns) is not None and all(c in columns for c in DELAYED_COLUMNS):
             return address, True
-        return self.queue(text), False
+        return self._queue_shaped(address, columns, "QUEUE"), False
 
     def queue(self, text: str, option: str = "QUEUE") -> QueueAddress:
         """An existing queue's address; a table of another shape (the connector's own tables
         beside a queue, anything else) is named for what it is."""
         address = self.address(text, option=option)
-        columns = dict(self.all(self.d.queue_columns(address)))
+        return self._queue_shaped(address, dict(self.all(self.d.queue_columns(address))), option)
+
+    def _queue_shaped(self, address: QueueAddress, columns: dict[str, str], option: str) -> QueueAddress:
+        """`address` when its table's `columns` are a queue's; else the error naming what it is."""
         name = self.d.format_address(address)
         if not columns:
             raise QueueNotFoundError(f"queue {name} does not exist", queue=name, option=option)

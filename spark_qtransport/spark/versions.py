@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import pyspark
 
-__all__ = ["SparkCapabilities", "capabilities"]
+__all__ = ["SparkCapabilities", "capabilities", "classpath_problem"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,6 @@ def capabilities() -> SparkCapabilities:
     return SparkCapabilities(pyspark.__version__, HAS_ADMISSION_CONTROL, ARROW_READS, ARROW_WRITES)
 
 
-if __name__ == "__main__":
-    print(json.dumps(capabilities().to_dict()))
-
-
 def classpath_problem(spark: object) -> str | None:
     """Why Spark cannot list its data sources, on a classic session: a jar on its classpath built
     for another Spark line (Delta for 4.0 in Spark 4.2) fails Java's ServiceLoader, and Spark then
@@ -71,3 +67,7 @@ def classpath_problem(spark: object) -> str | None:
                 return line.split("ServiceConfigurationError:", 1)[1].strip()
         return None
     return None
+
+
+if __name__ == "__main__":
+    print(json.dumps(capabilities().to_dict()))
