@@ -23,8 +23,8 @@ from pyspark.sql.types import StructType
 from ..errors import ConfigError
 from ..options.parse import ReaderOptions
 from ..transport.receiving.admission import TriggerGate
-from ..transport.receiving.queueset import QueueSet, QueueSetOffset
-from ..transport.receiving.receiver import ClaimOffset, ClaimSlice, Receiver, pack, read_batches, read_slice
+from ..transport.receiving.queueset import QueueSet
+from ..transport.receiving.receiver import ClaimSlice, pack, read_batches, read_slice
 from ..transport.receiving.slices import record_batch
 from ..transport.session import OUTAGES
 from ..transport.settings import MAX_AUTO_PARTITIONS, PARTITION_TARGET_ROWS, ReceiveSettings, StreamSettings
@@ -113,15 +113,15 @@ class _SlicePartition(InputPartition):
 
 
 class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Claims on the driver, reads slices on executors, acknowledges on commit. One queue is driven
-    by a `Receiver` (offsets ``{"claim": N, ...}``), several by a `QueueSet` (offsets
-    ``{"queues": {...}}``, one position per queue)."""
+    """Claims on the driver, reads slices on executors, acknowledges on commit, through a
+    `QueueSet` (one queue or several; offsets ``{"claim": N, ...}`` for one queue, ``{"queues":
+    {...}}``, one position per queue, for several)."""
 
     def __init__(self, options: ReceiveSettings | StreamSettings) -> None:
         self.stream = options if isinstance(options, StreamSettings) else StreamSettings.of(options)
         #: the one queue's settings, or None for several
         self.options = self.stream.single
-        self._source: Receiver | QueueSet | None = None
+        self._source: QueueSet | None = None
         m = self.stream.min_messages
         self._gate = None if m is None else TriggerGate(m, self.stream.max_trigger_delay)
         self._available_now = False
@@ -148,26 +148,21 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return f"SqlQueueStreamReader(queue={o.queue}, endpoint={o.consumer!r}, url={o.url})"
 
     @property
-    def source(self) -> Receiver | QueueSet:
+    def source(self) -> QueueSet:
         if self._source is None:
-            self._source = Receiver(self.options) if self.options is not None else QueueSet(self.stream)
+            self._source = QueueSet(self.stream)
         return self._source
 
-    @property
-    def receiver(self) -> Receiver:
-        """The one queue's receiver (a one-queue stream)."""
-        assert isinstance(self.source, Receiver)
-        return self.source
-
     def _offset(self, d: dict[str, Any]) -> Any:
-        return ClaimOffset.from_dict(d) if self.options is not None else QueueSetOffset.from_dict(d)
+        return self.source.offset(d)
 
     # -- driver --------------------------------------------------------------------------------
 
     @surfaced
     def initialOffset(self) -> dict[str, Any]:
         self._fresh = True
-        return self.source.initial_offset().to_dict()
+        source = self.source
+        return source.encode(source.initial_offset())
 
     @surfaced
     def getDefaultReadLimit(self) -> Any:
@@ -212,7 +207,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._run = uuid.uuid4().hex[:12]
         self._ack_in_foreground = True  # the previous run's last batch, before this run may end
         before = self.source.claimed
-        end = self.source.first_batch(fresh=self._fresh).to_dict()
+        end = self.source.encode(self.source.first_batch(fresh=self._fresh))
         taken = self.source.claimed - before
         # a warning where maxMessagesPerTrigger was not kept, else a note
         log.log(
@@ -245,7 +240,8 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 and not self._gate.admit(waiting, min_messages=least)):
             return start  # type: ignore[return-value] # fewer than minMessagesPerTrigger wait: no batch yet
         # a batch minMessagesPerTrigger admitted is claimed whole: what it waited for is there
-        return self.source.latest(begin, rows, whole=self._gate is not None, counted=counted).to_dict()
+        source = self.source
+        return source.encode(source.latest(begin, rows, whole=self._gate is not None, counted=counted))
 
     @surfaced
     def prepareForTriggerAvailableNow(self) -> None:
@@ -257,12 +253,7 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Shown as the source's latestOffset in query progress: the planned end plus the queue's
         # backlog and this run's expired/poison counts (the metric the Python API can report),
         # named by queue and endpoint: a query's progress says which queue it reads.
-        source = self.source
-        if isinstance(source, QueueSet):
-            report = source.report()
-        else:
-            report = {**source.report(), "backlog": source.reported_backlog(),
-                      "queue": source.dialect.format_address(source.options.queue), "endpoint": source.options.consumer}
+        report = self.source.report()
         if self._gate is not None:
             report["triggersHeldBack"] = self._gate.held
         return report

@@ -1,5 +1,7 @@
-"""Several queues in one stream: one `Receiver` per queue (its own claim table, consumer lock,
-FIFO order, poison and expiry handling, platform work), composed for the Spark reader.
+"""The queues of a stream: one `Receiver` per queue (its own claim table, consumer lock, FIFO
+order, poison and expiry handling, platform work), composed for the Spark reader. Every stream is
+a `QueueSet`; a one-queue stream is one of one (`QueueSet.single`): its checkpoint keeps the plain
+`ClaimOffset` form it always had, and it plans from its receiver alone (nothing to share).
 
 The offset holds one claim position per queue (`QueueSetOffset`). Each batch's rows are shared
 among the queues by max-min fairness over their backlogs (`fair_shares`), so a small queue is
@@ -62,15 +64,21 @@ class QueueSetOffset:
 
 
 class QueueSet:
-    """The driver side of a stream over several queues: the `Receiver` API, per queue."""
+    """The driver side of a stream: the `Receiver` API, per queue."""
 
     def __init__(self, stream: StreamSettings) -> None:
         self.stream = stream
         self.selection: QueueSelection = stream.selection
         self.dialect: Dialect = stream.dialect
         self.receivers: dict[str, Receiver] = {}
+        one = self.selection.single
+        #: the key of a one-queue stream's queue, else None: its offsets are the plain `ClaimOffset`
+        #: (`offset`, `encode`), and its batches need no count, as there is nothing to share (`latest`)
+        self.single: str | None = None if one is None else self.key(one)
+        what = (f"connecting for {stream.describe()}" if one is None
+                else f"connecting on queue {self.dialect.format_address(one)}")
         #: the stream's few connections and its background thread, shared by every queue
-        self.sessions = StreamSessions(self.dialect, stream.url, what=f"connecting for {stream.describe()}")
+        self.sessions = StreamSessions(self.dialect, stream.url, what=what)
         self._frozen: dict[str, QueueAddress] | None = None  # AvailableNow: the queues at its start
         self._now: dict[str, QueueAddress] | None = None  # the last resolution
         self._gone: set[str] = set()  # queues that left the stream, read to their end
@@ -146,6 +154,25 @@ class QueueSet:
 
     # -- offsets ------------------------------------------------------------------------------
 
+    def offset(self, d: Any) -> QueueSetOffset:
+        """An offset from Spark's checkpoint: a one-queue stream's plain `ClaimOffset`, a
+        several-queue stream's map (with or without Spark 4.0/4.1's ``run`` tag). A checkpoint
+        cannot switch between the two."""
+        if self.single is not None:
+            return QueueSetOffset({self.single: ClaimOffset.from_dict(d)})
+        return QueueSetOffset.from_dict(d)
+
+    def encode(self, offset: QueueSetOffset) -> dict[str, Any]:
+        """`offset` as Spark keeps it: the form `offset` reads."""
+        if self.single is not None:
+            return offset.queues[self.single].to_dict()
+        return offset.to_dict()
+
+    def _one(self) -> Receiver:
+        """A one-queue stream's receiver."""
+        assert self.single is not None
+        return self.receiver(self.single)
+
     def initial_offset(self) -> QueueSetOffset:
         return QueueSetOffset({k: self.receiver(k, a, draining=False).initial_offset()
                                for k, a in sorted(self.current().items())})
@@ -168,7 +195,10 @@ class QueueSet:
         return QueueSetOffset(ends)
 
     def waiting(self, start: QueueSetOffset | None) -> int:
-        """Messages a batch planned now could take, over every queue (`count`)."""
+        """Messages a batch planned now could take, over every queue (`count`; a one-queue
+        stream's from its receiver, `Receiver.waiting`)."""
+        if self.single is not None:
+            return self._one().waiting(start.queues.get(self.single) if start is not None else None)
         self._demand = self.count(start.queues if start is not None else {}, self._active())
         return sum(self._demand.values())
 
@@ -250,6 +280,9 @@ class QueueSet:
         Every queue is counted first (`count`: a statement for many queues); a queue with nothing
         waiting tries no claim. `counted`: `waiting` ran in this trigger; its counts are used."""
         starts = dict(start.queues) if start is not None else {}
+        if self.single is not None:  # nothing to share: the receiver plans (and counts) itself
+            k = self.single
+            return QueueSetOffset({k: self._one().latest(starts.get(k), limit, whole=whole, counted=counted)})
         active = self._active()
         demand = self._demand if counted and self._demand is not None else self.count(starts, active)
         self._demand = None
@@ -300,7 +333,13 @@ class QueueSet:
 
     def report(self) -> dict[str, Any]:
         """Each queue's offset, counters and backlog: the backlog the trigger's count estimated
-        (`count`), less what the trigger claimed from the queue since; no statement of its own."""
+        (`count`), less what the trigger claimed from the queue since; no statement of its own.
+        A one-queue stream's: its receiver's, with the backlog estimated after the trigger's claim
+        (`Receiver.reported_backlog`)."""
+        if self.single is not None:
+            r = self._one()
+            return {**r.report(), "backlog": r.reported_backlog(), "queue": r.endpoint.queue_text,
+                    "endpoint": r.options.consumer}
         queues = {}
         for k, r in sorted(self.receivers.items()):
             estimate, claimed = self._backlogs.get(k, (0, r.claimed))
