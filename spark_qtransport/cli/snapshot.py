@@ -12,8 +12,7 @@ from typing import Any
 from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError
 from ..transport.delayed import DelayedTableRule
-from ..transport.operations.doctor import GID_PREFIX
-from ..transport.receiving.prepared import PreparedClaim, consumer_tokens
+from ..transport.receiving.prepared import GID_PREFIX, PreparedClaim, consumer_tokens, on_server
 from ..transport.settings import DEFAULT_ERROR_QUEUE
 from ..wire import H, decode_headers, parse_time
 from .db import CommandDb
@@ -50,9 +49,7 @@ def prepared_claims(s: CommandDb) -> list[PreparedClaim] | None:
     its age), one statement for all queues; None where the database has none (SQL Server)."""
     if not s.d.prepared_claims:
         return None
-    found = (PreparedClaim.parse(str(gid), xid=str(xid), age=float(age or 0.0))
-             for gid, xid, _at, age in s.all(s.d.list_prepared(GID_PREFIX)))
-    return [c for c in found if c is not None]
+    return [p.claim for p in on_server(s.all(s.d.list_prepared(GID_PREFIX))) if p.claim is not None]
 
 
 def _prepared_by_consumer(claims: list[PreparedClaim], names: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -24,14 +24,14 @@ from ...dialects import FAILED_COLUMN, Cursor, Dialect, QueueAddress
 from ...errors import ConfigError
 from .. import session as db
 from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
-from ..receiving.prepared import PreparedClaim
+from ..receiving.prepared import GID_PREFIX, PreparedClaim, on_server
 from ..receiving.sessions import PreparedSlots
 from ..routing import QUEUE_COLUMNS
 from ..server import database_problems
 from ..settings import DEFAULT_PREPARED_TIMEOUT
 from .privileges import DML
 
-__all__ = ["GID_PREFIX", "Finding", "TableFacts", "WalSettings", "assess", "check_prepared", "check_queue",
+__all__ = ["Finding", "TableFacts", "WalSettings", "assess", "check_prepared", "check_queue",
            "check_server", "read_wal_settings", "setting_value", "wal_advice"]
 
 INT4_MAX = 2**31 - 1
@@ -185,8 +185,6 @@ def wal_advice(s: WalSettings) -> list[Finding]:
     return out
 
 
-#: every prepared transaction of ours (a claim, `PreparedClaim.gid`) has a gid that starts with this
-GID_PREFIX = "sqlqueue:"
 #: prepared transactions a queue needs free for a stream to hold its claims in them: it holds
 #: `PreparedSlots.PER_QUEUE` and leaves as many of the free ones to the server's other users
 FREE_PER_QUEUE = 2 * PreparedSlots.PER_QUEUE
@@ -207,8 +205,7 @@ def check_prepared(cur: Cursor, d: Dialect, queues: Sequence[QueueAddress], *,
         return []
     setting, in_use = (int(v or 0) for v in db.one(cur, d.prepared_capacity()))
     oldest, frozen = db.one(cur, d.prepared_bound())
-    listed = [(str(gid), float(age or 0.0), PreparedClaim.parse(str(gid), xid=str(xid), age=float(age or 0.0)))
-              for gid, xid, _at, age in db.rows(cur, d.list_prepared(""))]
+    listed = [(p.gid, p.age, p.claim) for p in on_server(db.rows(cur, d.list_prepared("")))]
     ours = [(gid, age, claim) for gid, age, claim in listed if gid.startswith(GID_PREFIX)]
     # the queues' claim tables by id, read only where a finding may need them
     advice_possible = setting < FREE_PER_QUEUE * len(queues) + in_use

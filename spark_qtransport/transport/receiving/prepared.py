@@ -21,9 +21,10 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...dialects import NUMBER_BASE, Connection, Cursor
 from .. import session as db
@@ -32,8 +33,11 @@ from .judge import judged
 if TYPE_CHECKING:
     from .setup import Endpoint
 
-__all__ = ["NUMBER_BASE", "PreparedClaim", "HeldClaims", "commit", "consumer_token", "consumer_tokens", "forget_progress", "listed", "note_progress", "park",
-           "prefix_of", "progress"]
+__all__ = ["GID_PREFIX", "NUMBER_BASE", "Prepared", "PreparedClaim", "HeldClaims", "commit", "consumer_token",
+           "consumer_tokens", "forget_progress", "listed", "note_progress", "on_server", "park", "prefix_of", "progress"]
+
+#: every gid of a claim of ours starts with this
+GID_PREFIX = "sqlqueue:"
 
 _SAFE = re.compile(r"[A-Za-z0-9._-]{1,60}")
 #: what was plain before underscores were (a claim such a version prepared still names its consumer so)
@@ -60,7 +64,7 @@ def _digest(consumer: str) -> str:
 
 def prefix_of(table: str) -> str:
     """Every gid of claims on one claim table (its id, digits) starts with this."""
-    return f"sqlqueue:{int(table)}:"
+    return f"{GID_PREFIX}{int(table)}:"
 
 
 @dataclass(frozen=True)
@@ -154,14 +158,32 @@ class HeldClaims:
 
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared transaction of this database, as `on_server` lists it."""
+
+    gid: str
+    age: float  # seconds since it was prepared
+    #: the claim of ours it holds; None: not a claim of ours
+    claim: PreparedClaim | None
+
+
+def on_server(rows: Iterable[Sequence[Any]]) -> list[Prepared]:
+    """The one reading of the server's prepared transactions: `rows` as `Dialect.list_prepared`
+    returns them (gid, xid, prepared at, age), each with the claim of ours it holds. The stream
+    (`listed`), `sqlqueue stats` and `sqlqueue doctor` read them so."""
+    out = []
+    for gid, xid, _at, age in rows:
+        seconds = float(age or 0.0)
+        out.append(Prepared(str(gid), seconds, PreparedClaim.parse(str(gid), xid=str(xid), age=seconds)))
+    return out
+
+
 def listed(endpoint: Endpoint, cur: Cursor, table: str) -> list[PreparedClaim]:
     """The prepared claims the endpoint's consumer holds on the server now, oldest first."""
     d, tokens = endpoint.dialect, consumer_tokens(endpoint.options.consumer)
-    found = []
-    for gid, xid, _at, age in db.rows(cur, d.list_prepared(prefix_of(table))):
-        claim = PreparedClaim.parse(str(gid), xid=str(xid), age=float(age or 0.0))
-        if claim is not None and claim.consumer in tokens:
-            found.append(claim)
+    found = [p.claim for p in on_server(db.rows(cur, d.list_prepared(prefix_of(table))))
+             if p.claim is not None and p.claim.consumer in tokens]
     return sorted(found, key=lambda c: c.first)
 
 
