@@ -21,7 +21,10 @@ and for both the most connections the stream held (pg_stat_activity) and the thr
 driver's source runner process. Statements are counted by pg_stat_statements, so this mode starts
 its own embedded server (with the library preloaded) and ignores $SQLQUEUE_URL.
 
-    python bench/queues.py --tenants 10,100,1000 [--messages 20000] [--per-trigger 5000] [--idle-seconds 15]
+With `one` among the counts, one queue read by the `queue` option (a one-queue stream) is measured
+the same way.
+
+    python bench/queues.py --tenants one,10,100,1000 [--messages 20000] [--per-trigger 5000] [--idle-seconds 15]
                            [--claim-mode table]
 
 Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
@@ -82,7 +85,8 @@ def main() -> int:
     ap.set_defaults(messages=100_000, per_trigger=20_000)
     ap.add_argument("--queues", type=int, default=5, help="queues the messages are spread over (default 5)")
     ap.add_argument("--repeat", type=int, default=2, help="repetitions of the interleaved layouts (default 2)")
-    ap.add_argument("--tenants", help="measure streams over this many tenant queues instead, e.g. 10,100,1000")
+    ap.add_argument("--tenants", help="measure streams over this many tenant queues instead, e.g. 10,100,1000;"
+                    " 'one': one queue read by the queue option")
     ap.add_argument("--idle-seconds", type=float, default=15.0, help="how long each idle stream is measured")
     ap.add_argument("--claim-mode", choices=["auto", "table", "prepared"], default="auto",
                     help="with --tenants: the stream's claimMode (default auto: prepared claims, which this server allows)")
@@ -90,7 +94,7 @@ def main() -> int:
     if args.tenants:
         from tenants import scale
 
-        return scale(args, [int(t) for t in args.tenants.split(",")])
+        return scale(args, args.tenants.split(","))
     n, k, size = args.messages, args.per_trigger, args.size
     layouts = {"1 queue": layout(1), f"{args.queues} queues": layout(args.queues)}
     runs = []

@@ -104,8 +104,11 @@ class Watch:
 CLAIM_MODE = ["auto"]
 
 
-def reader(spark: Any, url: str, per_trigger: int) -> Any:
-    return (spark.readStream.format("sqlqueue").option("url", url).option("queuePattern", PATTERN)
+def reader(spark: Any, url: str, per_trigger: int, *, one: bool = False) -> Any:
+    """The stream over the tenants' queues (`queuePattern`); `one`: over the first tenant's queue
+    named by `queue`, a one-queue stream (plain offsets, no count of the queues)."""
+    chosen = ("queue", f'"{schemas(1)[0]}"."audit"') if one else ("queuePattern", PATTERN)
+    return (spark.readStream.format("sqlqueue").option("url", url).option(*chosen)
             .option("maxMessagesPerTrigger", str(per_trigger)).option("claimMode", CLAIM_MODE[0]).load())
 
 
@@ -118,13 +121,14 @@ def checkpoint() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, per_trigger: int) -> dict[str, Any]:
+def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, per_trigger: int, *,
+         one: bool = False) -> dict[str, Any]:
     fill(url, n, messages, size)
     cost = Cost()
     before = statements(meter.conn)
     with Watch(url) as watch, checkpoint() as ckpt, meter.measure(cost):
         t = time.perf_counter()
-        q = (reader(spark, url, per_trigger).writeStream.format("noop").option("checkpointLocation", ckpt)
+        q = (reader(spark, url, per_trigger, one=one).writeStream.format("noop").option("checkpointLocation", ckpt)
              .trigger(availableNow=True).start())
         q.awaitTermination()
         wall = time.perf_counter() - t
@@ -134,12 +138,12 @@ def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, p
             "connections": watch.connections, "threads": watch.threads, "check": r["rows"] == messages}
 
 
-def idle(spark: Any, url: str, meter: Meter, seconds: float) -> dict[str, Any]:
+def idle(spark: Any, url: str, meter: Meter, seconds: float, *, one: bool = False) -> dict[str, Any]:
     """The stream over the empty queues: every trigger's progress is kept
     (noDataProgressEventInterval 0), measured after the first few (set-up, first claims)."""
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "0")
     with Watch(url) as watch, checkpoint() as ckpt:
-        q = (reader(spark, url, 1000).writeStream.format("noop").option("checkpointLocation", ckpt)
+        q = (reader(spark, url, 1000, one=one).writeStream.format("noop").option("checkpointLocation", ckpt)
              .trigger(processingTime="500 milliseconds").start())
         try:
             deadline = time.monotonic() + 600
@@ -163,7 +167,9 @@ def idle(spark: Any, url: str, meter: Meter, seconds: float) -> dict[str, Any]:
             "connections": watch.connections, "threads": watch.threads}
 
 
-def scale(args: argparse.Namespace, counts: list[int]) -> int:
+def scale(args: argparse.Namespace, counts: list[str]) -> int:
+    """`counts`: numbers of tenant queues, each read by one pattern stream; `one` is one queue read
+    by the `queue` option (a one-queue stream)."""
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     CLAIM_MODE[0] = args.claim_mode
@@ -183,12 +189,14 @@ def scale(args: argparse.Namespace, counts: list[int]) -> int:
         spark = session("sqlqueue-tenants")
         try:
             with contextlib.closing(Meter(pg.url)) as meter:
-                for n in counts:
+                for count in counts:
+                    one = count == "one"
+                    n = 1 if one else int(count)
                     create(pg.url, n)
-                    b = busy(spark, pg.url, meter, n, args.messages, args.size, args.per_trigger)
-                    i = idle(spark, pg.url, meter, args.idle_seconds)
-                    rows.append((n, b, i))
-                    print(f"  {n} queues: busy {b['steady_rate']:,.0f} msg/s steady; idle trigger"
+                    b = busy(spark, pg.url, meter, n, args.messages, args.size, args.per_trigger, one=one)
+                    i = idle(spark, pg.url, meter, args.idle_seconds, one=one)
+                    rows.append(("1 (`queue`)" if one else f"{n:,}", b, i))
+                    print(f"  {rows[-1][0]} queues: busy {b['steady_rate']:,.0f} msg/s steady; idle trigger"
                           f" {i['trigger_ms_p50']:.0f} ms, {i['statements_per_trigger']:.1f} statements", flush=True)
                     drop(pg.url, n)
         finally:
@@ -200,7 +208,7 @@ def scale(args: argparse.Namespace, counts: list[int]) -> int:
           " connections (most) | driver threads (most) | check |")
     print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|")
     for n, b, i in rows:
-        print(f"| {n:,} | {b['steady_rate']:,.0f} | {b['wall_rate']:,.0f} | {b['pg_cpu_us_per_msg']:,.1f}"
+        print(f"| {n} | {b['steady_rate']:,.0f} | {b['wall_rate']:,.0f} | {b['pg_cpu_us_per_msg']:,.1f}"
               f" | {b['wal_bytes_per_msg']:,.0f} | {b['statements_per_batch']:,.1f}"
               f" | {i['trigger_ms_p50']:.0f} / {i['trigger_ms_p90']:.0f} | {i['latest_offset_ms_p50']:.0f}"
               f" | {i['statements_per_trigger']:.1f} | {i['pg_cpu_ms_per_trigger']:.1f}"
