@@ -10,7 +10,9 @@ Here a signal only records that a stop was asked for:
 - while the job starts (no query yet: nothing read, nothing to finish) it ends at once with one
   line, after the clean-ups registered with `on_exit` (the demo's embedded PostgreSQL);
 - while a query runs, the batch under way may finish for `BATCH_WAIT` seconds (3), then it is
-  cancelled: the job is gone within 10 s whatever moment the signal hits, and the cancelled batch
+  cancelled; whatever Spark then takes to stop, the job's JVM is killed and the job exits
+  `HARD_STOP` seconds (7) after the signal: the job is gone within 10 s whatever moment the signal
+  hits (a busy machine included), and the cancelled batch
   replays from the checkpoint next run (a cancelled foreachBatch call raises `StopRequested`, one
   line: Spark's own text for it, a Java stack inside a Python one inside a Java one, overflows
   its check for an interruption). A batch that would start after the signal
@@ -28,11 +30,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["STOPS", "StopRequested", "Stops", "quiet_jvm", "shut_down", "stop_query"]
+__all__ = ["HARD_STOP", "STOPS", "StopRequested", "Stops", "quiet_jvm", "shut_down", "stop_query"]
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
@@ -46,6 +49,7 @@ class Stops:
         #: the job made its SparkSession (`_spark.session`); not when a caller lent it one (a test)
         self.started_spark = False
         self._cleanups: list[Callable[[], None]] = []
+        self._bound: threading.Timer | None = None
 
     def install(self) -> None:
         """Take SIGINT and SIGTERM (pyspark's SparkContext is kept from putting in its own SIGINT
@@ -98,9 +102,16 @@ class Stops:
         if self.running and not again:
             print(f"stopping ({self.name}): the query stops, its checkpoint resumes the rest", file=sys.stderr,
                   flush=True)
+            self._bound = threading.Timer(HARD_STOP, self._at_the_bound)
+            self._bound.daemon = True
+            self._bound.start()
             return
         print(f"stopped ({self.name}) {'at once' if again else 'while starting: nothing was read'}",
               file=sys.stderr, flush=True)
+        self._end_now()
+
+    def _end_now(self) -> None:
+        """The clean-ups registered with `on_exit`, the JVM killed, and exit."""
         for cleanup in reversed(self._cleanups):
             try:
                 cleanup()
@@ -109,6 +120,13 @@ class Stops:
         _kill_jvm()
         os._exit(self.code)
 
+    def _at_the_bound(self) -> None:
+        """`HARD_STOP` seconds after the signal and the job still runs (Spark slow to stop its query
+        or itself): its JVM is killed and it exits, its checkpoint and claims resuming next run, as
+        after a kill."""
+        print(f"stopped ({self.name}): Spark did not stop within {HARD_STOP:.0f} s; ended at once", file=sys.stderr,
+              flush=True)
+        self._end_now()
 
     def gated(self, fn: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
         """A foreachBatch function that starts no batch after a stop was asked for (the query
@@ -179,6 +197,10 @@ def quiet_jvm() -> None:
 #: checkpoint and its claims replaying that batch next run (our sink and Delta's writes are
 #: idempotent per batch)
 BATCH_WAIT = 3.0
+#: seconds after a signal at which a job still running is ended at once (its JVM killed): the
+#: batch's wait, Spark's stop and the JVM's exit fit in it on an idle machine; on a busy one the
+#: job still ends within 10 s of the signal, its stream's warden finishing the rest
+HARD_STOP = 7.0
 
 
 def stop_query(query: Any, *, wait: float = BATCH_WAIT) -> None:

@@ -188,6 +188,21 @@ def test_ctrl_c_during_a_long_batch_leaves_no_process(spark: Any, ppg: Backend, 
     assert bronze.count() == bronze.select("message_id").distinct().count() == count
 
 
+def test_a_batch_that_never_returns_still_ends_the_job_within_10_seconds(pg: Backend, names: Any,
+                                                                           tmp_path: Path) -> None:
+    """Ctrl-C while a foreachBatch function is stuck in Python (Spark's cancel cannot interrupt it,
+    and `query.stop()` waits for it): the job ends at its bound (`HARD_STOP`, 7 s after the signal),
+    its JVM killed, no process left 10 s after the signal, exit 130. Before, the job waited for
+    the function. The stuck batch's messages stay claimed for the next run (a kill's case)."""
+    q, e = pg.create_queue(names("Stuck")), pg.create_queue(names("error"))
+    produce(pg, q, range(20))
+    stopped = interrupt(ROOT / "tests" / "stuck_batch_job.py", [pg.url, q, e, str(tmp_path / "ckpt")], signal.SIGINT,
+                        ready="handled forever", then=0.5, log=tmp_path / "job.log")
+    quiet(stopped, signal.SIGINT)
+    assert any("did not stop within 7 s" in line for line in stopped.after), stopped.after
+    assert pg.count(q) == 0  # claimed by the stuck batch, delivered again by the next run
+
+
 def _endpoint_config(pg: Backend, names: Any, tmp_path: Path, trigger: str) -> tuple[Path, str]:
     from spark_qtransport.dialects import dialect_named
 
