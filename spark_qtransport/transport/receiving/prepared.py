@@ -157,7 +157,6 @@ class HeldClaims:
         return max(c.last for c in claims) if claims else None
 
 
-
 @dataclass(frozen=True)
 class Prepared:
     """A prepared transaction of this database, as `on_server` lists it."""
