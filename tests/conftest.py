@@ -223,6 +223,9 @@ def spark() -> Iterator[object]:
         .config("spark.sql.streaming.pollingDelay", "10ms")
         .config("spark.sql.streaming.noDataProgressEventInterval", "0")
         .config("spark.sql.session.timeZone", "UTC")
+        # a Python worker's connection back to the JVM may take long while three test workers' JVMs,
+        # jobs and servers share two cores ("Python worker failed to connect back"; default 15 s)
+        .config("spark.python.authenticate.socketTimeout", "60s")
         .getOrCreate()
     )
     _spark.remember_jars(session, delta)

@@ -81,7 +81,9 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
         _, alive = psutil.wait_procs(jvms, timeout=15)
         jvm_seconds = time.monotonic() - exited if not alive else float("inf")
         _, alive = psutil.wait_procs(everything, timeout=max(0.0, signalled + 10 - time.monotonic()))
-        left = [" ".join(_cmdline(p)) or str(p.pid) for p in alive]
+        # a zombie has ended (no memory, connection or lock): it waits for whoever adopted it (here
+        # the machine's init, which reaps orphans lazily) to read its exit status
+        left = [" ".join(_cmdline(p)) or str(p.pid) for p in alive if not _ended(p)]
         lines = log.read_text(errors="replace").splitlines()
         return Stopped(code, before, lines[len(before):], jvm_seconds, left)
     finally:
@@ -104,6 +106,13 @@ def quiet(stopped: Stopped, signum: int) -> None:
     assert any(line.startswith("stopped") for line in stopped.after), shown
     assert stopped.jvm_seconds <= 10, f"the JVM outlived the driver by {stopped.jvm_seconds:.1f} s"
     assert not stopped.left, f"{len(stopped.left)} process(es) of the job alive 10 s after the signal: {stopped.left}"
+
+
+def _ended(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _cmdline(p: psutil.Process) -> list[str]:

@@ -64,7 +64,7 @@ def test_two_queries_and_an_nsb_consumer_compete_under_a_producer(spark: Any, pg
     q, e = pg.create_queue(names("Compete")), pg.create_queue(names("error"))
     backlog = [f"b{i:05d}" for i in range(2000)]
     pg.send_many(q, [(nsb_headers(m), b"x") for m in backlog])
-    producer = Producer(pg, q, pause=0.05)
+    producer = Producer(pg, q, pause=0.5)  # slow while the queries start (a few thousand, however slow)
     nsb = NsbConsumer(pg, q)
     got = {"A": Received(), "B": Received()}
     sampler = Sampler(lambda: {"produced": producer.sent, "A": len(got["A"]), "B": len(got["B"]), "NSB": len(nsb.got)})
@@ -88,6 +88,9 @@ def test_two_queries_and_an_nsb_consumer_compete_under_a_producer(spark: Any, pg
             deadline = time.monotonic() + 120
             while not len(received) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        # then at the chaos pace while all three compete (`make chaos`: 50 messages every 0.05 s; `make
+        # test`: every 0.2 s, which a slow machine's consumers still drain within the deadline)
+        producer.pause = float(os.environ.get("SQLQUEUE_CHAOS_PAUSE", "0.2"))
         sampler.start()
         time.sleep(seconds)
         producer.stop()
