@@ -49,7 +49,6 @@ class Stops:
         #: the job made its SparkSession (`_spark.session`); not when a caller lent it one (a test)
         self.started_spark = False
         self._cleanups: list[Callable[[], None]] = []
-        self._bound: threading.Timer | None = None
 
     def install(self) -> None:
         """Take SIGINT and SIGTERM (pyspark's SparkContext is kept from putting in its own SIGINT
@@ -102,9 +101,9 @@ class Stops:
         if self.running and not again:
             print(f"stopping ({self.name}): the query stops, its checkpoint resumes the rest", file=sys.stderr,
                   flush=True)
-            self._bound = threading.Timer(HARD_STOP, self._at_the_bound)
-            self._bound.daemon = True
-            self._bound.start()
+            bound = threading.Timer(HARD_STOP, self._at_the_bound)
+            bound.daemon = True
+            bound.start()
             return
         print(f"stopped ({self.name}) {'at once' if again else 'while starting: nothing was read'}",
               file=sys.stderr, flush=True)
