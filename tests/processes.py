@@ -20,6 +20,10 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+#: seconds a child job may take to reach a point it is waited for (its first batch, a stall): a bound
+#: that tells a hung job from a slow one, not a measure. A busy two-core CI machine, its JVMs
+#: starting beside the other test workers', once took over 120 s to a first batch.
+START = 300.0
 
 
 class Job:
@@ -114,7 +118,7 @@ def kill_at_random(script: Path, args: list[str], produce: Callable[[], None], *
     for _ in range(times):
         produce()
         job = Job(script, args, log=log)
-        wait_for(lambda: any(markers.glob("batch-*")), 180, "the job to run", job)
+        wait_for(lambda: any(markers.glob("batch-*")), START, "the job to run", job)
         time.sleep(rnd.uniform(*window))
         job.kill()
         kills.append("random")

@@ -11,7 +11,7 @@ import pytest
 from platform_data import JOB, generate_platform_tables, job_module, traffic
 
 from backends import Backend
-from processes import Job, wait_for
+from processes import START, Job, wait_for
 
 #: the Delta tables' columns (the shared contract of the platform tables)
 CONTRACT = ("queue string, message_id string, message_type string, headers map<string,string>, body binary, "
@@ -37,7 +37,7 @@ def test_audit_and_failures_exactly_once_across_a_kill(spark: Any, pg: Backend, 
     pg.send_many(audit_q, audit[:300])  # type: ignore[arg-type]
     pg.send_many(error_q, failures[:60])  # type: ignore[arg-type]
     job = Job(JOB, [*args, "--trigger", "200ms", "--max-messages", "50"], log=log)
-    wait_for(lambda: any((tables / "audit" / "_delta_log").glob("*.json")), 240, "a Delta commit", job)
+    wait_for(lambda: any((tables / "audit" / "_delta_log").glob("*.json")), START, "a Delta commit", job)
     job.kill()  # SIGKILL driver, JVM and workers mid-stream
     pg.send_many(audit_q, audit[300:])  # type: ignore[arg-type]
     pg.send_many(error_q, failures[60:])  # type: ignore[arg-type]

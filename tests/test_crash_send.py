@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from backends import Backend, nsb_headers
-from processes import Job, kill_at_random, run_to_end, wait_for
+from processes import START, Job, run_to_end, wait_for
 from spark_qtransport.cli import main
 
 pytestmark = pytest.mark.slow(reason="job processes SIGKILLed at points of the send side, then restarted")
@@ -31,6 +31,8 @@ CHILD = Path(__file__).with_name("send_crash_child.py")
 #: the kill test rejects every FAIL_EVERY-th message with fail()
 FAIL_EVERY = 7
 
+#: worker kills per mode of the worker test (tasks that hand their rows over, tasks that stage)
+ROUNDS = 3
 #: point -> (table suffix or "out", trigger timing, level, the job's inlineBytes)
 POINTS = {
     "while staging": ("Staging", "BEFORE INSERT", "FOR EACH STATEMENT", "0"),
@@ -87,7 +89,7 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
             c.execute(f"CREATE TRIGGER stall {timing} ON {target} {level} EXECUTE FUNCTION {function}()")
         job = Job(CHILD, args, log=log, env={"SQLQUEUE_CHILD_INLINE_BYTES": inline_bytes})
         try:
-            wait_for(stalled, 180, f"the job to stall {point}", job)
+            wait_for(stalled, START, f"the job to stall {point}", job)
         finally:
             job.kill()
             # A killed client's statement runs on until it next talks to the client (a COPY in
@@ -98,8 +100,7 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
                 c.execute(f"DROP TRIGGER stall ON {target}")
         kills.append(point)
 
-    # one random kill here; `make chaos` kills at random many times over (tests/chaos/test_crash_loop.py)
-    kills += kill_at_random(CHILD, args, lambda: produce(400), log=log, markers=markers, times=1, window=(0.5, 3.0))
+    # random kills of this job under a producer: tests/chaos/test_crash_loop.py (twice in make test)
 
     produce(200)
     run_to_end(CHILD, args, log=log)
@@ -109,7 +110,7 @@ def test_sigkill_while_sending_loses_and_duplicates_nothing(pg: Backend, names: 
             return [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{table}\" ORDER BY 1")]
 
     ids, failed, audited = ids_in(out), ids_in(e), ids_in(audit)
-    assert len(kills) == 5
+    assert len(kills) == len(POINTS)
     assert len(ids) == len(set(ids)), "no message was sent twice"
     assert ids == [f"m{i:06d}-out" for i in range(sent) if i % FAIL_EVERY], "every message was sent"
     assert failed == [f"m{i:06d}" for i in range(0, sent, FAIL_EVERY)], "every rejected message failed once"
@@ -135,7 +136,7 @@ def _last_batch(markers: Path) -> int:
 
 
 def _wait_for_batch_after(batch: int, markers: Path, job: Job, what: str) -> None:
-    wait_for(lambda: _last_batch(markers) > batch, 180, what, job)
+    wait_for(lambda: _last_batch(markers) > batch, START, what, job)
 
 
 def test_killed_task_workers_are_retried_and_nothing_is_lost_or_sent_twice(
@@ -167,7 +168,7 @@ def test_killed_task_workers_are_retried_and_nothing_is_lost_or_sent_twice(
                                              "SQLQUEUE_CHILD_INLINE_BYTES": inline_bytes})
         try:
             _wait_for_batch_after(before, markers, job, "the job to run a batch")
-            for round_ in range(5):
+            for round_ in range(ROUNDS):
                 produce(2000)  # two batches or more: the workers are busy most of the time
                 time.sleep(rnd.uniform(0.1, 1.0))
                 workers = _task_workers(job)
@@ -178,7 +179,7 @@ def test_killed_task_workers_are_retried_and_nothing_is_lost_or_sent_twice(
                 at_kill = _last_batch(markers)
                 produce(50)
                 _wait_for_batch_after(at_kill, markers, job, f"a batch after kill {round_ + 1}")
-            wait_for(lambda: pg.count(q) == 0 and pg.count(out) == sent, 180, "the query to catch up", job)
+            wait_for(lambda: pg.count(q) == 0 and pg.count(out) == sent, START, "the query to catch up", job)
             assert job.proc.poll() is None, "the query lived through every kill"
         finally:
             job.kill()
@@ -186,7 +187,7 @@ def test_killed_task_workers_are_retried_and_nothing_is_lost_or_sent_twice(
 
     with pg.connect() as c:
         ids = [r[0] for r in c.execute(f"SELECT headers::json->>'NServiceBus.MessageId' FROM \"{out}\" ORDER BY 1")]
-    assert killed >= 8 and "Python worker exited unexpectedly" in log.read_text(errors="replace"), "tasks were retried"
+    assert killed >= ROUNDS and "Python worker exited unexpectedly" in log.read_text(errors="replace"), "tasks were retried"
     assert len(ids) == len(set(ids)), "no message was sent twice"
     assert ids == [f"m{i:06d}-out" for i in range(sent)], "every message was sent"
     assert pg.count(q) == 0 and pg.count(e) == 0

@@ -15,7 +15,7 @@ import pytest
 from chispa import assert_df_equality
 
 from backends import Backend, nsb_headers
-from processes import ROOT, Job, wait_for
+from processes import ROOT, START, Job, wait_for
 from spark_qtransport.spark.versions import capabilities
 
 JOBS = ROOT / "jobs"
@@ -45,9 +45,9 @@ def test_queue_to_delta_exactly_once_across_a_kill(spark: Any, pg: Backend, name
             "--max-messages", "100", "--job-id", "bronze-test"]
     produce(pg, q, range(0, 100))  # Spark 4.0/4.1: a run's first batch takes all that waits
     job = Job(JOBS / "queue_to_delta.py", [*args, "--trigger", "200ms"], log=tmp_path / "job.log")
-    wait_for(lambda: delta_versions(table) >= 1, 240, "a first Delta commit", job)
+    wait_for(lambda: delta_versions(table) >= 1, START, "a first Delta commit", job)
     produce(pg, q, range(100, 600))
-    wait_for(lambda: delta_versions(table) >= 2, 240, "two Delta commits", job)
+    wait_for(lambda: delta_versions(table) >= 2, START, "two Delta commits", job)
     job.kill()  # SIGKILL driver, JVM and workers mid-stream
     produce(pg, q, range(600, 1000), content_type="application/octet-stream")
     # on Spark 4.0/4.1 an AvailableNow run is one batch: a replay of the killed run's batch if there

@@ -16,7 +16,7 @@ import pytest
 from test_queues import fifo_and_once
 
 from backends import PG_NSB_CREATE_QUEUE, Backend, nsb_headers
-from processes import Job, run_to_end, wait_for
+from processes import START, Job, run_to_end, wait_for
 from spark_qtransport.connections import parse_url
 from spark_qtransport.dialects import dialect_for
 from spark_qtransport.errors import DatabaseError
@@ -137,18 +137,18 @@ def test_300_tenant_queues_by_pattern_on_30_connections_across_a_sigkill(small: 
 
     with Peak(be) as peak:
         job = Job(CHILD, args, log=log, env=env)
-        wait_for(lambda: any(markers.glob("batch-*")), 240, "a first batch", job)
+        wait_for(lambda: any(markers.glob("batch-*")), START, "a first batch", job)
         # tenants created mid-stream join it; one dropped once drained leaves it
         create_tenants(be, range(TENANTS + 1, TENANTS + JOINING + 1))
         produce(be, sent, range(TENANTS + 1, TENANTS + JOINING + 1), PER_TENANT)
-        wait_for(lambda: be.count(tenant(7)) == 0, 240, "tenant 7 drained", job)
+        wait_for(lambda: be.count(tenant(7)) == 0, START, "tenant 7 drained", job)
         be.drop(tenant(7))
-        wait_for(lambda: all(delivered(tenant(i)) for i in range(TENANTS + 1, TENANTS + JOINING + 1)), 240,
+        wait_for(lambda: all(delivered(tenant(i)) for i in range(TENANTS + 1, TENANTS + JOINING + 1)), START,
                  "every new tenant read", job)
         # the running stream says the dropped tenant left (before the kill: on Spark 4.0/4.1 a
         # run's first batch plans over the queues matched then, and a queue dropped meanwhile,
         # with nothing held, is not named again)
-        wait_for(lambda: LEFT.search(log.read_text()) is not None, 120, "a line saying tenant 7 left", job)
+        wait_for(lambda: LEFT.search(log.read_text()) is not None, START, "a line saying tenant 7 left", job)
         produce(be, sent, [i for i in range(1, TENANTS + 1, 3) if i != 7], 2)
         job.kill()
         produce(be, sent, [i for i in range(2, TENANTS + 1, 5) if i != 7], 1)
