@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..connections import OUTAGE_TIMEOUT
-from ..dialects import Connection, Cursor, Dialect, Statement
+from ..dialects import Connection, Cursor, Dialect, QueueAddress, Statement
 from ..errors import DatabaseError, QTransportError, QueueNotFoundError
 from .watchdog import WATCHDOG
 
 __all__ = ["Backoff", "Session", "with_retries", "OUTAGES", "OUTAGE_TIMEOUT", "seconds_text", "args", "execute", "results", "first", "one", "rows", "columns", "rowcount",
-           "rollback", "close", "describe", "explain", "retrying", "install"]
+           "rollback", "close", "describe", "explain", "retrying", "install", "warn_about_name"]
 
 log = logging.getLogger("spark_qtransport.db")
 #: an outage's two lines (declared, over): a logger of their own, so a front end can show them
@@ -351,6 +351,14 @@ def close(conn: Connection) -> None:
 
 #: attempts of idempotent DDL that a concurrent installer made fail with "already exists"
 INSTALL_ATTEMPTS = 3
+
+
+def warn_about_name(dialect: Dialect, table: QueueAddress) -> None:
+    """Log a warning when a queue or delayed table about to be created has a name an NServiceBus
+    endpoint would refuse to start with (PostgreSQL: over 55 bytes): the database takes it."""
+    problem = dialect.nservicebus_name_problem(table)
+    if problem is not None:
+        logging.getLogger("spark_qtransport.install").warning("creating %s: %s", dialect.qualified(table), problem)
 
 
 def install(dialect: Dialect, cur: Cursor, statements: list[Statement]) -> None:

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 from ...connections import ConnectionURL
-from ...dialects import Dialect, QueueAddress, dialect_for
+from ...dialects import dialect_for
 from .. import session as db
 
-__all__ = ["create_queues", "warn_about_name"]
-
-log = logging.getLogger("spark_qtransport.install")
-
-
-def warn_about_name(dialect: Dialect, table: QueueAddress) -> None:
-    """Log a warning when a queue or delayed table about to be created has a name an NServiceBus
-    endpoint would refuse to start with (PostgreSQL: over 55 bytes): the database takes it."""
-    problem = dialect.nservicebus_name_problem(table)
-    if problem is not None:
-        log.warning("creating %s: %s", dialect.qualified(table), problem)
+__all__ = ["create_queues"]
 
 
 def create_queues(url: ConnectionURL, *addresses: str, seq_bits: int = 64) -> list[str]:
@@ -30,7 +18,7 @@ def create_queues(url: ConnectionURL, *addresses: str, seq_bits: int = 64) -> li
     try:
         cur = conn.cursor()
         for address in parsed:
-            warn_about_name(dialect, address)
+            db.warn_about_name(dialect, address)
             db.install(dialect, cur, dialect.create_queue(address, seq_bits=seq_bits))
             conn.commit()
     finally:

@@ -14,7 +14,6 @@ from ...dialects import FAILED_COLUMN, Connection, Cursor, Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError, field_error
 from .. import session as db
 from .. import settled
-from ..operations.install import warn_about_name
 from ..routing import queue_shape_problem
 from ..server import require_databases
 from ..settings import CLAIM_PREPARED, CLAIM_TABLE
@@ -168,7 +167,7 @@ class EndpointSetUp:
                               queue=text)
         cols = db.columns(cur, d.queue_columns(address))
         if not cols and self.endpoint.options.create_queues:
-            warn_about_name(d, address)
+            db.warn_about_name(d, address)
             db.install(d, cur, d.create_queue(address))
             conn.commit()
             cols = db.columns(cur, d.queue_columns(address))

@@ -39,7 +39,6 @@ from ...wire import decode_headers
 from .. import session as db
 from .. import settled
 from ..delayed import DelayedMover, MoveResult
-from ..operations.install import warn_about_name
 from ..receiving.vacuum import vacuum_if_due
 from ..routing import Item, Refusal, Router, insert_guarded, route_rows
 from ..server import require_databases
@@ -96,7 +95,7 @@ def set_up_sender(options: SendSettings) -> SendPlan:
         for table, create, shared in tables:
             if not db.columns(cur, d.queue_columns(table)):
                 if shared:
-                    warn_about_name(d, table)
+                    db.warn_about_name(d, table)
                 db.install(d, cur, create(table))  # idempotent: safe to run again after a fault
         conn.commit()
         if options.destination is not None:  # a wrong static destination fails at start, named
@@ -401,7 +400,7 @@ class Dispatcher:
         if db.columns(cur, d.queue_columns(o.delayed)):
             return
         if o.create_queues:
-            warn_about_name(d, o.delayed)
+            db.warn_about_name(d, o.delayed)
             db.install(d, cur, d.create_delayed(o.delayed))
             return
         raise QueueNotFoundError(
