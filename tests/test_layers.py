@@ -186,3 +186,27 @@ def test_no_import_circle() -> None:
     modules = {_module(p): p for p in _sources()}
     graph = {m: {t for t in imports_of(p) if t in modules} for m, p in modules.items()}
     assert circles(graph) == []
+
+
+#: transport's sub-packages from the lowest: each imports only those before it (the platform's copies
+#: know nothing of claims; the receive side knows nothing of installers or the CLI's doctor)
+TRANSPORT_PACKAGES = ("platform", "receiving", "sending", "operations")
+
+
+def test_transport_packages_import_one_way() -> None:
+    """The layer check above sees rooms, not transport's sub-packages: the receive side and the
+    platform imported each other (the platform's after-processing read claims and moved poison),
+    and so did the receive side and the operations (an installer's warning)."""
+    assert {p.name for p in (PACKAGE / "transport").iterdir() if (p / "__init__.py").exists()} == set(TRANSPORT_PACKAGES)
+    wrong = []
+    for path in _sources():
+        parts = _module(path).split(".")
+        if len(parts) < 3 or parts[1] != "transport" or parts[2] not in TRANSPORT_PACKAGES:
+            continue
+        below = TRANSPORT_PACKAGES[:TRANSPORT_PACKAGES.index(parts[2])]
+        for name in sorted(_imports(path)):
+            target = name.split(".")
+            if (len(target) >= 3 and target[1] == "transport" and target[2] in TRANSPORT_PACKAGES
+                    and target[2] != parts[2] and target[2] not in below):
+                wrong.append(f"{_module(path)} imports {name}")
+    assert wrong == []

@@ -526,7 +526,7 @@ def test_audit_and_forward_copies_of_prepared_claims_are_written_once_however_th
         with psycopg.connect(ppg.url) as c:
             done = claim.first - 1
             while done < upto:
-                done = r.after.ack_held_chunk(c.cursor(), claim, after=done, batch=2).last
+                done = r.acker.chunks.held(c.cursor(), claim, after=done, batch=2).last
                 c.commit()
 
     def copied(table: str) -> list[str]:

@@ -35,7 +35,7 @@ NUMBER_BASE = 2**62
 #: after-processing progress (AFTER_MARK + the consumer: claim_seq its first number, source_seq the
 #: last number whose audit/forwardTo copies are written) and the prepared claims the sink marked
 #: failed (FAILED_MARK: claim_seq the claim's number): `transport.receiving.prepared.note_progress`,
-#: `transport.platform.after.AfterProcessing.ack_held_chunk`
+#: `transport.receiving.chunks.Chunks.held`
 MARK = "\x1f"
 AFTER_MARK = MARK + "after "
 FAILED_MARK = MARK + "failed"

@@ -1,8 +1,8 @@
-"""Acknowledge: once Spark commits a batch, its claims are deleted in bounded batches, with the
-after-processing work of the Particular platform (audit and forwardTo copies, ServiceControl retry
-acknowledgements: `transport.platform.after`) in the same transactions, and, where the claim did not
-judge headers, the batch's poison claims moved to the error queue. Idempotent: a repeated
-acknowledgement deletes nothing and copies nothing."""
+"""Acknowledge: once Spark commits a batch, its claims are deleted in chunks of a transaction each
+(`chunks`), with the after-processing work of the Particular platform (audit and forwardTo copies,
+ServiceControl retry acknowledgements: `transport.platform.after`) in the same transactions, and,
+where the claim did not judge headers, the batch's poison claims moved to the error queue.
+Idempotent: a repeated acknowledgement deletes nothing and copies nothing."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from collections.abc import Callable
 from ...dialects import Connection
 from .. import session as db
 from .. import settled
-from ..platform.after import AfterProcessing, Chunk
+from ..platform.after import AfterProcessing
 from ..session import Session
 from . import prepared
 from .background import Background
+from .chunks import Chunk, Chunks
 from .planner import ClaimOffset, Planner, ReceiveStats, dropped_note
 from .setup import Endpoint
 from .vacuum import vacuum_if_due
@@ -34,6 +35,7 @@ class Acker:
     def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background,
                  stats: ReceiveStats, after: AfterProcessing, planner: Planner) -> None:
         self.endpoint, self.stats, self.after = endpoint, stats, after
+        self.chunks = Chunks(endpoint, after)
         self.planner = planner
         self._main, self._ahead, self._background = main, ahead, background
         self._count = threading.Lock()  # stats.acked is added to from both threads
@@ -125,7 +127,7 @@ class Acker:
         batch = after.chunk_size(self.endpoint.options.ack_batch)
         done = session.run(lambda c: prepared.progress(c.cursor(), self.endpoint, claim), what)
         while done < claim.last:
-            chunk = functools.partial(_held_chunk, after, claim, done, batch)
+            chunk = functools.partial(_held_chunk, self.chunks, claim, done, batch)
             done = session.run(chunk, what).last
             after.committed()
 
@@ -151,9 +153,7 @@ class Acker:
         return moved
 
     def _ack_table(self, session: Session, end: ClaimOffset) -> int:
-        poison = self.after.stats.poison
-        total = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
-        poison = self.after.stats.poison - poison  # moved by this acknowledgement
+        total, poison = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
         with self._count:
             self.stats.acked += total
             self.stats.poison += poison
@@ -165,49 +165,53 @@ class Acker:
             vacuum_if_due(self.endpoint.dialect, session.connection(), self.endpoint.claims)
         return total
 
-    def _ack_with_copies(self, session: Session, end: ClaimOffset) -> int:
-        """Each chunk reads its claims' headers, writes the copies and deletes the claims, in one transaction."""
-        after = self.after
-        batch = after.chunk_size(self.endpoint.options.ack_batch)
-        return self._chunks(session, end, batch, lambda c, lo: after.ack_chunk(c.cursor(), upto=end.claim, batch=batch, after=lo),
-                            committed=after.committed)
+    def _ack_with_copies(self, session: Session, end: ClaimOffset) -> tuple[int, int]:
+        """Each chunk reads its claims' headers, writes the copies and deletes the claims, in one
+        transaction. (claims deleted, poison moved)."""
+        batch = self.after.chunk_size(self.endpoint.options.ack_batch)
+        return self._chunks(session, end, batch,
+                            lambda c, lo: self.chunks.table(c.cursor(), upto=end.claim, batch=batch, after=lo),
+                            committed=self.after.committed)
 
     def _chunks(self, session: Session, end: ClaimOffset, batch: int, chunk: Callable[[Connection, int], Chunk],
-                committed: Callable[[], None] = lambda: None) -> int:
+                committed: Callable[[], None] = lambda: None) -> tuple[int, int]:
         """Run `chunk` (one transaction each) until one finds fewer than `batch` claims; each reads
         after the last the one before read (and the first after where an earlier acknowledgement of
-        this claim table got to: the claims before it are gone), never over their dead index entries."""
+        this claim table got to: the claims before it are gone), never over their dead index entries.
+        (claims deleted, poison moved)."""
         lo = self._gone[1] if self._gone[0] == end.table else 0
-        what, total = self.endpoint.what("acknowledge"), 0
+        what, total, poison = self.endpoint.what("acknowledge"), 0, 0
         while True:
             done = session.run(functools.partial(_after, chunk, lo), what)
             committed()
-            total += done.gone
+            total, poison = total + done.gone, poison + done.poison
             lo = max(lo, done.last)
             if done.gone < batch:
                 self._gone = (end.table, max(lo, end.claim))
-                return total
+                return total, poison
 
-    def _ack_plain(self, session: Session, end: ClaimOffset) -> int:
-        """ServicePulse retries first (their acknowledgements with their deletes), then plain deletes."""
+    def _ack_plain(self, session: Session, end: ClaimOffset) -> tuple[int, int]:
+        """ServicePulse retries first (their acknowledgements with their deletes), then plain
+        deletes. (claims deleted, poison moved)."""
         d, o, what = self.endpoint.dialect, self.endpoint.options, self.endpoint.what("acknowledge")
         batch = o.ack_batch
         total = 0
         while o.acknowledge_retries:
-            deleted, seen = session.run(lambda c: self.after.ack_retried(c.cursor(), upto=end.claim, batch=batch), what)
+            deleted, seen = session.run(lambda c: self.chunks.retried(c.cursor(), upto=end.claim, batch=batch), what)
             total += deleted
             if seen < batch:
                 break
         if not d.poison_at_claim:  # the claim did not judge headers: each chunk is read and its poison moved
-            return total + self._chunks(
-                session, end, batch, lambda c, lo: self.after.ack_plain_chunk(c.cursor(), upto=end.claim, batch=batch, after=lo))
+            gone, poison = self._chunks(
+                session, end, batch, lambda c, lo: self.chunks.plain(c.cursor(), upto=end.claim, batch=batch, after=lo))
+            return total + gone, poison
         stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
         while True:
             n = session.run(lambda c: db.rowcount(c.cursor(), stmt), what)
             total += n
             if n < batch:
                 self._gone = (end.table, max(self.done(end.table), end.claim))
-                return total
+                return total, 0
 
 
 def _forget(endpoint: Endpoint, conn: Connection, upto: int) -> None:
@@ -215,8 +219,8 @@ def _forget(endpoint: Endpoint, conn: Connection, upto: int) -> None:
     conn.commit()
 
 
-def _held_chunk(after: AfterProcessing, claim: prepared.PreparedClaim, lo: int, batch: int, conn: Connection) -> Chunk:
-    return after.ack_held_chunk(conn.cursor(), claim, after=lo, batch=batch)
+def _held_chunk(chunks: Chunks, claim: prepared.PreparedClaim, lo: int, batch: int, conn: Connection) -> Chunk:
+    return chunks.held(conn.cursor(), claim, after=lo, batch=batch)
 
 
 def _after(chunk: Callable[[Connection, int], Chunk], lo: int, conn: Connection) -> Chunk:

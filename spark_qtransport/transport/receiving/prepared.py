@@ -81,7 +81,7 @@ class PreparedClaim:
     xid: str = ""  # the transaction's id, from pg_prepared_xacts
     age: float = 0.0  # seconds since it was prepared, when listed
     #: this run made the claim and it holds no poison (the driver judged every row's headers):
-    #: its rows' copies can be made on the server, unread (`AfterProcessing.ack_held_chunk`). A
+    #: its rows' copies can be made on the server, unread (`chunks.Chunks.held`). A
     #: claim listed from the server is not known to be
     clean: bool = False
 
@@ -200,7 +200,7 @@ def commit(conn: Connection, endpoint: Endpoint, claim: PreparedClaim) -> bool:
 
 def progress(cur: Cursor, endpoint: Endpoint, claim: PreparedClaim) -> int:
     """The last number of `claim` whose after-processing (audit and forwardTo copies) is written:
-    `claim.first - 1` when none is (`transport.platform.after`: `ack_held_chunk`)."""
+    `claim.first - 1` when none is (`chunks.Chunks.held`)."""
     d, o = endpoint.dialect, endpoint.options
     row = db.first(cur, d.after_progress(endpoint.claims, o.consumer, first=claim.first))
     return claim.first - 1 if row is None else int(row[0])

@@ -89,7 +89,7 @@ class Receiver:
         self.times = BatchTimes()
         self.monitor = (Monitor(options, reports=self.sessions.reports(options))
                         if options.monitoring_queue is not None else None)
-        self.after = AfterProcessing(self.endpoint, self.times,
+        self.after = AfterProcessing(options, self.dialect, self.times,
                                      observe=None if self.monitor is None else self.monitor.observe)
         self.acker = Acker(self.endpoint, self.main, self.ahead, self.background, self.stats, self.after, self.planner)
         self.delayed = DueDelayed(self.endpoint, self.main, clock=clock)
