@@ -190,7 +190,7 @@ class AfterProcessing:
     def copies(self) -> bool:
         """Whether each acknowledged message's headers are read: to audit, forward or time it."""
         o = self.options
-        return o.audit_queue is not None or o.forward_to is not None or self._observe is not None
+        return o.audit_queue is not None or o.forward_to is not None or self.timed
 
     @property
     def timed(self) -> bool:

@@ -39,7 +39,7 @@ from typing import NamedTuple
 from ...dialects import NUMBER_BASE, Cursor
 from ...wire import H, decode_header_texts, decode_headers
 from .. import session as db
-from ..platform.after import AfterProcessing
+from ..platform.after import AfterProcessing, Copy
 from . import prepared
 from .judge import judged
 from .prepared import PreparedClaim
@@ -112,9 +112,7 @@ class Chunks:
                 if h is not None and claim.shift + int(row[0]) not in failed]
         if kept:
             self.after.write(cur, [(key, text, claim.claimed) for key, text, _ in kept], [h for *_, h in kept],
-                             lambda target, keys, headers, ttbr: d.copy_held(
-                                 o.queue, target, xid=claim.xid, shift=claim.shift, claimed_at=claim.claimed_at,
-                                 keys=keys, headers=headers, ttbr_ms=ttbr))
+                             self._held_copy(claim))
         prepared.note_progress(cur, e, claim, done)
         return Chunk(len(found), done)
 
@@ -138,13 +136,18 @@ class Chunks:
                     rows.append((key, str(text)))
         copied = self.after.write_appended(
             cur, rows, upto=upto, claimed=claim.claimed,
-            copy=lambda target, keys, headers, ttbr: d.copy_held(
-                o.queue, target, xid=claim.xid, shift=claim.shift, claimed_at=claim.claimed_at, keys=keys,
-                headers=headers, ttbr_ms=ttbr),
+            copy=self._held_copy(claim),
             forward=lambda target: d.copy_held_range(o.queue, target, xid=claim.xid, shift=claim.shift,
                                               claimed_at=claim.claimed_at, after=after, upto=upto, skip=sorted(failed)))
         prepared.note_progress(cur, e, claim, upto)
         return Chunk(copied, upto)
+
+    def _held_copy(self, claim: PreparedClaim) -> Copy:
+        """The statements that copy messages of a prepared claim from the rows it holds."""
+        d, queue = self.endpoint.dialect, self.endpoint.options.queue
+        return lambda target, keys, headers, ttbr: d.copy_held(
+            queue, target, xid=claim.xid, shift=claim.shift, claimed_at=claim.claimed_at, keys=keys, headers=headers,
+            ttbr_ms=ttbr)
 
     def plain(self, cur: Cursor, *, upto: int, batch: int, after: int = 0) -> Chunk:
         """Without copies to make, where the claim did not judge headers: move the poison among
