@@ -4,7 +4,8 @@ queue -> Spark -> a PostgreSQL table keyed by message id (an idempotent sink), p
 with one row per delivery (so duplicates before the sink's key are visible). The environment
 variable CRASH_POINT makes the job stop dead at one point, after touching a marker file:
 
-- ``during_read``: a Python UDF sleeps while the executor reads the batch's claims;
+- ``during_read``: a Python UDF sleeps while the executor reads the batch's claims (a message whose
+  id starts with ``warm`` passes, so a test can run a first batch that starts the Python workers);
 - ``after_sink``: the batch's rows are committed to the sink, the checkpoint's commit is not.
 
 (``during_claim`` and ``during_ack`` need no help from here: the test makes the claim, or the
@@ -39,7 +40,7 @@ def main() -> None:
 
     @F.udf("string")
     def passthrough(message_id: str) -> str:
-        if point == "during_read":
+        if point == "during_read" and not message_id.startswith("warm"):
             (markers / "during_read").touch()
             time.sleep(600)
         return message_id

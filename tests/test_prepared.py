@@ -349,8 +349,13 @@ def test_a_killed_driver_leaves_no_prepared_claim_past_its_bound(ppg: Backend, n
     markers.mkdir()
     args = [ppg.url, q, e, str(tmp_path / "ckpt"), sink, str(markers)]
     env = {"CRASH_CLAIM_MODE": "prepared", "CRASH_PREPARED_TIMEOUT": "20s"}
-    ppg.send_many(q, [(nsb_headers(f"m{i:04d}"), b"{}") for i in range(1000)])
+    # A first batch starts the job's Python workers: the claims the test kills are then read within
+    # seconds of their PREPARE, not after a loaded machine's worker start (which took over the 20 s
+    # bound once, and the claims were parked before the kill).
+    ppg.send_many(q, [(nsb_headers("warm"), b"{}")])
     job = Job(CHILD, args, "during_read", log=log, env=env)
+    wait_for(lambda: (markers / "batch-0").exists(), START, "the first batch", job)
+    ppg.send_many(q, [(nsb_headers(f"m{i:04d}"), b"{}") for i in range(1000)])
     wait_for(lambda: (markers / "during_read").exists(), START, "a read in progress", job)
     assert prepared_now(ppg, q)
     job.kill()
@@ -366,7 +371,7 @@ def test_a_killed_driver_leaves_no_prepared_claim_past_its_bound(ppg: Backend, n
     run_to_end(CHILD, args, log=log, env=env)
     with ppg.connect() as c:
         ids = [r[0] for r in c.execute(f'SELECT message_id FROM "{sink}" ORDER BY message_id')]
-    assert ids == [f"m{i:04d}" for i in range(1000)]
+    assert ids == [f"m{i:04d}" for i in range(1000)] + ["warm"]
     assert ppg.count(q) == 0 and prepared_now(ppg, q) == []
 
 
