@@ -62,7 +62,7 @@ from ..routing import Item, Router, route_rows
 from ..settings import ReceiveSettings
 from .processed import Processed
 
-__all__ = ["AfterProcessing", "BatchTimes", "Copy", "audit_headers", "retry_acknowledgement"]
+__all__ = ["AfterProcessing", "BatchTimes", "Copies", "Copy", "audit_headers", "retry_acknowledgement"]
 
 log = logging.getLogger("spark_qtransport.platform")
 
@@ -164,11 +164,15 @@ Copy = Callable[[QueueAddress, list[int], "list[str] | None", "int | None"], Sta
 
 
 @dataclass
-class AfterStats:
+class Copies:
+    """What one chunk had copied and sent for the platform. `AfterProcessing.committed` hands it
+    over once the chunk's transaction committed; the receiving side adds it to its totals (a chunk
+    rolled back and run again is counted once)."""
+
     audited: int = 0
-    forwarded: int = 0  # forwardTo copies
+    forwarded_to: int = 0  # forwardTo copies
     retry_acks: int = 0
-    retry_acks_refused: int = 0
+    retry_acks_refused: int = 0  # retries whose acknowledgement could not be routed
 
 
 class AfterProcessing:
@@ -180,11 +184,11 @@ class AfterProcessing:
     def __init__(self, options: ReceiveSettings, dialect: Dialect, times: BatchTimes, *,
                  observe: Callable[[Sequence[Processed]], None] | None = None,
                  clock: Callable[[], datetime] | None = None) -> None:
-        self.options, self.dialect, self.times, self.stats = options, dialect, times, AfterStats()
+        self.options, self.dialect, self.times = options, dialect, times
         self._observe = observe
         self._clock = clock or (lambda: datetime.now(timezone.utc))
         self._processed: list[Processed] = []
-        self._count = threading.Lock()
+        self._made = Copies()
 
     @property
     def copies(self) -> bool:
@@ -212,8 +216,8 @@ class AfterProcessing:
         return self._clock()
 
     def begin(self) -> None:
-        """A chunk begins: what the last one timed is dropped unless `committed` took it."""
-        self._processed = []
+        """A chunk begins: what the last one timed and copied is dropped unless `committed` took it."""
+        self._processed, self._made = [], Copies()
 
     # -- the copies of one chunk, in the caller's transaction -------------------------------------
 
@@ -238,9 +242,8 @@ class AfterProcessing:
             db.execute(cur, copy(o.forward_to, kept, None, None))
         if self._observe is not None:
             self._processed = [self._timed(h or {}, start, ended) for h, start in zip(parsed, starts, strict=True)]
-        with self._count:
-            self.stats.audited += len(kept) if o.audit_queue is not None else 0
-            self.stats.forwarded += len(kept) if o.forward_to is not None else 0
+        self._made.audited += len(kept) if o.audit_queue is not None else 0
+        self._made.forwarded_to += len(kept) if o.forward_to is not None else 0
 
     def write_appended(self, cur: Cursor, rows: list[tuple[int, str]], *, upto: int, claimed: Any, copy: Copy,
                        forward: Callable[[QueueAddress], list[Statement]]) -> int:
@@ -266,19 +269,20 @@ class AfterProcessing:
             audited = len(rows)
         if o.forward_to is not None:
             forwarded = db.rowcount(cur, db.prefixed(cur, forward(o.forward_to)))
-        with self._count:
-            self.stats.audited += audited
-            self.stats.forwarded += forwarded
+        self._made.audited += audited
+        self._made.forwarded_to += forwarded
         return max(audited, forwarded)
 
-    def committed(self) -> None:
-        """The last chunk committed: hand its messages to monitoring."""
+    def committed(self) -> Copies:
+        """The last chunk committed: hand its messages to monitoring; what it copied and sent."""
         processed, self._processed = self._processed, []
+        made, self._made = self._made, Copies()
         if processed and self._observe is not None:
             try:
                 self._observe(processed)
             except Exception as exc:  # noqa: BLE001 - monitoring is best-effort
                 log.warning("monitoring could not take %d processed message(s): %s", len(processed), exc)
+        return made
 
     # -- pieces -----------------------------------------------------------------------------------
 
@@ -313,9 +317,8 @@ class AfterProcessing:
             log.warning("queue %s: no ServiceControl retry acknowledgement for %d message(s) (e.g. claim %s): %s; "
                         "ServiceControl Audit acknowledges retries it sees audited without one",
                         d.format_address(o.queue), len(routed.kept), key, reason)
-        with self._count:
-            self.stats.retry_acks += len(items) - len(kept)
-            self.stats.retry_acks_refused += len(kept)
+        self._made.retry_acks += len(items) - len(kept)
+        self._made.retry_acks_refused += len(kept)
         return [i.key for i in items], {i.key for i in items} - kept
 
     def _timed(self, headers: dict[str, str | None], started: datetime, ended: datetime) -> Processed:

@@ -19,8 +19,9 @@ from ..session import Session
 from . import prepared
 from .background import Background
 from .chunks import Chunk, Chunks
-from .planner import ClaimOffset, Planner, ReceiveStats, dropped_note
+from .planner import ClaimOffset, Planner
 from .setup import Endpoint
+from .stats import ReceiveStats, dropped_note
 from .vacuum import vacuum_if_due
 
 __all__ = ["Acker"]
@@ -38,7 +39,7 @@ class Acker:
         self.chunks = Chunks(endpoint, after)
         self.planner = planner
         self._main, self._ahead, self._background = main, ahead, background
-        self._count = threading.Lock()  # stats.acked is added to from both threads
+        self._count = threading.Lock()  # the stats are added to from both threads
         self.failure: Exception | None = None
         self._serial = threading.Lock()
         #: (claim table id, claim sequence): this consumer's claims up to it are deleted
@@ -129,7 +130,7 @@ class Acker:
         while done < claim.last:
             chunk = functools.partial(_held_chunk, self.chunks, claim, done, batch)
             done = session.run(chunk, what).last
-            after.committed()
+            self._committed()
 
     def park(self, session: Session, *, older_than: float | None) -> int:
         """Move this consumer's prepared claims older than `older_than` seconds (None: all of them)
@@ -165,13 +166,19 @@ class Acker:
             vacuum_if_due(self.endpoint.dialect, session.connection(), self.endpoint.claims)
         return total
 
+    def _committed(self) -> None:
+        """A chunk committed: monitoring gets its timings, the stats what it copied and sent."""
+        made = self.after.committed()
+        with self._count:
+            self.stats.copied(made)
+
     def _ack_with_copies(self, session: Session, end: ClaimOffset) -> tuple[int, int]:
         """Each chunk reads its claims' headers, writes the copies and deletes the claims, in one
         transaction. (claims deleted, poison moved)."""
         batch = self.after.chunk_size(self.endpoint.options.ack_batch)
         return self._chunks(session, end, batch,
                             lambda c, lo: self.chunks.table(c.cursor(), upto=end.claim, batch=batch, after=lo),
-                            committed=self.after.committed)
+                            committed=self._committed)
 
     def _chunks(self, session: Session, end: ClaimOffset, batch: int, chunk: Callable[[Connection, int], Chunk],
                 committed: Callable[[], None] = lambda: None) -> tuple[int, int]:
@@ -198,6 +205,7 @@ class Acker:
         total = 0
         while o.acknowledge_retries:
             deleted, seen = session.run(lambda c: self.chunks.retried(c.cursor(), upto=end.claim, batch=batch), what)
+            self._committed()
             total += deleted
             if seen < batch:
                 break

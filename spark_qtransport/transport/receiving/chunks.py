@@ -171,6 +171,7 @@ class Chunks:
         are deleted by the plain acknowledgement."""
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
+        self.after.begin()
         found = db.rows(cur, d.claims_with_header(e.claims, o.consumer, upto=upto, header=H.RETRY_ACK_QUEUE, limit=batch))
         keyed = [(int(seq), h) for seq, text in found if (h := decode_headers(text)) is not None]
         retried, _ = self.after.acknowledge_retries(cur, keyed, self.after.now())

@@ -20,8 +20,9 @@ from ..session import Session
 from .claimer import Claimer, ClaimOutcome, ClaimRequest
 from .prepared import NUMBER_BASE, HeldClaims, listed
 from .setup import Endpoint
+from .stats import ReceiveStats, dropped_note
 
-__all__ = ["ClaimOffset", "ClaimSlice", "PreparedRead", "LOW_WATER_TTL", "Planner", "ReceiveStats", "STARTER_CLAIM"]
+__all__ = ["ClaimOffset", "ClaimSlice", "PreparedRead", "LOW_WATER_TTL", "Planner", "STARTER_CLAIM"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -95,28 +96,6 @@ class PreparedRead:
     xid: str
     shift: int
     claimed_at: str
-
-
-@dataclass
-class ReceiveStats:
-    """Running totals of this query's driver, for logs and the reported latest offset."""
-
-    claims: int = 0
-    claimed: int = 0
-    expired: int = 0
-    poison: int = 0
-    dead_lettered: int = 0  # moved to the error queue with failure headers for a value (no id, Expires)
-    forwarded: int = 0  # to the queue their ForwardDestination header names
-    forward_failed: int = 0  # that destination missing: to the error queue
-    empty_peeks: int = 0
-    acked: int = 0
-    taken_over: int = 0  # claims another query of this endpoint left, found by a new checkpoint
-
-
-def dropped_note(s: ReceiveStats, *, expired: int, poison: int, error_queue: str) -> str:
-    """What a claim or an acknowledgement dropped or moved, and this run's totals: one log line's end."""
-    done = ([f"dropped {expired} expired"] if expired else []) + ([f"moved {poison} poison to {error_queue}"] if poison else [])
-    return f"{', '.join(done)} (totals: {s.expired} expired, {s.poison} poison)"
 
 
 @dataclass

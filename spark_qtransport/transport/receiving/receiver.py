@@ -44,11 +44,12 @@ from ..session import Session
 from .acker import Acker
 from .claimer import Claimer
 from .mover import DueDelayed
-from .planner import ClaimOffset, ClaimSlice, Planner, ReceiveStats
+from .planner import ClaimOffset, ClaimSlice, Planner
 from .prepared import HeldClaims
 from .sessions import StreamSessions
 from .setup import Endpoint, EndpointSetUp
 from .slices import pack, read_batches, read_chunks, read_slice
+from .stats import ReceiveStats
 from .warden import Warden
 
 if TYPE_CHECKING:
@@ -407,12 +408,12 @@ class Receiver:
                 "takenOver": s.taken_over, **self._platform_report()}
 
     def _platform_report(self) -> dict[str, int]:
-        a, o = self.after.stats, self.options
+        a, o = self.stats, self.options
         report = {}
         if o.audit_queue is not None:
             report["audited"] = a.audited
         if o.forward_to is not None:
-            report["forwardedTo"] = a.forwarded
+            report["forwardedTo"] = a.forwarded_to
         if a.retry_acks or a.retry_acks_refused:
             report.update(retryAcknowledged=a.retry_acks, retryAcknowledgementsRefused=a.retry_acks_refused)
         return report
