@@ -252,7 +252,7 @@ def test_claim_mode_is_decided_once_and_says_why(pg: Backend, ppg: Backend, name
         r = Receiver(ReceiveSettings.create(backend.url, q, error_queue=e, **values))
         try:
             r.initial_offset()
-            return r.endpoint.prepared
+            return r.endpoint.mode.prepares
         finally:
             r.close()
 

@@ -541,7 +541,7 @@ def test_claim_ahead_holds_the_next_batch_and_loses_nothing(backend: Backend, qu
     end = r.latest(start, 10)  # claims 10, then claims the next 10 ahead
     r.planner.settle_ahead()
     assert backend.unheld(q) == 5
-    if not r.endpoint.prepared:
+    if not r.endpoint.mode.prepares:
         assert backend.count(r.dialect.format_address(r.claims)) == 20
     first = [x[0] for x in read_batch(r, start, end)]
     r.close()  # stops before planning the next batch: the claimed-ahead rows are held claims

@@ -92,7 +92,7 @@ class Acker:
             return total
 
     def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
-        if self.endpoint.dialect.prepared_claims and (self.endpoint.prepared or self.planner.prepared.all()):
+        if self.planner.holds_prepared():
             total = self._ack_prepared(session, end)
         else:
             total = self._ack_table(session, end)

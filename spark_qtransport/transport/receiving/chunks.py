@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ...dialects import NUMBER_BASE, Cursor
+from ...dialects import Cursor
 from ...wire import H, decode_header_texts, decode_headers
 from .. import session as db
 from ..platform.after import AfterProcessing, Copy
@@ -184,7 +184,7 @@ class Chunks:
         prepared transactions (`mark_failed`), deleted here: read once, in the transaction that
         acknowledges them. Only claims numbered by us can have one."""
         d, e = self.endpoint.dialect, self.endpoint
-        if not d.prepared_claims or upto < NUMBER_BASE:
+        if not e.mode.ours(upto):
             return set()
         failed = {int(k) for (k,) in db.rows(cur, d.failed_marks(e.claims, after=after, upto=upto))}
         if failed:

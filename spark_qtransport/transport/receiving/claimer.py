@@ -133,7 +133,7 @@ class Claimer:
             after = head
         claims = self.endpoint.claims
         failures = ClaimFailures.build(failed_q=d.format_address(o.queue), endpoint=o.consumer)
-        prepared = self.endpoint.prepared and request.first is not None
+        prepared = self.endpoint.mode.prepares and request.first is not None
         numbering = None
         if request.first is not None:
             picked = pick(d, cur, o.queue, after=after, upto=request.upto, limit=request.limit)
@@ -195,7 +195,7 @@ class Claimer:
             if not d.is_out_of_prepared_slots(exc):
                 raise
             db.rollback(conn)
-            self.endpoint.prepared = False
+            self.endpoint.mode.fall_back()
             log.warning("queue %s: the server has no prepared transaction left (max_prepared_transactions); this "
                         "stream holds its claims in the claim table from now on (%s)", self.endpoint.queue_text,
                         d.error_text(exc))

@@ -18,7 +18,7 @@ from ...errors import OffsetError
 from .. import session as db
 from ..session import Session
 from .claimer import Claimer, ClaimOutcome, ClaimRequest
-from .prepared import NUMBER_BASE, HeldClaims, listed
+from .prepared import HeldClaims, listed
 from .setup import Endpoint
 from .stats import ReceiveStats, dropped_note
 
@@ -217,34 +217,25 @@ class Planner:
         high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))
         self.table_span = None if high is None else (int(low), int(high))
         table = self._table()
-        if d.prepared_claims and table:  # (no claim table known yet: no claim of this run either)
+        if self.endpoint.mode.possible and table:  # (no claim table known yet: no claim of this run either)
             self.prepared.replace_all(listed(self.endpoint, cur, table))
         tops = [v for v in (None if high is None else int(high), self.prepared.max_last()) if v is not None]
         self._held = max(tops) if tops else None
 
     def may_hold_prepared(self, end: int) -> bool:
-        """Whether claims up to `end` may be held by prepared transactions: this run prepares its
-        claims, or `end` has numbers of ours (a prepared run's, which a table-mode run may follow).
+        """Whether claims up to `end` may be held by prepared transactions (`ClaimMode.may_hold`).
         Only then does an acknowledgement or a replay need the server's list (`held_max`) first: a
         stream in claim-table mode over hundreds of queues must not pay a statement per queue at
         its last commit (a run's end, where the runner may be ended before it finishes)."""
-        return self.endpoint.dialect.prepared_claims and (self.endpoint.prepared or end >= NUMBER_BASE)
+        return self.endpoint.mode.may_hold(end)
 
-    def numbered(self, after: int | None) -> bool:
-        """Claims get numbers of ours (`ClaimNumbering`): held by prepared transactions, or in a
-        run whose checkpoint or claims have such numbers already (a table claim numbered by the
-        claim table's identity would fall below them)."""
-        if self.endpoint.prepared:
-            return True
-        known = (after, self.last_end, self._held, self._floor[1] if self._floor else None)
-        return any(v is not None and v >= NUMBER_BASE for v in known)
+    def holds_prepared(self) -> bool:
+        """This run holds (or may hold) claims in prepared transactions."""
+        return self.endpoint.mode.holds(bool(self.prepared.all()))
 
     def _first(self, after: int | None) -> int | None:
         """Where the next claim's numbers begin (None: the claim table's identity numbers it)."""
-        if not self.numbered(after):
-            return None
-        known = (NUMBER_BASE, after, self.last_end, self._held, self._floor[1] if self._floor else None)
-        return max(v for v in known if v is not None) + 1
+        return self.endpoint.mode.first_number((after, self.last_end, self._held, self._floor[1] if self._floor else None))
 
     def settle_ahead(self) -> None:
         """Wait for the claim made ahead, if any, and apply it. A failed one is simply made again,

@@ -110,7 +110,7 @@ class Receiver:
     @property
     def holds_prepared(self) -> bool:
         """This run holds (or may hold) claims in prepared transactions."""
-        return self.dialect.prepared_claims and (self.endpoint.prepared or bool(self.planner.prepared.all()))
+        return self.planner.holds_prepared()
 
     @property
     def draining(self) -> bool:
@@ -269,7 +269,7 @@ class Receiver:
         stmt = self.dialect.claim_stats(self.claims)
         rows = self.main.run(lambda c: db.rows(c.cursor(), stmt), self.endpoint.what("peek claims"))
         held = next(((int(n), oldest) for who, n, oldest in rows if who == consumer and n), None)
-        if self.dialect.prepared_claims:
+        if self.endpoint.mode.possible:
             self.planner.held_max(fresh=True)
             ours = self.planner.prepared.all()
             if ours:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...dialects import FAILED_COLUMN, Connection, Cursor, Dialect, QueueAddress
@@ -17,6 +17,7 @@ from .. import settled
 from ..routing import queue_shape_problem
 from ..server import require_databases
 from ..settings import CLAIM_PREPARED, CLAIM_TABLE
+from .mode import ClaimMode
 
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
@@ -37,10 +38,13 @@ class Endpoint:
     options: ReceiveSettings
     dialect: Dialect
     claims: QueueAddress  # the queue's claim table
-    #: claims are held by prepared transactions (`claimMode`, decided by the set-up), not the claim table
-    prepared: bool = False
     #: the database has the settled-batches table (`transport.settled`): read tasks record their batches
     settling: bool = False
+    #: where its claims are held (`claimMode`, decided by the set-up): the one place that says
+    mode: ClaimMode = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mode = ClaimMode(self.dialect.prepared_claims)
 
     @property
     def queue_text(self) -> str:
@@ -128,12 +132,12 @@ class EndpointSetUp:
         """Where this run holds its claims (`claimMode`): decided once, on the first connection."""
         d, o = self.endpoint.dialect, self.endpoint.options
         self._mode_decided = True
-        if o.claim_mode == CLAIM_TABLE or not d.prepared_claims:
+        if o.claim_mode == CLAIM_TABLE or not self.endpoint.mode.possible:
             return
         explicit = o.claim_mode == CLAIM_PREPARED
         slots = self.slots if self.slots is not None else PreparedSlots()
         if slots.take(d, cur):
-            self.endpoint.prepared = True
+            self.endpoint.mode.start_preparing()
             log.info("queue %s: claims are held by prepared transactions (claimMode %s; preparedClaimTimeout %s)",
                      self.endpoint.queue_text, o.claim_mode, db.seconds_text(o.prepared_timeout))
             return
