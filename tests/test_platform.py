@@ -206,3 +206,30 @@ def test_acknowledgements_that_overlap_copy_each_message_once(backend: Backend, 
         r.background.submit(lambda: None).result(60)  # the background thread is done
     assert backend.count(audit) == backend.count(copy) == 3000
     assert backend.count(backend.claims(q)) == 0
+
+
+def test_a_chunk_run_again_after_its_connection_died_is_counted_once(pg: Backend, names: Any) -> None:
+    """The chunk's connection dies after its copies, before its commit (the server ends the session
+    at the claims' DELETE, once): the session runs the chunk again on a new connection. The copies
+    exist once, and the progress report counts them once (it counted the rolled-back try too)."""
+    q, e, audit, copy = _queues(pg, names, "Sales", "error", "audit", "copy")
+    pg.send_many(q, [(nsb_headers(f"m{i:03d}"), b"{}") for i in range(30)])
+    once = names("die_once")
+    with receiving(pg, q, e, audit_queue=pg.address(audit), forward_to=pg.address(copy)) as r:
+        start = r.initial_offset()
+        end = r.latest(start, 1000)
+        r.slices(start, end)
+        with pg.connect() as c:
+            c.execute(f'CREATE SEQUENCE public."{once}"')
+            c.execute(f'CREATE FUNCTION public."{once}"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN '
+                      f"IF nextval('public.\"{once}\"') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; "
+                      "RETURN NULL; END $$")
+            c.execute(f'CREATE TRIGGER die_once BEFORE DELETE ON {pg.q(pg.claims(q))} '
+                      f'FOR EACH STATEMENT EXECUTE FUNCTION public."{once}"()')
+        r.ack(end)
+        report = r.report()
+        with pg.connect() as c:
+            (tries,) = c.execute(f'SELECT last_value FROM public."{once}"').fetchone()
+    assert tries >= 2, "the chunk was run again"
+    assert pg.count(audit) == pg.count(copy) == 30 == report["audited"] == report["forwardedTo"]
+    assert pg.held(q) == 0
