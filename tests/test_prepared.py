@@ -522,7 +522,7 @@ def test_audit_and_forward_copies_of_prepared_claims_are_written_once_however_th
         end = r.latest(start, None)
         rows = [row for part in r.slices(start, end) for row in read_slice(part)]
         assert sorted(row.message_id for row in rows) == sorted(ids)
-        [claim] = r.planner.prepared.all()
+        [claim] = r.planner.ledger.prepared()
         return end, claim, {row.message_id: row.claim_seq for row in rows}
 
     def chunks(claim: Any, upto: int) -> None:
@@ -644,7 +644,7 @@ def test_audit_headers_of_prepared_claims_are_nservicebus_audit_headers(
     try:
         start = r.initial_offset()
         end = r.latest(start, None)
-        [claim] = r.planner.prepared.all()
+        [claim] = r.planner.ledger.prepared()
         assert claim.clean is not with_poison
         assert len([row for part in r.slices(start, end) for row in read_slice(part)]) == len(texts)
         r.ack(end)

@@ -713,7 +713,7 @@ def test_the_backlog_estimate_looks_above_the_rows_our_claims_took(backend: Back
         now[0] += LOW_WATER_TTL - 1
         assert r.planner.estimate_floor() == taken
         now[0] += 2  # past the mark's life: a row released below it is counted again
-        assert r.planner.estimate_floor() == max([c.high for c in r.planner.prepared.all()], default=0) < taken
+        assert r.planner.estimate_floor() == max([c.high for c in r.planner.ledger.prepared()], default=0) < taken
         assert r.backlog() == 20
     finally:
         r.close()

@@ -104,18 +104,18 @@ class Acker:
         ForwardDestination put there, parked ones, a table-mode run's) as always, where it may hold
         any up to `end`; then each prepared claim up to `end` is committed."""
         total = 0
-        span = self.planner.table_span
-        if span is not None and span[0] <= end.claim:
+        ledger = self.planner.ledger
+        if ledger.table_holds(end.claim):
             total = self._ack_table(session, end)
-            self.planner.narrow_table_span(end.claim)
+            ledger.acknowledged_table(end.claim)
         what = self.endpoint.what("acknowledge")
-        for claim in self.planner.prepared.upto(end.claim):
+        for claim in ledger.prepared_upto(end.claim):
             if self.after.copies:
                 self._after_held(session, claim)
             session.run(functools.partial(prepared.commit, endpoint=self.endpoint, claim=claim), what)
             if self.after.copies:
                 session.run(functools.partial(prepared.forget_progress, endpoint=self.endpoint, claim=claim), what)
-            self.planner.prepared.forget(claim)
+            ledger.committed(claim)
             total += claim.last - claim.first + 1
         self._gone = (end.table, max(self.done(end.table), end.claim))
         return total
@@ -145,9 +145,9 @@ class Acker:
             for claim in current:
                 if older_than is not None and claim.age < older_than:
                     continue
-                self.planner.widen_table_span(claim.first, claim.last)
+                self.planner.ledger.parking(claim)
                 session.run(functools.partial(prepared.park, endpoint=self.endpoint, claim=claim), what)
-                self.planner.prepared.forget(claim)
+                self.planner.ledger.parked(claim)
                 moved += 1
                 log.info("queue %s: moved the prepared claim of numbers %d-%d (%.0fs old) into %s", self.endpoint.queue_text,
                          claim.first, claim.last, claim.age, d.qualified(self.endpoint.claims))

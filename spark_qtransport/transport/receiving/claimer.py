@@ -30,7 +30,8 @@ from ..session import Session
 from .background import Background
 from .forward import ForwardResult, forward_claimed
 from .judge import judged
-from .prepared import NUMBER_BASE, HeldClaims, PreparedClaim, consumer_token
+from .ledger import Ledger
+from .prepared import NUMBER_BASE, PreparedClaim, consumer_token
 from .setup import Endpoint
 
 __all__ = ["ClaimOutcome", "ClaimRequest", "Claimer", "pick"]
@@ -98,11 +99,11 @@ class Claimer:
     state of its own: each claim returns a `ClaimOutcome` for the planner to apply."""
 
     def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background,
-                 table: Callable[[], str], *, held: HeldClaims) -> None:
+                 table: Callable[[], str], *, ledger: Ledger) -> None:
         self.endpoint = endpoint
         self._main, self._ahead, self._background = main, ahead, background
         self._table = table  # the claim table's id (a prepared claim's gid names it)
-        self._held = held  # this consumer's prepared claims: the planner's registry
+        self._ledger = ledger  # this consumer's claims: the planner's
 
     def generations(self) -> tuple[int, int]:
         """Connections opened and dropped so far by both sessions: a claim whose commit went
@@ -176,7 +177,7 @@ class Claimer:
         between them, not through them, spares the server a walk over two claims' rows."""
         d, o = self.endpoint.dialect, self.endpoint.options
         after = 0
-        for claim in sorted(self._held.all(), key=lambda c: c.low):
+        for claim in sorted(self._ledger.prepared(), key=lambda c: c.low):
             gap = d.peek(o.queue, after=after, upto=_lower(claim.low - 1, upto))
             if claim.low - 1 > after and db.first(cur, gap) is not None:
                 return after

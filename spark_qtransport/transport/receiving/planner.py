@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -18,7 +17,8 @@ from ...errors import OffsetError
 from .. import session as db
 from ..session import Session
 from .claimer import Claimer, ClaimOutcome, ClaimRequest
-from .prepared import HeldClaims, listed
+from .ledger import Ledger
+from .prepared import listed
 from .setup import Endpoint
 from .stats import ReceiveStats, dropped_note
 
@@ -113,17 +113,14 @@ class Planner:
     changes it; a claim made ahead is applied when the next batch is planned."""
 
     def __init__(self, endpoint: Endpoint, claimer: Claimer, main: Session, stats: ReceiveStats,
-                 *, clock: Callable[[], float] = time.monotonic, held: HeldClaims,
+                 *, clock: Callable[[], float] = time.monotonic, ledger: Ledger,
                  table: Callable[[], str] = lambda: "") -> None:
         self.endpoint, self.stats = endpoint, stats
         self._claimer, self._main, self._clock = claimer, main, clock
-        #: the prepared claims this consumer holds (`prepared.py`), and the claim table's id
-        self.prepared = held
+        #: the claims this consumer holds, in the claim table and prepared (`ledger.py`), and the
+        #: claim table's id
+        self.ledger = ledger
         self._table = table
-        #: the lowest and highest claim number the claim table may hold for this consumer (None:
-        #: none): a batch with prepared claims reads the claim table only where this says
-        self.table_span: tuple[int, int] | None = None
-        self._span_lock = threading.Lock()
         self.last_end: int | None = None
         self.target: int | None = None  # Trigger.AvailableNow: highest queue sequence to take
         self._more = False  # the last claim was full: more is probably waiting
@@ -215,12 +212,11 @@ class Planner:
         """What this consumer holds, read from the server: claim-table claims and prepared ones."""
         d, cur = self.endpoint.dialect, conn.cursor()
         high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))
-        self.table_span = None if high is None else (int(low), int(high))
+        self.ledger.replace_table(None if high is None else (int(low), int(high)))
         table = self._table()
         if self.endpoint.mode.possible and table:  # (no claim table known yet: no claim of this run either)
-            self.prepared.replace_all(listed(self.endpoint, cur, table))
-        tops = [v for v in (None if high is None else int(high), self.prepared.max_last()) if v is not None]
-        self._held = max(tops) if tops else None
+            self.ledger.replace_prepared(listed(self.endpoint, cur, table))
+        self._held = self.ledger.highest()
 
     def may_hold_prepared(self, end: int) -> bool:
         """Whether claims up to `end` may be held by prepared transactions (`ClaimMode.may_hold`).
@@ -231,7 +227,7 @@ class Planner:
 
     def holds_prepared(self) -> bool:
         """This run holds (or may hold) claims in prepared transactions."""
-        return self.endpoint.mode.holds(bool(self.prepared.all()))
+        return self.endpoint.mode.holds(bool(self.ledger.prepared()))
 
     def _first(self, after: int | None) -> int | None:
         """Where the next claim's numbers begin (None: the claim table's identity numbers it)."""
@@ -277,9 +273,9 @@ class Planner:
         if result.max_claim is not None and self._held_seen is not None:
             self._held = max(self._held or 0, result.max_claim)
         if outcome.prepared is not None:
-            self.prepared.add(outcome.prepared)
+            self.ledger.claimed_prepared(outcome.prepared)
         elif result.max_claim is not None and result.min_claim is not None:
-            self.widen_table_span(result.min_claim, result.max_claim)
+            self.ledger.claimed_in_table(result.min_claim, result.max_claim)
         if result.max_source is not None and (self._taken.seq is None or result.max_source > self._taken.seq):
             fresh = self._taken.seq is not None and outcome.request.planned_at - self._taken.since <= LOW_WATER_TTL
             self._taken = _LowWater(result.max_source, self._taken.since if fresh else outcome.request.planned_at)
@@ -297,7 +293,7 @@ class Planner:
         the server's xmin horizon back, the committed ones stay in the index and an estimate from
         the head steps over each (0.45 µs a row: 100,000 after a drain's last batch)."""
         taken = self._taken
-        tops = [c.high for c in self.prepared.all()]
+        tops = [c.high for c in self.ledger.prepared()]
         tops.append(taken.seq if taken.seq is not None and self._clock() - taken.since <= LOW_WATER_TTL else 0)
         ahead = self._ahead  # made, not applied yet: the background thread estimates right after it
         if ahead is not None and ahead.done() and ahead.exception() is None:
@@ -329,19 +325,6 @@ class Planner:
                 ", ".join(f"{n} {DEAD_REASONS[column]}" for column, n in r.dead_lettered.items()),
             )
 
-    def widen_table_span(self, low: int, high: int) -> None:
-        """The claim table now holds claims of this consumer numbered within [low, high]."""
-        with self._span_lock:
-            span = self.table_span
-            self.table_span = (low, high) if span is None else (min(span[0], low), max(span[1], high))
-
-    def narrow_table_span(self, end: int) -> None:
-        """The claim table's claims up to `end` are acknowledged (the background thread's)."""
-        with self._span_lock:
-            span = self.table_span
-            if span is not None:
-                self.table_span = None if span[1] <= end else (max(span[0], end + 1), span[1])
-
     def table_id(self) -> str:
         return self._table()
 
@@ -356,7 +339,7 @@ class Planner:
     def _cap_held(self, after: int | None, held_max: int, limit: int | None) -> int:
         """Held claims beyond `after` form the batch, but no more than `limit` of them (a deleted
         checkpoint can find more: the last batch's and the one claimed ahead)."""
-        if after is None or limit is None or held_max - after <= limit or self.prepared.within(after, held_max):
+        if after is None or limit is None or held_max - after <= limit or self.ledger.prepared_within(after, held_max):
             return held_max  # claims held by prepared transactions are whole batches: not cut
         stmt = self.endpoint.dialect.nth_claim(self.endpoint.claims, self.endpoint.options.consumer, after=after, n=limit)
         (nth,) = self._main.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("peek claims"))
@@ -374,7 +357,7 @@ class Planner:
             self.held_max()  # the prepared claims as the server has them, after any lost connection
         # the prepared claims of the batch's claim table (a batch planned over a claim table made
         # again reads from its start, and the claims made since are of the new one)
-        held = [c for c in self.prepared.within(after, end.claim) if c.table == end.table]
+        held = [c for c in self.ledger.prepared_within(after, end.claim) if c.table == end.table]
         parts = self._slices(end.table, after, end.claim, held)
         if self.endpoint.settling:
             parts = [replace(p, batch=(after, end.claim)) for p in parts]
@@ -395,7 +378,7 @@ class Planner:
 
     def _table_gap(self, table: str, after: int, upto: int) -> list[ClaimSlice]:
         """Claim-table slices of (after, upto], between prepared claims: only where it may hold some."""
-        span = self.table_span
+        span = self.ledger.table_span
         if span is None or upto <= after or span[1] <= after or span[0] > upto:
             return []
         return self._cut(table, max(after, span[0] - 1), min(upto, span[1]))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ from .judge import judged
 if TYPE_CHECKING:
     from .setup import Endpoint
 
-__all__ = ["GID_PREFIX", "NUMBER_BASE", "Prepared", "PreparedClaim", "HeldClaims", "commit", "consumer_token",
+__all__ = ["GID_PREFIX", "NUMBER_BASE", "Prepared", "PreparedClaim", "commit", "consumer_token",
            "consumer_tokens", "forget_progress", "listed", "note_progress", "on_server", "park", "prefix_of", "progress"]
 
 #: every gid of a claim of ours starts with this
@@ -118,43 +117,6 @@ class PreparedClaim:
         if len(parts[6]) != 20 or not parts[6].isdigit():
             return None
         return cls(str(table), first, last, low, high, parts[6], parts[7], xid, age)
-
-
-class HeldClaims:
-    """The prepared claims one consumer holds, as this run knows them: listed from the server at
-    the start and after any connection was lost (`replace_all`), then kept as claims are made,
-    committed and parked. Shared by the planner (driver thread) and the acknowledgements
-    (background thread)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._claims: dict[str, PreparedClaim] = {}
-
-    def replace_all(self, claims: list[PreparedClaim]) -> None:
-        with self._lock:
-            self._claims = {c.gid: c for c in claims}
-
-    def add(self, claim: PreparedClaim) -> None:
-        with self._lock:
-            self._claims[claim.gid] = claim
-
-    def forget(self, claim: PreparedClaim) -> None:
-        with self._lock:
-            self._claims.pop(claim.gid, None)
-
-    def all(self) -> list[PreparedClaim]:
-        with self._lock:
-            return sorted(self._claims.values(), key=lambda c: c.first)
-
-    def upto(self, end: int) -> list[PreparedClaim]:
-        return [c for c in self.all() if c.last <= end]
-
-    def within(self, after: int, end: int) -> list[PreparedClaim]:
-        return [c for c in self.all() if c.last > after and c.first <= end]
-
-    def max_last(self) -> int | None:
-        claims = self.all()
-        return max(c.last for c in claims) if claims else None
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ from ..platform.monitoring import Monitor
 from ..session import Session
 from .acker import Acker
 from .claimer import Claimer
+from .ledger import Ledger
 from .mover import DueDelayed
 from .planner import ClaimOffset, ClaimSlice, Planner
-from .prepared import HeldClaims
 from .sessions import StreamSessions
 from .setup import Endpoint, EndpointSetUp
 from .slices import pack, read_batches, read_chunks, read_slice
@@ -84,9 +84,9 @@ class Receiver:
         self.sessions.join(self.set_up)
         self.main, self.ahead, self.background = self.sessions.main, self.sessions.ahead, self.sessions.background
         table = self._known_table_id
-        held = HeldClaims()  # the prepared claims this consumer holds: the planner's, seen by the claimer
-        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background, table, held=held)
-        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock, table=table, held=held)
+        ledger = Ledger()  # the claims this consumer holds: the planner's, seen by the claimer
+        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background, table, ledger=ledger)
+        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock, table=table, ledger=ledger)
         self.times = BatchTimes()
         self.monitor = (Monitor(options, reports=self.sessions.reports(options))
                         if options.monitoring_queue is not None else None)
@@ -271,7 +271,7 @@ class Receiver:
         held = next(((int(n), oldest) for who, n, oldest in rows if who == consumer and n), None)
         if self.endpoint.mode.possible:
             self.planner.held_max(fresh=True)
-            ours = self.planner.prepared.all()
+            ours = self.planner.ledger.prepared()
             if ours:
                 n = (held[0] if held else 0) + sum(c.last - c.first + 1 for c in ours)
                 held = (n, held[1] if held else f"{ours[0].claimed_at} UTC (a prepared transaction)")
@@ -346,7 +346,7 @@ class Receiver:
 
     def _time_prepared(self) -> None:
         """Once this run holds a prepared claim, a timer parks the ones older than their bound."""
-        if not self._timed and self.planner.prepared.all():
+        if not self._timed and self.planner.ledger.prepared():
             self._timed = True
             warden = self._warden()
             if warden is not None:

@@ -1,0 +1,105 @@
+"""The ledger of one consumer's claims, as this run knows them: the claim table's span (the
+lowest and highest number of the consumer's claims there) and the prepared claims (`prepared.py`),
+each a whole batch numbered apart. One run can hold both: a ForwardDestination's or a retry
+acknowledgement's claims, a parked claim, a run after a fallback from prepared claims.
+
+Read from the server at the start and after any connection was lost (`replace`), then kept as claims
+are made (`claimed_in_table`, `claimed_prepared`), acknowledged (`acknowledged_table`, `committed`) and
+parked (`parking`, `parked`: a prepared claim's messages move into the claim table with their numbers). The
+planner (driver thread), the claimer and the acknowledgements (background thread) share it; what it
+holds is changed under its lock."""
+
+from __future__ import annotations
+
+import threading
+
+from .prepared import PreparedClaim
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    """One consumer's claims (see the module's text)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._table: tuple[int, int] | None = None
+        self._prepared: dict[str, PreparedClaim] = {}
+
+    # -- what the server says ---------------------------------------------------------------------
+
+    def replace_table(self, span: tuple[int, int] | None) -> None:
+        """The claim table's span as the server has it (None: no claim there)."""
+        with self._lock:
+            self._table = span
+
+    def replace_prepared(self, claims: list[PreparedClaim]) -> None:
+        """The prepared claims as the server lists them."""
+        with self._lock:
+            self._prepared = {c.gid: c for c in claims}
+
+    # -- what this run does -----------------------------------------------------------------------
+
+    def claimed_in_table(self, low: int, high: int) -> None:
+        """The claim table now holds claims of this consumer numbered within [low, high]."""
+        with self._lock:
+            span = self._table
+            self._table = (low, high) if span is None else (min(span[0], low), max(span[1], high))
+
+    def claimed_prepared(self, claim: PreparedClaim) -> None:
+        with self._lock:
+            self._prepared[claim.gid] = claim
+
+    def acknowledged_table(self, end: int) -> None:
+        """The claim table's claims up to `end` are acknowledged."""
+        with self._lock:
+            span = self._table
+            if span is not None:
+                self._table = None if span[1] <= end else (max(span[0], end + 1), span[1])
+
+    def committed(self, claim: PreparedClaim) -> None:
+        """A prepared claim was committed (acknowledged)."""
+        with self._lock:
+            self._prepared.pop(claim.gid, None)
+
+    def parking(self, claim: PreparedClaim) -> None:
+        """A prepared claim's messages are being moved into the claim table, with their numbers:
+        from now on the table may hold them (the move may commit though its answer is lost)."""
+        self.claimed_in_table(claim.first, claim.last)
+
+    def parked(self, claim: PreparedClaim) -> None:
+        """The move committed: the prepared claim is gone."""
+        with self._lock:
+            self._prepared.pop(claim.gid, None)
+
+    # -- questions --------------------------------------------------------------------------------
+
+    @property
+    def table_span(self) -> tuple[int, int] | None:
+        """The lowest and highest claim number the claim table may hold for this consumer (None:
+        none): a batch with prepared claims reads the claim table only where this says."""
+        return self._table
+
+    def table_holds(self, end: int) -> bool:
+        """Whether the claim table may hold claims numbered up to `end`."""
+        span = self._table
+        return span is not None and span[0] <= end
+
+    def prepared(self) -> list[PreparedClaim]:
+        """The prepared claims, lowest numbers first."""
+        with self._lock:
+            return sorted(self._prepared.values(), key=lambda c: c.first)
+
+    def prepared_upto(self, end: int) -> list[PreparedClaim]:
+        return [c for c in self.prepared() if c.last <= end]
+
+    def prepared_within(self, after: int, end: int) -> list[PreparedClaim]:
+        return [c for c in self.prepared() if c.last > after and c.first <= end]
+
+    def highest(self) -> int | None:
+        """The highest claim number held, in either form (None: nothing held)."""
+        tops = [c.last for c in self.prepared()]
+        span = self._table
+        if span is not None:
+            tops.append(span[1])
+        return max(tops) if tops else None
