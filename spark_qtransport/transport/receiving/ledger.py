@@ -4,11 +4,10 @@ each a whole batch numbered apart. One run can hold both: a ForwardDestination's
 acknowledgement's claims, a parked claim, a run after a fallback from prepared claims.
 
 Read from the server at the start and after any connection was lost (`replace_table`,
-`replace_prepared`), then kept as claims
-are made (`claimed_in_table`, `claimed_prepared`), acknowledged (`acknowledged_table`, `committed`) and
-parked (`parking`, `parked`: a prepared claim's messages move into the claim table with their numbers). The
-planner (driver thread), the claimer and the acknowledgements (background thread) share it; what it
-holds is changed under its lock."""
+`replace_prepared`), then kept as claims are made (`claimed_in_table`, `claimed_prepared`),
+acknowledged (`acknowledged_table`, `committed`) and parked (`parking`, `parked`: a prepared claim's
+messages move into the claim table with their numbers). The planner (driver thread), the claimer
+and the acknowledgements (background thread) share it; what it holds is changed under its lock."""
 
 from __future__ import annotations
 
