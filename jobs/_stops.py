@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["HARD_STOP", "STOPS", "StopRequested", "Stops", "quiet_jvm", "shut_down", "stop_query"]
+__all__ = ["HARD_STOP", "STOPS", "StopRequested", "Stops", "quiet_accumulators", "quiet_jvm", "shut_down", "stop_query"]
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
@@ -158,13 +158,18 @@ class StopRequested(Exception):  # noqa: N818 - what it is, not an error
 STOPS = Stops()
 
 
+def _spark_context_class() -> Any:
+    """pyspark's SparkContext class if pyspark was imported (`pyspark.core.context` since 4.0),
+    without importing it."""
+    return getattr(sys.modules.get("pyspark"), "SparkContext", None)
+
+
 def _kill_jvm() -> None:
     """The JVM this process launched, killed outright (nothing ran, nothing to flush). Left to exit
     when its gateway's pipe closes, a JVM still starting runs its shutdown hooks beside its own
     start-up and logs their races (an executor fetching a file into a directory a hook deleted) as
     stacks. Safe in a signal handler: no py4j call, pyspark not imported here if it was not."""
-    context = sys.modules.get("pyspark.context")
-    proc = getattr(getattr(getattr(context, "SparkContext", None), "_gateway", None), "proc", None)
+    proc = getattr(getattr(_spark_context_class(), "_gateway", None), "proc", None)
     try:
         if proc is not None:
             proc.kill()
@@ -178,6 +183,7 @@ def quiet_jvm() -> None:
     import logging
 
     logging.getLogger("spark_qtransport.failures").setLevel(logging.CRITICAL)
+    quiet_accumulators()
     jobs_spark = sys.modules.get("_spark")  # the filter of the JVM's stderr, when the job started one
     if jobs_spark is not None:
         jobs_spark.mute_jvm_stderr()
@@ -219,6 +225,28 @@ def stop_query(query: Any, *, wait: float = BATCH_WAIT) -> None:
         pass
 
 
+def quiet_accumulators() -> None:
+    """From a stop on: the driver's accumulator server says nothing of the JVM closing its end.
+
+    The JVM sends tasks' accumulator updates to the driver's Python over one connection. A query
+    stopped while it merges them (`query.stop()` interrupts the thread, and Java closes a channel
+    under an interrupted thread), or pyspark's `SparkContext.stop` (the JVM's context stops before
+    the server's shutdown flag is set), closes that connection; the server's handler reads an end
+    of file and `socketserver` prints its traceback: 20 lines of EOFError on a stop that went as it
+    should. Any other error of that server still prints."""
+    sc = getattr(_spark_context_class(), "_active_spark_context", None)
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is None:
+        return
+    loud = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):
+            loud(request, client_address)
+
+    server.handle_error = handle_error
+
+
 def shut_down() -> None:
     """After a stop: Spark stopped and its JVM ended (at most 8 s after Spark's stop)."""
     try:
@@ -227,6 +255,7 @@ def shut_down() -> None:
 
         spark = SparkSession.getActiveSession()
         gateway = SparkContext._gateway
+        quiet_accumulators()
         if spark is not None:
             spark.stop()
         proc = getattr(gateway, "proc", None)

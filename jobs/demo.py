@@ -126,7 +126,7 @@ def main() -> int:
         ap.error(f"--orders must be at least {expired + invalid + deferred + 1}")
 
     from _spark import require_delta, session
-    from _stops import STOPS
+    from _stops import STOPS, quiet_accumulators
 
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
@@ -204,6 +204,7 @@ def main() -> int:
         return 0 if ok else 1
     finally:
         if spark is not None:
+            quiet_accumulators()
             spark.stop()
         if pg is not None:
             pg.stop()

@@ -273,3 +273,33 @@ def test_ctrl_c_of_the_demo(tmp_path: Path) -> None:
     assert stopped.code == 130, shown[-3000:]
     assert len(stopped.after) <= 5, shown[-3000:]
     assert stopped.jvm_seconds <= 10
+
+
+def test_the_jvm_hanging_up_its_accumulator_connection_at_a_stop_prints_nothing(spark: Any, capsys: Any) -> None:
+    """pyspark's `SparkContext.stop` stops the JVM's context before its accumulator server: the JVM
+    closing the connection it sends accumulator updates on made the server print an EOFError's 20
+    lines (a SIGTERM'd endpoint job in CI). Here the JVM's side is a socket that authenticates,
+    sends an empty update and hangs up, against the shared session's real server: loud before
+    `quiet_accumulators` (so the case is real), silent after it."""
+    import socket
+    import struct
+
+    sys.path.insert(0, str(JOBS))
+    from _stops import quiet_accumulators
+
+    server = spark.sparkContext._accumulatorServer
+    loud = server.handle_error
+
+    def hang_up() -> str:
+        with socket.create_connection(server.server_address[:2], timeout=30) as s:
+            s.sendall(server.auth_token.encode() + struct.pack("!i", 0))
+            assert s.recv(1) == b"\x01", "the server took the update"
+        time.sleep(2.5)  # the handler polls every second, then reads the end of the file
+        return capsys.readouterr().err
+
+    try:
+        assert "EOFError" in hang_up(), "without it the hang-up prints a traceback"
+        quiet_accumulators()
+        assert hang_up() == ""
+    finally:
+        server.handle_error = loud
