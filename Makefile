@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) tests/site_workers.py
 	$(PY) jobs/_spark.py fetch-jars
 	touch $@
 

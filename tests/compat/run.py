@@ -133,6 +133,8 @@ def set_up(spec: Line) -> bool:
         shutil.rmtree(venv, ignore_errors=True)
         run_quietly("python -m venv", [sys.executable, "-m", "venv", str(venv)], env)
     run_quietly("pip install", [str(python_of(spec)), "-m", "pip", "install", "-q", *requirements(spec)], env)
+    # Spark's workers import this venv's compiled pyspark, not Spark's zips (tests/site_workers.py)
+    run_quietly("tests/site_workers.py", [str(python_of(spec)), "tests/site_workers.py"], env)
     stamp.write_text(wanted)
     return True
 
