@@ -225,7 +225,7 @@ def stop_query(query: Any, *, wait: float = BATCH_WAIT) -> None:
         pass
 
 
-def quiet_accumulators() -> None:
+def quiet_accumulators(server: Any = None) -> None:
     """From a stop on: the driver's accumulator server says nothing of the JVM closing its end.
 
     The JVM sends tasks' accumulator updates to the driver's Python over one connection. A query
@@ -233,9 +233,10 @@ def quiet_accumulators() -> None:
     under an interrupted thread), or pyspark's `SparkContext.stop` (the JVM's context stops before
     the server's shutdown flag is set), closes that connection; the server's handler reads an end
     of file and `socketserver` prints its traceback: 20 lines of EOFError on a stop that went as it
-    should. Any other error of that server still prints."""
-    sc = getattr(_spark_context_class(), "_active_spark_context", None)
-    server = getattr(sc, "_accumulatorServer", None)
+    should. Any other error of that server still prints. `server`: the active SparkContext's."""
+    if server is None:
+        sc = getattr(_spark_context_class(), "_active_spark_context", None)
+        server = getattr(sc, "_accumulatorServer", None)
     if server is None:
         return
     loud = server.handle_error

@@ -275,31 +275,37 @@ def test_ctrl_c_of_the_demo(tmp_path: Path) -> None:
     assert stopped.jvm_seconds <= 10
 
 
-def test_the_jvm_hanging_up_its_accumulator_connection_at_a_stop_prints_nothing(spark: Any, capsys: Any) -> None:
-    """pyspark's `SparkContext.stop` stops the JVM's context before its accumulator server: the JVM
-    closing the connection it sends accumulator updates on made the server print an EOFError's 20
-    lines (a SIGTERM'd endpoint job in CI). Here the JVM's side is a socket that authenticates,
-    sends an empty update and hangs up, against the shared session's real server: loud before
-    `quiet_accumulators` (so the case is real), silent after it."""
+
+def test_the_jvm_hanging_up_its_accumulator_connection_at_a_stop_prints_nothing(capsys: Any) -> None:
+    """The JVM sends tasks' accumulator updates to the driver's pyspark over one connection, and a
+    stop closes it under a running handler (`query.stop()` interrupting the thread that merges
+    them): pyspark's server printed an EOFError's 20 lines after a SIGTERM'd endpoint job's
+    "stopping" line in CI. Here pyspark's own server (one of its own: a SparkContext's serves one
+    connection at a time, its JVM's) and, as the JVM, a socket that authenticates, sends an empty
+    update and hangs up: loud before `quiet_accumulators` (the case is real), silent after."""
     import socket
     import struct
+    import threading
+
+    from pyspark import accumulators
 
     sys.path.insert(0, str(JOBS))
     from _stops import quiet_accumulators
 
-    server = spark.sparkContext._accumulatorServer
-    loud = server.handle_error
+    token = uuid.uuid4().hex
+    server = accumulators.AccumulatorTCPServer(("127.0.0.1", 0), accumulators.UpdateRequestHandler, token)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
 
     def hang_up() -> str:
         with socket.create_connection(server.server_address[:2], timeout=30) as s:
-            s.sendall(server.auth_token.encode() + struct.pack("!i", 0))
+            s.sendall(token.encode() + struct.pack("!i", 0))
             assert s.recv(1) == b"\x01", "the server took the update"
         time.sleep(2.5)  # the handler polls every second, then reads the end of the file
         return capsys.readouterr().err
 
     try:
         assert "EOFError" in hang_up(), "without it the hang-up prints a traceback"
-        quiet_accumulators()
+        quiet_accumulators(server)
         assert hang_up() == ""
     finally:
-        server.handle_error = loud
+        server.shutdown()
