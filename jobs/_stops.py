@@ -237,8 +237,8 @@ def quiet_accumulators(server: Any = None) -> None:
     if server is None:
         sc = getattr(_spark_context_class(), "_active_spark_context", None)
         server = getattr(sc, "_accumulatorServer", None)
-    if server is None:
-        return
+    if server is None or getattr(server, "_quiet_at_stop", False):
+        return  # a stop quiets it once (`quiet_jvm` runs at each of a stop's steps)
     loud = server.handle_error
 
     def handle_error(request: Any, client_address: Any) -> None:
@@ -246,6 +246,7 @@ def quiet_accumulators(server: Any = None) -> None:
             loud(request, client_address)
 
     server.handle_error = handle_error
+    server._quiet_at_stop = True
 
 
 def shut_down() -> None:

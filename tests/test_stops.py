@@ -275,7 +275,6 @@ def test_ctrl_c_of_the_demo(tmp_path: Path) -> None:
     assert stopped.jvm_seconds <= 10
 
 
-
 def test_the_jvm_hanging_up_its_accumulator_connection_at_a_stop_prints_nothing(capsys: Any) -> None:
     """The JVM sends tasks' accumulator updates to the driver's pyspark over one connection, and a
     stop closes it under a running handler (`query.stop()` interrupting the thread that merges
