@@ -168,13 +168,28 @@ def _kill_jvm() -> None:
     """The JVM this process launched, killed outright (nothing ran, nothing to flush). Left to exit
     when its gateway's pipe closes, a JVM still starting runs its shutdown hooks beside its own
     start-up and logs their races (an executor fetching a file into a directory a hook deleted) as
-    stacks. Safe in a signal handler: no py4j call, pyspark not imported here if it was not."""
-    proc = getattr(getattr(_spark_context_class(), "_gateway", None), "proc", None)
+    stacks, and one still launching (pyspark waits for its gateway before it keeps the process
+    anywhere but in a local) finishes its start-up first: seconds on a busy machine. Safe in a
+    signal handler: no py4j call, pyspark not imported here if it was not."""
+    proc = getattr(getattr(_spark_context_class(), "_gateway", None), "proc", None) or _launching_jvm()
     try:
         if proc is not None:
             proc.kill()
     except Exception:  # noqa: BLE001 - exiting anyway
         pass
+
+
+def _launching_jvm() -> Any:
+    """The JVM process pyspark's `launch_gateway` is starting, if the main thread is in it: that
+    function's `proc` (its `Popen`), found on the main thread's stack."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "pyspark.java_gateway":
+            proc = frame.f_locals.get("proc")
+            if hasattr(proc, "kill"):
+                return proc
+        frame = frame.f_back
+    return None
 
 
 def quiet_jvm() -> None:

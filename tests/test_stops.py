@@ -43,9 +43,10 @@ class Stopped:
 
 
 def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float, log: Path,
-              timeout: float = 240, then: float = 0.0, at_ready: Callable[[], None] | None = None,
+              timeout: float = 240, then: float = 0.0, at_ready: Callable[[psutil.Process], None] | None = None,
               at_signal: Callable[[], None] | None = None) -> Stopped:
-    """Start `script`, wait for a line containing `ready` (or `ready` seconds), call `at_ready`, wait
+    """Start `script`, wait for a line containing `ready` (or `ready` seconds), call `at_ready` (with
+    the job's process), wait
     `then` seconds more, send `signum` (SIGINT: to the process group, as a terminal's Ctrl-C;
     SIGTERM: to the driver), call `at_signal`, and wait for it to end."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -62,7 +63,7 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
             assert time.monotonic() < deadline, f"no {ready!r} in {timeout} s: {log.read_text()[-3000:]}"
             time.sleep(0.1)
         if at_ready is not None:
-            at_ready()
+            at_ready(psutil.Process(proc.pid))
         time.sleep(then)
         # every process the job started, wherever it went (pyspark.daemon's workers move to process
         # groups of their own, a stream's warden to a session of its own)
@@ -185,7 +186,7 @@ def test_ctrl_c_during_a_long_batch_leaves_no_process(spark: Any, ppg: Backend, 
                 str(ckpt), "--job-id", f"stop-{uuid.uuid4().hex[:6]}", "--max-messages", str(count)]
         produce_fast(pg, q, count)
         stopped = interrupt(JOBS / "queue_to_delta.py", [*args, "--trigger", "100ms"], signal.SIGINT,
-                            ready="batch 0:", at_ready=lambda: link.throttle(200_000), then=1.0, at_signal=link.spare_new,
+                            ready="batch 0:", at_ready=lambda _: link.throttle(200_000), then=1.0, at_signal=link.spare_new,
                             log=tmp_path / "job.log")
         link.throttle(None)
         quiet(stopped, signal.SIGINT)
@@ -263,6 +264,34 @@ def test_ctrl_c_while_a_job_starts_is_one_line(pg: Backend, names: Any, tmp_path
     assert len(stopped.after) <= 2, shown[-3000:]
     assert stopped.jvm_seconds <= 10
     assert pg.count(web) == 0
+
+
+def test_ctrl_c_while_the_jvm_launches_kills_it(pg: Backend, names: Any, tmp_path: Path) -> None:
+    """A signal before pyspark has its gateway (it keeps the JVM's process in a local until the
+    gateway answers): the JVM is killed with the job, not left to finish its start-up and then see
+    its pipe closed (over 10 s on a busy CI machine). Here the launching JVM is frozen (SIGSTOP), so
+    it never answers: left alone it would outlive the job for good."""
+    config, _ = _endpoint_config(pg, names, tmp_path, "100ms")
+
+    def freeze_the_launching_jvm(job: psutil.Process) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for p in job.children(recursive=True):
+                line = _cmdline(p)  # spark-submit's bash, then its launcher's java, then the JVM
+                if line and "java" in line[0] and "org.apache.spark.deploy.SparkSubmit" in line[1:] \
+                        and "org.apache.spark.launcher.Main" not in line:
+                    p.send_signal(signal.SIGSTOP)
+                    return
+            time.sleep(0.01)
+        raise AssertionError("no JVM was launched in 60 s")
+
+    stopped = interrupt(JOBS / "endpoint.py", ["--config", str(config), "--url", pg.url], signal.SIGINT,
+                        ready=0.0, at_ready=freeze_the_launching_jvm, log=tmp_path / "job.log")
+    shown = "\n".join(stopped.after)
+    assert stopped.code == 130, shown[-3000:]
+    assert stopped.after == ["stopped (Ctrl-C) while starting: nothing was read"], shown[-3000:]
+    assert stopped.jvm_seconds <= 10, "the launching JVM outlived the job"
+    assert not stopped.left, stopped.left
 
 
 @pytest.mark.usefixtures("delta")
