@@ -91,7 +91,7 @@ def exit_with(main: Any) -> None:
     database refusing) end it with one line naming what is at fault, whether they come from the
     job itself or out of Spark's exceptions (`spark_qtransport.unwrap`); anything else keeps its
     traceback. Ctrl-C and SIGTERM stop it quietly (`_stops`): exit code 130 or 143."""
-    from _stops import STOPS, shut_down
+    from _stops import STOPS, exit_within, shut_down
 
     STOPS.install()
     try:
@@ -110,5 +110,6 @@ def exit_with(main: Any) -> None:
     # outlives this process, and a listener's last events would find no Python to call (Py4J stacks).
     # A session the job was lent (a caller's, in the same process) is the caller's to stop.
     if STOPS.requested or STOPS.started_spark:
+        exit_within(code)
         shut_down()
     sys.exit(code)

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["HARD_STOP", "STOPS", "StopRequested", "Stops", "quiet_accumulators", "quiet_jvm", "shut_down", "stop_query"]
+__all__ = ["EXIT_BOUND", "HARD_STOP", "STOPS", "StopRequested", "Stops", "exit_within", "quiet_accumulators", "quiet_jvm",
+           "shut_down", "stop_query"]
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
@@ -262,6 +263,27 @@ def quiet_accumulators(server: Any = None) -> None:
 
     server.handle_error = handle_error
     server._quiet_at_stop = True
+
+
+#: seconds a job that ended (its work committed) gives Spark's stop and the interpreter's exit
+#: before it exits anyway (`exit_within`)
+EXIT_BOUND = 30.0
+
+
+def exit_within(code: int, seconds: float = EXIT_BOUND) -> None:
+    """From here on the process exits with `code` within `seconds`, whatever Spark's stop or an
+    exit hook calling into a JVM that is going away does: the job's work is done and committed
+    (its checkpoint and claims say so), and a job that hangs after its last line is one a
+    scheduler kills, or that never frees its slot."""
+
+    def end() -> None:
+        print(f"Spark did not stop within {seconds:.0f} s of the job's end; exiting", file=sys.stderr, flush=True)
+        _kill_jvm()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
 
 
 def shut_down() -> None:

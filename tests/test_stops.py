@@ -337,3 +337,26 @@ def test_the_jvm_hanging_up_its_accumulator_connection_at_a_stop_prints_nothing(
         assert hang_up() == ""
     finally:
         server.shutdown()
+
+
+def test_a_job_whose_exit_hangs_still_exits_within_the_bound(tmp_path: Path) -> None:
+    """After a job's work is done and committed, its exit (Spark's stop, an exit hook calling into
+    a JVM that is going away) may not hang the process: `exit_within` ends it with the job's exit
+    code, one line said. Here an exit hook that never returns stands for the hang (a CI run's
+    spark-submit job printed its summary, then stood for ten minutes)."""
+    script = tmp_path / "hangs_at_exit.py"
+    script.write_text(
+        "import atexit, sys, time\n"
+        f"sys.path.insert(0, {str(JOBS)!r})\n"
+        "from _stops import exit_within\n"
+        "atexit.register(time.sleep, 600)\n"
+        "print('done: 3 messages', flush=True)\n"
+        "exit_within(0, seconds=1.0)\n"
+        "sys.exit(0)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 30, "the bound did not end the process"
+    assert done.returncode == 0
+    assert done.stdout.splitlines() == ["done: 3 messages"]
+    assert done.stderr.splitlines() == ["Spark did not stop within 1 s of the job's end; exiting"]

@@ -70,8 +70,16 @@ def _remove(spark: Any, listener: Any) -> None:
     Events Spark has queued are delivered first (a query that failed as the program ended is
     still reported), for at most 2 s."""
     try:
+        sc = spark.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext, the listener leaves over the connection
+        sc = None
+    if sc is not None and getattr(sc, "_jsc", None) is None:
+        return  # stopped (a job stops its Spark before it exits): the listener bus went with it, and a
+        # call now would open a new Py4J connection to a JVM that is ending (under spark-submit, one
+        # that waits for this process to exit)
+    try:
         spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(2000)
-    except Exception as exc:  # noqa: BLE001 - Spark Connect (no sparkContext), a stopped session, a timeout
+    except Exception as exc:  # noqa: BLE001 - Spark Connect (no sparkContext), a timeout
         log.debug("listener bus not drained at exit: %s", exc)
     try:
         spark.streams.removeListener(listener)
