@@ -283,7 +283,8 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
         assert "| | `<queue>.Claims` | `SELECT, INSERT, UPDATE, DELETE` |" in table
         dml, write, read = ("SELECT, INSERT, UPDATE, DELETE", "SELECT, INSERT", "SELECT")
         expected = {"Sales": dml, "Sales.Claims": dml, "Sales.Delayed": dml, "Sales.Staging": dml, "Sales.Outbox": dml,
-                    "error": write, "Billing": write, "SubscriptionRouting": read}
+                    "error": write, "Billing": write, "SubscriptionRouting": read,
+                    "SqlQueue.Batches": "SELECT, INSERT, UPDATE, DELETE", "SqlQueue.Failed": "SELECT, INSERT, DELETE"}
         with psycopg.connect(url) as c:
             for name, privileges in expected.items():
                 held = [p for p in ("SELECT", "INSERT", "UPDATE", "DELETE") if c.execute(
@@ -291,7 +292,7 @@ def test_the_permissions_dba_block_runs_as_written(pg_url: str, tmp_path: Path) 
                 assert ", ".join(held) == privileges, (name, held)
             columns = [r[0] for r in c.execute("SELECT column_name FROM information_schema.columns WHERE"
                                                " table_name = 'Sales.Claims' ORDER BY ordinal_position")]
-        assert columns[-1] == "failed"  # the claim table as this version makes it
+        assert columns[-1] == "claimed_at"  # the claim table as this version makes it: no failed column
     finally:
         with psycopg.connect(url, autocommit=True) as c:
             c.execute(f'DROP OWNED BY "{role}"')

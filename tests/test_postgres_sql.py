@@ -40,7 +40,7 @@ SCRIPTS = {
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
     "batches.sql": (
-        'The database\'s settled-batches table "public"."SqlQueue.Batches": which claims each streaming batch read, and whether its sink settled it.',
+        'The database\'s settled-batches table "public"."SqlQueue.Batches" (which claims each streaming batch read, and whether its sink settled it) and failed-claims table "public"."SqlQueue.Failed" (the claims its sink failed).',
         "create_batches",
         lambda: D.create_batches(D.batches_table()),
     ),

@@ -507,6 +507,7 @@ def test_audit_and_forward_copies_of_prepared_claims_are_written_once_however_th
     never, and nothing of the bookkeeping stays in the claim table."""
     import psycopg
 
+    from spark_qtransport.transport import settled
     from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
     from spark_qtransport.transport.settings import ReceiveSettings
     from spark_qtransport.wire import H
@@ -541,7 +542,7 @@ def test_audit_and_forward_copies_of_prepared_claims_are_written_once_however_th
         # cut after the first chunk, then acknowledged: it goes on from the second
         end, claim, numbers = batch([f"a{i}" for i in range(7)], r.initial_offset())
         with ppg.connect() as c:  # the sink failed a1 (its dispatch marks the claim, before Spark commits)
-            stmt = d.mark_failed(ppg.dialect.parse_address(ppg.claims(q)), keys=[numbers["a1"]])
+            stmt = settled.note_failed(d, ppg.dialect.parse_address(ppg.claims(q)), [numbers["a1"]])
             assert c.execute(stmt.sql, stmt.params).rowcount == 1
         chunks(claim, claim.first + 1)
         assert len(ppg.rows(audit)) == 1  # a0; a1 failed
@@ -551,7 +552,8 @@ def test_audit_and_forward_copies_of_prepared_claims_are_written_once_however_th
         assert sorted(h[H.MESSAGE_ID] for h, _ in audited) == ["a0", *(f"a{i}" for i in range(2, 7))]
         assert all(body == f"body {h[H.MESSAGE_ID]}".encode() and H.PROCESSING_ENDED in h for h, body in audited)
         assert copied(fwd) == ["a0", *(f"a{i}" for i in range(2, 7))]
-        assert ppg.count(ppg.claims(q)) == 0  # no progress record, no failed mark
+        assert ppg.count(ppg.claims(q)) == 0  # no progress record
+        assert ppg.count(d.format_address(d.failed_table()), f"WHERE table_id = '{r.table_id}'") == 0  # mark taken
 
         # cut after the first chunk, then parked (its bound passed): the claim table gets the rest
         end2, claim, numbers = batch([f"b{i}" for i in range(5)], end)
@@ -664,3 +666,51 @@ def test_audit_headers_of_prepared_claims_are_nservicebus_audit_headers(
         assert copies[name].count(f'"{H.PROCESSING_ENDPOINT}"') == 1, copies[name]
         assert parse_time(got[H.PROCESSING_STARTED]) <= parse_time(got[H.PROCESSING_ENDED]), name
     assert [b for _, _, b in ppg.rows(e)] == ([b"poison"] if with_poison else [])
+
+
+def test_the_marks_of_prepared_claims_go_with_their_commit_and_spare_another_consumers(ppg: Backend,
+                                                                                         names: Any) -> None:
+    """Prepared claims of two consumers of one queue, B's numbered below A's (B started first:
+    our numbers are a stream's own band), each with a message its sink failed; no copies to make,
+    so no chunk reads the marks. A's acknowledgement commits its claim and forgets the marks of
+    its own numbers only; B's stays until B's acknowledgement takes it."""
+    from spark_qtransport.transport import settled
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    d = ppg.dialect
+    q, e = (ppg.create_queue(names(n)) for n in ("Sales", "error"))
+
+    def receiver(consumer: str) -> Receiver:
+        return Receiver(ReceiveSettings.create(ppg.url, q, error_queue=e, claim_ahead=False, claim_mode="prepared",
+                                               consumer=consumer))
+
+    def batch(r: Receiver, ids: list[str]) -> tuple[Any, dict[str, int]]:
+        ppg.send_many(q, [(nsb_headers(m), b"x") for m in ids])
+        start = r.initial_offset()
+        end = r.latest(start, None)
+        return end, {row.message_id: row.claim_seq for part in r.slices(start, end) for row in read_slice(part)}
+
+    def marks(r: Receiver) -> int:
+        return ppg.count(d.format_address(d.failed_table()), f"WHERE table_id = '{r.table_id}'")
+
+    def mark(seq: int) -> None:
+        stmt = settled.note_failed(d, d.parse_address(ppg.claims(q)), [seq])
+        with ppg.connect() as c:
+            assert c.execute(stmt.sql, stmt.params).rowcount == 1
+
+    b = receiver("B")
+    a = receiver("A")
+    try:
+        b_end, b_rows = batch(b, ["b0", "b1"])
+        a_end, a_rows = batch(a, ["a0", "a1"])
+        assert max(b_rows.values()) < min(a_rows.values()) and len(prepared_now(ppg, q)) == 2
+        mark(b_rows["b1"])
+        mark(a_rows["a1"])
+        a.ack(a_end)
+        assert marks(a) == 1, "B's mark stays: its claim is held"
+        b.ack(b_end)
+        assert marks(b) == 0 and prepared_now(ppg, q) == [] and ppg.count(q) == 0
+    finally:
+        a.close()
+        b.close()

@@ -197,55 +197,38 @@ def test_the_postgres_13_to_15_helper_is_created_only_when_missing(pg: Backend, 
     assert_restricted(pg, app)
 
 
-def test_a_claim_table_of_an_earlier_version_gets_its_failed_column(pg: Backend, app: Role) -> None:
-    """A claim table made before the ``failed`` column (the sink marks the claims it failed, which
-    are then not audited): a role that may not alter it is told, in one error, what to run; the
-    claim table's DDL (``sqlqueue ddl --part claims``) run again by its owner adds the column; an
-    owner's reader adds it by itself."""
-    from spark_qtransport.errors import SchemaError
-    from spark_qtransport.transport.receiving.receiver import Receiver
-    from spark_qtransport.transport.settings import ReceiveSettings
-
+def test_claim_tables_of_earlier_versions_are_used_as_they_are(pg: Backend, app: Role) -> None:
+    """Claim tables an earlier version made: before its ``failed`` column, and with it (the sink
+    marked the claims it failed there; now it marks them in ``SqlQueue.Failed``). A role with table
+    privileges only reads from both as they are: no DDL, no finding of doctor's, and the column
+    stays untouched."""
     a, b, error = app.address("A"), app.address("B"), app.address("error")
     for q in (a, b, error):
         pg.create_queue(q)
-    for table in ("A.Claims", "B.Claims"):  # as earlier versions made them
+    for table, failed in (("A.Claims", ""), ("B.Claims", ", failed boolean")):  # as earlier versions made them
         with pg.connect() as c:
             c.execute(f'CREATE TABLE "{app.schema}"."{table}" (consumer text NOT NULL, claim_seq bigint GENERATED'
                       " ALWAYS AS IDENTITY, id uuid NOT NULL, expires timestamp, headers text NOT NULL, body bytea,"
-                      " source_seq bigint NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now(),"
+                      f" source_seq bigint NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now(){failed},"
                       " PRIMARY KEY (consumer, claim_seq))")
-    grant_printed(pg, app, "--queue", a, "--error-queue", error, "--for", "receiving", "--part", "queue",
-                  "--part", "claims")
+    for q in (a, b):
+        grant_printed(pg, app, "--queue", q, "--error-queue", error, "--for", "receiving", "--part", "queue",
+                      "--part", "claims")
+        pg.send_many(q, [(nsb_headers(f"{q}-{i}"), b"x") for i in range(3)])
 
-    def start(url: str, queue: str) -> None:
-        r = Receiver(ReceiveSettings.create(url, queue, error_queue=error, claim_ahead=False))
-        try:
-            assert r.table_id  # set up: claim table, consumer lock
-        finally:
-            r.close()
-
-    def has_column(table: str) -> bool:
+    def columns(table: str) -> list[str]:
         with pg.connect() as c:
-            return bool(c.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = %s"
-                                  " AND table_name = %s AND column_name = 'failed'", (app.schema, table)).fetchone()[0])
+            return [r[0] for r in c.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = %s"
+                                            " AND table_name = %s ORDER BY ordinal_position", (app.schema, table))]
 
-    doctor = json.loads(cli(pg.url, "doctor", a, "--json").output)
-    assert [f["level"] for f in doctor if f["table"].endswith('"A.Claims"')] == ["info", "warning"], doctor
-    assert "made by an earlier version: no column 'failed'" in doctor[-1]["finding"], doctor
-    with pytest.raises(SchemaError) as refused:
-        start(app.url, a)
-    assert (refused.value.queue, refused.value.operation) == (a, "set-up")
-    text = str(refused.value)
-    assert '"A.Claims"' in text and "'failed'" in text  # the table and the column it lacks
-    assert "sqlqueue ddl --part claims" in text  # what its owner runs
-    assert not has_column("A.Claims")
-    with pg.connect() as c:  # the owner runs the claim table's DDL again
-        c.execute(cli("", "ddl", "--queue", a, "--part", "claims").output)
-    assert has_column("A.Claims")
-    start(app.url, a)  # no DDL needed now
-    start(pg.url, b)  # an owner's reader adds it
-    assert has_column("B.Claims")
+    before = {t: columns(t) for t in ("A.Claims", "B.Claims")}
+    for q in (a, b):
+        doctor = json.loads(cli(pg.url, "doctor", q, "--json").output)
+        assert [f["level"] for f in doctor if f["table"].endswith(f'"{q.split(".")[-1]}.Claims"')] == ["info"], doctor
+        rows = receive_batch(Backend(app.url), q, error)
+        assert sorted(row.message_id for row in rows) == [f"{q}-{i}" for i in range(3)]
+        assert pg.count(q) == 0 and pg.held(q) == 0
+    assert {t: columns(t) for t in ("A.Claims", "B.Claims")} == before
     assert_restricted(pg, app)
 
 
@@ -328,7 +311,9 @@ def test_ddl_grant_to_prints_the_grants_for_both_dialects() -> None:
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Claims" TO "app_role";',
         'GRANT SELECT, INSERT, DELETE ON TABLE "public"."SqlQueue.Batches" TO "app_role";',
+        'GRANT SELECT, DELETE ON TABLE "public"."SqlQueue.Failed" TO "app_role";',
         'GRANT SELECT, UPDATE ON TABLE "public"."SqlQueue.Batches" TO "app_role";',
+        'GRANT SELECT, INSERT ON TABLE "public"."SqlQueue.Failed" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Delayed" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Staging" TO "app_role";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."Sales.Outbox" TO "app_role";',
@@ -349,6 +334,7 @@ def test_ddl_grant_to_prints_the_grants_for_both_dialects() -> None:
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Staging] TO [app role]",
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Outbox] TO [app role]",
         "GRANT SELECT, UPDATE ON [dbo].[SqlQueue.Batches] TO [app role]",
+        "GRANT SELECT, INSERT ON [dbo].[SqlQueue.Failed] TO [app role]",
         "GRANT SELECT, INSERT, UPDATE, DELETE ON [shop].[Sales.Delayed] TO [app role]",
         "GRANT SELECT, INSERT ON [dbo].[Billing] TO [app role]",
         "GRANT SELECT ON [dbo].[SubscriptionRouting] TO [app role]",

@@ -76,7 +76,7 @@ def _methods_making_sql() -> set[str]:
 #: SQL Server claim judges them, so it makes none of these (they raise)
 NOT_MADE = {"ack_headers", "dead_letter_claims", "drop_claim_range"}
 #: SQL Server has no prepared claims (`claimMode`): none of their statements is ever made there
-NO_PREPARED = {"after_progress", "commit_prepared", "copy_held", "copy_held_range", "drop_failed_marks", "failed_marks", "forget_progress",
+NO_PREPARED = {"after_progress", "commit_prepared", "copy_held", "copy_held_range", "failed_take", "forget_progress",
                "list_prepared", "note_progress", "park", "parked", "pick", "prepare", "prepared_bound",
                "prepared_capacity", "prepared_headers", "read_prepared", "repeatable_read", "rollback_prepared"}
 
@@ -120,9 +120,8 @@ def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
              "read_prepared": lambda: D.read_prepared(q, xid="1", shift=0, after=0, upto=1, claimed_at=""),
              "repeatable_read": D.repeatable_read, "rollback_prepared": lambda: D.rollback_prepared("g"),
              "copy_held": lambda: D.copy_held(q, q, xid="1", shift=0, claimed_at="", keys=[1], headers=None),
-             "failed_marks": lambda: D.failed_marks(c, after=0, upto=1),
              "copy_held_range": lambda: D.copy_held_range(q, q, xid="1", shift=0, claimed_at="", after=0, upto=1, skip=[]),
-             "drop_failed_marks": lambda: D.drop_failed_marks(c, after=0, upto=1),
+             "failed_take": lambda: D.failed_take(D.failed_table(), table_id="1", after=0, upto=1),
              "after_progress": lambda: D.after_progress(c, "x", first=1),
              "note_progress": lambda: D.note_progress(c, "x", first=1, done=1),
              "forget_progress": lambda: D.forget_progress(c, "x", upto=1)}
@@ -187,7 +186,7 @@ def test_the_guard_catches_the_claims_old_count() -> None:
 
 # -- at most ROW_BOUND rows per statement into or out of a table that is not ours ---------------
 
-_OURS = re.compile(r"^[#@]|\.(Claims|Staging|Outbox|Batches)\]$")
+_OURS = re.compile(r"^[#@]|\.(Claims|Staging|Outbox)\]$|\[SqlQueue\.(Batches|Failed)\]$")
 _CONCAT = re.compile(r"N'(?:[^']|'')*'(?:\s*\+\s*@\w+\s*\+\s*N'(?:[^']|'')*')*")
 
 

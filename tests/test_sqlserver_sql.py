@@ -236,8 +236,6 @@ def statements(queue_text: str, error_text: str, consumer: str = EVIL) -> dict[s
         "control_messages": [D.control_messages(e, headers=[consumer, "{}"])],
         "set_claim_headers": [D.set_claim_headers(c, consumer, keys=[3, 4], headers=[consumer, "{}"])],
         "drop_claims": [D.drop_claims(c, consumer, keys=[3, 4])],
-        "mark_failed": [D.mark_failed(c, keys=[3, 4])],
-        "upgrade_claims": D.upgrade_claims(c),
         **settled_statements(c, consumer),
         **operation_statements(q, e, c, dl, o, subs, consumer),
     }
@@ -252,7 +250,11 @@ def settled_statements(c: QueueAddress, value: str) -> dict[str, list[Statement]
         "batches_record": [D.batches_record(b, query_id=value, batch_id=3, reads=reads)],
         "batches_settle": [D.batches_settle(b, query_id=value, batch_id=3)],
         "batches_settled": [D.batches_settled(b, claims=D.qualified(c), consumer=value, table_id=value)],
-        "batches_forget": [D.batches_forget(b, claims=D.qualified(c), consumer=value, upto=9)],
+        "batches_forget": [D.batches_forget(b, claims=D.qualified(c), consumer=value, upto=9, failed=D.failed_table(),
+                                            claims_table=c, table_id=value, spans=[])],
+        "failed_note": [D.failed_note(D.failed_table(), claims=c, keys=[9, 3])],
+        "failed_take_keys": [D.failed_take_keys(D.failed_table(), table_id=value, keys=[9, 3])],
+        "failed_among": [D.failed_among(D.failed_table(), table_id=value, keys=[9, 3])],
     }
 
 
@@ -598,8 +600,8 @@ class TestNoUserTextInSql:
         quoted identifier token, never SQL."""
         quoted_schema = EVIL_TABLE.replace("]", "]]")
         for method, stmts in statements(f"{EVIL_TABLE}@[{quoted_schema}]@[{quoted_schema}]", EVIL_TABLE).items():
-            if method in ("create_batches", "batches_settle"):  # the database's one table, by query and batch: no queue name
-                continue
+            if method in ("create_batches", "batches_settle", "failed_take_keys", "failed_among"):  # the database's tables, by
+                continue  # query and batch or by a claim table's id: no queue name
             for s in stmts:
                 tokens = tokenize(s.sql)
                 outside = [t for t in tokens if "Victim" in t.text and t.token_type != TokenType.IDENTIFIER]
@@ -699,55 +701,61 @@ class TestInstallers:
             D.create_queue(QueueAddress("q"), seq_bits=16)
 
     def test_claims_table(self) -> None:
-        s, upgrade = D.create_claims(D.claims_table(D.parse_address("Sales")))
-        assert [upgrade] == D.upgrade_claims(D.claims_table(D.parse_address("Sales")))
+        (s,) = D.create_claims(D.claims_table(D.parse_address("Sales")))
         flat = _flat(s.sql)
         assert s.params == ("[dbo].[Sales.Claims]",)
         for column in ("Consumer nvarchar(200) COLLATE Latin1_General_BIN2 NOT NULL", "ClaimSeq bigint IDENTITY(1,1) NOT NULL",
                        "Id uniqueidentifier NOT NULL", "Expires datetime NULL", "Headers nvarchar(max) NOT NULL",
                        "Body varbinary(max) NULL", "SourceSeq bigint NOT NULL",
-                       "ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME()", "Failed bit NULL",
+                       "ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME()",
                        "PRIMARY KEY CLUSTERED (Consumer, ClaimSeq)"):
             assert column in flat
         assert "ALTER TABLE [dbo].[Sales.Claims] SET (LOCK_ESCALATION = DISABLE);" in flat
         assert "sp_getapplock" in flat and flat.count("OBJECT_ID(@table) AND type = N'U'") == 2
 
 
-    def test_claims_upgrade_is_nservicebus_add_column(self) -> None:
-        """Compared with NServiceBus's AddMessageBodyStringColumn (SqlConstants): no table or the
-        column there -> nothing, no lock; else the table's installer lock, check again, ALTER
-        TABLE ... ADD. Ours holds the lock in a transaction (as `_create_batch`), so a failure
-        releases it, and takes "already there" (2705, someone without the lock) as done."""
-        c = D.claims_table(D.parse_address("Sales@[b]@[cat]"))
-        (s,) = D.upgrade_claims(c)
-        flat = _flat(s.sql)
-        assert s.params == ("[cat].[b].[Sales.Claims]", "Failed", "Failed")
-        assert ("IF EXISTS (SELECT * FROM [cat].sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')"
-                " AND NOT EXISTS (SELECT * FROM [cat].sys.columns WHERE object_id = OBJECT_ID(@table) AND name = ?)") in flat
-        lock, check, alter = (flat.index(t) for t in (
-            "sp_getapplock @Resource = @lock", "IF NOT EXISTS (SELECT * FROM [cat].sys.columns",
-            "ALTER TABLE [cat].[b].[Sales.Claims] ADD Failed bit NULL;"))
-        assert lock < check < alter
-        assert "DECLARE @lock nvarchar(255) = @table + N'_lock';" in flat  # the installer's resource (catalog given)
-        assert "IF ERROR_NUMBER() IN (2705) AND XACT_STATE() = 1 COMMIT TRANSACTION;" in flat
-        # nullable, no default: a metadata change on a table readers use; never NOT NULL
-        assert "NOT NULL" not in flat.split("ALTER TABLE")[1]
-
-
 class TestReceiveStatements:
     Q, E = QueueAddress("Sales"), QueueAddress("error")
     C = QueueAddress("Sales.Claims")
 
-    def test_mark_failed(self) -> None:
-        """The sink marks claims it does not know the consumer of: by ClaimSeq only (an identity:
-        unique in the table), never a claim already marked, row locks only."""
-        s = D.mark_failed(self.C, keys=[9, 3])
-        assert s.params == ("[9,3]",)
+    def test_failed_marks(self) -> None:
+        """The sink marks the claims it failed in the database's failed-claims table, by the claim
+        table's identity as the reader's set-up reads it (`table_id`: OBJECT_ID of the qualified
+        name, as nvarchar) and the claim's number; NServiceBus has no counterpart (its handler and
+        its receive share one transaction, so it never audits a failed message). The mistakes it
+        could make: a NULL identity (no claim table: nothing is written), a key marked twice (a
+        dispatch retried: NOT EXISTS under UPDLOCK + HOLDLOCK, so two never race to insert it), a
+        parameter per key (OPENJSON: one), an identity of another spelling (the same expression
+        as `table_id`). The acknowledgement's chunk deletes and returns the marks of its own claims
+        (OUTPUT deleted; by key, not by range: the identity interleaves consumers' claims), and the
+        forget of acknowledged batches takes the marks no claim needs any more."""
+        f = D.failed_table()
+        s = D.failed_note(f, claims=self.C, keys=[9, 3])
+        assert s.params == ("[dbo].[Sales.Claims]", "[9,3]")
         assert _flat(s.sql) == (
-            "UPDATE c SET Failed = 1 FROM [dbo].[Sales.Claims] AS c WITH (ROWLOCK)"
-            " JOIN OPENJSON(?) WITH (KeyRow bigint '$') AS k ON c.ClaimSeq = k.KeyRow"
-            " WHERE c.Failed IS NULL OR c.Failed = 0")
+            "INSERT INTO [dbo].[SqlQueue.Failed] (TableId, ClaimSeq)"
+            " SELECT i.TableId, k.ClaimSeq FROM (SELECT CAST(OBJECT_ID(?) AS nvarchar(20)) AS TableId) AS i"
+            " CROSS JOIN OPENJSON(?) WITH (ClaimSeq bigint '$') AS k"
+            " WHERE i.TableId IS NOT NULL AND NOT EXISTS (SELECT 1 FROM [dbo].[SqlQueue.Failed] AS f"
+            " WITH (UPDLOCK, HOLDLOCK, ROWLOCK) WHERE f.TableId = i.TableId AND f.ClaimSeq = k.ClaimSeq)")
+        assert "CAST(OBJECT_ID(?) AS nvarchar(20))" in D.table_id(self.C).sql  # the reader's identity, spelled alike
         _marks_match(s)
+        take = D.failed_take_keys(f, table_id="123", keys=[9, 3])
+        assert take.params == ("123", "[9,3]")  # a consumer's own claims: identities interleave consumers
+        assert _flat(take.sql) == ("DELETE [dbo].[SqlQueue.Failed] WITH (ROWLOCK) OUTPUT deleted.ClaimSeq WHERE TableId = ?"
+                                   " AND ClaimSeq IN (SELECT k.ClaimSeq FROM OPENJSON(?) WITH (ClaimSeq bigint '$') AS k)")
+        # the marks no claim needs: a claim gone from the claim table, whoever's; a claim read by its
+        # acknowledgement (UPDLOCK) is seen and keeps its mark, one being deleted (X) was taken first
+        forget = D.batches_forget(D.batches_table(), claims="[dbo].[Sales.Claims]", consumer="c", upto=9, failed=f,
+                                  claims_table=self.C, table_id="123", spans=[])
+        assert forget.params == ("123", 9, "[dbo].[Sales.Claims]", "c", 9)
+        assert _flat(forget.sql).startswith(
+            "SET NOCOUNT ON; DELETE f FROM [dbo].[SqlQueue.Failed] AS f WITH (ROWLOCK) WHERE f.TableId = ?"
+            " AND f.ClaimSeq <= ? AND NOT EXISTS (SELECT 1 FROM [dbo].[Sales.Claims] AS c WITH (READPAST)"
+            " WHERE c.ClaimSeq = f.ClaimSeq);")
+        (_, table) = D.create_batches(D.batches_table())
+        assert "PRIMARY KEY CLUSTERED (TableId, ClaimSeq)" in _flat(table.sql)
+        assert "TableId nvarchar(20) NOT NULL" in _flat(table.sql)  # as long as table_id's CAST
 
     def test_backlogs_of_many_queues_are_nservicebus_peeks_in_one_statement(self) -> None:
         """A stream's idle check: the backlog statement (`backlog`, the span of RowVersion, READPAST
@@ -782,14 +790,15 @@ class TestReceiveStatements:
         assert D.is_out_of_connections(full) and not D.is_out_of_connections(lost)
         assert D.connection_limit().sql == "SELECT @@MAX_CONNECTIONS"
 
-    def test_acknowledgements_see_failed_claims(self) -> None:
-        """A claim made before the column has Failed NULL: not failed. The chunk read gives it as
-        a fourth column; the retry acknowledgements never pick a failed claim."""
+    def test_claim_statements_name_no_failed_column(self) -> None:
+        """The claims the sink failed are marked in ``SqlQueue.Failed`` (`test_failed_marks`), not
+        in the claim table: a claim table an earlier version made, with its ``Failed`` column or
+        without one, is read alike; the chunk read gives (ClaimSeq, Headers, ClaimedAt)."""
         rows = _flat(D.ack_rows(self.C, "Billing", upto=9, batch=10).sql)
-        assert rows.startswith("SELECT TOP (?) ClaimSeq, Headers, ClaimedAt, ISNULL(Failed, 0) FROM")
-        retried = _flat(D.claims_with_header(self.C, "Billing", upto=9, header="ServiceControl.Retry.AcknowledgementQueue",
-                                             limit=5).sql)
-        assert "AND (Failed IS NULL OR Failed = 0)" in retried
+        assert rows.startswith("SELECT TOP (?) ClaimSeq, Headers, ClaimedAt FROM")
+        for method, stmts in statements("Sales", "Billing").items():
+            for stmt in stmts:
+                assert not re.search(r"\bFailed\b(?!\])", stmt.sql), method  # [SqlQueue.Failed] is the table
 
     def claim(self, **kw: Any) -> Statement:
         args = {"consumer": "Billing", "limit": 100, "after": 0, "upto": None, **kw}
@@ -2382,7 +2391,7 @@ SCRIPTS = {
         lambda: D.create_claims(D.claims_table(D.parse_address("Sales"))),
     ),
     "batches.sql": (
-        "The database's settled-batches table [dbo].[SqlQueue.Batches]: which claims each streaming batch read, and whether its sink settled it.",
+        "The database's settled-batches table [dbo].[SqlQueue.Batches] (which claims each streaming batch read, and whether its sink settled it) and failed-claims table [dbo].[SqlQueue.Failed] (the claims its sink failed).",
         "create_batches",
         lambda: D.create_batches(D.batches_table()),
     ),

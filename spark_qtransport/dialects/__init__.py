@@ -8,7 +8,6 @@ from typing import Any
 from ..errors import field_error
 from .base import (
     BATCHES_TABLE,
-    FAILED_COLUMN,
     NUMBER_BASE,
     BatchRead,
     ClaimFailures,
@@ -22,7 +21,7 @@ from .base import (
     Statement,
 )
 
-__all__ = ["BATCHES_TABLE", "BatchRead", "FAILED_COLUMN", "NUMBER_BASE", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Connection", "Cursor", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
+__all__ = ["BATCHES_TABLE", "BatchRead", "NUMBER_BASE", "ClaimFailures", "ClaimNumbering", "ClaimResult", "Connection", "Cursor", "Dialect", "PickedRows", "QueueAddress", "Statement", "dialect_for", "dialect_named"]
 
 
 def dialect_named(name: str) -> Dialect:

@@ -19,6 +19,14 @@ do, and they and the sink share one key, Spark's (query id, batch id). So (the d
 - an acknowledgement deletes the rows of what it acknowledged (`forget`): the table holds only
   batches in flight.
 
+Beside it, ``SqlQueue.Failed`` (made by the same DDL): the sink's dispatch marks the claims its
+batch failed or retried (`note_failed`), in the same transaction, whether or not Spark gave the
+read tasks streaming ids; the acknowledgement's chunks that make the platform's copies take the
+marks of their range out (`take_failed`), so a failed message is not audited, forwarded or timed
+(as NServiceBus audits only what its handlers processed), whether its claim was held in the claim
+table or by a prepared transaction; `forget` deletes the marks an acknowledgement without copies
+left. The two tables are usable together or not at all (`ensure`).
+
 Where a batch's output is not this sink (foreachBatch into Delta only) nothing settles it: the
 claims are acknowledged when Spark says it committed the batch, and a query's last batch, if Spark
 had not yet said so, is delivered again to whoever takes the endpoint over. Where Spark gives a
@@ -34,16 +42,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..connections import ConnectionURL
-from ..dialects import BatchRead, Connection, Cursor, Dialect, QueueAddress
+from ..dialects import BatchRead, Connection, Cursor, Dialect, QueueAddress, Statement
 from . import session as db
 
-__all__ = ["READER", "SINK", "ensure", "exists", "forget", "record_reads", "settle", "settled_upto"]
+__all__ = ["READER", "SINK", "ensure", "exists", "failed_among", "forget", "note_failed", "record_reads", "settle",
+           "settled_upto", "take_failed"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
-#: what a reader does there (record, look up, forget) and what a sink does (settle)
-READER = ("SELECT", "INSERT", "DELETE")
-SINK = ("SELECT", "UPDATE")
+#: what a reader does in each table (batches: record, look up, forget; failed: take) and what a
+#: sink does (batches: settle; failed: mark)
+READER = (("batches", ("SELECT", "INSERT", "DELETE")), ("failed", ("SELECT", "DELETE")))
+SINK = (("batches", ("SELECT", "UPDATE")), ("failed", ("SELECT", "INSERT")))
+Needs = tuple[tuple[str, tuple[str, ...]], ...]
 
 #: (database key, privileges) -> whether the table exists and this role may use it so, per process
 _USABLE: dict[Any, bool] = {}
@@ -51,52 +62,60 @@ _WARNED: set[Any] = set()
 _lock = threading.Lock()
 
 
-def _key(dialect: Dialect, url: ConnectionURL, needs: tuple[str, ...]) -> Any:
+def _key(dialect: Dialect, url: ConnectionURL, needs: Needs) -> Any:
     return (dialect.name, url.key(), needs)
 
 
-def ensure(dialect: Dialect, url: ConnectionURL, conn: Connection, needs: tuple[str, ...] = READER) -> bool:
-    """The table exists (created if missing, on `conn`, committed) and this role holds `needs` on
-    it. False otherwise, said once: batches are then acknowledged only when Spark says it committed
-    them, and a query's last batch may be delivered again to a query that takes its endpoint over."""
+def _tables(dialect: Dialect) -> dict[str, QueueAddress]:
+    return {"batches": dialect.batches_table(), "failed": dialect.failed_table()}
+
+
+def ensure(dialect: Dialect, url: ConnectionURL, conn: Connection, needs: Needs = READER) -> bool:
+    """Both tables exist (created if missing, on `conn`, committed) and this role holds `needs` on
+    them. False otherwise, said once: batches are then acknowledged only when Spark says it committed
+    them, a query's last batch may be delivered again to a query that takes its endpoint over, and
+    the messages a sink fails are audited like the rest."""
     cur = conn.cursor()
-    table = dialect.batches_table()
-    if not db.columns(cur, dialect.queue_columns(table)):
+    tables = _tables(dialect)
+    if not all(db.columns(cur, dialect.queue_columns(table)) for table in tables.values()):
         try:
-            db.install(dialect, cur, dialect.create_batches(table))
+            db.install(dialect, cur, dialect.create_batches(tables["batches"]))
         except Exception as exc:
             if not dialect.is_driver_error(exc) or dialect.is_transient(exc):
                 raise
             db.rollback(conn)
-            return _unusable(dialect, url, needs, f"it does not exist and this role cannot create it "
+            return _unusable(dialect, url, needs, f"they do not exist and this role cannot create them "
                                                   f"({dialect.error_text(exc)})")
-    missing = [what for what, granted in db.rows(cur, dialect.privileges(table, needs)) if not granted]
+    missing = [f"{what} on {dialect.qualified(tables[name])}" for name, privileges in needs
+               for what, granted in db.rows(cur, dialect.privileges(tables[name], privileges)) if not granted]
     conn.commit()
     if missing:
-        return _unusable(dialect, url, needs, f"this role lacks {', '.join(missing)} on it")
+        return _unusable(dialect, url, needs, f"this role lacks {', '.join(missing)}")
     return _note(dialect, url, needs, True)
 
 
-def _unusable(dialect: Dialect, url: ConnectionURL, needs: tuple[str, ...], why: str) -> bool:
+def _unusable(dialect: Dialect, url: ConnectionURL, needs: Needs, why: str) -> bool:
     key = _key(dialect, url, needs)
     with _lock:
         first = key not in _WARNED
         _WARNED.add(key)
     if first:
-        log.warning("table %s is not usable: %s. A batch is acknowledged once Spark says it committed it, and a "
-                    "query's last batch may be delivered again to a query that takes its endpoint over; create it "
-                    "and grant %s (sqlqueue ddl --part batches --grant-to ROLE)",
-                    dialect.qualified(dialect.batches_table()), why, ", ".join(needs))
+        tables = _tables(dialect)
+        log.warning("tables %s are not usable: %s. A batch is acknowledged once Spark says it committed it, a "
+                    "query's last batch may be delivered again to a query that takes its endpoint over, and a "
+                    "message the sink failed is audited; create them and grant %s (sqlqueue ddl --part batches "
+                    "--grant-to ROLE)", " and ".join(dialect.qualified(t) for t in tables.values()), why,
+                    "; ".join(f"{', '.join(privileges)} on {dialect.qualified(tables[name])}" for name, privileges in needs))
     return _note(dialect, url, needs, False)
 
 
-def _note(dialect: Dialect, url: ConnectionURL, needs: tuple[str, ...], value: bool) -> bool:
+def _note(dialect: Dialect, url: ConnectionURL, needs: Needs, value: bool) -> bool:
     with _lock:
         _USABLE[_key(dialect, url, needs)] = value
     return value
 
 
-def exists(dialect: Dialect, url: ConnectionURL, conn: Connection, needs: tuple[str, ...]) -> bool:
+def exists(dialect: Dialect, url: ConnectionURL, conn: Connection, needs: Needs) -> bool:
     """`ensure`, looked up once per process and database."""
     with _lock:
         known = _USABLE.get(_key(dialect, url, needs))
@@ -126,7 +145,40 @@ def settled_upto(dialect: Dialect, cur: Cursor, claims: QueueAddress, consumer: 
     return int(row[0]) if row is not None and row[0] is not None else 0
 
 
-def forget(dialect: Dialect, cur: Cursor, claims: QueueAddress, consumer: str, upto: int) -> None:
-    """The rows of batches acknowledged up to `upto` go."""
+def forget(dialect: Dialect, cur: Cursor, claims: QueueAddress, consumer: str, upto: int, table_id: str,
+           spans: Sequence[tuple[int, int]] = ()) -> None:
+    """The rows of batches acknowledged up to `upto` go, and the failed marks no claim of the claim
+    table `claims` (its id: `table_id`) needs any more (`SettledSql.batches_forget`): `spans`, the
+    (after, upto] ranges of our numbers this acknowledgement covered."""
     db.execute(cur, dialect.batches_forget(dialect.batches_table(), claims=dialect.qualified(claims),
-                                           consumer=consumer, upto=upto))
+                                           consumer=consumer, upto=upto, failed=dialect.failed_table(),
+                                           claims_table=claims, table_id=table_id, spans=list(spans)))
+
+
+def note_failed(dialect: Dialect, claims: QueueAddress, keys: Sequence[int]) -> Statement:
+    """In the sink's dispatch transaction: the statement that marks the claims `keys` of the claim
+    table `claims` failed. The caller checked the tables are usable (`exists`)."""
+    return dialect.failed_note(dialect.failed_table(), claims=claims, keys=[int(k) for k in keys])
+
+
+def take_failed(dialect: Dialect, cur: Cursor, table_id: str, *, keys: Sequence[int] | None = None,
+                after: int = 0, upto: int = 0) -> set[int]:
+    """In an acknowledgement's chunk: which of its claims (`keys`, a consumer's claims of the claim
+    table `table_id`; else the numbers in (after, upto] of a prepared claim) the sink marked
+    failed, their marks deleted: read once, in the transaction that acknowledges them."""
+    if keys is not None:
+        if not keys:
+            return set()
+        stmt = dialect.failed_take_keys(dialect.failed_table(), table_id=table_id, keys=[int(k) for k in keys])
+    else:
+        stmt = dialect.failed_take(dialect.failed_table(), table_id=table_id, after=after, upto=upto)
+    return {int(k) for (k,) in db.rows(cur, stmt)}
+
+
+def failed_among(dialect: Dialect, cur: Cursor, table_id: str, keys: Sequence[int]) -> set[int]:
+    """Which of the claims `keys` of the claim table `table_id` the sink marked failed (the marks
+    stay: the claims' chunks take them, or `forget`)."""
+    if not keys:
+        return set()
+    return {int(k) for (k,) in db.rows(cur, dialect.failed_among(dialect.failed_table(), table_id=table_id,
+                                                                 keys=[int(k) for k in keys]))}

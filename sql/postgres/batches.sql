@@ -1,4 +1,4 @@
--- The database's settled-batches table "public"."SqlQueue.Batches": which claims each streaming batch read, and whether its sink settled it.
+-- The database's settled-batches table "public"."SqlQueue.Batches" (which claims each streaming batch read, and whether its sink settled it) and failed-claims table "public"."SqlQueue.Failed" (the claims its sink failed).
 --
 -- Generated from spark_qtransport.dialects.postgres.PostgresDialect.create_batches() and rendered with
 -- PostgresDialect.script(): exactly what the connector runs, with its parameters written as
@@ -26,3 +26,10 @@ CREATE TABLE IF NOT EXISTS "public"."SqlQueue.Batches" (
 );
 
 CREATE INDEX IF NOT EXISTS "SqlQueue.Batches_claims" ON "public"."SqlQueue.Batches" (claims, consumer, upto_claim);
+
+CREATE TABLE IF NOT EXISTS "public"."SqlQueue.Failed" (
+    table_id text NOT NULL,
+    claim_seq bigint NOT NULL,
+    failed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_id, claim_seq)
+);

@@ -21,8 +21,5 @@ CREATE TABLE IF NOT EXISTS "public"."Sales.Claims" (
     body bytea,
     source_seq bigint NOT NULL,
     claimed_at timestamptz NOT NULL DEFAULT now(),
-    failed boolean,
     PRIMARY KEY (consumer, claim_seq)
 );
-
-ALTER TABLE "public"."Sales.Claims" ADD COLUMN IF NOT EXISTS failed boolean;

@@ -1,4 +1,4 @@
--- The database's settled-batches table [dbo].[SqlQueue.Batches]: which claims each streaming batch read, and whether its sink settled it.
+-- The database's settled-batches table [dbo].[SqlQueue.Batches] (which claims each streaming batch read, and whether its sink settled it) and failed-claims table [dbo].[SqlQueue.Failed] (the claims its sink failed).
 --
 -- Generated from spark_qtransport.dialects.sqlserver.SqlServerDialect.create_batches() and rendered
 -- with SqlServerDialect.script(): this is exactly what the connector runs, with its parameters
@@ -43,6 +43,44 @@ BEGIN
             CREATE UNIQUE NONCLUSTERED INDEX [Index_Batch] ON [dbo].[SqlQueue.Batches] (QueryId, BatchId, Claims, Consumer);
             CREATE NONCLUSTERED INDEX [Index_Claims] ON [dbo].[SqlQueue.Batches] (Claims, Consumer, UptoClaim);
             ALTER TABLE [dbo].[SqlQueue.Batches] SET (LOCK_ESCALATION = DISABLE);
+        END
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- 2714 table and 1913 index already exist: created by someone not taking the lock
+        -- (sys.objects may lag under load, says NServiceBus). The table is there: done.
+        IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1
+            COMMIT TRANSACTION;
+        ELSE
+        BEGIN
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END
+    END CATCH
+END
+GO
+
+SET NOCOUNT ON;
+DECLARE @table nvarchar(776) = N'[dbo].[SqlQueue.Failed]';
+DECLARE @lock nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock';
+DECLARE @rc int;
+-- Fast path: the table exists, no lock is taken.
+IF NOT EXISTS (SELECT * FROM sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+BEGIN
+    BEGIN TRANSACTION;
+    BEGIN TRY
+        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
+        -- Check again under the lock: another installer may have been first.
+        IF NOT EXISTS (SELECT * FROM sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
+        BEGIN
+            CREATE TABLE [dbo].[SqlQueue.Failed] (
+                TableId nvarchar(20) NOT NULL,
+                ClaimSeq bigint NOT NULL,
+                FailedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+                PRIMARY KEY CLUSTERED (TableId, ClaimSeq)
+            );
+            ALTER TABLE [dbo].[SqlQueue.Failed] SET (LOCK_ESCALATION = DISABLE);
         END
         COMMIT TRANSACTION;
     END TRY

@@ -38,7 +38,6 @@ BEGIN
                 Body varbinary(max) NULL,
                 SourceSeq bigint NOT NULL,
                 ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
-                Failed bit NULL,
                 PRIMARY KEY CLUSTERED (Consumer, ClaimSeq)
             );
             ALTER TABLE [dbo].[Sales.Claims] SET (LOCK_ESCALATION = DISABLE);
@@ -49,38 +48,6 @@ BEGIN
         -- 2714 table and 1913 index already exist: created by someone not taking the lock
         -- (sys.objects may lag under load, says NServiceBus). The table is there: done.
         IF ERROR_NUMBER() IN (2714, 1913) AND XACT_STATE() = 1
-            COMMIT TRANSACTION;
-        ELSE
-        BEGIN
-            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-            THROW;
-        END
-    END CATCH
-END
-GO
-
-SET NOCOUNT ON;
-DECLARE @table nvarchar(776) = N'[dbo].[Sales.Claims]';
-DECLARE @lock nvarchar(255) = QUOTENAME(DB_NAME()) + N'.' + @table + N'_lock';
-DECLARE @rc int;
--- Fast path: the column is there (or the table is not), no lock is taken.
-IF EXISTS (SELECT * FROM sys.objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')
-    AND NOT EXISTS (SELECT * FROM sys.columns WHERE object_id = OBJECT_ID(@table) AND name = N'Failed')
-BEGIN
-    BEGIN TRANSACTION;
-    BEGIN TRY
-        EXEC @rc = sys.sp_getapplock @Resource = @lock, @LockMode = N'Exclusive', @LockOwner = N'Transaction';
-        IF @rc < 0 THROW 51000, N'sqlqueue: timed out waiting for the installer lock', 1;
-        -- Check again under the lock: another installer may have been first.
-        IF NOT EXISTS (SELECT * FROM sys.columns WHERE object_id = OBJECT_ID(@table) AND name = N'Failed')
-        BEGIN
-            ALTER TABLE [dbo].[Sales.Claims] ADD Failed bit NULL;
-        END
-        COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        -- 2705: the column exists, added by someone not taking the lock. It is there: done.
-        IF ERROR_NUMBER() IN (2705) AND XACT_STATE() = 1
             COMMIT TRANSACTION;
         ELSE
         BEGIN

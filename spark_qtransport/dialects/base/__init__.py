@@ -20,11 +20,9 @@ from .operations import PEEK_PREVIEW_MAX, OperationsSql, check_preview
 from .prepared import PreparedSql
 from .receive import ReceiveSql
 from .send import SendSql
-from .settled import BATCHES_TABLE, BatchRead, SettledSql
+from .settled import BATCHES_TABLE, FAILED_TABLE, BatchRead, SettledSql
 from .values import (
     AFTER_MARK,
-    FAILED_COLUMN,
-    FAILED_MARK,
     LATEST_TIME,
     MARK,
     NUMBER_BASE,
@@ -42,9 +40,9 @@ from .values import (
 )
 
 __all__ = [
-    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "PickedRows", "NUMBERS_PER_MICROSECOND", "NUMBER_BASE", "MARK", "AFTER_MARK", "FAILED_MARK", "ClaimResult", "LATEST_TIME", "FAILED_COLUMN", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
+    "QueueAddress", "Statement", "Dialect", "ClaimFailures", "ClaimNumbering", "PickedRows", "NUMBERS_PER_MICROSECOND", "NUMBER_BASE", "MARK", "AFTER_MARK", "ClaimResult", "LATEST_TIME", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "check_privileges",
     "one_line", "AddressingSql", "InstallSql", "PreparedSql", "ReceiveSql", "SendSql", "DelayedSql", "OperationsSql",
-    "DriverSupport", "Connection", "Cursor", "PEEK_PREVIEW_MAX", "check_preview", "SettledSql", "BatchRead", "BATCHES_TABLE",
+    "DriverSupport", "Connection", "Cursor", "PEEK_PREVIEW_MAX", "check_preview", "SettledSql", "BatchRead", "BATCHES_TABLE", "FAILED_TABLE",
 ]
 
 

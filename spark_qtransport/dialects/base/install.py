@@ -33,15 +33,8 @@ class InstallSql(AddressingSql):
 
     @abstractmethod
     def create_claims(self, claims: QueueAddress) -> list[Statement]:
-        """Idempotent DDL for a queue's claim table (and `upgrade_claims`: a script run again on a
-        table an earlier version made brings it up to date)."""
-
-    @abstractmethod
-    def upgrade_claims(self, claims: QueueAddress) -> list[Statement]:
-        """Idempotent DDL adding to an existing claim table what earlier versions did not make:
-        the `FAILED_COLUMN` (nullable, so adding it rewrites nothing). Checks, then takes the
-        installers' lock, checks again and alters, as NServiceBus adds a column to a queue
-        (AddMessageBodyStringColumn)."""
+        """Idempotent DDL for a queue's claim table. A table an earlier version made (with a
+        ``failed`` column, or without one) is used as it is."""
 
     @abstractmethod
     def create_staging(self, staging: QueueAddress) -> list[Statement]:

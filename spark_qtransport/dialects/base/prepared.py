@@ -97,13 +97,10 @@ class PreparedSql(AddressingSql):
         server: no key list, no header through the driver. The LAST statement inserts."""
         return self._no_prepared()
 
-    def failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
-        """The numbers in (after, upto] of claims the sink marked failed (`mark_failed`) while
-        they were held by prepared transactions: rows of one column."""
-        return self._no_prepared()
-
-    def drop_failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
-        """Delete the failed marks in (after, upto]: their claims' acknowledgement is written."""
+    def failed_take(self, failed: QueueAddress, *, table_id: str, after: int, upto: int) -> Statement:
+        """Delete the sink's failed marks (in `failed`, `SettledSql.failed_table`) of the claim
+        table `table_id` numbered in (after, upto]: a prepared claim's own numbers. Rows of one
+        column: their numbers."""
         return self._no_prepared()
 
     def after_progress(self, claims: QueueAddress, consumer: str, *, first: int) -> Statement:

@@ -94,12 +94,11 @@ class ReceiveSql(AddressingSql):
                            limit: int) -> Statement:
         """Rows (claim_seq, headers) of at most `limit` of the consumer's claims <= upto whose
         headers text contains `header` (a header name of ours: letters and dots), by claim_seq,
-        locked until the transaction ends (a concurrent acknowledgement waits, then skips them).
-        Claims the pipeline failed (`mark_failed`) are left out: their processing did not succeed."""
+        locked until the transaction ends (a concurrent acknowledgement waits, then skips them)."""
 
     @abstractmethod
     def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
-        """Rows (claim_seq, headers, claimed_at as UTC, failed: a boolean, `mark_failed`) of the consumer's first `batch` claims in
+        """Rows (claim_seq, headers, claimed_at as UTC) of the consumer's first `batch` claims in
         (after, upto], by claim_seq, locked until the transaction ends: the chunk an acknowledgement
         with after-processing work copies and deletes (a concurrent one waits, then skips them).
         `after`: where the consumer's claims are known to be deleted up to, so the read does not
@@ -123,14 +122,6 @@ class ReceiveSql(AddressingSql):
     @abstractmethod
     def set_claim_headers(self, claims: QueueAddress, consumer: str, *, keys: list[int], headers: list[str]) -> Statement:
         """Replace the headers of the consumer's claims `keys`."""
-
-    @abstractmethod
-    def mark_failed(self, claims: QueueAddress, *, keys: list[int]) -> Statement:
-        """Mark the claims `keys` (claim sequences, of whichever consumer: they are unique in the
-        table) as failed by the pipeline: the sink sent them to the error queue or back to their
-        queue for a delayed retry (`fail()`, `retry_later()`), in its dispatch transaction, so
-        their acknowledgement audits, forwards and acknowledges none of them. Claims already
-        acknowledged are not there: nothing to mark."""
 
     @abstractmethod
     def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:

@@ -9,8 +9,8 @@ from typing import Any
 
 from ...errors import ConfigError
 
-__all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "FAILED_COLUMN", "NUMBER_BASE",
-           "MARK", "AFTER_MARK", "FAILED_MARK",
+__all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_COLUMNS", "TABLE_PRIVILEGES", "NUMBER_BASE",
+           "MARK", "AFTER_MARK",
            "check_privileges", "one_line"]
 
 
@@ -18,11 +18,6 @@ __all__ = ["QueueAddress", "Statement", "ClaimFailures", "ClaimResult", "STAGED_
 STAGED_COLUMNS = (
     "sink", "batch_id", "attempt", "kind", "route", "message_id", "headers", "body", "ttbr_ms", "delay_ms", "due",
 )
-
-
-#: the claim table's column (lower-cased, as `queue_columns` names it) that marks a claim the
-#: pipeline failed or retried through the sink: its acknowledgement makes no after-processing copy
-FAILED_COLUMN = "failed"
 
 
 #: claim numbers of ours start above this: the claim table's identity never gets there, so a
@@ -33,12 +28,11 @@ NUMBER_BASE = 2**62
 #: the claim table's rows that are not claims, by their `consumer` (a control character no
 #: endpoint's name begins with, `claim_stats` leaves them out): a prepared claim's
 #: after-processing progress (AFTER_MARK + the consumer: claim_seq its first number, source_seq the
-#: last number whose audit/forwardTo copies are written) and the prepared claims the sink marked
-#: failed (FAILED_MARK: claim_seq the claim's number): `transport.receiving.prepared.note_progress`,
-#: `transport.receiving.chunks.Chunks.held`
+#: last number whose audit/forwardTo copies are written: `transport.receiving.prepared.note_progress`,
+#: `transport.receiving.chunks.Chunks.held`). An earlier version also kept the prepared claims the
+#: sink failed here (MARK + "failed"); every claim statement passes such rows by, as any MARK row.
 MARK = "\x1f"
 AFTER_MARK = MARK + "after "
-FAILED_MARK = MARK + "failed"
 
 
 #: the table privileges the connector ever needs (and `Dialect.grants` / `Dialect.privileges` take)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..base import InstallSql, QueueAddress, Statement
+from ..base import FAILED_TABLE, InstallSql, QueueAddress, Statement
 from .receive import HELPER_FUNCTION, POISON_PATH
 from .statements import literal
 
@@ -70,20 +70,10 @@ class PostgresInstall(InstallSql):
                 "    body bytea,\n"
                 "    source_seq bigint NOT NULL,\n"
                 "    claimed_at timestamptz NOT NULL DEFAULT now(),\n"
-                "    failed boolean,\n"
                 "    PRIMARY KEY (consumer, claim_seq)\n"
                 ")"
             ),
-            self._add_failed(claims),
         ]
-
-    def upgrade_claims(self, claims: QueueAddress) -> list[Statement]:
-        return [self._ddl_lock(claims), self._add_failed(claims)]
-
-    def _add_failed(self, claims: QueueAddress) -> Statement:
-        # A table made before the column was: nullable without a default, so no rewrite. Under the
-        # installers' lock (the caller's first statement), as NServiceBus adds BodyString.
-        return Statement(f"ALTER TABLE {self.qualified(claims)} ADD COLUMN IF NOT EXISTS failed boolean")
 
     def create_staging(self, staging: QueueAddress) -> list[Statement]:
         t = self.qualified(staging)
@@ -136,7 +126,8 @@ class PostgresInstall(InstallSql):
     def create_batches(self, table: QueueAddress) -> list[Statement]:
         t = self.qualified(table)
         # a row per (query, batch, claim table, consumer) while its claims are held: small, and
-        # found by the query's batch (the sink) or by the claim table and consumer (a takeover)
+        # found by the query's batch (the sink) or by the claim table and consumer (a takeover);
+        # and the failed-claims table beside it
         return [
             self._ddl_lock(table),
             Statement(
@@ -155,6 +146,16 @@ class PostgresInstall(InstallSql):
             ),
             Statement(f"CREATE INDEX IF NOT EXISTS {self.quote(self.index_name(table, 'claims'))} ON {t} "
                       "(claims, consumer, upto_claim)"),
+            # beside it, the claims the sink failed: a row per failed message until its claim is
+            # acknowledged (`dialects.base.settled`); the lock above covers both tables
+            Statement(
+                f"CREATE TABLE IF NOT EXISTS {self.qualified(table.with_table(FAILED_TABLE))} (\n"
+                "    table_id text NOT NULL,\n"
+                "    claim_seq bigint NOT NULL,\n"
+                "    failed_at timestamptz NOT NULL DEFAULT now(),\n"
+                "    PRIMARY KEY (table_id, claim_seq)\n"
+                ")"
+            ),
         ]
 
     def create_delayed(self, delayed: QueueAddress) -> list[Statement]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..base import AFTER_MARK, FAILED_MARK, LATEST_TIME, Connection, PreparedSql, QueueAddress, Statement
+from ..base import AFTER_MARK, LATEST_TIME, Connection, PreparedSql, QueueAddress, Statement
 from .addressing import PostgresAddressing
 from .driver import psycopg_connection
 from .statements import BY_INDEX, NO_ID, copies, page
@@ -139,17 +139,12 @@ class PostgresPrepared(PostgresAddressing, PreparedSql):
             {"after": int(after), "upto": int(upto), "shift": int(shift), "xid": str(xid), "claimed_at": claimed_at,
              "skip": [int(k) for k in skip]})]
 
-    def failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
+    def failed_take(self, failed: QueueAddress, *, table_id: str, after: int, upto: int) -> Statement:
         return Statement(
-            f"SELECT claim_seq FROM {self.qualified(claims)} WHERE consumer = %(mark)s"
-            " AND claim_seq > %(after)s AND claim_seq <= %(upto)s",
-            {"mark": FAILED_MARK, "after": int(after), "upto": int(upto)})
-
-    def drop_failed_marks(self, claims: QueueAddress, *, after: int, upto: int) -> Statement:
-        return Statement(
-            f"DELETE FROM {self.qualified(claims)} WHERE consumer = %(mark)s"
-            " AND claim_seq > %(after)s AND claim_seq <= %(upto)s",
-            {"mark": FAILED_MARK, "after": int(after), "upto": int(upto)})
+            f"DELETE FROM {self.qualified(failed)} WHERE table_id = %(table)s AND claim_seq > %(after)s"
+            " AND claim_seq <= %(upto)s RETURNING claim_seq",
+            {"table": table_id, "after": int(after), "upto": int(upto)},
+        )
 
     def after_progress(self, claims: QueueAddress, consumer: str, *, first: int) -> Statement:
         return Statement(

@@ -8,10 +8,7 @@ from typing import Any
 
 from ...wire import RETRY_COUNTERS
 from ..base import (
-    FAILED_MARK,
     LATEST_TIME,
-    MARK,
-    NUMBER_BASE,
     NUMBERS_PER_MICROSECOND,
     ClaimFailures,
     ClaimNumbering,
@@ -20,7 +17,7 @@ from ..base import (
     Statement,
 )
 from .addressing import PostgresAddressing
-from .statements import BY_INDEX, NO_ID, ROWS_OF, UTC_NOW, copies, page
+from .statements import BY_INDEX, ROWS_OF, UTC_NOW, copies, page
 
 #: a claimed row whose headers text holds this may carry NServiceBus.SqlServer.ForwardDestination
 #: (checked exactly in Python). Found by strpos: a third of LIKE '%...%''s cost, on every claimed row.
@@ -329,14 +326,14 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
                            limit: int) -> Statement:
         return Statement(
             f"SELECT claim_seq, headers FROM {self.qualified(claims)} WHERE consumer = %(consumer)s"
-            " AND claim_seq <= %(upto)s AND strpos(headers, %(header)s) > 0 AND failed IS NOT TRUE"
+            " AND claim_seq <= %(upto)s AND strpos(headers, %(header)s) > 0"
             " ORDER BY claim_seq LIMIT %(limit)s FOR UPDATE",
             {"consumer": consumer, "upto": int(upto), "header": header, "limit": int(limit)},
         )
 
     def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
         return Statement(
-            f"SELECT claim_seq, headers, claimed_at, failed IS TRUE FROM {self.qualified(claims)}"
+            f"SELECT claim_seq, headers, claimed_at FROM {self.qualified(claims)}"
             " WHERE consumer = %(consumer)s AND claim_seq > %(after)s AND claim_seq <= %(upto)s"
             " ORDER BY claim_seq LIMIT %(batch)s FOR UPDATE",
             {"consumer": consumer, "after": int(after), "upto": int(upto), "batch": int(batch)},
@@ -364,27 +361,6 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
             " FROM unnest(%(keys)s::bigint[], %(headers)s::text[]) AS v(seq, headers)"
             " WHERE c.consumer = %(consumer)s AND c.claim_seq = v.seq",
             {"consumer": consumer, "keys": [int(k) for k in keys], "headers": list(headers)},
-        )
-
-    def mark_failed(self, claims: QueueAddress, *, keys: list[int]) -> Statement:
-        # Without the consumer (the sink does not know it): the primary key's second column, found
-        # by a skip scan on PostgreSQL 18 and a scan of the few batches' claims the table holds
-        # before. Rare (failed messages only), and the rows are not locked by anyone else then:
-        # their batch's reads are over and its acknowledgement comes after this commit. A claim of
-        # ours (a number above NUMBER_BASE) that is not in the table is held by a prepared
-        # transaction: it is noted as a row of its own (FAILED_MARK), which its acknowledgement
-        # reads and deletes.
-        c = self.qualified(claims)
-        return Statement(
-            f"WITH marked AS (UPDATE {c} SET failed = true"
-            " WHERE claim_seq = ANY(%(keys)s::bigint[]) AND failed IS NOT TRUE AND left(consumer, 1) <> %(marks)s"
-            " RETURNING claim_seq"
-            f"), noted AS (INSERT INTO {c} (consumer, claim_seq, id, headers, source_seq) OVERRIDING SYSTEM VALUE"
-            " SELECT %(mark)s, k, %(no_id)s, '', 0 FROM unnest(%(keys)s::bigint[]) AS k"
-            " WHERE k >= %(base)s AND k NOT IN (SELECT claim_seq FROM marked)"
-            " ON CONFLICT (consumer, claim_seq) DO NOTHING RETURNING 1"
-            ") SELECT 1 FROM marked UNION ALL SELECT 1 FROM noted",
-            {"keys": [int(k) for k in keys], "marks": MARK, "mark": FAILED_MARK, "no_id": NO_ID, "base": NUMBER_BASE},
         )
 
     def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:

@@ -7,7 +7,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...errors import QTransportError
-from ..base import InstallSql, QueueAddress, Statement
+from ..base import FAILED_TABLE, InstallSql, QueueAddress, Statement
 from .addressing import SqlServerAddressing
 from .statements import EXACT, MAX_CONSUMER_CHARS, MAX_FINGERPRINT_CHARS, MAX_SINK_CHARS, QNAME, literal, placeholders
 
@@ -61,7 +61,6 @@ END"""
 
 #: `_LOCKED_BATCH`'s table test (``{sys}``: the table's catalog views)
 _TABLE_EXISTS = "EXISTS (SELECT * FROM {sys}objects WHERE object_id = OBJECT_ID(@table) AND type = N'U')"
-_COLUMN_EXISTS = "EXISTS (SELECT * FROM {sys}columns WHERE object_id = OBJECT_ID(@table) AND name = ?)"
 
 
 #: the first batch of every script for people. A filtered index (the queue's Index_Expires)
@@ -152,25 +151,11 @@ CREATE TABLE {t} (
     Body varbinary(max) NULL,
     SourceSeq bigint NOT NULL,
     ClaimedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
-    Failed bit NULL,
     PRIMARY KEY CLUSTERED (Consumer, ClaimSeq)
 );
 ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
 """
-        return [self._create_batch(claims, ddl), *self.upgrade_claims(claims)]
-
-    def upgrade_claims(self, claims: QueueAddress) -> list[Statement]:
-        # A claim table made before the column was. NServiceBus's AddMessageBodyStringColumn
-        # checks sys.objects and sys.columns, takes the table's installer lock and checks again
-        # before its ALTER TABLE ... ADD; so does this batch, with `_create_batch`'s lock held in a
-        # transaction. Nullable without a default: a metadata change, no rewrite.
-        sys_ = self._sys(claims)
-        column = _COLUMN_EXISTS.format(sys=sys_)
-        return [self._locked_batch(
-            claims, f"ALTER TABLE {self.qualified(claims)} ADD Failed bit NULL;", [self.qualified(claims), "Failed", "Failed"],
-            fast_path="the column is there (or the table is not)",
-            needed=f"{_TABLE_EXISTS.format(sys=sys_)}\n    AND NOT {column}", needed_again=f"NOT {column}",
-            done="2705", done_why="2705: the column exists, added by someone not taking the lock. It is there: done.")]
+        return [self._create_batch(claims, ddl)]
 
     def create_staging(self, staging: QueueAddress) -> list[Statement]:
         t = self.qualified(staging)
@@ -241,7 +226,19 @@ CREATE UNIQUE NONCLUSTERED INDEX [Index_Batch] ON {t} (QueryId, BatchId, Claims,
 CREATE NONCLUSTERED INDEX [Index_Claims] ON {t} (Claims, Consumer, UptoClaim);
 ALTER TABLE {t} SET (LOCK_ESCALATION = DISABLE);
 """
-        return [self._create_batch(table, ddl)]
+        # beside it, the claims the sink failed: a row per failed message until its claim is
+        # acknowledged (`dialects.base.settled`)
+        failed = self.qualified(table.with_table(FAILED_TABLE))
+        failed_ddl = f"""
+CREATE TABLE {failed} (
+    TableId nvarchar(20) NOT NULL,
+    ClaimSeq bigint NOT NULL,
+    FailedAt datetime2 NOT NULL DEFAULT SYSUTCDATETIME(),
+    PRIMARY KEY CLUSTERED (TableId, ClaimSeq)
+);
+ALTER TABLE {failed} SET (LOCK_ESCALATION = DISABLE);
+"""
+        return [self._create_batch(table, ddl), self._create_batch(table.with_table(FAILED_TABLE), failed_ddl)]
 
     def create_delayed(self, delayed: QueueAddress) -> list[Statement]:
         t = self.qualified(delayed)

@@ -449,14 +449,14 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             raise ValueError(f"not a header name of ours: {header!r}")
         return Statement(
             f"SELECT TOP (?) ClaimSeq, Headers FROM {self.qualified(claims)} WITH (UPDLOCK, ROWLOCK)"
-            " WHERE Consumer = ? AND ClaimSeq <= ? AND CHARINDEX(?, Headers) > 0 AND (Failed IS NULL OR Failed = 0)"
+            " WHERE Consumer = ? AND ClaimSeq <= ? AND CHARINDEX(?, Headers) > 0"
             " ORDER BY ClaimSeq",
             (int(limit), self._check_consumer(consumer), int(upto), header),
         )
 
     def ack_rows(self, claims: QueueAddress, consumer: str, *, upto: int, batch: int, after: int = 0) -> Statement:
         return Statement(
-            f"SELECT TOP (?) ClaimSeq, Headers, ClaimedAt, ISNULL(Failed, 0) FROM {self.qualified(claims)} WITH (UPDLOCK, ROWLOCK)"
+            f"SELECT TOP (?) ClaimSeq, Headers, ClaimedAt FROM {self.qualified(claims)} WITH (UPDLOCK, ROWLOCK)"
             " WHERE Consumer = ? AND ClaimSeq > ? AND ClaimSeq <= ? ORDER BY ClaimSeq",
             (int(batch), self._check_consumer(consumer), int(after), int(upto)),
         )
@@ -503,18 +503,6 @@ class SqlServerReceive(SqlServerAddressing, ReceiveSql):
             " JOIN OPENJSON(?) WITH (KeyRow bigint '$[0]', Headers nvarchar(max) '$[1]') AS k ON c.ClaimSeq = k.KeyRow"
             " WHERE c.Consumer = ?",
             (json_list(rows), self._check_consumer(consumer)),
-        )
-
-    def mark_failed(self, claims: QueueAddress, *, keys: list[int]) -> Statement:
-        # Without the consumer (the sink does not know it), so not a seek of the clustered key:
-        # a scan of the few batches' claims the table holds, for failed messages only. ROWLOCK,
-        # and the table never escalates (create_claims): readers of other consumers' claims wait
-        # on no more than the marked rows.
-        return Statement(
-            f"UPDATE c SET Failed = 1 FROM {self.qualified(claims)} AS c WITH (ROWLOCK)"
-            " JOIN OPENJSON(?) WITH (KeyRow bigint '$') AS k ON c.ClaimSeq = k.KeyRow"
-            " WHERE c.Failed IS NULL OR c.Failed = 0",
-            (json_list([int(k) for k in keys]),),
         )
 
     def drop_claims(self, claims: QueueAddress, consumer: str, *, keys: list[int]) -> Statement:

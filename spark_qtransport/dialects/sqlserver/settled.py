@@ -43,8 +43,48 @@ class SqlServerSettled(SettledSql):
             (claims, consumer, table_id),
         )
 
-    def batches_forget(self, table: QueueAddress, *, claims: str, consumer: str, upto: int) -> Statement:
+    def batches_forget(self, table: QueueAddress, *, claims: str, consumer: str, upto: int, failed: QueueAddress,
+                       claims_table: QueueAddress, table_id: str, spans: Sequence[tuple[int, int]]) -> Statement:
+        # SQL Server holds no prepared claim, so no number of ours: `spans` has nothing to add.
+        # Two statements, one round trip; NOCOUNT: no row count of the first stands before the
+        # batch's end. READPAST on the claim table: a claim being deleted (X-locked) is skipped,
+        # which is safe as its acknowledgement took its mark first (`failed_take_keys` before the
+        # delete), and this batch never waits on another consumer's claims while holding marks
+        # (the acknowledgement that holds those claims may want the marks: no deadlock). A claim
+        # read by an acknowledgement (UPDLOCK) is seen, and keeps its mark.
         return Statement(
-            f"DELETE FROM {self.qualified(table)} WITH (ROWLOCK) WHERE Claims = ? AND Consumer = ? AND UptoClaim <= ?",
-            (claims, consumer, int(upto)),
+            "SET NOCOUNT ON;"
+            f" DELETE f FROM {self.qualified(failed)} AS f WITH (ROWLOCK) WHERE f.TableId = ? AND f.ClaimSeq <= ?"
+            f" AND NOT EXISTS (SELECT 1 FROM {self.qualified(claims_table)} AS c WITH (READPAST)"
+            " WHERE c.ClaimSeq = f.ClaimSeq);"
+            f" DELETE FROM {self.qualified(table)} WITH (ROWLOCK) WHERE Claims = ? AND Consumer = ? AND UptoClaim <= ?",
+            (table_id, int(upto), claims, consumer, int(upto)),
+        )
+
+    def failed_note(self, table: QueueAddress, *, claims: QueueAddress, keys: list[int]) -> Statement:
+        # the claim table's identity as the reader's set-up reads it (`table_id`: OBJECT_ID of
+        # the qualified name); NOT EXISTS under UPDLOCK + HOLDLOCK: a batch dispatched again marks
+        # nothing twice, and two dispatches of one batch never race to insert one key
+        t = self.qualified(table)
+        return Statement(
+            f"INSERT INTO {t} (TableId, ClaimSeq)"
+            " SELECT i.TableId, k.ClaimSeq FROM (SELECT CAST(OBJECT_ID(?) AS nvarchar(20)) AS TableId) AS i"
+            " CROSS JOIN OPENJSON(?) WITH (ClaimSeq bigint '$') AS k"
+            f" WHERE i.TableId IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {t} AS f WITH (UPDLOCK, HOLDLOCK, ROWLOCK)"
+            " WHERE f.TableId = i.TableId AND f.ClaimSeq = k.ClaimSeq)",
+            (self.qualified(claims), json_list([int(k) for k in keys])),
+        )
+
+    def failed_take_keys(self, table: QueueAddress, *, table_id: str, keys: list[int]) -> Statement:
+        return Statement(
+            f"DELETE {self.qualified(table)} WITH (ROWLOCK) OUTPUT deleted.ClaimSeq"
+            " WHERE TableId = ? AND ClaimSeq IN (SELECT k.ClaimSeq FROM OPENJSON(?) WITH (ClaimSeq bigint '$') AS k)",
+            (table_id, json_list([int(k) for k in keys])),
+        )
+
+    def failed_among(self, table: QueueAddress, *, table_id: str, keys: list[int]) -> Statement:
+        return Statement(
+            f"SELECT ClaimSeq FROM {self.qualified(table)} WHERE TableId = ?"
+            " AND ClaimSeq IN (SELECT k.ClaimSeq FROM OPENJSON(?) WITH (ClaimSeq bigint '$') AS k)",
+            (table_id, json_list([int(k) for k in keys])),
         )

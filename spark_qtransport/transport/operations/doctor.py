@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...dialects import FAILED_COLUMN, Cursor, Dialect, QueueAddress
+from ...dialects import Cursor, Dialect, QueueAddress
 from ...errors import ConfigError
 from .. import session as db
 from ..delayed import NSERVICEBUS_DELAYED, DelayedTableRule
@@ -58,7 +58,6 @@ class TableFacts:
     long_names: tuple[tuple[str, str], ...] = ()  # (quoted name, why): the queue or its .Delayed, refused by NServiceBus
     nullable: tuple[str, ...] = ()  # lower-case names of the columns that allow NULL
     too_long: tuple[tuple[str, str, int], ...] = ()  # (suffix, name, length): companions the database cannot name
-    old_claims: str | None = None  # its claim table (quoted), when an earlier version made it (no FAILED_COLUMN)
 
 
 def check_server(cur: Cursor, d: Dialect, queues: list[QueueAddress]) -> list[Finding]:
@@ -328,7 +327,6 @@ def check_queue(cur: Cursor, d: Dialect, queue: QueueAddress, *,
     companions = []
     companions_missing = []
     too_long = []
-    old_claims = None
     long_names = [(name, problem)] if (problem := d.nservicebus_name_problem(queue)) is not None else []
     for suffix in ("Claims", "Delayed", "Staging", "Outbox"):
         try:
@@ -337,11 +335,9 @@ def check_queue(cur: Cursor, d: Dialect, queue: QueueAddress, *,
             text = f"{queue.table}.{delayed.suffix if suffix == 'Delayed' else suffix}"
             too_long.append((suffix, text, d.name_length(text)))
             continue
-        if cols and (companion_cols := db.columns(cur, d.queue_columns(companion))):
+        if cols and db.columns(cur, d.queue_columns(companion)):
             if suffix in ("Claims", "Delayed"):
                 companions.append(d.qualified(companion))
-            if suffix == "Claims" and FAILED_COLUMN not in companion_cols:
-                old_claims = d.qualified(companion)
             if suffix == "Delayed" and (problem := d.nservicebus_name_problem(companion)) is not None:
                 long_names.append((d.qualified(companion), problem))
             lacking = _missing(cur, d, companion)
@@ -350,7 +346,7 @@ def check_queue(cur: Cursor, d: Dialect, queue: QueueAddress, *,
     nullable = tuple(str(r[0]) for r in db.rows(cur, d.nullable_columns(queue))) if cols else ()
     return assess(TableFacts(name, cols, None if high is None else int(high), keys, tuple(companions),
                              tuple(missing) if cols else (), tuple(companions_missing), tuple(long_names),
-                             nullable, tuple(too_long), old_claims), d)
+                             nullable, tuple(too_long)), d)
 
 
 def _missing(cur: Cursor, d: Dialect, table: QueueAddress) -> list[str]:
@@ -423,11 +419,6 @@ def assess(t: TableFacts, d: Dialect) -> list[Finding]:
         out.append(_lacking("error", name, t.missing))
     out += [Finding("info", companion, "present") for companion in t.companions]
     out += [_lacking("warning", companion, lacking) for companion, lacking in t.companions_missing]
-    if t.old_claims is not None:
-        out.append(Finding("warning", t.old_claims, f"made by an earlier version: no column '{FAILED_COLUMN}' (it marks "
-                           "the messages the sink failed or retried, which are then not audited); a reader adds it "
-                           "where its role may alter the table, else run what sqlqueue ddl --part claims prints, as "
-                           "its owner"))
     if not any(f.level in ("error", "warning") for f in out):
         out.insert(0, Finding("ok", name, f"queue table fits the transport ({', '.join(sorted(cols))})"))
     return out

@@ -49,8 +49,9 @@ def receiving(d: Dialect, queue: QueueAddress, *, error_queue: QueueAddress,
     moves due messages), and the queues of `platform` (`ReceiveSettings.platform_queues`)."""
     return [
         Need(queue, DML, "queue", True, "claims messages (deletes them), the delayed mover inserts"),
-        Need(d.claims_table(queue), DML, "claims", False, "claimed messages until their batch commits; the sink marks those it failed"),
-        Need(d.batches_table(), settled.READER, "batches", False, "which claims each batch read, until acknowledged"),
+        Need(d.claims_table(queue), DML, "claims", False, "claimed messages until their batch commits"),
+        *_ledger(d, settled.READER, {"batches": "which claims each batch read, until acknowledged",
+                                     "failed": "the claims the sink failed, taken out of the audit"}),
         Need(error_queue, WRITE, "queue", True, "poison messages, retry acknowledgements"),
         Need(delayed.table_for(d, queue), DML, "delayed", False, "moves due delayed messages"),
         *(Need(address, WRITE, "queue", True, PLATFORM_WHY[option]) for option, address in (platform or {}).items()),
@@ -64,12 +65,19 @@ def sending(d: Dialect, endpoint: QueueAddress, *, destinations: list[QueueAddre
     return [
         Need(d.companion(endpoint, "Staging"), DML, "sender", False, "staged rows until their batch is dispatched"),
         Need(d.companion(endpoint, "Outbox"), DML, "sender", False, "one record per dispatched batch"),
-        Need(d.batches_table(), settled.SINK, "batches", False, "settles the claims a dispatched batch read"),
+        *_ledger(d, settled.SINK, {"batches": "settles the claims a dispatched batch read",
+                                   "failed": "marks the claims a dispatched batch failed"}),
         Need(delayed.table_for(d, endpoint), DML, "delayed", False, "delayed messages; moves due ones"),
         *(Need(q, WRITE, "queue", True, "destination") for q in destinations),
         Need(subscriptions, READ, "subscriptions", False, "subscribers of published events"),
         Need(error_queue, WRITE, "queue", True, "messages that cannot be delivered"),
     ]
+
+
+def _ledger(d: Dialect, needs: settled.Needs, why: Mapping[str, str]) -> list[Need]:
+    """The settled-batches and failed-claims tables (`transport.settled`), made by one DDL part."""
+    tables = {"batches": d.batches_table(), "failed": d.failed_table()}
+    return [Need(tables[name], privileges, "batches", False, why[name]) for name, privileges in needs]
 
 
 def grant_statements(d: Dialect, role: str, needs: list[Need]) -> list[Statement]:

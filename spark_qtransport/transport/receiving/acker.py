@@ -83,13 +83,25 @@ class Acker:
         # while the background thread still works through earlier ones would read the same claims
         # and copy them twice. (The chunk's read also locks its claims, for any other session.)
         with self._serial:
+            spans = self._our_spans(end)  # before the acknowledgement changes the ledger
             total = self._ack_serially(session, end)
             if self.endpoint.settling:  # the records of the batches acknowledged (`transport.settled`)
                 e = self.endpoint
-                session.run(lambda c: _forget(e, c, end.claim), e.what("forget acknowledged batches"))
+                session.run(lambda c: _forget(e, c, end, spans), e.what("forget acknowledged batches"))
             if self.on_acked is not None:
                 self.on_acked(end)
             return total
+
+    def _our_spans(self, end: ClaimOffset) -> list[tuple[int, int]]:
+        """The (after, upto] ranges of our claim numbers an acknowledgement up to `end` covers: each
+        prepared claim up to it, and the claim table's part (`settled.forget` takes the sink's
+        marks of them that no chunk took)."""
+        ledger, mode = self.planner.ledger, self.endpoint.mode
+        spans = [(c.first - 1, c.last) for c in ledger.prepared_upto(end.claim)]
+        table = ledger.table_span
+        if table is not None and table[0] <= end.claim:
+            spans.append((table[0] - 1, min(table[1], end.claim)))
+        return [span for span in spans if mode.ours(span[1])]
 
     def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
         if self.planner.holds_prepared():
@@ -177,7 +189,8 @@ class Acker:
         transaction. (claims deleted, poison moved)."""
         batch = self.after.chunk_size(self.endpoint.options.ack_batch)
         return self._chunks(session, end, batch,
-                            lambda c, lo: self.chunks.table(c.cursor(), upto=end.claim, batch=batch, after=lo),
+                            lambda c, lo: self.chunks.table(c.cursor(), upto=end.claim, batch=batch, table=end.table,
+                                                            after=lo),
                             committed=self._committed)
 
     def _chunks(self, session: Session, end: ClaimOffset, batch: int, chunk: Callable[[Connection, int], Chunk],
@@ -204,7 +217,8 @@ class Acker:
         batch = o.ack_batch
         total = 0
         while o.acknowledge_retries:
-            deleted, seen = session.run(lambda c: self.chunks.retried(c.cursor(), upto=end.claim, batch=batch), what)
+            deleted, seen = session.run(
+                lambda c: self.chunks.retried(c.cursor(), upto=end.claim, batch=batch, table=end.table), what)
             self._committed()
             total += deleted
             if seen < batch:
@@ -222,8 +236,9 @@ class Acker:
                 return total, 0
 
 
-def _forget(endpoint: Endpoint, conn: Connection, upto: int) -> None:
-    settled.forget(endpoint.dialect, conn.cursor(), endpoint.claims, endpoint.options.consumer, upto)
+def _forget(endpoint: Endpoint, conn: Connection, end: ClaimOffset, spans: list[tuple[int, int]]) -> None:
+    settled.forget(endpoint.dialect, conn.cursor(), endpoint.claims, endpoint.options.consumer, end.claim, end.table,
+                   spans)
     conn.commit()
 
 

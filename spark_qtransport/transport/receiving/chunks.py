@@ -4,11 +4,12 @@ dead-letter the poison among them, leave out what the sink failed, have the plat
 
 **Only what succeeded.** A message the pipeline failed or retried (`fail()`, `retry_later()`)
 through the sink of the same query was not processed: the sink's dispatch marked its claim
-failed (`mark_failed`, in the transaction that sent its error or retry copy, before Spark commits
-the batch), and its chunk makes no audit or forwardTo copy, no retry acknowledgement and no
-monitoring timing, as NServiceBus audits only what its handlers processed. A stream whose output
-goes elsewhere (a ``foreachBatch`` without `QueueSink`) marks nothing: all it acknowledges is
-audited.
+failed (`settled.note_failed`, in the transaction that sent its error or retry copy, before Spark
+commits the batch), and its chunk takes the marks of its range (`settled.take_failed`) and makes no
+audit or forwardTo copy, no retry acknowledgement and no monitoring timing for them, as
+NServiceBus audits only what its handlers processed; the same mark whether the claim is held in
+the claim table or by a prepared transaction. A stream whose output goes elsewhere (a
+``foreachBatch`` without `QueueSink`) marks nothing: all it acknowledges is audited.
 
 Each chunk reads its claims' headers (never bodies), writes the copies and deletes the claims in
 one transaction, so each message is audited, forwarded and acknowledged exactly once however the
@@ -21,8 +22,6 @@ the claim holds, and records how far the claim's copies got (`prepared.note_prog
 claim table) in one transaction, before the commit; an acknowledgement that finds the record goes
 on after it, and parking copies only the rows after it. Where this run made the claim and judged it
 free of poison, and monitoring needs no headers, no header is parsed (`AfterProcessing.write_appended`).
-The sink notes a prepared claim it failed as a row of its own (`mark_failed`: the claim is in no
-table to mark), which the chunk reads and deletes (`_failed_marks`).
 
 **Poison claims.** Where the claim does not judge headers (`ReceiveSql.poison_at_claim`: PostgreSQL),
 a claimed message whose headers are not a flat JSON object of strings (`wire.decode_headers`) was
@@ -39,6 +38,7 @@ from typing import NamedTuple
 from ...dialects import Cursor
 from ...wire import H, decode_header_texts, decode_headers
 from .. import session as db
+from .. import settled
 from ..platform.after import AfterProcessing, Copy
 from . import prepared
 from .judge import judged
@@ -64,8 +64,9 @@ class Chunks:
     def __init__(self, endpoint: Endpoint, after: AfterProcessing) -> None:
         self.endpoint, self.after = endpoint, after
 
-    def table(self, cur: Cursor, *, upto: int, batch: int, after: int = 0) -> Chunk:
-        """Copy and delete the consumer's first `batch` claims of the claim table in (after, upto]."""
+    def table(self, cur: Cursor, *, upto: int, batch: int, table: str, after: int = 0) -> Chunk:
+        """Copy and delete the consumer's first `batch` claims of the claim table (its id: `table`)
+        in (after, upto]."""
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
         self.after.begin()
@@ -73,7 +74,7 @@ class Chunks:
         if not rows:
             return Chunk(0, after)
         gone, last = len(rows), int(rows[-1][0])
-        parsed = decode_header_texts([text for _, text, _, _ in rows])
+        parsed = decode_header_texts([text for _, text, _ in rows])
         poison = 0
         if not d.poison_at_claim and None in parsed:
             keys = [int(seq) for (seq, *_), h in zip(rows, parsed, strict=True) if h is None]
@@ -81,9 +82,9 @@ class Chunks:
             rows, parsed = [r for r, h in zip(rows, parsed, strict=True) if h is not None], [h for h in parsed if h is not None]
             if not rows:
                 return Chunk(gone, last, poison)
-        failed = self._failed_marks(cur, int(rows[0][0]) - 1, last)  # the chunk's own numbers
-        ok = [not (f or int(seq) in failed) for seq, _, _, f in rows]
-        self.after.write(cur, [(int(seq), text, at) for (seq, text, at, _), keep in zip(rows, ok, strict=True) if keep],
+        failed = self._failed(cur, table, keys=[int(seq) for seq, _, _ in rows])
+        ok = [int(seq) not in failed for seq, _, _ in rows]
+        self.after.write(cur, [(int(seq), text, at) for (seq, text, at), keep in zip(rows, ok, strict=True) if keep],
                          [h for h, keep in zip(parsed, ok, strict=True) if keep],
                          lambda target, keys, headers, ttbr: d.forward_claims(e.claims, o.consumer, target, keys=keys,
                                                                               headers=headers, ttbr_ms=ttbr))
@@ -107,7 +108,7 @@ class Chunks:
             o.queue, xid=claim.xid, after=a, high=claim.high, claimed_at=claim.claimed_at, limit=n),
             after=max(claim.low - 1, after - claim.shift), limit=batch))
         done = claim.last if len(found) < batch else claim.shift + int(found[-1][0][0])
-        failed = self._failed_marks(cur, after, done)
+        failed = self._failed(cur, claim.table, after=after, upto=done)
         kept = [(claim.shift + int(row[0]), str(row[1]), h) for row, h in found
                 if h is not None and claim.shift + int(row[0]) not in failed]
         if kept:
@@ -126,7 +127,7 @@ class Chunks:
         end = self.after.times.next_end(after)
         if end is not None:
             upto = min(upto, end)
-        failed = self._failed_marks(cur, after, upto)
+        failed = self._failed(cur, claim.table, after=after, upto=upto)
         rows: list[tuple[int, str]] = []
         if o.audit_queue is not None:
             for seq, text in db.rows(cur, db.prefixed(cur, d.prepared_headers(
@@ -164,7 +165,7 @@ class Chunks:
         db.execute(cur, d.drop_claim_range(e.claims, e.options.consumer, lo=int(rows[0][0]), hi=int(rows[-1][0])))
         return Chunk(len(rows), int(rows[-1][0]), poison)
 
-    def retried(self, cur: Cursor, *, upto: int, batch: int) -> tuple[int, int]:
+    def retried(self, cur: Cursor, *, upto: int, batch: int, table: str) -> tuple[int, int]:
         """Without copies to make: acknowledge the ServicePulse retries among the first `batch`
         of the consumer's claims <= upto whose headers mention one, and delete those claims.
         (claims deleted, claims looked at): a full page means the caller asks again. The rest
@@ -173,23 +174,26 @@ class Chunks:
         o = e.options
         self.after.begin()
         found = db.rows(cur, d.claims_with_header(e.claims, o.consumer, upto=upto, header=H.RETRY_ACK_QUEUE, limit=batch))
-        keyed = [(int(seq), h) for seq, text in found if (h := decode_headers(text)) is not None]
+        # a retry the pipeline failed again did not succeed: no acknowledgement; the plain delete
+        # takes its claim, `settled.forget` its mark
+        failed = settled.failed_among(d, cur, table, [int(seq) for seq, _ in found]) if e.settling else set()
+        keyed = [(int(seq), h) for seq, text in found
+                 if int(seq) not in failed and (h := decode_headers(text)) is not None]
         retried, _ = self.after.acknowledge_retries(cur, keyed, self.after.now())
         if retried:
             db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=retried))
         return len(retried), len(found)
 
-    def _failed_marks(self, cur: Cursor, after: int, upto: int) -> set[int]:
-        """The numbers in (after, upto] the sink marked failed while their claims were held by
-        prepared transactions (`mark_failed`), deleted here: read once, in the transaction that
-        acknowledges them. Only claims numbered by us can have one."""
-        d, e = self.endpoint.dialect, self.endpoint
-        if not e.mode.ours(upto):
+    def _failed(self, cur: Cursor, table: str, *, keys: list[int] | None = None, after: int = 0,
+                upto: int = 0) -> set[int]:
+        """Of the chunk's claims (`keys`, or a prepared claim's numbers in (after, upto]) of the
+        claim table `table`, those the sink marked failed, their marks deleted
+        (`settled.take_failed`): read once, in the transaction that acknowledges them. None where
+        the failed-claims table is not usable (the sink marks nothing then)."""
+        e = self.endpoint
+        if not e.settling:
             return set()
-        failed = {int(k) for (k,) in db.rows(cur, d.failed_marks(e.claims, after=after, upto=upto))}
-        if failed:
-            db.execute(cur, d.drop_failed_marks(e.claims, after=after, upto=upto))
-        return failed
+        return settled.take_failed(e.dialect, cur, table, keys=keys, after=after, upto=upto)
 
     def _dead_letter(self, cur: Cursor, keys: list[int], *, drop: bool = True) -> int:
         """Move the poison claims `keys` raw to the error queue, and delete them (`drop`; not when

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...dialects import FAILED_COLUMN, Connection, Cursor, Dialect, QueueAddress
+from ...dialects import Connection, Cursor, Dialect, QueueAddress
 from ...errors import ConsumerBusyError, QueueNotFoundError, SchemaError, field_error
 from .. import session as db
 from .. import settled
@@ -189,32 +189,10 @@ class EndpointSetUp:
         d, claims = self.endpoint.dialect, self.endpoint.claims
         columns = db.columns(cur, d.queue_columns(claims))
         ddl = [] if columns else d.create_claims(claims)
-        if columns and FAILED_COLUMN not in columns:
-            self._upgrade_claims(conn, cur)
         helpers = d.helpers_exist(claims)
         if helpers is not None and not db.one(cur, helpers)[0]:
             ddl += d.create_helpers(claims)
         db.install(d, cur, ddl)
-        conn.commit()
-
-    def _upgrade_claims(self, conn: Connection, cur: Cursor) -> None:
-        """A claim table an earlier version made: add the column that marks the claims the
-        pipeline failed (`FAILED_COLUMN`), or say what the table's owner must run."""
-        d, claims = self.endpoint.dialect, self.endpoint.claims
-        log.info("claim table %s: adding column %r (marks the messages the pipeline failed or retried, "
-                 "which are not audited)", d.qualified(claims), FAILED_COLUMN)
-        try:
-            db.install(d, cur, d.upgrade_claims(claims))
-        except Exception as exc:
-            if not d.is_driver_error(exc) or d.is_transient(exc):
-                raise  # a fault: the session's retry policy; anything else is not ours to explain
-            db.rollback(conn)
-            raise SchemaError(
-                f"claim table {d.qualified(claims)} was made by an earlier version and lacks column "
-                f"{FAILED_COLUMN!r}, which this role could not add ({d.error_text(exc)}); run the claim table's DDL again as "
-                "its owner (sqlqueue ddl --part claims, or sql/), then restart the query",
-                queue=self.endpoint.queue_text, operation="set-up",
-            ) from exc
         conn.commit()
 
     def _lock_consumer(self, conn: Connection, cur: Cursor) -> None:

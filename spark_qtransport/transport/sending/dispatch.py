@@ -8,7 +8,8 @@ successful into their destination queues (due now) or ``<endpoint>.Delayed`` (du
 published events out to the queues subscribed in ``SubscriptionRouting``, deletes the staged rows
 and checks that every staged row was found. Rows of failed attempts are ignored and deleted.
 In the same transaction it marks the claims of the received messages the batch failed or retried
-(`recovery`: ``fail()``, ``retry_later()``), so the reader's acknowledgement does not audit them,
+(`recovery`: ``fail()``, ``retry_later()``; `transport.settled`: ``SqlQueue.Failed``), so the
+reader's acknowledgement does not audit them,
 and settles the claims the batch read (`transport.settled`: by Spark's query and batch id, also
 for a batch with nothing to send), so no query of the endpoint delivers them again, whenever they
 are acknowledged.
@@ -33,7 +34,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ...dialects import FAILED_COLUMN, Connection, Cursor, Dialect
+from ...dialects import Connection, Cursor, Dialect
 from ...errors import ConfigError, DispatchError, MessageError, QueueNotFoundError
 from ...wire import decode_headers
 from .. import session as db
@@ -196,12 +197,16 @@ class Dispatcher:
         batch = _Batch.of(batch_id, done)
         if one_off:
             self._refuse_invalid(batch)
-        # whether the claims the batch read can be settled (the table's check is made once per process)
-        settle_as = query_id if settles and query_id and self.session.run(
-            lambda conn: settled.exists(self.dialect, self.options.url, conn, settled.SINK), self._what("set-up")) else None
+        # whether the claims the batch read can be settled and those it failed marked (the tables'
+        # check is made once per process)
+        settles = settles and bool(query_id)
+        ledger = (settles or bool(batch.failed_claims)) and self.session.run(
+            lambda conn: settled.exists(self.dialect, self.options.url, conn, settled.SINK), self._what("set-up"))
+        settle_as = query_id if settles and ledger else None
         # the session retries a transient fault, and an OutboxRaceError (a concurrent cleanup deleted
         # the batch's record between two statements)
-        result = self.session.run(lambda conn: self._dispatch(conn, batch, fp, settle_as), self._what("dispatch"))
+        result = self.session.run(lambda conn: self._dispatch(conn, batch, fp, settle_as, marks=ledger),
+                                  self._what("dispatch"))
         if result.skipped:
             log.info("batch %d of endpoint %s was dispatched before; nothing sent again", batch_id, self.options.endpoint)
         else:
@@ -221,15 +226,16 @@ class Dispatcher:
                         db.describe(self.dialect, exc))
         return result
 
-    def _dispatch(self, conn: Connection, batch: _Batch, fp: str, settle_as: str | None) -> DispatchResult:
+    def _dispatch(self, conn: Connection, batch: _Batch, fp: str, settle_as: str | None, *, marks: bool) -> DispatchResult:
         """The dispatch transaction (see the module's docstring); committed by the caller.
-        `settle_as`: the query id whose batch's reads it settles (None: it settles none)."""
+        `settle_as`: the query id whose batch's reads it settles (None: it settles none); `marks`:
+        the claims it failed are marked (the failed-claims table is usable)."""
         cur = conn.cursor()
-        result = self._send_batch(conn, cur, batch, fp)
+        result = self._send_batch(conn, cur, batch, fp, marks=marks)
         result.settled = settled.settle(self.dialect, cur, query_id=settle_as, batch_id=batch.batch_id)
         return result
 
-    def _send_batch(self, conn: Connection, cur: Cursor, batch: _Batch, fp: str) -> DispatchResult:
+    def _send_batch(self, conn: Connection, cur: Cursor, batch: _Batch, fp: str, *, marks: bool) -> DispatchResult:
         d, o = self.dialect, self.options
         result = DispatchResult(batch.batch_id, invalid=batch.invalid)
         if batch.rows == 0:
@@ -268,31 +274,28 @@ class Dispatcher:
                 queue=d.format_address(o.staging), operation="dispatch",
             )
         self._delete_leftovers(cur, batch.batch_id)
-        result.marked = sum(self._mark_failed(cur, queue, sorted(seqs)) for queue, seqs in batch.failed_claims.items())
+        if marks:
+            result.marked = sum(self._mark_failed(cur, queue, sorted(seqs)) for queue, seqs in batch.failed_claims.items())
         self.outbox.finish(cur, batch.batch_id, sent=result.sent, delayed=result.delayed, published=result.published)
         return result
 
     def _mark_failed(self, cur: Cursor, queue: str, seqs: list[int]) -> int:
-        """Mark the claims of `queue` that this batch failed or retried, in its transaction: the
-        reader's acknowledgement, which comes after Spark commits the batch, then makes no audit
-        copy of them (`recovery`). The queue is the one the rows name; one that is not an address,
-        or has no claim table with the column, marks nothing. A refusal (privileges) costs only
-        the marks: logged, and the batch goes on; those messages are audited as before."""
+        """Mark the claims of `queue` that this batch failed or retried, in its transaction
+        (`settled.note_failed`): the reader's acknowledgement, which comes after Spark commits the
+        batch, then makes no audit copy of them (`recovery`). The queue is the one the rows name;
+        one that is not an address, or has no claim table, marks nothing. A refusal costs only the
+        marks: logged, and the batch goes on; those messages are audited as before."""
         d = self.dialect
         try:
             claims = d.claims_table(d.parse_address(queue))
         except ConfigError:
             return 0
-        if FAILED_COLUMN not in db.columns(cur, d.queue_columns(claims)):
-            log.debug("no claim table with column %r for queue %r: %d failed message(s) not marked",
-                      FAILED_COLUMN, queue, len(seqs))
-            return 0
         marked = 0
         for i in range(0, len(seqs), _MARK_CHUNK):
-            n, problem = insert_guarded(cur, d, d.mark_failed(claims, keys=seqs[i:i + _MARK_CHUNK]))
+            n, problem = insert_guarded(cur, d, settled.note_failed(d, claims, seqs[i:i + _MARK_CHUNK]))
             if problem is not None:
                 log.warning("could not mark %d failed message(s) of queue %s in %s (%s): the reader audits them",
-                            len(seqs), queue, d.qualified(claims), problem)
+                            len(seqs), queue, d.qualified(d.failed_table()), problem)
                 return marked
             marked += n
         return marked
