@@ -77,10 +77,11 @@ def _remove(spark: Any, listener: Any) -> None:
         return  # stopped (a job stops its Spark before it exits): the listener bus went with it, and a
         # call now would open a new Py4J connection to a JVM that is ending (under spark-submit, one
         # that waits for this process to exit)
-    try:
-        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(2000)
-    except Exception as exc:  # noqa: BLE001 - Spark Connect (no sparkContext), a timeout
-        log.debug("listener bus not drained at exit: %s", exc)
+    if sc is not None:
+        try:
+            sc._jsc.sc().listenerBus().waitUntilEmpty(2000)
+        except Exception as exc:  # noqa: BLE001 - a timeout, a JVM gone
+            log.debug("listener bus not drained at exit: %s", exc)
     try:
         spark.streams.removeListener(listener)
     except Exception as exc:  # noqa: BLE001 - a session stopped already, a JVM gone: nothing to call
