@@ -13,6 +13,7 @@ import click
 import pytest
 
 from spark_qtransport.cli import main
+from spark_qtransport.dialects import dialect_named
 from spark_qtransport.errors import ConfigError, QueueNotFoundError, field_error
 from spark_qtransport.options import registry as r
 from spark_qtransport.options.parse import ReaderOptions, WriterOptions
@@ -182,3 +183,59 @@ def test_the_transport_and_the_dialects_spell_no_option_name_in_an_error(path: P
                 if (m[1] or m[2]) in _NAMES:
                     wrong.append(f"line {node.lineno}: {m[0]}")
     assert wrong == []
+
+
+def _sample(o: r.Option) -> str:
+    """A value of option `o` other than its default, within its bounds."""
+    if o.kind == r.INT:
+        return str(int(o.minimum or 0) + 7)
+    if o.kind == r.DURATION:
+        return str(int(o.minimum or 0) + 7)
+    if o.kind == r.BOOL:
+        return "false" if o.default else "true"
+    if o.kind == r.CHOICE:
+        return next(c for c in o.choices if c != o.default)
+    if o.kind == r.ADDRESS:
+        return '"s"."Sample"'
+    return "Sample"
+
+
+@pytest.mark.parametrize(("side", "into", "given"), [
+    (r.READ, ReceiveSettings, {"url": URL, "queue": "Sales"}),
+    (r.READ, StreamSettings, {"url": URL, "queue": "Sales"}),
+    (r.WRITE, SendSettings, {"url": URL, "endpoint": "Sales"}),
+], ids=["receive", "stream", "send"])
+def test_each_option_sets_the_settings_field_it_names(side: str, into: type, given: dict[str, str]) -> None:
+    """Every option whose field is a field of the settings (but for those made of several options) is
+    read into it: a value given for it is the value the settings hold."""
+    d = dialect_named("postgres")
+    fields = {f.name for f in dataclasses.fields(into)} - COMPOSITE - {"queue", "consumer"}
+    options = [o for o in r.for_side(side).values() if o.field in fields and o.key not in {k.lower() for k in given}]
+    assert len(options) >= 3
+    for o in options:
+        value = o.parse(_sample(o), dialect=d)
+        assert value != o.parse(None, dialect=d), o.name
+        if side == r.WRITE:
+            settings = WriterOptions.parse({**given, o.name: _sample(o)})
+        elif into is StreamSettings:
+            settings = ReaderOptions.stream({**given, o.name: _sample(o)})
+        else:
+            settings = ReaderOptions.parse({**given, o.name: _sample(o)})
+        assert getattr(settings, o.field) == value, o.name
+
+
+@pytest.mark.parametrize("option", [o for o in r.REGISTRY if o.kind == r.ADDRESS], ids=lambda o: f"{o.name}-{sorted(o.applies)[0]}")
+def test_a_queue_address_given_blank_is_its_default_none_or_an_error_naming_it(option: r.Option) -> None:
+    d = dialect_named("postgres")
+    for blank in ("", "   "):
+        if option.blank_is_none:
+            assert option.parse(blank, dialect=d) is None
+        elif option.default is not None:
+            assert option.parse(blank, dialect=d) == d.parse_address(option.default)
+        else:
+            with pytest.raises(ConfigError, match=f"option '{option.name}'") as info:
+                option.parse(blank, dialect=d)
+            assert info.value.option == option.name
+    assert option.parse('"s"."Q"', dialect=d) == d.parse_address('"s"."Q"')
+    with pytest.raises(TypeError, match="dialect"):
+        option.parse("Q")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from .. import __version__
-from ..connections import ConnectionURL, parse_url
+from ..connections import ConnectionURL
 from ..dialects import Dialect
 from ..dialects.base import one_line
 from ..errors import ConfigError, QTransportError
@@ -46,10 +46,10 @@ def registered(cli: str, metavar: str, help: str, *, option: str | None = None, 
                         **click_options)
 
 
-def flag_value(cli: str, raw: str | None) -> Any:
-    """The value of flag `cli` as the registry parses and checks it (its default when not given);
-    a bad one is a `ConfigError` naming the flag."""
-    return flag(cli).parse(raw, flag=True)
+def flag_value(cli: str, raw: str | None, *, dialect: Dialect | None = None) -> Any:
+    """The value of flag `cli` as the registry parses and checks it (its default when not given;
+    a queue address by `dialect`); a bad one is a `ConfigError` naming the flag."""
+    return flag(cli).parse(raw, flag=True, dialect=dialect)
 
 
 def url_option(f: F) -> F:
@@ -66,7 +66,7 @@ def allow_options(f: F) -> F:
 
 
 def routing_policy(schemas: str | None, queues: str | None) -> RoutingPolicy:
-    return RoutingPolicy.parse(schemas, queues)
+    return RoutingPolicy(flag_value("--allowed-schemas", schemas), flag_value("--allowed-queues", queues) or ())
 
 
 def delayed_options(f: F) -> F:
@@ -87,8 +87,7 @@ def delayed_rule(d: Dialect, table: str | None, suffix: str | None, *, names: in
     A --delayed-table is one endpoint's: wrong usage with `names` other than one."""
     if table is not None and names != 1:
         raise click.UsageError("--delayed-table names one endpoint's delayed table: give one queue with it")
-    return DelayedTableRule.create(d, table=None if table is None else d.parse_address(table, option="--delayed-table"),
-                                   suffix=suffix)
+    return DelayedTableRule.create(d, table=flag_value("--delayed-table", table, dialect=d), suffix=suffix)
 
 
 def need_url(url: str | None) -> ConnectionURL:
@@ -110,7 +109,7 @@ def need_url(url: str | None) -> ConnectionURL:
 def usage_url(url: str) -> ConnectionURL:
     """A malformed URL is wrong usage (exit 2); one that parses but does not connect is not."""
     try:
-        return parse_url(url, option="--url")
+        return flag_value("--url", url)
     except ConfigError as exc:
         raise click.UsageError(one_line(exc.message)) from None
 

@@ -10,18 +10,19 @@ Queue addresses are parsed by the dialect the URL selects.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..connections import ConnectionURL, parse_url
+from ..connections import ConnectionURL
 from ..dialects import Dialect, QueueAddress, dialect_for
 from ..errors import ConfigError, QTransportError
 from ..transport import settings as defaults
 from ..transport.delayed import DelayedTableRule
 from ..transport.routing import RoutingPolicy
-from ..transport.selection import QueuePattern, QueueSelection, check_distinct, split_queue_list
+from ..transport.selection import QueueSelection
 from ..transport.settings import ReceiveSettings, SendSettings, StreamSettings
 from .registry import (
     MAX_INLINE_BYTES,
@@ -65,7 +66,7 @@ def naming() -> Iterator[None]:
 class Given:
     """The options given to the source or the sink: keys lower-cased (Spark's are case-insensitive),
     an unknown one refused naming every unknown key and the documented ones, no control character
-    in a value; each read as the registry says."""
+    in a value; each read as the registry says (queue addresses by `dialect`, once the URL chose it)."""
 
     def __init__(self, options: Mapping[str, Any], side: str, *, internal: frozenset[str] = frozenset()) -> None:
         self.side = side
@@ -80,30 +81,32 @@ class Given:
         for key, option in self.known.items():  # ours; not the ones Spark adds (checkpointLocation, path)
             if key in self.raw:
                 _no_control(option, self.raw[key])
+        #: the dialect of the URL (`resolve_url`), which parses the queue addresses
+        self.dialect: Dialect | None = None
+
+    def parser(self) -> Dialect:
+        """The dialect that parses the options' queue addresses (the URL is resolved first)."""
+        if self.dialect is None:
+            raise RuntimeError("the options' URL is resolved before any queue address is read")
+        return self.dialect
 
     def __getitem__(self, name: str) -> Any:
         """The value of option `name`: as given, parsed and checked, else its default."""
-        return self.known[name.lower()].parse(self.raw.get(name.lower()))
+        return self.known[name.lower()].parse(self.raw.get(name.lower()), dialect=self.dialect)
 
     def text(self, name: str) -> str | None:
         """The value as given (None when absent)."""
         raw = self.raw.get(name.lower())
         return None if raw is None else str(raw)
 
-    def address(self, name: str, dialect: Dialect, *, blank_is_none: bool = False) -> QueueAddress | None:
-        """The queue address option `name` gives (or its default, when absent or empty), parsed by
-        `dialect`; white space only fails, or is none with `blank_is_none`."""
-        raw = self.raw.get(name.lower())
-        if raw is None or raw == "" or (blank_is_none and not str(raw).strip()):
-            raw = self.known[name.lower()].default
-        return None if raw is None else dialect.parse_address(str(raw), option=self.known[name.lower()].name)
-
-    def queue(self, name: str, dialect: Dialect) -> QueueAddress:
-        """`address`, of an option that has a default or was checked to be given."""
-        address = self.address(name, dialect)
-        if address is None:
-            raise ConfigError(f"option '{self.known[name.lower()].name}' is required", option=name)
-        return address
+    def settings(self, into: type, **built: Any) -> dict[str, Any]:
+        """The arguments of the settings class `into`: each of its fields an option of this side
+        sets (the option's `field`), parsed, and the fields `built` from several options or
+        checked first, as they are."""
+        fields = {f.name for f in dataclasses.fields(into) if f.init}
+        parsed = {o.field: self[o.name] for o in self.known.values()
+                  if o.field in fields and o.field not in built}
+        return {**parsed, **built}
 
 
 _CONTROL_NAMES = {0: "NUL", 7: "BEL", 8: "BS", 9: "TAB", 10: "LF", 13: "CR", 27: "ESC", 127: "DEL"}
@@ -125,21 +128,22 @@ def _no_control(option: Option, value: object) -> None:
 
 def routing_policy(given: Given) -> RoutingPolicy:
     """The allow-list options."""
-    return RoutingPolicy.parse(given.text("allowedSchemas"), given.text("allowedQueues"))
+    return RoutingPolicy(given["allowedSchemas"], given["allowedQueues"] or ())
 
 
-def delayed_rule(given: Given, dialect: Dialect) -> DelayedTableRule:
-    """The delayed-table options, checked."""
-    table = given.text("delayedTable")  # given empty, it fails: there is no default table to fall back on
-    return DelayedTableRule.create(dialect, suffix=given.text("delayedTableSuffix"),
-                                   table=None if table is None else dialect.parse_address(table, option="delayedTable"))
+def delayed_rule(given: Given) -> DelayedTableRule:
+    """The delayed-table options, checked (a `delayedTable` given empty fails: it has no default)."""
+    return DelayedTableRule.create(given.parser(), suffix=given.text("delayedTableSuffix"), table=given["delayedTable"])
 
 
 def resolve_url(given: Given) -> ConnectionURL:
+    """The URL (option or environment), with the credentials and timeouts the options give; sets
+    the dialect that parses the options' queue addresses."""
     raw = given.text("url") or os.environ.get(URL_ENV)
     if not raw:
         raise ConfigError(f"option 'url' is required (or set {URL_ENV}): e.g. postgresql://user@host:5432/db", option="url")
-    url = parse_url(raw, option="url")
+    url = given.known["url"].parse(raw)
+    given.dialect = dialect_for(url)
     return url.with_credentials(given.text("user"), given.text("password")).waiting(
         outage=given["outageTimeout"], response=given["responseTimeout"])
 
@@ -162,78 +166,55 @@ class ReaderOptions:
         with naming():
             given = Given(options, READ)
             url = resolve_url(given)
-            dialect = dialect_for(url)
-            selection = _selection(given, dialect)
+            selection = _selection(given)
             settings_for = functools.partial(_queue_settings, given, url)
             for queue in selection.queues:  # each listed queue's settings, checked at load()
                 settings_for(queue)
-            common = _common(given, url, dialect)
-            return StreamSettings(
-                url=url,
-                selection=selection,
-                settings_for=settings_for,
-                excluded=(common["error_queue"], *(a for a in (common["audit_queue"], common["forward_to"],
-                                                                common["monitoring_queue"]) if a is not None)),
-                routing=common["routing"],
-                max_messages=common["max_messages"],
-                min_messages=given["minMessagesPerTrigger"],
-                max_trigger_delay=given["maxTriggerDelay"],
-            )
+            common = _common(given)  # checked once for the stream, whatever queues a pattern finds
+            excluded = tuple(a for a in (common["error_queue"], common["audit_queue"], common["forward_to"],
+                                         common["monitoring_queue"]) if a is not None)
+            return StreamSettings(**given.settings(StreamSettings, url=url, selection=selection,
+                                                   settings_for=settings_for, excluded=excluded,
+                                                   routing=common["routing"]))
 
 
-def _selection(given: Given, dialect: Dialect) -> QueueSelection:
+def _selection(given: Given) -> QueueSelection:
     """Options 'queue' (one address, or several comma-separated) and 'queuePattern': exactly one."""
     queue, pattern = given.text("queue"), given.text("queuePattern")
     if queue is not None and pattern is not None:
         raise ConfigError("options 'queue' and 'queuePattern' exclude each other: give one", option="queuePattern")
     if pattern is not None:
-        return QueueSelection(pattern=QueuePattern.parse(dialect, pattern))
+        return QueueSelection(pattern=given["queuePattern"])
     if queue is None:
         raise ConfigError("option 'queue' is required: the queue to receive from, e.g. .option('queue', 'Sales') "
                           "(or several: 'Sales, Billing'; or .option('queuePattern', '*.Replies'))", option="queue")
-    texts = split_queue_list(queue)
-    if len(texts) == 1:
-        texts = [queue]  # one address, as given (SQL Server keeps white space around a name)
-    addresses = [dialect.parse_address(t, option="queue") for t in texts]
-    check_distinct(dialect, addresses)
-    return QueueSelection(queues=tuple(addresses))
+    return QueueSelection(queues=given["queue"])
 
 
 def _queue_settings(given: Given, url: ConnectionURL, queue: QueueAddress) -> ReceiveSettings:
     """One queue's `ReceiveSettings` from the stream's options."""
     with naming():
-        dialect = dialect_for(url)
         endpoint = given.text("endpoint")
         if endpoint is not None and not endpoint.strip():
             raise ConfigError("option 'endpoint' is empty", option="endpoint")
         consumer = endpoint.strip() if endpoint else queue.table
-        return ReceiveSettings(url=url, queue=queue, consumer=consumer, **_common(given, url, dialect))
+        return ReceiveSettings(url=url, queue=queue, consumer=consumer, **_common(given))
 
 
-def _common(given: Given, url: ConnectionURL, dialect: Dialect) -> dict[str, Any]:
-    """The settings every queue of a stream shares."""
+#: the fields of `ReceiveSettings` that are one queue's, not the stream's
+_PER_QUEUE = ("url", "queue", "consumer")
+
+
+def _common(given: Given) -> dict[str, Any]:
+    """The settings every queue of a stream shares: the registry's options by their fields."""
+    dialect = given.parser()
     mode = given["claimMode"]
     if mode == defaults.CLAIM_PREPARED and not dialect.prepared_claims:
         raise ConfigError(f"option 'claimMode': {dialect.name} has no prepared transactions a claim could be held "
                           "by; use 'table' or 'auto'", option="claimMode")
-    return dict(
-        error_queue=given.queue("errorQueue", dialect),
-        max_messages=given["maxMessagesPerTrigger"],
-        num_partitions=given["numPartitions"],
-        create_queues=given["createQueues"],
-        ack_batch=given["ackBatchSize"],
-        claim_ahead=given["claimAhead"],
-        claim_mode=mode,
-        prepared_timeout=given["preparedClaimTimeout"],
-        acknowledge_retries=given["retryAcknowledgements"],
-        routing=routing_policy(given),
-        delayed_rule=delayed_rule(given, dialect),
-        audit_queue=given.address("auditQueue", dialect, blank_is_none=True),
-        audit_ttbr_seconds=given["auditTimeToBeReceived"],
-        forward_to=given.address("forwardTo", dialect, blank_is_none=True),
-        monitoring_queue=given.address("monitoringQueue", dialect, blank_is_none=True),
-        monitoring_interval=given["monitoringInterval"],
-    )
+    common = given.settings(ReceiveSettings, url=None, queue=None, consumer=None, claim_mode=mode,
+                            routing=routing_policy(given), delayed_rule=delayed_rule(given))
+    return {k: v for k, v in common.items() if k not in _PER_QUEUE}
 
 
 # -- the sink: writeStream.format("sqlqueue") and QueueSink --------------------------------------
@@ -247,27 +228,19 @@ class WriterOptions:
         with naming():
             given = Given(options, WRITE, internal=frozenset(_WRITER_INTERNAL))
             url = resolve_url(given)
-            dialect = dialect_for(url)
             if not (given.text("endpoint") or "").strip():
                 raise ConfigError("option 'endpoint' is required to send: the sending endpoint's name, e.g. "
                                   ".option('endpoint', 'Sales')", option="endpoint")
             batch_id = given.text("_batchId")
-            return SendSettings(
+            return SendSettings(**given.settings(
+                SendSettings,
                 url=url,
-                endpoint=given.queue("endpoint", dialect),
-                destination=given.address("destination", dialect),
-                sink=given["sinkName"],
-                error_queue=given.queue("errorQueue", dialect),
-                create_queues=given["createQueues"],
-                subscriptions=given.queue("subscriptionTable", dialect),
                 retention_seconds=int(given["deduplicationRetention"]),
                 content_type=str(given["contentType"]),
                 batch_id=int(batch_id) if batch_id not in (None, "") else None,
                 query_id=given.text("_queryId") or None,
                 settles=given.text("_settles") == "true",
                 routing=routing_policy(given),
-                inline_bytes=given["inlineBytes"],
-                delayed_rule=delayed_rule(given, dialect),
-                invalid_rows=given["invalidRows"],
+                delayed_rule=delayed_rule(given),
                 invalid_rows_chosen=given.text("invalidRows") is not None,
-            )
+            ))

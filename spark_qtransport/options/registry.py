@@ -4,8 +4,10 @@ meaning in one line.
 
 The source and the sink (`options.ReaderOptions`, `options.WriterOptions`, and `QueueSink`, which
 hands its options to the sink), the command line (`cli.app`) and the documentation's option tables
-(``docs/_hooks/options.py``) all read it. It parses a value and raises the error that names the
-option (or the flag) at fault. The transport below never spells an option's name: it raises with
+(``docs/_hooks/options.py``) all read it. It parses a value of every kind (numbers, durations,
+choices, texts, URLs, lists; queue addresses, lists of them and patterns by the URL's dialect), the
+settings are built from its options by their fields (`options.parse.Given.settings`), and it raises
+the error that names the option (or the flag) at fault. The transport below never spells an option's name: it raises with
 the settings field at fault (``ConfigError.field``), and `name_fields` gives the error the name a
 front end knows it by.
 """
@@ -17,10 +19,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..connections import OUTAGE_TIMEOUT, RESPONSE_TIMEOUT
+from ..connections import OUTAGE_TIMEOUT, RESPONSE_TIMEOUT, parse_url
+from ..dialects import Dialect
 from ..errors import ConfigError, QTransportError, named
 from ..transport import settings as defaults
 from ..transport.delayed import DEFAULT_DELAYED_SUFFIX
+from ..transport.routing import allow_list
+from ..transport.selection import QueuePattern, parse_queue_list
 
 __all__ = ["Option", "REGISTRY", "READ", "WRITE", "URL_ENV", "OUTAGE_ENV", "for_side", "flag", "by_name", "parse_duration",
            "name_fields"]
@@ -63,6 +68,9 @@ class Option:
     cli: str | None = None
     env: str | None = None
     secret: bool = False
+    #: a queue address given blank (empty or white space) is none, as if left out (else: the
+    #: default where there is one, an error where there is none)
+    blank_is_none: bool = False
 
     @property
     def key(self) -> str:
@@ -85,12 +93,15 @@ class Option:
             return f"{self.kind}, {bounds[0]} to {bounds[1]}"
         return f"{self.kind}, at least {bounds[0]}" if bounds[0] is not None else self.kind
 
-    def parse(self, raw: object, *, flag: bool = False) -> Any:
+    def parse(self, raw: object, *, flag: bool = False, dialect: Dialect | None = None) -> Any:
         """The value `raw` (as given: text, or None when absent) stands for, checked against the
-        type and bounds; an error names the option (``flag``: the command line's flag)."""
+        type and bounds; an error names the option (``flag``: the command line's flag). Queue
+        addresses, lists of them and patterns are parsed by `dialect`."""
+        name = self.cli if flag and self.cli else self.name
+        if self.kind in _PARSED_WHOLE:
+            return self._parse_whole(raw, name, dialect)
         if raw is None or str(raw) == "" or (self.kind != TEXT and not str(raw).strip()):
             return self.default  # given empty: as if not given
-        name = self.cli if flag and self.cli else self.name
         where = name if name.startswith("-") else f"option '{name}'"
         text = str(raw).strip()
         if self.kind == INT:
@@ -124,7 +135,32 @@ class Option:
             raise ConfigError(f"{where} must be at most {show(high)}, not {text[:40]}", option=name)
         return value
 
+    def _parse_whole(self, raw: object, name: str, dialect: Dialect | None) -> Any:
+        """A URL, a list, a queue address, several or a pattern. Given blank, an address is its
+        default, or none (`blank_is_none`), or else the address parser's error; the others are
+        checked as given (an empty list or pattern is an error, not a default)."""
+        if self.kind == ADDRESS and raw is not None and not str(raw).strip() and (
+                self.blank_is_none or self.default is not None):
+            raw = None
+        if raw is None:
+            if self.default is None:
+                return None
+            raw = self.default
+        text = str(raw)
+        if self.kind == URL:
+            return parse_url(text, option=name)
+        if self.kind == LIST:
+            return allow_list(text, self.field or self.key)
+        if dialect is None:
+            raise TypeError(f"option {self.name!r}: a {self.kind} is parsed by a dialect")
+        if self.kind == ADDRESS:
+            return dialect.parse_address(text, option=name)
+        if self.kind == PATTERN:
+            return QueuePattern.parse(dialect, text)
+        return parse_queue_list(dialect, text, option=name)
 
+
+_PARSED_WHOLE = frozenset((URL, LIST, ADDRESS, ADDRESSES, PATTERN))
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -239,16 +275,16 @@ REGISTRY: tuple[Option, ...] = (
     Option("auditQueue", ADDRESS, "queue address (ServiceControl Audit reads `audit`) that gets a copy of every "
            "message whose batch is acknowledged, with NServiceBus's audit headers (ProcessingStarted/Ended, "
            "ProcessingEndpoint/Machine, host ids), in the acknowledgement's transaction: exactly once", READ_ONLY,
-           shown="none (no auditing)", field="audit_queue", cli="--audit-queue"),
+           shown="none (no auditing)", field="audit_queue", cli="--audit-queue", blank_is_none=True),
     Option("auditTimeToBeReceived", DURATION, "time to be received of the audit copies (`30s`, `12h`, `7d`): their "
            "Expires", READ_ONLY, minimum=0, field="audit_ttbr_seconds"),
     Option("forwardTo", ADDRESS, "queue address that gets an unchanged copy (headers and body) of every message whose "
            "batch is acknowledged, in the acknowledgement's transaction", READ_ONLY, field="forward_to",
-           cli="--forward-to"),
+           cli="--forward-to", blank_is_none=True),
     Option("monitoringQueue", ADDRESS, "queue address of ServiceControl.Monitoring (`Particular.Monitoring`) to send "
            "ServicePulse's metrics to: processing time, critical time and retries per message type, and the "
            "endpoint's metadata; best-effort, outside any transaction", READ_ONLY, shown="none (no monitoring)",
-           field="monitoring_queue", cli="--monitoring-queue"),
+           field="monitoring_queue", cli="--monitoring-queue", blank_is_none=True),
     Option("monitoringInterval", DURATION, "how often monitoring reports are sent", READ_ONLY,
            default=defaults.DEFAULT_MONITORING_INTERVAL, shown=f"{defaults.DEFAULT_MONITORING_INTERVAL:.0f}s",
            minimum=0.1, maximum=86_400, field="monitoring_interval"),

@@ -42,6 +42,7 @@ __all__ = [
     "Router",
     "RoutingPolicy",
     "Target",
+    "allow_list",
     "insert_guarded",
     "queue_shape_problem",
     "route_rows",
@@ -107,17 +108,7 @@ class RoutingPolicy:
     def parse(cls, schemas: str | None, queues: str | None) -> RoutingPolicy:
         """The allow-list from its two comma-separated lists (None: not given); errors name the
         fields ``allowed_schemas`` and ``allowed_queues``."""
-        def items(raw: str | None, name: str) -> tuple[str, ...] | None:
-            if raw is None:
-                return None
-            values = tuple(v.strip() for v in str(raw).split(",") if v.strip())
-            if not values:
-                raise field_error(name, "is empty: give a comma-separated list, or leave it out")
-            if any("\x00" in v for v in values):
-                raise field_error(name, "contains a NUL character")
-            return values
-
-        return cls(items(schemas, "allowed_schemas"), items(queues, "allowed_queues") or ())
+        return cls(allow_list(schemas, "allowed_schemas"), allow_list(queues, "allowed_queues") or ())
 
     def problem(self, dialect: Dialect, address: QueueAddress) -> str | None:
         fold = dialect.fold_name
@@ -127,6 +118,18 @@ class RoutingPolicy:
         if self.queues and not any(fnmatch.fnmatchcase(fold(address.table), fold(p)) for p in self.queues):
             return f"queue {address.table!r} matches none of the allowed queue patterns ({', '.join(self.queues)})"
         return None
+
+
+def allow_list(raw: str | None, field: str) -> tuple[str, ...] | None:
+    """The items of a comma-separated list (None: not given); an error names the settings `field`."""
+    if raw is None:
+        return None
+    values = tuple(v.strip() for v in str(raw).split(",") if v.strip())
+    if not values:
+        raise field_error(field, "is empty: give a comma-separated list, or leave it out")
+    if any("\x00" in v for v in values):
+        raise field_error(field, "contains a NUL character")
+    return values
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 from ..dialects import Dialect, QueueAddress
 from ..errors import ConfigError, field_error
 
-__all__ = ["QueuePattern", "QueueSelection", "check_distinct", "split_queue_list"]
+__all__ = ["QueuePattern", "QueueSelection", "check_distinct", "parse_queue_list", "split_queue_list"]
 
 
 def split_queue_list(text: str) -> list[str]:
@@ -129,6 +129,17 @@ class QueueSelection:
                 continue
             found.append(address)
         return found
+
+
+def parse_queue_list(dialect: Dialect, text: str, *, option: str) -> tuple[QueueAddress, ...]:
+    """The queues of option `option` (``queue``): one address as given (SQL Server keeps white
+    space around a name), or several comma-separated, each named once."""
+    texts = split_queue_list(text)
+    if len(texts) == 1:
+        texts = [text]
+    addresses = [dialect.parse_address(t, option=option) for t in texts]
+    check_distinct(dialect, addresses)
+    return tuple(addresses)
 
 
 def check_distinct(dialect: Dialect, queues: list[QueueAddress]) -> None:
