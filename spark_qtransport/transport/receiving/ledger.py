@@ -12,10 +12,19 @@ and the acknowledgements (background thread) share it; what it holds is changed 
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 from .prepared import PreparedClaim
 
-__all__ = ["Ledger"]
+__all__ = ["Ledger", "Piece"]
+
+
+class Piece(NamedTuple):
+    """Claims numbered in (after, upto]: a prepared claim's (`claim`), or the claim table's (None)."""
+
+    after: int
+    upto: int
+    claim: PreparedClaim | None
 
 
 class Ledger:
@@ -95,6 +104,28 @@ class Ledger:
 
     def prepared_within(self, after: int, end: int) -> list[PreparedClaim]:
         return [c for c in self.prepared() if c.last > after and c.first <= end]
+
+    def pieces(self, table: str, after: int, end: int) -> list[Piece]:
+        """The claims numbered in (after, end] of claim table `table`, in number order: each
+        prepared claim's part (`Piece.claim` it) and, between them, the claim table's parts where
+        its span may hold claims (`Piece.claim` None). A batch is read piece by piece."""
+        held = [c for c in self.prepared_within(after, end) if c.table == table]
+        out: list[Piece] = []
+        lo = after
+        for claim in held:
+            out += self._table_part(lo, min(claim.first - 1, end))
+            out.append(Piece(max(lo, claim.first - 1), min(claim.last, end), claim))
+            lo = max(lo, claim.last)
+        if not held:
+            return [Piece(after, end, None)] if end > after else []
+        return [p for p in out + self._table_part(lo, end) if p.upto > p.after]
+
+    def _table_part(self, after: int, end: int) -> list[Piece]:
+        """The claim table's part of (after, end] between prepared claims: only where it may hold some."""
+        span = self._table
+        if span is None or end <= after or span[1] <= after or span[0] > end:
+            return []
+        return [Piece(max(after, span[0] - 1), min(end, span[1]), None)]
 
     def highest(self) -> int | None:
         """The highest claim number held, in either form (None: nothing held)."""

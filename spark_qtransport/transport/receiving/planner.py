@@ -355,33 +355,15 @@ class Planner:
             return []
         if self.may_hold_prepared(end.claim):
             self.held_max()  # the prepared claims as the server has them, after any lost connection
-        # the prepared claims of the batch's claim table (a batch planned over a claim table made
-        # again reads from its start, and the claims made since are of the new one)
-        held = [c for c in self.ledger.prepared_within(after, end.claim) if c.table == end.table]
-        parts = self._slices(end.table, after, end.claim, held)
+        # the claims of the batch's claim table (a batch planned over a claim table made again
+        # reads from its start, and the claims made since are of the new one), piece by piece
+        o = self.endpoint.options
+        parts = [part for piece in self.ledger.pieces(end.table, after, end.claim)
+                 for part in self._cut(end.table, piece.after, piece.upto, None if piece.claim is None else PreparedRead(
+                     o.queue, piece.claim.xid, piece.claim.shift, piece.claim.claimed_at))]
         if self.endpoint.settling:
             parts = [replace(p, batch=(after, end.claim)) for p in parts]
         return parts
-
-    def _slices(self, table: str, after: int, upto: int, held: list[Any]) -> list[ClaimSlice]:
-        """(after, upto] of claim table `table` cut into slices, each prepared claim's apart."""
-        if not held:
-            return self._cut(table, after, upto)
-        parts: list[ClaimSlice] = []
-        lo = after
-        for claim in held:
-            parts += self._table_gap(table, lo, min(claim.first - 1, upto))
-            read = PreparedRead(self.endpoint.options.queue, claim.xid, claim.shift, claim.claimed_at)
-            parts += self._cut(table, max(lo, claim.first - 1), min(claim.last, upto), read)
-            lo = max(lo, claim.last)
-        return parts + self._table_gap(table, lo, upto)
-
-    def _table_gap(self, table: str, after: int, upto: int) -> list[ClaimSlice]:
-        """Claim-table slices of (after, upto], between prepared claims: only where it may hold some."""
-        span = self.ledger.table_span
-        if span is None or upto <= after or span[1] <= after or span[0] > upto:
-            return []
-        return self._cut(table, max(after, span[0] - 1), min(upto, span[1]))
 
     def _cut(self, table: str, after: int, upto: int, prepared: PreparedRead | None = None) -> list[ClaimSlice]:
         """(after, upto] cut into the slices Spark tasks read."""
