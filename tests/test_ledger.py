@@ -1,5 +1,5 @@
 """The ledger of a consumer's claims (`transport.receiving.ledger`): a batch's range cut into the
-pieces it is read by, each a prepared claim's or the claim table's."""
+pieces it is read by and an acknowledgement settles, each a prepared claim's or the claim table's."""
 
 from __future__ import annotations
 
@@ -36,3 +36,27 @@ def test_claims_of_another_claim_table_are_not_pieces_of_this_one() -> None:
     ledger.claimed_prepared(claim(B + 1, B + 100, table="16000"))
     ledger.claimed_in_table(5, 8)
     assert ledger.pieces("16384", 0, B + 100) == [Piece(0, B + 100, None)]
+
+
+def test_an_acknowledgement_settles_the_claim_table_first_then_each_prepared_claim_up_to_its_end() -> None:
+    ledger = Ledger()
+    a, b = claim(B + 101, B + 200), claim(B + 201, B + 300)
+    ledger.claimed_in_table(B + 1, B + 100)  # a retry acknowledgement's or a parked claim's
+    ledger.claimed_prepared(a)
+    ledger.claimed_prepared(b)
+    assert ledger.settled_by(B + 200, whole_table=False) == [Piece(B, B + 100, None), Piece(B + 100, B + 200, a)]
+    ledger.acknowledged_table(B + 200)
+    ledger.committed(a)
+    assert ledger.settled_by(B + 200, whole_table=False) == []  # repeated: nothing left to settle
+    assert ledger.settled_by(B + 300, whole_table=False) == [Piece(B + 200, B + 300, b)]
+
+
+def test_a_run_without_prepared_claims_acknowledges_the_claim_table_even_where_the_ledger_knows_no_claim() -> None:
+    ledger = Ledger()
+    assert ledger.settled_by(50, whole_table=True) == [Piece(50, 50, None)]
+    assert ledger.settled_by(50, whole_table=False) == []
+    ledger.claimed_in_table(20, 80)
+    assert ledger.settled_by(50, whole_table=True) == [Piece(19, 50, None)]
+    ledger.acknowledged_table(50)
+    assert ledger.settled_by(50, whole_table=True) == [Piece(50, 50, None)]
+    assert ledger.settled_by(90, whole_table=True) == [Piece(50, 80, None)]

@@ -2,6 +2,9 @@
 (`chunks`), with the after-processing work of the Particular platform (audit and forwardTo copies,
 ServiceControl retry acknowledgements: `transport.platform.after`) in the same transactions, and,
 where the claim did not judge headers, the batch's poison claims moved to the error queue.
+The ledger says what an acknowledgement up to an offset settles, piece by piece
+(`Ledger.settled_by`): the claim table's part, deleted in chunks, then each prepared claim,
+committed after its copies; nothing here asks which claim mode the run is in.
 Idempotent: a repeated acknowledgement deletes nothing and copies nothing."""
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ..session import Session
 from . import prepared
 from .background import Background
 from .chunks import Chunk, Chunks
+from .ledger import Piece
 from .planner import ClaimOffset, Planner
 from .setup import Endpoint
 from .stats import ReceiveStats, dropped_note
@@ -83,54 +87,41 @@ class Acker:
         # while the background thread still works through earlier ones would read the same claims
         # and copy them twice. (The chunk's read also locks its claims, for any other session.)
         with self._serial:
-            spans = self._our_spans(end)  # before the acknowledgement changes the ledger
-            total = self._ack_serially(session, end)
+            # what the ledger holds up to `end`, read before the acknowledgement changes it
+            pieces = self.planner.ledger.settled_by(end.claim, whole_table=not self.planner.holds_prepared())
+            total = sum(self._settle(session, end, piece) for piece in pieces)
+            self._gone = (end.table, max(self.done(end.table), end.claim))
+            self.after.times.forget(end.claim)  # the batches' timings (ProcessingStarted) are done with
             if self.endpoint.settling:  # the records of the batches acknowledged (`transport.settled`)
                 e = self.endpoint
+                # the ranges of our numbers it covered: `settled.forget` takes the sink's marks of
+                # them that no chunk took
+                spans = [(p.after, p.upto) for p in pieces if p.upto > p.after and e.mode.ours(p.upto)]
                 session.run(lambda c: _forget(e, c, end, spans), e.what("forget acknowledged batches"))
             if self.on_acked is not None:
                 self.on_acked(end)
             return total
 
-    def _our_spans(self, end: ClaimOffset) -> list[tuple[int, int]]:
-        """The (after, upto] ranges of our claim numbers an acknowledgement up to `end` covers: each
-        prepared claim up to it, and the claim table's part (`settled.forget` takes the sink's
-        marks of them that no chunk took)."""
-        ledger, mode = self.planner.ledger, self.endpoint.mode
-        spans = [(c.first - 1, c.last) for c in ledger.prepared_upto(end.claim)]
-        table = ledger.table_span
-        if table is not None and table[0] <= end.claim:
-            spans.append((table[0] - 1, min(table[1], end.claim)))
-        return [span for span in spans if mode.ours(span[1])]
-
-    def _ack_serially(self, session: Session, end: ClaimOffset) -> int:
-        if self.planner.holds_prepared():
-            total = self._ack_prepared(session, end)
-        else:
-            total = self._ack_table(session, end)
-        self.after.times.forget(end.claim)  # the batches' timings (ProcessingStarted) are done with
+    def _settle(self, session: Session, end: ClaimOffset, piece: Piece) -> int:
+        """Acknowledge one piece of the ledger up to `end`; the number of claims it settled. The
+        claim table's part is deleted in chunks (`_ack_table`); a prepared claim is committed,
+        after its copies (`_commit`)."""
+        if piece.claim is not None:
+            return self._commit(session, piece.claim)
+        total = self._ack_table(session, end)
+        self.planner.ledger.acknowledged_table(end.claim)
         return total
 
-    def _ack_prepared(self, session: Session, end: ClaimOffset) -> int:
-        """A run with prepared claims: the claim table's part (claims a retry acknowledgement or a
-        ForwardDestination put there, parked ones, a table-mode run's) as always, where it may hold
-        any up to `end`; then each prepared claim up to `end` is committed."""
-        total = 0
-        ledger = self.planner.ledger
-        if ledger.table_holds(end.claim):
-            total = self._ack_table(session, end)
-            ledger.acknowledged_table(end.claim)
+    def _commit(self, session: Session, claim: prepared.PreparedClaim) -> int:
+        """A prepared claim: its after-processing, then its COMMIT PREPARED."""
         what = self.endpoint.what("acknowledge")
-        for claim in ledger.prepared_upto(end.claim):
-            if self.after.copies:
-                self._after_held(session, claim)
-            session.run(functools.partial(prepared.commit, endpoint=self.endpoint, claim=claim), what)
-            if self.after.copies:
-                session.run(functools.partial(prepared.forget_progress, endpoint=self.endpoint, claim=claim), what)
-            ledger.committed(claim)
-            total += claim.last - claim.first + 1
-        self._gone = (end.table, max(self.done(end.table), end.claim))
-        return total
+        if self.after.copies:
+            self._after_held(session, claim)
+        session.run(functools.partial(prepared.commit, endpoint=self.endpoint, claim=claim), what)
+        if self.after.copies:
+            session.run(functools.partial(prepared.forget_progress, endpoint=self.endpoint, claim=claim), what)
+        self.planner.ledger.committed(claim)
+        return claim.last - claim.first + 1
 
     def _after_held(self, session: Session, claim: prepared.PreparedClaim) -> None:
         """The after-processing of a prepared claim, in chunks of a transaction each, from where
@@ -207,7 +198,6 @@ class Acker:
             total, poison = total + done.gone, poison + done.poison
             lo = max(lo, done.last)
             if done.gone < batch:
-                self._gone = (end.table, max(lo, end.claim))
                 return total, poison
 
     def _ack_plain(self, session: Session, end: ClaimOffset) -> tuple[int, int]:
@@ -232,7 +222,6 @@ class Acker:
             n = session.run(lambda c: db.rowcount(c.cursor(), stmt), what)
             total += n
             if n < batch:
-                self._gone = (end.table, max(self.done(end.table), end.claim))
                 return total, 0
 
 

@@ -127,6 +127,20 @@ class Ledger:
             return []
         return [Piece(max(after, span[0] - 1), min(end, span[1]), None)]
 
+    def settled_by(self, end: int, *, whole_table: bool) -> list[Piece]:
+        """What an acknowledgement up to `end` settles, in the order it settles it: the claim
+        table's part, where its span may hold claims up to `end`, then each prepared claim up to
+        `end`. With `whole_table` (a run that holds no prepared claim) the claim table's part is
+        there whatever the span says: its acknowledgement deletes the consumer's claims up to `end`,
+        known or not (a piece of no width where the ledger knows none)."""
+        span = self._table
+        out: list[Piece] = []
+        if span is not None and span[0] <= end:
+            out.append(Piece(span[0] - 1, min(span[1], end), None))
+        elif whole_table:
+            out.append(Piece(end, end, None))
+        return out + [Piece(c.first - 1, c.last, c) for c in self.prepared_upto(end)]
+
     def highest(self) -> int | None:
         """The highest claim number held, in either form (None: nothing held)."""
         tops = [c.last for c in self.prepared()]
