@@ -66,7 +66,7 @@ def allow_options(f: F) -> F:
 
 
 def routing_policy(schemas: str | None, queues: str | None) -> RoutingPolicy:
-    return RoutingPolicy(flag_value("--allowed-schemas", schemas), flag_value("--allowed-queues", queues) or ())
+    return RoutingPolicy.allowing(flag_value("--allowed-schemas", schemas), flag_value("--allowed-queues", queues))
 
 
 def delayed_options(f: F) -> F:

@@ -99,11 +99,11 @@ class Given:
         raw = self.raw.get(name.lower())
         return None if raw is None else str(raw)
 
-    def settings(self, into: type, **built: Any) -> dict[str, Any]:
+    def settings(self, into: type, *, leave: tuple[str, ...] = (), **built: Any) -> dict[str, Any]:
         """The arguments of the settings class `into`: each of its fields an option of this side
         sets (the option's `field`), parsed, and the fields `built` from several options or
-        checked first, as they are."""
-        fields = {f.name for f in dataclasses.fields(into) if f.init}
+        checked first, as they are; not the fields `leave` names (the caller's to give)."""
+        fields = {f.name for f in dataclasses.fields(into) if f.init and f.name not in leave}
         parsed = {o.field: self[o.name] for o in self.known.values()
                   if o.field in fields and o.field not in built}
         return {**parsed, **built}
@@ -128,7 +128,7 @@ def _no_control(option: Option, value: object) -> None:
 
 def routing_policy(given: Given) -> RoutingPolicy:
     """The allow-list options."""
-    return RoutingPolicy(given["allowedSchemas"], given["allowedQueues"] or ())
+    return RoutingPolicy.allowing(given["allowedSchemas"], given["allowedQueues"])
 
 
 def delayed_rule(given: Given) -> DelayedTableRule:
@@ -167,10 +167,10 @@ class ReaderOptions:
             given = Given(options, READ)
             url = resolve_url(given)
             selection = _selection(given)
-            settings_for = functools.partial(_queue_settings, given, url)
+            common = _common(given)  # parsed and checked once for the stream, whatever queues a pattern finds
+            settings_for = functools.partial(_queue_settings, _endpoint(given), url, common)
             for queue in selection.queues:  # each listed queue's settings, checked at load()
                 settings_for(queue)
-            common = _common(given)  # checked once for the stream, whatever queues a pattern finds
             excluded = tuple(a for a in (common["error_queue"], common["audit_queue"], common["forward_to"],
                                          common["monitoring_queue"]) if a is not None)
             return StreamSettings(**given.settings(StreamSettings, url=url, selection=selection,
@@ -191,14 +191,19 @@ def _selection(given: Given) -> QueueSelection:
     return QueueSelection(queues=given["queue"])
 
 
-def _queue_settings(given: Given, url: ConnectionURL, queue: QueueAddress) -> ReceiveSettings:
-    """One queue's `ReceiveSettings` from the stream's options."""
+def _endpoint(given: Given) -> str | None:
+    """Option 'endpoint': the consumer every queue of the stream claims as (None: each queue's name)."""
+    endpoint = given.text("endpoint")
+    if endpoint is not None and not endpoint.strip():
+        raise ConfigError("option 'endpoint' is empty", option="endpoint")
+    return endpoint.strip() if endpoint else None
+
+
+def _queue_settings(endpoint: str | None, url: ConnectionURL, common: dict[str, Any],
+                    queue: QueueAddress) -> ReceiveSettings:
+    """One queue's `ReceiveSettings`: the stream's `common` ones, and the queue's own."""
     with naming():
-        endpoint = given.text("endpoint")
-        if endpoint is not None and not endpoint.strip():
-            raise ConfigError("option 'endpoint' is empty", option="endpoint")
-        consumer = endpoint.strip() if endpoint else queue.table
-        return ReceiveSettings(url=url, queue=queue, consumer=consumer, **_common(given))
+        return ReceiveSettings(url=url, queue=queue, consumer=endpoint or queue.table, **common)
 
 
 #: the fields of `ReceiveSettings` that are one queue's, not the stream's
@@ -212,9 +217,8 @@ def _common(given: Given) -> dict[str, Any]:
     if mode == defaults.CLAIM_PREPARED and not dialect.prepared_claims:
         raise ConfigError(f"option 'claimMode': {dialect.name} has no prepared transactions a claim could be held "
                           "by; use 'table' or 'auto'", option="claimMode")
-    common = given.settings(ReceiveSettings, url=None, queue=None, consumer=None, claim_mode=mode,
-                            routing=routing_policy(given), delayed_rule=delayed_rule(given))
-    return {k: v for k, v in common.items() if k not in _PER_QUEUE}
+    return given.settings(ReceiveSettings, leave=_PER_QUEUE, claim_mode=mode, routing=routing_policy(given),
+                          delayed_rule=delayed_rule(given))
 
 
 # -- the sink: writeStream.format("sqlqueue") and QueueSink --------------------------------------

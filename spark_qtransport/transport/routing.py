@@ -108,7 +108,13 @@ class RoutingPolicy:
     def parse(cls, schemas: str | None, queues: str | None) -> RoutingPolicy:
         """The allow-list from its two comma-separated lists (None: not given); errors name the
         fields ``allowed_schemas`` and ``allowed_queues``."""
-        return cls(allow_list(schemas, "allowed_schemas"), allow_list(queues, "allowed_queues") or ())
+        return cls.allowing(allow_list(schemas, "allowed_schemas"), allow_list(queues, "allowed_queues"))
+
+    @classmethod
+    def allowing(cls, schemas: tuple[str, ...] | None, queues: tuple[str, ...] | None) -> RoutingPolicy:
+        """The allow-list from its two lists, parsed (None: not given): the one place reader,
+        writer and CLI make it."""
+        return cls(schemas, queues or ())
 
     def problem(self, dialect: Dialect, address: QueueAddress) -> str | None:
         fold = dialect.fold_name
