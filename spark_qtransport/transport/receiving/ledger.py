@@ -6,7 +6,8 @@ acknowledgement's claims, a parked claim, a run after a fallback from prepared c
 Read from the server at the start and after any connection was lost (`replace_table`,
 `replace_prepared`), then kept as claims are made (`claimed_in_table`, `claimed_prepared`),
 acknowledged (`acknowledged_table`, `committed`) and parked (`parking`, `parked`: a prepared claim's
-messages move into the claim table with their numbers). The planner (driver thread), the claimer
+messages move into the claim table with their numbers). It cuts a batch into the pieces it is read
+by (`pieces`) and says what an acknowledgement settles (`settled_by`). The planner (driver thread), the claimer
 and the acknowledgements (background thread) share it; what it holds is changed under its lock."""
 
 from __future__ import annotations
@@ -83,17 +84,6 @@ class Ledger:
 
     # -- questions --------------------------------------------------------------------------------
 
-    @property
-    def table_span(self) -> tuple[int, int] | None:
-        """The lowest and highest claim number the claim table may hold for this consumer (None:
-        none): a batch with prepared claims reads the claim table only where this says."""
-        return self._table
-
-    def table_holds(self, end: int) -> bool:
-        """Whether the claim table may hold claims numbered up to `end`."""
-        span = self._table
-        return span is not None and span[0] <= end
-
     def prepared(self) -> list[PreparedClaim]:
         """The prepared claims, lowest numbers first."""
         with self._lock:
@@ -133,13 +123,8 @@ class Ledger:
         `end`. With `whole_table` (a run that holds no prepared claim) the claim table's part is
         there whatever the span says: its acknowledgement deletes the consumer's claims up to `end`,
         known or not (a piece of no width where the ledger knows none)."""
-        span = self._table
-        out: list[Piece] = []
-        if span is not None and span[0] <= end:
-            out.append(Piece(span[0] - 1, min(span[1], end), None))
-        elif whole_table:
-            out.append(Piece(end, end, None))
-        return out + [Piece(c.first - 1, c.last, c) for c in self.prepared_upto(end)]
+        table = self._table_part(0, end) or ([Piece(end, end, None)] if whole_table else [])
+        return table + [Piece(c.first - 1, c.last, c) for c in self.prepared_upto(end)]
 
     def highest(self) -> int | None:
         """The highest claim number held, in either form (None: nothing held)."""
