@@ -424,6 +424,58 @@ def test_a_prepared_claim_reads_exactly_its_own_rows(ppg: Backend, names: Any) -
         d.prepare("x'; DROP TABLE y; --")
 
 
+def test_a_claim_taken_in_one_pass_reads_exactly_its_own_rows_and_rolls_back_for_poison(
+        ppg: Backend, names: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prepared claim of plain messages deletes its rows in the pass that reads their headers
+    (`ReceiveSql.take`), no pick first: it reads exactly them (not the rows another consumer held
+    in its range, not the expired ones) and writes no claim table. A poison row among them rolls
+    the pass back, and the claim is picked and made whole: the poison goes to the error queue once,
+    the rest is delivered, nothing lost."""
+    import psycopg
+
+    from spark_qtransport.dialects.postgres import PostgresDialect
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_slice
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    calls: list[str] = []
+    for name in ("take", "pick", "claim"):
+        made = getattr(PostgresDialect, name)
+        monkeypatch.setattr(PostgresDialect, name,
+                            lambda self, *a, _n=name, _m=made, **k: calls.append(_n) or _m(self, *a, **k))
+    q, e = ppg.create_queue(names("Sales")), ppg.create_queue(names("error"))
+    ppg.send_many(q, [(nsb_headers(f"m{i:02d}"), b"x") for i in range(12)])
+    with ppg.connect() as c:  # two messages expired before they were received
+        c.execute(f"UPDATE {ppg.q(q)} SET expires = now() AT TIME ZONE 'UTC' - interval '1 minute'"
+                  f" WHERE seq IN (SELECT seq FROM {ppg.q(q)} ORDER BY seq OFFSET 2 LIMIT 2)")
+    other = psycopg.connect(ppg.url)  # NServiceBus's receive holds three rows in the middle
+    assert len(other.execute(
+        f"SELECT seq FROM {ppg.q(q)} WHERE seq IN (SELECT seq FROM {ppg.q(q)} ORDER BY seq OFFSET 6 LIMIT 3)"
+        " ORDER BY seq FOR UPDATE").fetchall()) == 3
+    r = Receiver(ReceiveSettings.create(ppg.url, q, error_queue=e, claim_ahead=False, claim_mode="prepared"))
+    try:
+        start = r.initial_offset()
+        end = r.latest(start, 100)
+        assert "take" in calls and "pick" not in calls and "claim" not in calls, calls
+        assert len(prepared_now(ppg, q)) == 1 and inserted(ppg, ppg.claims(q)) == 0
+        other.rollback()  # the held rows are back in the queue, never the claim's
+        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
+        assert [row.message_id for row in rows] == [f"m{i:02d}" for i in (0, 1, 4, 5, 9, 10, 11)]
+        r.ack(end)
+        assert ppg.count(q) == 3 and prepared_now(ppg, q) == []
+        calls.clear()
+        ppg.send_many(q, [("<corrupted headers", b"p"), (nsb_headers("m12"), b"x")])
+        start, end = end, r.latest(end, 100)
+        assert calls[:3] == ["take", "pick", "claim"], calls  # rolled back, then picked and claimed
+        rows = [row for part in r.slices(start, end) for row in read_slice(part)]
+        assert sorted(row.message_id for row in rows) == ["m06", "m07", "m08", "m12"]
+        r.ack(end)
+    finally:
+        r.close()
+        other.close()
+    assert ppg.count(q) == 0 and prepared_now(ppg, q) == [] and ppg.count(e) == 1
+    assert ppg.rows(e)[0][1] == "<corrupted headers"
+
+
 def _endpoint(pg: Backend, queue: Any, claims: Any) -> Any:
     from spark_qtransport.transport.receiving.setup import Endpoint
     from spark_qtransport.transport.settings import ReceiveSettings

@@ -78,7 +78,8 @@ NOT_MADE = {"ack_headers", "dead_letter_claims", "drop_claim_range"}
 #: SQL Server has no prepared claims (`claimMode`): none of their statements is ever made there
 NO_PREPARED = {"after_progress", "commit_prepared", "copy_held", "copy_held_range", "failed_take", "forget_progress",
                "list_prepared", "note_progress", "park", "parked", "pick", "prepare", "prepared_bound",
-               "prepared_capacity", "prepared_headers", "read_prepared", "repeatable_read", "rollback_prepared"}
+               "prepared_capacity", "prepared_headers", "read_prepared", "repeatable_read", "rollback_prepared",
+               "take", "claim_numbers"}
 
 
 def test_every_statement_method_is_collected() -> None:
@@ -116,6 +117,8 @@ def test_sql_server_holds_no_claim_in_a_prepared_transaction() -> None:
              "prepared_headers": lambda: D.prepared_headers(q, xid="1", after=0, high=1, claimed_at="", limit=1),
              "parked": lambda: D.parked(c, "x", after=0, upto=1), "prepare": lambda: D.prepare("g"),
              "pick": lambda: D.pick(q, after=0, upto=None, limit=1),
+             "take": lambda: D.take(q, after=0, upto=None, limit=1),
+             "claim_numbers": lambda: D.claim_numbers(first=1, clock_base=None),
              "prepared_bound": D.prepared_bound, "prepared_capacity": D.prepared_capacity,
              "read_prepared": lambda: D.read_prepared(q, xid="1", shift=0, after=0, upto=1, claimed_at=""),
              "repeatable_read": D.repeatable_read, "rollback_prepared": lambda: D.rollback_prepared("g"),

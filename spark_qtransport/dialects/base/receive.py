@@ -84,6 +84,20 @@ class ReceiveSql(AddressingSql):
         claim judges it. Dialects with `prepared_claims` only."""
         raise NotImplementedError(f"{type(self).__name__} numbers no claims")
 
+    def take(self, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> list[Statement]:
+        """A prepared claim of plain rows in one pass (`claimer.Claimer._take`): delete at most
+        `limit` of the oldest unlocked queue rows (sequence > after, <= upto), skipping rows others
+        hold. The LAST statement returns the rows deleted as `pick` does (seq, headers text,
+        expired, odd), in no given order. Dialects with `prepared_claims` only."""
+        raise NotImplementedError(f"{type(self).__name__} numbers no claims")
+
+    def claim_numbers(self, *, first: int, clock_base: int | None) -> Statement:
+        """One row (first number, the claim's UTC clock as 20 digits, its transaction's id) for a
+        claim `take` made: the columns `min_claim`, `claimed_at` and `xid` of a numbered `claim`,
+        the first number chosen by the same rule (`ClaimNumbering.clock_base`). Dialects with
+        `prepared_claims` only."""
+        raise NotImplementedError(f"{type(self).__name__} numbers no claims")
+
     @abstractmethod
     def forward_candidates(self, claims: QueueAddress, consumer: str, *, lo: int, hi: int) -> Statement:
         """Rows (claim_seq, headers) of the consumer's claims in [lo, hi] whose headers text

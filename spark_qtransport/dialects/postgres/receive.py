@@ -47,6 +47,19 @@ def _jsonb_checkable(col: str) -> str:
     return f"replace({col}, chr(92) || 'u0000', chr(92) || 'u0001')"
 
 
+#: what a numbered claim's pick or one-pass take returns of a row after its seq: the headers text
+#: ('' for NULL), expired (by the transaction's clock, as the claim and its reads judge it), odd (no
+#: id, or an Expires beyond LATEST_TIME)
+_JUDGED = (f"COALESCE(headers, ''), (expires IS NOT NULL AND expires <= {UTC_NOW}),"
+           f" (id IS NULL OR (expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(expires)))")
+#: a numbered claim's first number: the one asked for, or above the server's clock on a run's first
+#: claim (`ClaimNumbering.clock_base`)
+_FIRST_NUMBER = ("greatest(%(first)s::bigint, COALESCE(%(clock_base)s::bigint"
+                 " + (extract(epoch FROM clock_timestamp()) * 1000000)::bigint * %(per_us)s::bigint, 0))")
+#: a claim's UTC clock as 20 digits and its transaction's id: with its numbers, what names a prepared claim
+_CLAIMED_AT = f"to_char({UTC_NOW}, 'YYYYMMDDHH24MISSUS')"
+_XID = "mod(pg_catalog.pg_current_xact_id()::text::numeric, 4294967296)::text"
+
 #: PostgreSQL 13 to 15 have no pg_input_is_valid: a PL/pgSQL helper catches the cast's error
 #: instead (one subtransaction per message, so slower). Created beside the claim table.
 HELPER_FUNCTION = "sqlqueue_poison_headers"
@@ -203,10 +216,26 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
     def pick(self, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> list[Statement]:
         cond, params = self._range(after, upto)
         return [*BY_INDEX, Statement(
-            f"SELECT seq, COALESCE(headers, ''), (expires IS NOT NULL AND expires <= {UTC_NOW}),"
-            f" (id IS NULL OR (expires > TIMESTAMP '{LATEST_TIME}' AND isfinite(expires)))"
-            f" FROM {self.qualified(queue)} WHERE {cond}"
+            f"SELECT seq, {_JUDGED} FROM {self.qualified(queue)} WHERE {cond}"
             " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED", {**params, "limit": int(limit)})]
+
+    def take(self, queue: QueueAddress, *, after: int, upto: int | None, limit: int) -> list[Statement]:
+        cond, params = self._range(after, upto)
+        q = self.qualified(queue)
+        # `picked` runs once (MATERIALIZED: a re-evaluated LIMIT ... SKIP LOCKED can return more
+        # rows than asked for); the DELETE walks the seq index between the picked rows' bounds
+        # instead of probing it once per row
+        return [*BY_INDEX, Statement(
+            f"WITH picked AS MATERIALIZED (SELECT seq FROM {q} WHERE {cond}"
+            " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+            " bounds AS MATERIALIZED (SELECT min(seq) AS lo, max(seq) AS hi FROM picked)"
+            f" DELETE FROM {q} WHERE seq >= (SELECT lo FROM bounds) AND seq <= (SELECT hi FROM bounds)"
+            " AND seq IN (SELECT seq FROM picked)"
+            f" RETURNING seq, {_JUDGED}", {**params, "limit": int(limit)})]
+
+    def claim_numbers(self, *, first: int, clock_base: int | None) -> Statement:
+        return Statement(f"SELECT {_FIRST_NUMBER}, {_CLAIMED_AT}, {_XID}",
+                         {"first": int(first), "clock_base": clock_base, "per_us": NUMBERS_PER_MICROSECOND})
 
     def _numbered_claim(self, q: str, c: str, e: str, params: dict[str, Any],
                         numbering: ClaimNumbering) -> list[Statement]:
@@ -254,8 +283,7 @@ WITH picked AS MATERIALIZED (
     SELECT min(seq) AS seq FROM picked
 ), base AS MATERIALIZED (
     -- the first number: the one asked for, or above the server's clock on a run's first claim
-    SELECT greatest(%(first)s::bigint, COALESCE(%(clock_base)s::bigint
-                    + (extract(epoch FROM clock_timestamp()) * 1000000)::bigint * %(per_us)s::bigint, 0)) AS n
+    SELECT {_FIRST_NUMBER} AS n
 ), gone AS (
     DELETE FROM {q} WHERE seq IN (SELECT seq FROM picked) RETURNING seq
 {errors}){claimed}
@@ -272,8 +300,8 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
        (SELECT count(*) FROM picked WHERE odd = 'expires') AS far_expires,
        {"(SELECT count(*) FROM claimed)" if tabled else "0"} AS tabled,
        (SELECT seq FROM low) AS low_source,
-       to_char({UTC_NOW}, 'YYYYMMDDHH24MISSUS') AS claimed_at,
-       mod(pg_catalog.pg_current_xact_id()::text::numeric, 4294967296)::text AS xid"""
+       {_CLAIMED_AT} AS claimed_at,
+       {_XID} AS xid"""
         return [*BY_INDEX, Statement(sql.strip(), params)]
 
     def _to_error(self, q: str, e: str, *, poison: bool = True, odd: bool = True) -> str:

@@ -3,7 +3,9 @@ the claim table, tagged with this consumer, server-side (bodies never pass throu
 Expired rows are deleted and counted; poison rows go raw to the error queue in the same
 transaction (where the dialect judges headers at claim time: `ReceiveSql.poison_at_claim`;
 otherwise poison is judged by the read and the acknowledgement), rows with a value no reader could take (no id, an Expires beyond year 9999) with
-failure headers naming it; rows carrying a ForwardDestination are forwarded before it commits."""
+failure headers naming it; rows carrying a ForwardDestination are forwarded before it commits.
+A claim held by a prepared transaction (`claimMode`) deletes plain rows in one pass and reads their
+headers as it does (`Claimer._take`): the headers come to the driver, never the bodies."""
 
 from __future__ import annotations
 
@@ -121,8 +123,10 @@ class Claimer:
     def _claim(self, session: Session, request: ClaimRequest) -> ClaimOutcome:
         return session.run(lambda conn: self._transaction(conn, request), self.endpoint.what("claim"))
 
-    def _transaction(self, conn: Connection, request: ClaimRequest) -> ClaimOutcome:
-        """One peek-then-claim transaction."""
+    def _transaction(self, conn: Connection, request: ClaimRequest, *, one_pass: bool = True) -> ClaimOutcome:
+        """One peek-then-claim transaction. A prepared claim is taken in one pass (`_take`) unless
+        `one_pass` is false or a row it took needs the claim's full statement: then it is rolled
+        back and picked, then claimed."""
         d, o = self.endpoint.dialect, self.endpoint.options
         cur = conn.cursor()
         after = request.after
@@ -136,6 +140,12 @@ class Claimer:
         failures = ClaimFailures.build(failed_q=d.format_address(o.queue), endpoint=o.consumer)
         prepared = self.endpoint.mode.prepares and request.first is not None
         numbering = None
+        if prepared and one_pass:
+            taken = self._take(conn, cur, request, after)
+            if taken is not None:
+                return taken
+            db.rollback(conn)  # a poison, odd, forwarded or retry-acknowledging row: the full claim
+            return self._transaction(conn, request, one_pass=False)
         if request.first is not None:
             picked = pick(d, cur, o.queue, after=after, upto=request.upto, limit=request.limit)
             if not picked.seqs:  # the peeked row is ours already: nothing else is left
@@ -169,6 +179,45 @@ class Claimer:
                 d, cur, router=Router(d, o.routing), queue=o.queue, claims=claims, consumer=o.consumer,
                 error_queue=o.error_queue, lo=claim.min_claim, hi=claim.max_claim)
         return ClaimOutcome(request, claim, forwarded, after)
+
+    def _take(self, conn: Connection, cur: Cursor, request: ClaimRequest, after: int) -> ClaimOutcome | None:
+        """A prepared claim in one pass over its rows: they are deleted as they are judged
+        (`ReceiveSql.take`, a page at a time, `judge.judged`), numbered (`ReceiveSql.claim_numbers`),
+        and the transaction prepared. What the pick-then-claim path does in two passes over the
+        rows (one to lock and read their headers, one to delete them), for the common case: plain
+        messages, expired ones among them. None, the transaction to be rolled back, when a row
+        needs that path (poison goes to the error queue, an odd value is dead-lettered, a
+        ForwardDestination or a retry acknowledgement needs the claim table)."""
+        d, o = self.endpoint.dialect, self.endpoint.options
+        assert request.first is not None
+        seqs: list[int] = []
+        expired = 0
+        for (seq, _, is_expired, odd), headers in judged(
+                cur, lambda a, n: d.take(o.queue, after=a, upto=request.upto, limit=n), after=after,
+                limit=request.limit):
+            if headers is None:  # poison wins over expiry, as in the claim
+                return None
+            if is_expired:
+                expired += 1
+            elif odd or H.FORWARD_DESTINATION in headers or H.RETRY_ACK_QUEUE in headers:
+                return None
+            seqs.append(int(seq))
+        if not seqs:  # the peeked row is ours already: nothing else is left
+            return ClaimOutcome(request)
+        low, high = min(seqs), max(seqs)
+        row = db.first(cur, d.claim_numbers(first=request.first,
+                                            clock_base=NUMBER_BASE if request.clock_floor else None))
+        assert row is not None  # one row, always
+        first, clock, xid = int(row[0]), str(row[1]), str(row[2])
+        claimed = len(seqs) - expired
+        if not claimed:  # nothing to deliver: committed now
+            return ClaimOutcome(request, ClaimResult(len(seqs), expired, 0, 0, None, high), scanned_from=after)
+        result = ClaimResult(len(seqs), expired, 0, claimed, first + high - low, high, first)
+        held = PreparedClaim(self._table(), first, first + high - low, low, high, clock, consumer_token(o.consumer),
+                             xid, clean=True)
+        if not self._prepare(conn, cur, held):
+            return self._transaction(conn, request)  # the server's slots are taken: a table claim
+        return ClaimOutcome(request, result, ForwardResult(), after, held)
 
     def _head(self, cur: Cursor, upto: int | None) -> int | None:
         """Where a claim from the queue head begins (None: no row to claim): the first gap between

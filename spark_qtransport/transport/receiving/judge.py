@@ -1,7 +1,7 @@
 """Headers judged on the driver: the rows a statement returns as (queue sequence, headers text), a
 page at a time, each judged by the rule every read judges by (`wire.decode_header_texts`), so the
 database parses no header. Used where the driver must know a claim's poison before the claim ends:
-a numbered claim's pick (`claimer.pick`) and the parking of a prepared claim (`prepared.park`)."""
+a numbered claim's pick (`claimer.pick`), a prepared claim taken in one pass (`Claimer._take`) and the parking of a prepared claim (`prepared.park`)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ PAGE_ROWS, PAGE_BYTES = 10_000, 16 * 2**20
 def judged(cur: Cursor, page: Callable[[int, int], list[Statement]], *, after: int,
            limit: int | None = None) -> Iterator[tuple[tuple[Any, ...], dict[str, str | None] | None]]:
     """(row, its headers or None when poison) of the rows `page(after, n)` returns, its LAST
-    statement giving rows (seq, headers text, ...) in order, each page after the last row of the
-    one before, until a page comes short or `limit` rows were given. A page's headers are bounded
+    statement giving rows (seq, headers text, ...), each page after the highest seq of the one
+    before, until a page comes short or `limit` rows were given. A page's headers are bounded
     in bytes, so a claim of many rows never holds them all."""
     size, largest, given = FIRST_PAGE if limit is None else min(limit, FIRST_PAGE), 1, 0
     while limit is None or given < limit:
@@ -36,6 +36,6 @@ def judged(cur: Cursor, page: Callable[[int, int], list[Statement]], *, after: i
         given += len(rows)
         if len(rows) < ask:
             return
-        after = int(rows[-1][0])
+        after = max(int(row[0]) for row in rows)  # a DELETE ... RETURNING gives its rows in no order
         largest = max(largest, *(len(t) for t in texts))
         size = max(1, min(PAGE_ROWS, size * 4, PAGE_BYTES // largest))
