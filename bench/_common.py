@@ -119,7 +119,15 @@ class Cost:
 
 class Meter:
     """Reads the server's CPU and WAL position around a phase or a path, on a connection of its own
-    (the server must run on this machine for its CPU: /proc)."""
+    (the server must run on this machine for its CPU: /proc).
+
+    The CPU is the whole server's: the postmaster and every process it forked, live or exited
+    (backends, the checkpointer, the background and WAL writers, autovacuum's launcher and
+    workers, I/O workers, parallel workers), as the acceptance run counts it. A live child is read
+    from its /proc/<pid>/stat (utime + stime, plus cutime + cstime of any child of its own it
+    reaped); an exited one from the postmaster's cutime + cstime, which the kernel adds each reaped
+    child's CPU (its children's included) to. So a backend whose connection closed during the
+    phase, an autovacuum worker that came and went, or a checkpoint all count."""
 
     def __init__(self, url: str) -> None:
         import psycopg
@@ -130,9 +138,10 @@ class Meter:
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def pg_cpu(self) -> float:
-        """CPU seconds of the postmaster and every child it has (or had: cutime + cstime). Read
-        again while the postmaster's cutime + cstime moves during the scan: a child reaped between
-        reading the postmaster and scanning the children would be counted by neither."""
+        """CPU seconds of the postmaster and every process it forked, live (utime + stime + cutime
+        + cstime) or exited (the postmaster's cutime + cstime). Read again while the postmaster's
+        cutime + cstime moves during the scan: a child reaped between reading the postmaster and
+        scanning the children would be counted by neither (or, reaped after it was scanned, twice)."""
         if self.postmaster is None:
             return float("nan")
         for _ in range(10):
@@ -140,7 +149,7 @@ class Meter:
             ticks = sum(int(v) for v in own[11:15])
             for pid in os.listdir("/proc"):
                 if pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == self.postmaster:
-                    ticks += int(s[11]) + int(s[12])
+                    ticks += sum(int(v) for v in s[11:15])
             if (_stat(self.postmaster) or [])[13:15] == own[13:15]:
                 break
         return ticks / self.tick
@@ -317,15 +326,23 @@ def nsb_receive_send(url: str, src: str, out: str, n: int, connections: int) -> 
 
 # --- the floor: one DELETE ... RETURNING per batch, no claim table ----------------------------
 
+#: the columns the floor returns: every column of NServiceBus's queue table (`NSB_QUEUE_DDL`), as the
+#: acceptance run's floor does and as the connector reads them
+FLOOR_COLUMNS = "id, expires, headers, body, seq"
+
+
 def floor_sql(queue: str, per_trigger: int) -> str:
-    """bench/phases.py's floor statement."""
+    """The floor statement: delete the queue's first `per_trigger` rows (by seq, skipping those
+    locked) and return every column of them (`FLOOR_COLUMNS`: id, expires, headers, body, seq), the
+    acceptance run's drain floor. (bench/phases.py keeps its own statement, which returns id,
+    headers and body only.)"""
     return (f'DELETE FROM "{queue}" WHERE seq IN (SELECT seq FROM "{queue}" ORDER BY seq LIMIT {per_trigger} '
-            "FOR UPDATE SKIP LOCKED) RETURNING id, headers, body")
+            f"FOR UPDATE SKIP LOCKED) RETURNING {FLOOR_COLUMNS}")
 
 
 def floor(url: str, queue: str, n: int, per_trigger: int) -> float:
-    """Drain the queue with the floor statement, fetched into Python (binary cursor), committed per
-    batch, until empty (at-least-once); msg/s."""
+    """Drain the queue with the floor statement (`floor_sql`), fetched into Python (binary cursor),
+    committed per batch, on one connection, until empty (at-least-once); msg/s."""
     return drain_with(url, floor_sql(queue, per_trigger), n)
 
 
@@ -391,13 +408,13 @@ def floor_to_queue(url: str, src: str, out: str, n: int, per_trigger: int, *, ne
                 with cur.copy(copy_sql) as copy:
                     copy.set_types(["uuid", "text", "bytea"])
                     if new_messages:
-                        for _id, _headers, body in rows:
+                        for _id, _expires, _headers, body, _seq in rows:
                             mid = next(ids)
                             copy.write_row((uuid.uuid4(), f'{{"NServiceBus.MessageId": "{mid}", {run}, '
                                             f'"NServiceBus.ConversationId": "{next(ids)}", '
                                             f'"NServiceBus.CorrelationId": "{mid}"}}', body))
                     else:
-                        for _id, headers, body in rows:
+                        for _id, _expires, headers, body, _seq in rows:
                             copy.write_row((uuid.uuid4(), headers, body))
             conn.commit()
             got += len(rows)

