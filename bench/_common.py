@@ -253,13 +253,14 @@ def let_go_prepared(conn: Any) -> None:
             pass
 
 
-def settle(url: str, *queues: str) -> None:
-    """VACUUM ANALYZE the filled queues, then CHECKPOINT: every path starts a checkpoint cycle the
+def settle(url: str, *queues: str, vacuum: bool = True) -> None:
+    """VACUUM ANALYZE the filled queues (unless `vacuum` is false: then autovacuum may do it during
+    the path, and its CPU is the path's), then CHECKPOINT: every path starts a checkpoint cycle the
     same way (the first change to each page writes it whole to WAL, as after any checkpoint)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as c:
-        for q in queues:
+        for q in queues if vacuum else ():
             c.execute(f'VACUUM ANALYZE "{q}"')
         c.execute("CHECKPOINT")
 

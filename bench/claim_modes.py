@@ -25,11 +25,11 @@ with these `-c` settings over `EmbeddedPostgres`'s; every other setting is Postg
 
 Per server, every path on fresh queues made by NServiceBus's own PostgreSQL DDL (`_common.nsb_queue`),
 the source filled by COPY with NServiceBus's headers (`_common.nsb_headers`) and --size random bytes
-per message, then VACUUM ANALYZE and CHECKPOINT (`_common.settle`), then the path, metered as a whole
+per message, then VACUUM ANALYZE (not with --checkpoint-only) and CHECKPOINT (`_common.settle`), then the path, metered as a whole
 (`_common.Meter`: the CPU of the postmaster and of every process it forked, live or exited (backends,
 checkpointer, WAL writer, autovacuum, I/O workers), from /proc; WAL bytes from the LSN; the
-checkpoints the server made meanwhile are counted too). `--paths drain,qq,audit` picks the paths
-(default all three):
+checkpoints the server made meanwhile are counted too). `--paths drain,qq,audit,tenants` picks the
+paths (default all four):
 
   drain  1. floor: one connection, `DELETE ... WHERE seq IN (SELECT seq ... ORDER BY seq LIMIT
             --per-trigger FOR UPDATE SKIP LOCKED) RETURNING id, expires, headers, body, seq`
@@ -44,7 +44,12 @@ checkpoints the server made meanwhile are counted too). `--paths drain,qq,audit`
             data-modifying CTE: INSERT INTO audit SELECT ... FROM the deleted rows, the incoming
             headers with NServiceBus's audit headers appended), one transaction per --per-trigger
             rows; then the connector draining with `auditQueue`, each claim mode;
-  and    6. NServiceBus receive + send, one row per transaction, 2 connections, on --nsb-messages
+  tenants 6. --tenant-messages messages (default 20,000) spread over --tenants tenant queues (default
+            1,000, one schema each, NServiceBus's DDL) drained by one stream by pattern, then the
+            same messages in one queue, Trigger.AvailableNow, --tenant-trigger a trigger (default
+            5,000), each claim mode (`tenants.busy`): the rate of many queues against one, and the
+            most server connections the stream held;
+  and    7. NServiceBus receive + send, one row per transaction, 2 connections, on --nsb-messages
             (what queue -> queue is held against; --skip-nsb leaves it out, and the ratios to it).
 
 The floors are noisy on a small machine (the same drain floor measured 12.6 to 20.8 µs of server
@@ -61,16 +66,15 @@ is warmed up once, on the first server, with two full batches of a drain per cla
 qq) of queue -> queue. After each connector path the destination (or the audit queue) must hold
 --messages distinct message ids.
 
-Then the goals whose paths were measured, per server and claim mode, MET or NOT MET: drain
-PostgreSQL CPU and WAL per message <= 1.15x the floor's and steady rate >= 0.6x the floor's; queue
--> queue CPU and WAL <= 1.2x its floor's and (with NServiceBus measured) steady rate >= 10x
-NServiceBus receive + send at 2 connections, with `destination` as option and as column; auditing
-CPU and WAL <= 1.3x its floor's, and (with drain measured too) steady rate >= 0.8x the drain without
-audit in the same claim mode.
+Then the goals whose paths were measured (the floor issue's), per server and claim mode, MET or NOT
+MET: each path's steady rate >= 0.7x its floor's; PostgreSQL CPU and WAL per message <= 1.15x the
+floor's for the drain, 1.2x for queue -> queue (`destination` as option and as column), 1.3x for
+auditing; --tenants queues >= 0.7x one queue's rate, on at most 8 server connections. NServiceBus's
+rate is shown beside queue -> queue, no goal any more.
 
     python bench/claim_modes.py [--messages 200000] [--per-trigger 50000] [--size 1024]
-        [--servers tuned,default] [--modes table,prepared] [--paths drain,qq,audit]
-        [--floor-runs 3] [--set NAME=VALUE ...] [--skip-nsb] [--json claim_modes.json]
+        [--servers tuned,default] [--modes table,prepared] [--paths drain,qq,audit,tenants]
+        [--floor-runs 3] [--tenants 1000] [--tenant-messages 20000] [--tenant-trigger 5000] [--set NAME=VALUE ...] [--skip-nsb] [--json claim_modes.json]
 
 Always starts its own embedded servers ($SQLQUEUE_URL is not used: the point is the server's settings).
 """
@@ -123,20 +127,23 @@ SERVERS: dict[str, dict[str, str]] = {
                 "checkpoint_timeout": "5min", "wal_buffers": "-1", "max_prepared_transactions": "20"},
 }
 MODES = ("table", "prepared")
+#: whether a filled queue is vacuumed and analyzed before its path (`--checkpoint-only`: not)
+VACUUM = [True]
 #: the paths `--paths` picks from, each with its floor
-PATHS = ("drain", "qq", "audit")
+PATHS = ("drain", "qq", "audit", "tenants")
 #: what the server is asked about at the start, and printed (and any `--set` setting)
 SHOWN = ("server_version", "shared_buffers", "max_connections", "max_wal_size", "checkpoint_timeout", "wal_buffers",
          "max_prepared_transactions", "fsync", "synchronous_commit", "full_page_writes", "wal_compression")
 #: a floor's figures summarised over its runs (median, and min-max as the spread)
 SPREAD = ("rate", "pg_cpu_us_per_msg", "wal_bytes_per_msg")
 
-#: the goals: drain CPU and WAL per message <= 1.15x the floor's, steady rate >= 0.6x the floor's;
-#: queue -> queue CPU and WAL <= 1.2x its floor's, steady rate >= 10x NServiceBus receive + send at 2
-#: connections; auditing CPU and WAL <= 1.3x its floor's
-GOAL_DRAIN_COST, GOAL_DRAIN_RATE, GOAL_QQ_COST, GOAL_QQ_NSB, GOAL_AUDIT_COST = 1.15, 0.6, 1.2, 10.0, 1.3
-#: the drain with auditQueue: steady msg/s at least this much of the same claim mode's drain without it
-GOAL_AUDIT_RATE = 0.8
+#: the goals (the floor issue's): each path's steady rate at least GOAL_RATE of its floor's; PostgreSQL
+#: CPU and WAL per message at most its cost goal times its floor's (drain 1.15x, queue -> queue 1.2x,
+#: auditing 1.3x); 1,000 busy tenant queues at least GOAL_TENANTS as fast as the same messages in one
+#: queue, on at most GOAL_CONNECTIONS server connections
+GOAL_RATE = 0.7
+GOAL_COST = {"drain": 1.15, "qq": 1.2, "audit": 1.3}
+GOAL_TENANTS, GOAL_CONNECTIONS = 0.7, 8
 
 #: the audit headers the floor of auditing appends to each copy (those `platform.after.audit_headers`
 #: adds), the times once per transaction
@@ -227,7 +234,7 @@ def fresh(url: str, queue: str, n: int, size: int, *also: str, endpoints: tuple[
     reset(url, queue, *also, endpoints=endpoints, nsb=True)
     if n:
         fill(url, queue, n, size, random_bodies=True, nsb=True)
-    settle(url, queue)
+    settle(url, queue, vacuum=VACUUM[0])
 
 
 def warm_up(spark: Any, url: str, k: int, size: int, modes: list[str], *, qq: bool) -> None:
@@ -298,6 +305,15 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
             done()
         paths[key] = summarised(runs)
 
+    def floor_into(key: str, what: str, src: str, out: str, path: Callable[[str, str], float]) -> None:
+        """A floor that moves the rows of `src` into `out` (`floor_runs`); after each run `out` must
+        hold every message once."""
+        def done() -> None:
+            assert counted(url, out) == (n, n)
+            drop(url, src, out)
+
+        floor_runs(key, what, lambda: fresh(url, src, n, size, out), lambda: path(src, out), done)
+
     def connector(key: str, src: str, mode: str, run: Callable[[], dict[str, Any]]) -> None:
         r: dict[str, Any] = {}
         with metered(meter, n, r):
@@ -329,14 +345,8 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
                 drop(url, q)
 
         if "qq" in chosen:
-            fsrc, fout = f"{tag}FloorIn", f"{tag}FloorOut"
-
-            def qq_done() -> None:
-                assert counted(url, fout) == (n, n)
-                drop(url, fsrc, fout)
-
-            floor_runs("floor qq", "floor, queue -> queue, new messages", lambda: fresh(url, fsrc, n, size, fout),
-                       lambda: floor_to_queue(url, fsrc, fout, n, k, new_messages=True), qq_done)
+            floor_into("floor qq", "floor, queue -> queue, new messages", f"{tag}FloorIn", f"{tag}FloorOut",
+                       lambda src, out: floor_to_queue(url, src, out, n, k, new_messages=True))
 
             for how in ("option", "column"):
                 for mode in modes:
@@ -350,14 +360,8 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
                     drop(url, src, out, endpoints=(src,))
 
         if "audit" in chosen:
-            asrc, afloor = f"{tag}AuditFloorIn", f"{tag}AuditFloor"
-
-            def audit_done() -> None:
-                assert counted(url, afloor) == (n, n)
-                drop(url, asrc, afloor)
-
-            floor_runs("floor audit", "floor of auditing", lambda: fresh(url, asrc, n, size, afloor),
-                       lambda: audit_floor(url, asrc, afloor, n, k), audit_done)
+            floor_into("floor audit", "floor of auditing", f"{tag}AuditFloorIn", f"{tag}AuditFloor",
+                       lambda src, out: audit_floor(url, src, out, n, k))
 
             for mode in modes:
                 step(f"connector drain with auditQueue, claimMode {mode}")
@@ -369,6 +373,23 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
                 got = counted(url, audit)
                 assert got == (n, n), f"the audit queue holds {got[0]:,} rows, {got[1]:,} distinct ids; expected {n:,}"
                 drop(url, src, audit)
+
+        if "tenants" in chosen:
+            import tenants
+
+            for mode in modes:
+                tenants.CLAIM_MODE[0] = mode
+                for count in (1, args.tenants):
+                    m = args.tenant_messages
+                    step(f"{m:,} messages in {count:,} tenant queue(s), one stream, claimMode {mode}")
+                    tenants.create(url, count)
+                    r = tenants.busy(spark, url, meter, count, m, size, args.tenant_trigger, one=count == 1)
+                    tenants.drop(url, count)
+                    assert r["check"], f"{count} tenant queues, claimMode {mode}: {r['rows']:,} of {m:,} delivered"
+                    paths[f"tenants {'one' if count == 1 else 'many'} {mode}"] = {
+                        **r, "rate": r["steady_rate"], "queues": count, "mode": mode, "checkpoints": ""}
+                many, one = paths[f"tenants many {mode}"], paths[f"tenants one {mode}"]
+                many["x_one"] = many["rate"] / one["rate"]
 
         if not args.skip_nsb:
             m = args.nsb_messages
@@ -385,7 +406,7 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
 
 # --- the table and the goals --------------------------------------------------------------------
 
-def rows_of(paths: dict[str, Any], k: int) -> list[tuple[str, str]]:
+def rows_of(paths: dict[str, Any], k: int, tenants: int) -> list[tuple[str, str]]:
     """(label, key) for the paths measured, in the table's order."""
     out: list[tuple[str, str]] = [
         (f"floor: `DELETE ... RETURNING` {k:,} per transaction (at-least-once)", "floor")]
@@ -397,6 +418,9 @@ def rows_of(paths: dict[str, Any], k: int) -> list[tuple[str, str]]:
                  f"{' (`F.lit`)' if how == 'column' else ''}, claimMode {m}", f"qq {how} {m}") for m in MODES]
     out.append(("floor of auditing: `DELETE ... RETURNING` + `INSERT INTO audit SELECT` in one CTE", "floor audit"))
     out += [(f"connector drain with auditQueue, claimMode {m}", f"audit {m}") for m in MODES]
+    for m in MODES:
+        out += [(f"one queue, the same messages, one stream (`queue`), claimMode {m}", f"tenants one {m}"),
+                (f"{tenants:,} tenant queues, one stream by pattern, AvailableNow, claimMode {m}", f"tenants many {m}")]
     out.append(("NServiceBus receive + send, 1 row per transaction, 2 connections", "nsb"))
     return [(label, key) for label, key in out if key in paths]
 
@@ -426,7 +450,7 @@ def figure(r: dict[str, Any], what: str, spec: str) -> str:
     return f"{v} ({format(lo, spec)}-{format(hi, spec)})"
 
 
-def table(name: str, fig: dict[str, Any], k: int, floor_runs: int) -> None:
+def table(name: str, fig: dict[str, Any], k: int, floor_runs: int, tenants: int) -> None:
     paths = fig["paths"]
     ratios(paths)
     s = dict(fig["settings"])
@@ -437,11 +461,13 @@ def table(name: str, fig: dict[str, Any], k: int, floor_runs: int) -> None:
     print("| path | msg/s | DB CPU µs/msg | WAL B/msg | / its floor: msg/s, CPU, WAL | / NServiceBus"
           " | checkpoints during | claim-table rows |")
     print("|---|---:|---:|---:|---|---:|---:|---:|")
-    for label, key in rows_of(paths, k):
+    for label, key in rows_of(paths, k, tenants):
         r = paths[key]
         rate = (f"{r['rate']:,.0f} ({r['wall_rate']:,.0f} wall)" if "wall_rate" in r else figure(r, "rate", ",.0f"))
         x = r.get("x_floor")
         xs = f"{x['rate']:.2f}x, {x['cpu']:.2f}x, {x['wal']:.2f}x" if x else ""
+        if "x_one" in r:
+            xs = f"{r['x_one']:.2f}x one queue's msg/s; {r['connections']} connections"
         nsb = f"{r['x_nsb']:.1f}x" if "x_nsb" in r else ""
         tabled = r.get("claim_table_rows")
         ckpt = r["checkpoints"]
@@ -454,39 +480,28 @@ def goals(name: str, fig: dict[str, Any], modes: list[str]) -> list[tuple[str, s
     """(goal, the figure, met) for the goals whose paths were measured."""
     paths = fig["paths"]
     out: list[tuple[str, str, bool]] = []
-
-    def cost(key: str, what: str, limit: float) -> None:
-        x = paths[key]["x_floor"]
-        for part, label in (("cpu", "CPU"), ("wal", "WAL")):
-            out.append((f"{name}, {what}: {label}/msg <= {limit:g}x its floor", f"{x[part]:.2f}x", x[part] <= limit))
-
-    for mode in modes:
-        key = f"drain {mode}"
-        if "x_floor" not in paths.get(key, {}):
-            continue
-        cost(key, f"drain, claimMode {mode}", GOAL_DRAIN_COST)
-        x = paths[key]["x_floor"]["rate"]
-        out.append((f"{name}, drain, claimMode {mode}: steady >= {GOAL_DRAIN_RATE:g}x floor msg/s", f"{x:.2f}x",
-                    x >= GOAL_DRAIN_RATE))
-    for how in ("option", "column"):
+    what = {"drain": "drain", "qq": "queue -> queue", "audit": "auditQueue"}
+    for path, how in (("drain", ""), ("qq", "option"), ("qq", "column"), ("audit", "")):
         for mode in modes:
-            key = f"qq {how} {mode}"
+            key = " ".join(p for p in (path, how, mode) if p)
             if "x_floor" not in paths.get(key, {}):
                 continue
-            what = f"queue -> queue, destination as {how}, claimMode {mode}"
-            cost(key, what, GOAL_QQ_COST)
-            if (x := paths[key].get("x_nsb")) is not None:
-                out.append((f"{name}, {what}: steady >= {GOAL_QQ_NSB:g}x NServiceBus receive + send at 2 connections",
-                            f"{x:.1f}x", x >= GOAL_QQ_NSB))
-    for m in modes:
-        key = f"audit {m}"
-        if "x_floor" not in paths.get(key, {}):
+            label = f"{name}, {what[path]}{f', destination as {how}' if how else ''}, claimMode {mode}"
+            x = paths[key]["x_floor"]
+            out.append((f"{label}: steady >= {GOAL_RATE:g}x its floor's msg/s", f"{x['rate']:.2f}x",
+                        x["rate"] >= GOAL_RATE))
+            for part, shown in (("cpu", "CPU"), ("wal", "WAL")):
+                out.append((f"{label}: {shown}/msg <= {GOAL_COST[path]:g}x its floor's", f"{x[part]:.2f}x",
+                            x[part] <= GOAL_COST[path]))
+    for mode in modes:
+        r = paths.get(f"tenants many {mode}")
+        if r is None:
             continue
-        cost(key, f"auditQueue, claimMode {m}", GOAL_AUDIT_COST)
-        if f"drain {m}" in paths:
-            x = paths[key]["rate"] / paths[f"drain {m}"]["rate"]
-            out.append((f"{name}, auditQueue, claimMode {m}: steady >= {GOAL_AUDIT_RATE:g}x the drain without it",
-                        f"{x:.2f}x", x >= GOAL_AUDIT_RATE))
+        label = f"{name}, {r['queues']:,} tenant queues, claimMode {mode}"
+        out.append((f"{label}: steady >= {GOAL_TENANTS:g}x one queue's msg/s", f"{r['x_one']:.2f}x",
+                    r["x_one"] >= GOAL_TENANTS))
+        out.append((f"{label}: at most {GOAL_CONNECTIONS} server connections", f"{r['connections']}",
+                    r["connections"] <= GOAL_CONNECTIONS))
     return out
 
 
@@ -519,6 +534,14 @@ def main() -> int:
                     help="runs of each floor, each on a fresh queue; the median is reported (default 3)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a server setting on every server started, over the server's own (repeatable)")
+    ap.add_argument("--tenants", type=int, default=1000, help="tenant queues of the tenants path (default 1000)")
+    ap.add_argument("--tenant-messages", type=int, default=20_000,
+                    help="messages of the tenants path, spread over the queues (default 20,000)")
+    ap.add_argument("--tenant-trigger", type=int, default=5_000,
+                    help="maxMessagesPerTrigger of the tenants path (default 5,000)")
+    ap.add_argument("--checkpoint-only", action="store_true",
+                    help="a CHECKPOINT before each path, no VACUUM ANALYZE of the filled queue (autovacuum's work then"
+                         " falls in the paths)")
     ap.add_argument("--skip-nsb", action="store_true", help="leave out NServiceBus receive + send (and its ratios)")
     ap.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON (every floor run too)")
     args = ap.parse_args()
@@ -532,6 +555,7 @@ def main() -> int:
     if args.floor_runs < 1:
         ap.error("--floor-runs must be at least 1")
     overrides = dict(setting(ap, t) for t in args.set)
+    VACUUM[0] = not args.checkpoint_only
     shown = [*SHOWN, *(n for n in overrides if n not in SHOWN)]
 
     from _spark import session
@@ -543,9 +567,10 @@ def main() -> int:
                                   if overrides else ""))
     print(f"paths: {', '.join(chosen)}, each floor {args.floor_runs} time(s); messages: {args.messages:,} x"
           f" {args.size} B random bodies, NServiceBus headers, NServiceBus's DDL; maxMessagesPerTrigger"
-          f" {args.per_trigger:,}" + ("" if args.skip_nsb else f"; NServiceBus on {args.nsb_messages:,}") + "\n",
+          f" {args.per_trigger:,}" + ("" if args.skip_nsb else f"; NServiceBus on {args.nsb_messages:,}")
+          + ("" if VACUUM[0] else "; a CHECKPOINT only before each path, no VACUUM ANALYZE") + "\n",
           flush=True)
-    fig: dict[str, Any] = {"messages": args.messages, "size": args.size, "per_trigger": args.per_trigger,
+    fig: dict[str, Any] = {"messages": args.messages, "vacuum": VACUUM[0], "size": args.size, "per_trigger": args.per_trigger,
                            "nsb_messages": None if args.skip_nsb else args.nsb_messages, "modes": modes,
                            "paths": chosen, "floor_runs": args.floor_runs, "set": overrides,
                            "cores": os.cpu_count(), "servers": {}}
@@ -566,7 +591,7 @@ def main() -> int:
     print(f"\nall paths in {time.perf_counter() - t:.0f} s; Spark master {fig['spark_master']}")
     checks = []
     for name, f in fig["servers"].items():
-        table(name, f, args.per_trigger, args.floor_runs)
+        table(name, f, args.per_trigger, args.floor_runs, args.tenants)
         checks += goals(name, f, modes)
     if checks:
         print("\ngoals:\n" + "\n".join(f"- {g}: {'MET' if ok else 'NOT MET'} ({v})" for g, v, ok in checks))
