@@ -281,6 +281,46 @@ def test_the_timer_sends_every_interval(pg: Backend, names: Any) -> None:
     assert pg.count(monitoring) == rounds  # closed: no more rounds
 
 
+def test_the_monitors_of_many_queues_share_one_thread_and_one_connection(pg: Backend, names: Any) -> None:
+    """A stream's monitors (one a queue) send on their `ReportSession`: 200 queues' reports go out
+    on one thread and one connection, each queue's on its own interval and flush, and the thread
+    ends with the last monitor closed."""
+    import threading
+
+    from spark_qtransport.transport.platform.monitoring import ReportSession
+
+    def reporting() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "sqlqueue-monitoring"]
+
+    monitoring = pg.create_queue(names("monitoring"))
+    queues = [names(f"tenant{i:03d}") for i in range(200)]
+    before = len(reporting())
+    shared = ReportSession(settings_for(pg.url, queues[0], monitoring))
+    monitors = [Monitor(settings_for(pg.url, q, monitoring, monitoring_interval=0.3 if i % 2 else 3600),
+                        reports=shared) for i, q in enumerate(queues)]
+    try:
+        for m in monitors:
+            m.observe(processed(3))
+        assert len(reporting()) == before + 1, "one thread for every queue's reports"
+        assert all(m.flush() for m in monitors[::2])  # the hourly ones, asked for
+        deadline = time.monotonic() + 20
+        while min(m.sent for m in monitors[1::2]) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the others, on their own 0.3 s interval
+        assert min(m.sent for m in monitors) >= 4  # metadata and three metrics each
+        assert shared._session.generation == 1, "one connection opened, never dropped"
+        addresses = Counter(json.loads(body)["LocalAddress"] for h, body, _ in read_reports(pg, monitoring)[0]
+                            if h.get("NServiceBus.EnclosedMessageTypes") == "NServiceBus.Metrics.EndpointMetadataReport")
+        assert {a.split(".")[-1].strip('"') for a in addresses} == set(queues)
+    finally:
+        for m in monitors:
+            m.close()
+        shared.close()
+    deadline = time.monotonic() + 5
+    while len(reporting()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(reporting()) == before, "the thread ends with the last monitor"
+
+
 def test_a_stream_reports_what_it_processed(spark: Any, pg: Backend, names: Any, tmp_path: Any) -> None:
     """A stream with monitoringQueue: the reports in the queue decode into the message types and
     counts the stream processed, with plausible times, and name the endpoint and its input queue."""

@@ -12,9 +12,9 @@ by default; option ``monitoringQueue``), outside any transaction and with a time
   throughput from the number of ProcessingTime entries.
 
 `Monitor` is that reporter for a receiver: the acknowledgement hands it each committed chunk's
-`Processed` messages (`observe`: in memory, no I/O), and its own daemon thread sends the reports
-every ``monitoringInterval`` seconds on its own `Session`, never in a transaction of the
-acknowledgement. Reports are best-effort, as NServiceBus's are: a failed send is logged (one
+`Processed` messages (`observe`: in memory, no I/O), and a daemon thread sends the reports every
+``monitoringInterval`` seconds, never in a transaction of the acknowledgement: the `ReportSession`'s,
+whose one connection and one thread serve every queue of a stream. Reports are best-effort, as NServiceBus's are: a failed send is logged (one
 WARNING per streak of failures) and its reports are dropped; nothing is raised into the caller, and
 `flush` and `close` wait a bounded time.
 
@@ -163,16 +163,24 @@ class _Reservoir:
 
 
 class ReportSession:
-    """The connection monitoring reports are sent on, one round at a time: a stream's monitors (one
-    a queue) share one, so reporting for a thousand queues holds one connection. Best-effort: its
-    retry policy gives up after `ATTEMPTS`."""
+    """The connection monitoring reports are sent on and the one thread that sends them, a round at
+    a time: a stream's monitors (one a queue) share both, so reporting for a thousand queues holds
+    one connection and one thread. The thread runs while a monitor is enlisted (`enlist`), each
+    monitor's round when it is due or asked for; a monitor's state is guarded by `cond`, which
+    they share. Best-effort: its retry policy gives up after `ATTEMPTS`."""
 
-    def __init__(self, settings: ReceiveSettings) -> None:
+    def __init__(self, settings: ReceiveSettings, *, close_when_idle: bool = False) -> None:
         assert settings.monitoring_queue is not None
         d, url = settings.dialect, settings.url
         self._lock = threading.Lock()
         self._session = db.Session(d, url, backoff=db.Backoff.of(url, attempts=ATTEMPTS),
                                    what=f"sending monitoring reports to {d.format_address(settings.monitoring_queue)}")
+        #: guards every enlisted monitor's state and the list of them
+        self.cond = threading.Condition()
+        self._monitors: list[Monitor] = []
+        self._thread: threading.Thread | None = None
+        #: the session is one monitor's own: closed when its thread ends (its monitor closed)
+        self._close_when_idle = close_when_idle
 
     def run(self, fn: Callable[[Connection], None]) -> None:
         with self._lock:
@@ -186,6 +194,45 @@ class ReportSession:
         with self._lock:
             self._session.close()
 
+    def enlist(self, monitor: Monitor) -> None:
+        """Send `monitor`'s rounds from now on (the caller holds `cond`); the thread starts with the
+        first monitor and ends with the last one's final round."""
+        if monitor not in self._monitors:
+            self._monitors.append(monitor)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sqlqueue-monitoring", daemon=True)
+            self._thread.start()
+        self.cond.notify_all()
+
+    def enlisted(self, monitor: Monitor) -> bool:
+        """Whether `monitor` has rounds sent (the caller holds `cond`)."""
+        return monitor in self._monitors
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while True:
+                        if not self._monitors:
+                            self._thread = None
+                            return
+                        now = time.monotonic()
+                        ready = [m for m in self._monitors if m.wants_round(now)]
+                        if ready:
+                            break
+                        self.cond.wait(max(min(m.due for m in self._monitors) - now, 0.0))
+                    asked = [(m, *m.asked()) for m in ready]
+                for monitor, wanted, stopping in asked:
+                    monitor.round()
+                    with self.cond:
+                        monitor.rounded(wanted)
+                        if stopping:
+                            self._monitors.remove(monitor)
+                        self.cond.notify_all()
+        finally:
+            if self._close_when_idle:
+                self.close()
+
 
 class Monitor:
     """The ServicePulse reporter of one receiver (settings.consumer the endpoint's name,
@@ -198,10 +245,11 @@ class Monitor:
     - `flush()`: send the metadata report and what is pending now, waiting at most `timeout`.
     - `close()`: flush and stop (idempotent).
 
-    The reporter thread (a daemon) starts at the first `check`, `observe` or `flush` and sends
-    every `settings.monitoring_interval` seconds from then on. Sends go on its own lazily
-    connected `Session`, one transaction per round (the metadata report and every raw report);
-    a round that fails is dropped. At most `max_entries` entries per metric per interval are
+    Its rounds start at the first `check`, `observe` or `flush` and come every
+    `settings.monitoring_interval` seconds from then on, sent by the thread of its `ReportSession`
+    (`reports`: the stream's, shared by its queues' monitors; else one of its own) on that lazily
+    connected session, one transaction per round (the metadata report and every raw report); a
+    round that fails is dropped. At most `max_entries` entries per metric per interval are
     kept: a uniform sample when more arrive (see the module)."""
 
     def __init__(self, settings: ReceiveSettings, *, max_entries: int = MAX_ENTRIES, timeout: float = FLUSH_TIMEOUT,
@@ -229,13 +277,12 @@ class Monitor:
         self._random = random.Random(seed).random
         self._lock = threading.Lock()
         self._pending = self._empty()
-        self._cond = threading.Condition()
+        #: the connection and thread reports go on: the stream's, shared by its queues' monitors, or its own
+        self._session = reports if reports is not None else ReportSession(settings, close_when_idle=True)
+        self._cond = self._session.cond  # guards the four below
         self._requested = self._done = 0
         self._stopping = False
-        self._thread: threading.Thread | None = None
-        #: the connection reports go on: the stream's, shared by its queues' monitors, or its own
-        self._owns_session = reports is None
-        self._session = reports if reports is not None else ReportSession(settings)
+        self.due = 0.0  # when the next round is due (`_start`: an interval after the first)
         self._failing = False
         #: reports sent and dropped (rounds that failed), for tests and logs
         self.sent = self.dropped = 0
@@ -299,47 +346,43 @@ class Monitor:
 
     def close(self, timeout: float | None = None) -> None:
         """Send what is pending and stop the reporter, waiting at most `timeout` seconds."""
+        wait = self.timeout if timeout is None else timeout
         with self._cond:
             if self._stopping:
                 return
             self._stopping = True
+            if not self._session.enlisted(self):  # never started: nothing to send
+                return
             self._requested += 1
+            wanted = self._requested
             self._cond.notify_all()
-            thread = self._thread
-        if thread is None:
-            return
-        thread.join(self.timeout if timeout is None else timeout)
-        if thread.is_alive():
-            log.warning("monitoring reports to %s: still sending after %.0fs; left to finish in the background",
-                        self.dialect.format_address(self.address), self.timeout if timeout is None else timeout)
+            if self._cond.wait_for(lambda: self._done >= wanted, wait):
+                return
+        log.warning("monitoring reports to %s: still sending after %.0fs; left to finish in the background",
+                    self.dialect.format_address(self.address), wait)
 
-    # -- the reporter thread --------------------------------------------------------------------
+    # -- the reporter's side (the session's thread) ---------------------------------------------
 
     def _start(self) -> None:
         with self._cond:
-            if self._thread is not None or self._stopping:
+            if self._stopping or self._session.enlisted(self):
                 return
-            self._thread = threading.Thread(target=self._run, name="sqlqueue-monitoring", daemon=True)
-            self._thread.start()
+            self.due = time.monotonic() + self.interval
+            self._session.enlist(self)
 
-    def _run(self) -> None:
-        due = time.monotonic() + self.interval
-        try:
-            while True:
-                with self._cond:
-                    while not self._stopping and self._requested <= self._done and time.monotonic() < due:
-                        self._cond.wait(max(due - time.monotonic(), 0.0))
-                    wanted, stopping = self._requested, self._stopping
-                self._round()
-                due = time.monotonic() + self.interval
-                with self._cond:
-                    self._done = max(self._done, wanted)
-                    self._cond.notify_all()
-                if stopping:
-                    return
-        finally:
-            if self._owns_session:
-                self._session.close()
+    def wants_round(self, now: float) -> bool:
+        """A round is asked for (`flush`, `close`) or due (the caller holds the session's `cond`)."""
+        return self._stopping or self._requested > self._done or now >= self.due
+
+    def asked(self) -> tuple[int, bool]:
+        """(the requests a round now answers, whether it is the last) (the caller holds `cond`)."""
+        return self._requested, self._stopping
+
+    def rounded(self, wanted: int) -> None:
+        """A round answering `wanted` requests is over (the caller holds `cond`): the next is due an
+        interval from now."""
+        self.due = time.monotonic() + self.interval
+        self._done = max(self._done, wanted)
 
     def _take(self) -> dict[str, list[Entry]]:
         with self._lock:
@@ -357,7 +400,7 @@ class Monitor:
                                             H.CONTENT_TYPE: RAW_CONTENT_TYPE, METRIC_TYPE: name}), body))
         return out
 
-    def _round(self) -> None:
+    def round(self) -> None:
         """One round's reports in one transaction; on failure logged (once per streak) and dropped."""
         messages: list[tuple[str, bytes]] = []
         try:
