@@ -82,18 +82,36 @@ def pick(dialect: Dialect, cur: Cursor, queue: QueueAddress, *, after: int, upto
     for (seq, _, expired, unreadable), headers in judged(
             cur, lambda a, n: dialect.pick(queue, after=a, upto=upto, limit=n), after=after, limit=limit):
         seqs.append(int(seq))
-        if headers is None:  # poison wins over expiry, as in NServiceBus
+        kind = _kind(headers, expired=expired, unreadable=unreadable)
+        if kind == "poison":
             poison.append(int(seq))
-        elif expired:
-            pass
-        elif unreadable:
+        elif kind == "odd":
             odd = True
-        elif H.FORWARD_DESTINATION in headers:
+        elif kind == "forward":
             forward.append(int(seq))
             special = True
-        elif H.RETRY_ACK_QUEUE in headers:
+        elif kind == "retry":
             special = True
     return PickedRows(seqs, poison, forward, special, odd)
+
+
+def _kind(headers: dict[str, str | None] | None, *, expired: bool, unreadable: bool) -> str:
+    """What a claim does with a row it picked or took, by its judged headers (None: poison) and its
+    small columns: "poison" (to the error queue raw; poison wins over expiry, as in NServiceBus),
+    "expired" (dropped), "odd" (a value no reader could take: to the error queue with failure
+    headers), "forward" (a ForwardDestination), "retry" (a ServiceControl retry acknowledgement) or
+    "plain"."""
+    if headers is None:
+        return "poison"
+    if expired:
+        return "expired"
+    if unreadable:
+        return "odd"
+    if H.FORWARD_DESTINATION in headers:
+        return "forward"
+    if H.RETRY_ACK_QUEUE in headers:
+        return "retry"
+    return "plain"
 
 
 class Claimer:
@@ -162,17 +180,12 @@ class Claimer:
         values: dict[str, Any] = dict(zip(names, row, strict=True))
         extra = {name: values.pop(name) for name in ("tabled", "low_source", "claimed_at", "xid") if name in values}
         claim = ClaimResult(**{name: None if v is None else int(v) for name, v in values.items()})  # type: ignore[arg-type]
-        held = None
         if numbering is not None and not claim.claimed:
             claim = replace(claim, max_claim=None, min_claim=None)  # nothing to deliver: committed now
         elif prepared and not extra["tabled"]:
-            held = PreparedClaim(self._table(), int(claim.min_claim or 0), int(claim.max_claim or 0),
-                                 int(extra["low_source"]), int(claim.max_source or 0), str(extra["claimed_at"]),
-                                 consumer_token(o.consumer), str(extra["xid"]),
-                                 clean=numbering is not None and not numbering.picked.poison)
-            if not self._prepare(conn, cur, held):
-                return self._transaction(conn, request)  # the server's slots are taken: a table claim
-            return ClaimOutcome(request, claim, ForwardResult(), after, held)
+            return self._hold(conn, cur, request, claim, after, low=int(extra["low_source"]),
+                              clock=str(extra["claimed_at"]), xid=str(extra["xid"]),
+                              clean=numbering is not None and not numbering.picked.poison)
         forwarded = ForwardResult()
         if claim.forward and claim.min_claim is not None and claim.max_claim is not None:
             forwarded = forward_claimed(
@@ -195,11 +208,10 @@ class Claimer:
         for (seq, _, is_expired, odd), headers in judged(
                 cur, lambda a, n: d.take(o.queue, after=a, upto=request.upto, limit=n), after=after,
                 limit=request.limit):
-            if headers is None:  # poison wins over expiry, as in the claim
-                return None
-            if is_expired:
+            kind = _kind(headers, expired=is_expired, unreadable=odd)
+            if kind == "expired":
                 expired += 1
-            elif odd or H.FORWARD_DESTINATION in headers or H.RETRY_ACK_QUEUE in headers:
+            elif kind != "plain":
                 return None
             seqs.append(int(seq))
         if not seqs:  # the peeked row is ours already: nothing else is left
@@ -213,11 +225,19 @@ class Claimer:
         if not claimed:  # nothing to deliver: committed now
             return ClaimOutcome(request, ClaimResult(len(seqs), expired, 0, 0, None, high), scanned_from=after)
         result = ClaimResult(len(seqs), expired, 0, claimed, first + high - low, high, first)
-        held = PreparedClaim(self._table(), first, first + high - low, low, high, clock, consumer_token(o.consumer),
-                             xid, clean=True)
+        return self._hold(conn, cur, request, result, after, low=low, clock=clock, xid=xid, clean=True)
+
+    def _hold(self, conn: Connection, cur: Cursor, request: ClaimRequest, claim: ClaimResult, after: int, *,
+              low: int, clock: str, xid: str, clean: bool) -> ClaimOutcome:
+        """End a numbered claim's transaction by preparing it (`PreparedClaim`: numbers
+        [min_claim, max_claim], queue rows [low, max_source]); the server's slots taken, the claim
+        is made again in the claim table (`_prepare` rolled it back)."""
+        held = PreparedClaim(self._table(), int(claim.min_claim or 0), int(claim.max_claim or 0), low,
+                             int(claim.max_source or 0), clock, consumer_token(self.endpoint.options.consumer), xid,
+                             clean=clean)
         if not self._prepare(conn, cur, held):
-            return self._transaction(conn, request)  # the server's slots are taken: a table claim
-        return ClaimOutcome(request, result, ForwardResult(), after, held)
+            return self._transaction(conn, request)
+        return ClaimOutcome(request, claim, ForwardResult(), after, held)
 
     def _head(self, cur: Cursor, upto: int | None) -> int | None:
         """Where a claim from the queue head begins (None: no row to claim): the first gap between

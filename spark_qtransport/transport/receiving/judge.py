@@ -1,7 +1,8 @@
 """Headers judged on the driver: the rows a statement returns as (queue sequence, headers text), a
 page at a time, each judged by the rule every read judges by (`wire.decode_header_texts`), so the
 database parses no header. Used where the driver must know a claim's poison before the claim ends:
-a numbered claim's pick (`claimer.pick`), a prepared claim taken in one pass (`Claimer._take`) and the parking of a prepared claim (`prepared.park`)."""
+a numbered claim's pick (`claimer.pick`), a prepared claim taken in one pass (`Claimer._take`) and
+the parking of a prepared claim (`prepared.park`)."""
 
 from __future__ import annotations
 
