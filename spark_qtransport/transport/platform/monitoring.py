@@ -14,9 +14,9 @@ by default; option ``monitoringQueue``), outside any transaction and with a time
 `Monitor` is that reporter for a receiver: the acknowledgement hands it each committed chunk's
 `Processed` messages (`observe`: in memory, no I/O), and a daemon thread sends the reports every
 ``monitoringInterval`` seconds, never in a transaction of the acknowledgement: the `ReportSession`'s,
-whose one connection and one thread serve every queue of a stream. Reports are best-effort, as NServiceBus's are: a failed send is logged (one
-WARNING per streak of failures) and its reports are dropped; nothing is raised into the caller, and
-`flush` and `close` wait a bounded time.
+whose one connection and one thread serve every queue of a stream. Reports are best-effort, as
+NServiceBus's are: a failed send is logged (one WARNING per streak of failures) and its reports are
+dropped; nothing is raised into the caller, and `flush` and `close` wait a bounded time.
 
 Every report carries the plugin's headers (``NServiceBus.OriginatingEndpoint``, ``.OriginatingMachine``,
 ``$.diagnostics.originating.hostid``, ``$.diagnostics.hostdisplayname``; raw reports no
@@ -177,7 +177,8 @@ class ReportSession:
                                    what=f"sending monitoring reports to {d.format_address(settings.monitoring_queue)}")
         #: guards every enlisted monitor's state and the list of them
         self.cond = threading.Condition()
-        self._monitors: list[Monitor] = []
+        #: the enlisted monitors (a dict for its order and its O(1) membership: `observe` asks each chunk)
+        self._monitors: dict[Monitor, None] = {}
         self._thread: threading.Thread | None = None
         #: the session is one monitor's own: closed when its thread ends (its monitor closed)
         self._close_when_idle = close_when_idle
@@ -197,8 +198,7 @@ class ReportSession:
     def enlist(self, monitor: Monitor) -> None:
         """Send `monitor`'s rounds from now on (the caller holds `cond`); the thread starts with the
         first monitor and ends with the last one's final round."""
-        if monitor not in self._monitors:
-            self._monitors.append(monitor)
+        self._monitors.setdefault(monitor)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="sqlqueue-monitoring", daemon=True)
             self._thread.start()
@@ -227,7 +227,7 @@ class ReportSession:
                     with self.cond:
                         monitor.rounded(wanted)
                         if stopping:
-                            self._monitors.remove(monitor)
+                            del self._monitors[monitor]
                         self.cond.notify_all()
         finally:
             if self._close_when_idle:
