@@ -30,19 +30,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Cost, Meter, arguments, fill, floor, reset, settle  # noqa: E402
+from _common import Cost, Meter, arguments, floor  # noqa: E402
+from claim_modes import SERVERS, fresh  # noqa: E402
 
 QUEUE = "BenchClaimPasses"
-#: PostgreSQL's defaults for what the embedded server sets, and 20 prepared transactions
-SERVER = {"shared_buffers": "128MB", "max_connections": "100", "max_wal_size": "1GB", "checkpoint_timeout": "5min",
-          "wal_buffers": "-1", "max_prepared_transactions": "20"}
+#: claim_modes.py's `default` server: PostgreSQL's defaults for what the embedded server sets, and 20
+#: prepared transactions
+SERVER = SERVERS["default"]
 WAYS = ("one pass", "pick, then claim", "floor")
-
-
-def fresh(url: str, n: int, size: int) -> None:
-    reset(url, QUEUE, "error", nsb=True)
-    fill(url, QUEUE, n, size, random_bodies=True, nsb=True)
-    settle(url, QUEUE)
 
 
 def claims(url: str, meter: Meter, n: int, per_trigger: int, *, one_pass: bool) -> Cost:
@@ -90,7 +85,7 @@ def main() -> int:
               f" {args.size} B random bodies, NServiceBus's DDL and headers, {k:,} a claim; {args.repeat} runs a way\n")
         for i in range(args.repeat):
             for way in WAYS:
-                fresh(pg.url, n, args.size)
+                fresh(pg.url, QUEUE, n, args.size, "error")
                 if way == "floor":
                     cost = Cost()
                     with meter.measure(cost):
