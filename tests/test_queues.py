@@ -198,25 +198,48 @@ def test_min_messages_per_trigger_waits_for_a_batch_or_the_delay(spark: Any, pg:
         trickle_batches = [(t, n) for t, n in stamps if n]
         assert len(trickle_batches) >= 3, stamps
         gaps = [t2 - t1 for (t1, _), (t2, _) in zip(trickle_batches[1:], trickle_batches[2:], strict=False)]
-        assert gaps and all(4.0 <= g <= 8.0 for g in gaps), f"batches about every 5 s, not {gaps}"
+        # never before the delay; the upper bound only says the delay does release them (a loaded machine is slow)
+        assert gaps and all(4.0 <= g <= 15.0 for g in gaps), f"batches about every 5 s, not {gaps}"
         assert all(n <= 100 for _, n in trickle_batches[1:])  # a trickle's worth each, not one per message
-        # a burst of 5,000 is taken at once, without waiting for the delay
-        before = len(stamps)
-        wait_until = time.monotonic() + 30
-        while time.monotonic() < wait_until and len(stamps) == before:  # the trickle's last batch
-            time.sleep(0.1)
-        pg.send_many(q, [(nsb_headers(f"burst-{i:06d}"), b"{}") for i in range(5000)])
-        burst_at = time.monotonic()  # all 5,000 wait from here: a batch is admitted at once, not after 5 s
-        while time.monotonic() < burst_at + 30 and not any(n >= 5000 for _, n in stamps[before:]):
-            time.sleep(0.1)
-        burst = [(t, n) for t, n in stamps[before:] if n >= 5000]
-        assert burst, f"the burst was not taken in one batch: {stamps[before:]}"
-        assert burst[0][0] - burst_at < 4.0, "the burst did not wait for maxTriggerDelay"
     finally:
         stop.set()
         query.stop()
     progress = json.loads(query.lastProgress["sources"][0]["latestOffset"])
     assert progress["triggersHeldBack"] > 0
+
+
+def test_min_messages_per_trigger_admits_a_burst_without_waiting_for_the_delay(spark: Any, pg: Backend, names: Any,
+                                                                              checkpoint: str) -> None:
+    """A delay of ten minutes holds a few messages back; 5,000 more make a batch at once, well inside the delay,
+    so the test proves the admission without timing it closely."""
+    q, e = pg.create_queue(names("Burst")), pg.create_queue(names("error"))
+    df = (spark.readStream.format("sqlqueue").option("url", pg.url).option("queue", q).option("errorQueue", e)
+          .option("minMessagesPerTrigger", "1000").option("maxTriggerDelay", "10m").load())
+    sink = Collect()
+    query = (df.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+             .trigger(processingTime="200 milliseconds").start())
+
+    def held_back() -> int:
+        last = query.lastProgress
+        return json.loads(last["sources"][0]["latestOffset"] or "{}").get("triggersHeldBack", 0) if last else 0
+
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and query.lastProgress is None:  # a fresh query's first trigger is free
+            time.sleep(0.2)
+        produce(pg, q, 0, 10)
+        while time.monotonic() < deadline and held_back() < 3:  # progress of idle triggers comes every 10 s
+            time.sleep(0.2)
+        assert held_back() >= 3, "ten messages under minMessagesPerTrigger were not held back"
+        assert sink.ids() == []
+        produce(pg, q, 10, 5000)
+        deadline = time.monotonic() + 120  # far inside the ten minutes: only admission takes the batch
+        while time.monotonic() < deadline and len(sink.ids()) < 5010:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    assert sink.ids() == [f"{q}-{i:06d}" for i in range(5010)]
+    assert max(len(rows) for _, rows in sink.batches) == 5010, "the burst was not taken in one batch"
 
 
 def test_min_messages_per_trigger_does_not_hold_an_available_now_run(spark: Any, pg: Backend, names: Any,
