@@ -265,3 +265,96 @@ def test_an_idle_trigger_runs_the_same_few_statements_for_60_queues(small: Backe
         assert end.queues['"idle_60"."audit"'].claim > 0, "the new queue joins at the next trigger"
     finally:
         qs.close()
+
+
+def test_a_busy_trigger_claims_and_acknowledges_many_queues_in_one_transaction(small: Backend,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trigger over 40 busy queues claims from 16 of them in one transaction (the lock table's
+    bound, `QUEUES_PER_TRANSACTION`, made 16 here): three, and Spark's commit acknowledges them in
+    three more (the server's own record: a statement trigger on each claim table logs the
+    transaction it ran in); an AvailableNow run's last acknowledgements too. One queue's claim
+    refused fails its transaction: each of its queues then claims alone, and the error names the
+    queue at fault; no message is lost."""
+    from spark_qtransport.options.parse import ReaderOptions
+    from spark_qtransport.transport.receiving import queueset
+    from spark_qtransport.transport.receiving.queueset import QueueSet
+
+    monkeypatch.setattr(queueset, "QUEUES_PER_TRANSACTION", 16)
+
+    be, n = small, 40
+    queues = [f"busy_{i:02d}.audit" for i in range(n)]
+    with be.connect() as c:
+        for i in range(n):
+            c.execute(f'CREATE SCHEMA "busy_{i:02d}"')
+            c.execute(PG_NSB_CREATE_QUEUE.format(f'"busy_{i:02d}"."audit"'))
+        c.execute('CREATE TABLE "xact_log" (xid bigint, op text, tenant text)')
+        c.execute("CREATE FUNCTION log_xact() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                  "INSERT INTO public.xact_log VALUES (txid_current(), TG_OP, TG_TABLE_SCHEMA); RETURN NULL; END $$")
+    be.create_queue("error")
+    # claims in the claim table (the claimMode a stream over many queues is in but for a few queues:
+    # a prepared claim is a transaction of its own, `PreparedSlots`)
+    qs = QueueSet(ReaderOptions.stream({"url": be.stream_url, "queuePattern": '"busy_*"."audit"',  # type: ignore[attr-defined]
+                                        "errorQueue": "error", "claimMode": "table"}))
+
+    def fill(numbers: Iterable[int], k: int) -> None:
+        with be.connect(autocommit=False) as conn:
+            for i in numbers:
+                for j in range(k):
+                    be.send(queues[i], nsb_headers(f"{queues[i]}-{j}-{time.monotonic_ns()}"), b"{}", conn=conn)
+            conn.commit()
+
+    def logged(op: str) -> list[tuple[int, int]]:
+        """(transactions, tenants) of the claim tables' `op` statements since the last call."""
+        with be.connect() as c:
+            rows = c.execute("DELETE FROM xact_log WHERE op = %s RETURNING xid, tenant", (op,)).fetchall()
+        return [(len({x for x, _ in rows}), len({t for _, t in rows}))]
+
+    try:
+        start = qs.initial_offset()  # every queue's set-up: its claim table made
+        with be.connect() as c:
+            for i in range(n):
+                c.execute(f'CREATE TRIGGER log_xact AFTER INSERT OR DELETE ON "busy_{i:02d}"."audit.Claims" '
+                          "FOR EACH STATEMENT EXECUTE FUNCTION log_xact()")
+        fill(range(n), 6)
+        end = qs.latest(start, 6 * n)
+        assert {k: e.claim for k, e in end.queues.items()} and all(e.claim > 0 for e in end.queues.values())
+        assert logged("INSERT") == [(3, n)], "the trigger's claims were not three transactions"
+        assert all(be.count(q) == 0 for q in queues)
+        qs.committed(end)
+        qs.sessions.background.drain()
+        assert logged("DELETE") == [(3, n)], "the commit's acknowledgements were not three transactions"
+        assert all(be.count(f'"busy_{i:02d}"."audit.Claims"') == 0 for i in range(n))
+        assert qs.claimed == 6 * n
+
+        # one queue's claim refused (a trigger of its own): the shared claim fails and each queue
+        # claims alone, so the error names the queue at fault; nothing is lost
+        fill(range(n), 2)
+        with be.connect() as c:
+            c.execute("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                      "RAISE EXCEPTION 'refused by a trigger'; END $$")
+            c.execute('CREATE TRIGGER refuse BEFORE DELETE ON "busy_03"."audit" FOR EACH STATEMENT EXECUTE FUNCTION refuse()')
+        with pytest.raises(DatabaseError, match="busy_03.*refused by a trigger"):
+            qs.latest(end, 6 * n)
+        # the other two parts' queues in one transaction each, then the refused part's queues alone,
+        # but the refused one
+        assert logged("INSERT") == [(2 + 15, 24 + 15)]
+        with be.connect() as c:
+            c.execute('DROP TRIGGER refuse ON "busy_03"."audit"')
+        later = qs.latest(end, 6 * n)  # the claims made are held: they join this batch
+        assert logged("INSERT") == [(1, 1)]
+        assert qs.claimed == 8 * n
+        assert all(be.count(q) == 0 for q in queues)
+
+        # an AvailableNow run's end: the last batch's acknowledgements in one transaction
+        qs.committed(later)
+        qs.sessions.background.drain()
+        logged("DELETE")
+        fill(range(n), 1)
+        qs.prepare_available_now()
+        last = qs.latest(later, 6 * n)
+        assert logged("INSERT") == [(3, n)]
+        assert qs.latest(last, 6 * n) == last  # nothing new: the run ends, its last batch acknowledged
+        assert logged("DELETE") == [(3, n)], "the run's last acknowledgements were not three transactions"
+        assert all(be.count(f'"busy_{i:02d}"."audit.Claims"') == 0 for i in range(n))
+    finally:
+        qs.close()

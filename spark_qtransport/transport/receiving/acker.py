@@ -13,8 +13,9 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
-from ...dialects import Connection
+from ...dialects import Connection, Cursor
 from .. import session as db
 from .. import settled
 from ..platform.after import AfterProcessing
@@ -26,9 +27,9 @@ from .ledger import Piece
 from .planner import ClaimOffset, Planner
 from .setup import Endpoint
 from .stats import ReceiveStats, dropped_note
-from .vacuum import vacuum_if_due
+from .vacuum import VACUUM_MIN_ROWS, vacuum_if_due
 
-__all__ = ["Acker"]
+__all__ = ["Acker", "Joined"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -50,6 +51,7 @@ class Acker:
         self._gone: tuple[str, int] = ("", 0)
         #: told of each acknowledgement made (the stream's warden: `Receiver._watch`)
         self.on_acked: Callable[[ClaimOffset], None] | None = None
+        self._deleted = 0  # claims deleted since the claim table's vacuum was last asked for (`_vacuum`)
 
     def done(self, table: str) -> int:
         """The claim sequence up to which this consumer's claims in `table` are deleted."""
@@ -62,9 +64,11 @@ class Acker:
     def ack_in_background(self, end: ClaimOffset) -> None:
         """Acknowledge on the background thread. Nothing waits on it, and a lost one is repaired
         by the next, which deletes everything up to its own end."""
-        self._background.submit(self._ack_logged, end)
+        self._background.submit(self.ack_logged, end)
 
-    def _ack_logged(self, end: ClaimOffset) -> None:
+    def ack_logged(self, end: ClaimOffset) -> None:
+        """Acknowledge on the background session (on the background thread); a failure is logged,
+        and one that no acknowledgement can get past stops the query at its next trigger."""
         try:
             self._ack(self._ahead, end)
         except Exception as exc:  # noqa: BLE001 - the next acknowledgement covers these claims too
@@ -87,20 +91,83 @@ class Acker:
         # while the background thread still works through earlier ones would read the same claims
         # and copy them twice. (The chunk's read also locks its claims, for any other session.)
         with self._serial:
-            # what the ledger holds up to `end`, read before the acknowledgement changes it
-            pieces = self.planner.ledger.settled_by(end.claim, whole_table=not self.planner.holds_prepared())
-            total = sum(self._settle(session, end, piece) for piece in pieces)
-            self._gone = (end.table, max(self.done(end.table), end.claim))
-            self.after.times.forget(end.claim)  # the batches' timings (ProcessingStarted) are done with
-            if self.endpoint.settling:  # the records of the batches acknowledged (`transport.settled`)
-                e = self.endpoint
-                # the ranges of our numbers it covered: `settled.forget` takes the sink's marks of
-                # them that no chunk took
-                spans = [(p.after, p.upto) for p in pieces if p.upto > p.after and e.mode.ours(p.upto)]
-                session.run(lambda c: _forget(e, c, end, spans), e.what("forget acknowledged batches"))
-            if self.on_acked is not None:
-                self.on_acked(end)
-            return total
+            return self._ack_serial(session, end)
+
+    def _ack_serial(self, session: Session, end: ClaimOffset) -> int:
+        # what the ledger holds up to `end`, read before the acknowledgement changes it
+        pieces = self._pieces(end)
+        total = sum(self._settle(session, end, piece) for piece in pieces)
+        if self.endpoint.settling:  # the records of the batches acknowledged (`transport.settled`)
+            e = self.endpoint
+            session.run(lambda c: _forget(e, c.cursor(), end, pieces), e.what("forget acknowledged batches"))
+        self._done(end)
+        return total
+
+    def _pieces(self, end: ClaimOffset) -> list[Piece]:
+        return self.planner.ledger.settled_by(end.claim, whole_table=not self.planner.holds_prepared())
+
+    def _done(self, end: ClaimOffset) -> None:
+        """An acknowledgement up to `end` is made, and its batches' records forgotten."""
+        self._gone = (end.table, max(self.done(end.table), end.claim))
+        self.after.times.forget(end.claim)  # the batches' timings (ProcessingStarted) are done with
+        if self.on_acked is not None:
+            self.on_acked(end)
+
+    # -- one of many queues' acknowledgements in one transaction (`QueueSet`) ---------------------
+
+    def join(self, end: ClaimOffset) -> bool:
+        """Whether this acknowledgement can be made in a transaction shared with other queues'
+        (`QueueSet`): the claim table's claims only, nothing to copy, and no acknowledgement of this
+        queue under way. If so, it is this queue's one until `joined` or `left` is called."""
+        if self.after.copies or end.claim <= self.done(end.table) or not self._serial.acquire(blocking=False):
+            return False
+        pieces = self._pieces(end)
+        if not pieces or any(p.claim is not None for p in pieces):
+            self._serial.release()
+            return False
+        return True
+
+    def ack_in(self, conn: Connection, end: ClaimOffset) -> Joined:
+        """A joined acknowledgement's statements, in the caller's transaction: what `_ack_plain` does
+        in one chunk of each kind, and the batches' records forgotten. A full chunk says more may be
+        left: `joined` acknowledges the rest alone."""
+        d, e = self.endpoint.dialect, self.endpoint
+        o, cur, batch = e.options, conn.cursor(), e.options.ack_batch
+        retried = 0
+        if o.acknowledge_retries:
+            retried, seen = self.chunks.retried(cur, upto=end.claim, batch=batch, table=end.table)
+            if seen >= batch:
+                return Joined(retried, 0, full=True)
+        if not d.poison_at_claim:
+            lo = self._gone[1] if self._gone[0] == end.table else 0
+            chunk = self.chunks.plain(cur, upto=end.claim, batch=batch, after=lo)
+            gone, poison = chunk.gone, chunk.poison
+        else:
+            gone, poison = db.rowcount(cur, d.ack_claims(e.claims, o.consumer, upto=end.claim, batch=batch)), 0
+        if gone >= batch:
+            return Joined(retried + gone, poison, full=True)
+        if e.settling:
+            _forget(e, cur, end, self._pieces(end))
+        return Joined(retried + gone, poison, full=False)
+
+    def joined(self, session: Session, end: ClaimOffset, made: Joined) -> None:
+        """The shared transaction committed `made`: the counts, the ledger; the rest alone if its
+        chunk was full. Ends what `join` began."""
+        try:
+            self._committed()
+            self._count_acked(made.gone, made.poison)
+            self._vacuum(session, made.gone)
+            if made.full:
+                self._ack_serial(session, end)
+            else:
+                self.planner.ledger.acknowledged_table(end.claim)
+                self._done(end)
+        finally:
+            self._serial.release()
+
+    def left(self) -> None:
+        """The shared transaction did not commit: this acknowledgement is not made (`join`)."""
+        self._serial.release()
 
     def _settle(self, session: Session, end: ClaimOffset, piece: Piece) -> int:
         """Acknowledge one piece of the ledger up to `end`; the number of claims it settled. The
@@ -158,6 +225,11 @@ class Acker:
 
     def _ack_table(self, session: Session, end: ClaimOffset) -> int:
         total, poison = self._ack_with_copies(session, end) if self.after.copies else self._ack_plain(session, end)
+        self._count_acked(total, poison)
+        self._vacuum(session, total)
+        return total
+
+    def _count_acked(self, total: int, poison: int) -> None:
         with self._count:
             self.stats.acked += total
             self.stats.poison += poison
@@ -165,9 +237,15 @@ class Acker:
             d, o = self.endpoint.dialect, self.endpoint.options
             log.warning("queue %s: acknowledged %d, %s", self.endpoint.queue_text, total - poison,
                         dropped_note(self.stats, expired=0, poison=poison, error_queue=d.format_address(o.error_queue)))
-        if total and session.connected:
+
+    def _vacuum(self, session: Session, deleted: int) -> None:
+        """Vacuum the claim table if it is due (`vacuum_if_due`), asked once this run deleted
+        `VACUUM_MIN_ROWS` claims since it last asked: a vacuum needs that many dead rows, and a
+        stream over a thousand small queues must not ask each at every acknowledgement."""
+        self._deleted += deleted
+        if self._deleted >= VACUUM_MIN_ROWS and session.connected:
+            self._deleted = 0
             vacuum_if_due(self.endpoint.dialect, session.connection(), self.endpoint.claims)
-        return total
 
     def _committed(self) -> None:
         """A chunk committed: monitoring gets its timings, the stats what it copied and sent."""
@@ -225,10 +303,21 @@ class Acker:
                 return total, 0
 
 
-def _forget(endpoint: Endpoint, conn: Connection, end: ClaimOffset, spans: list[tuple[int, int]]) -> None:
-    settled.forget(endpoint.dialect, conn.cursor(), endpoint.claims, endpoint.options.consumer, end.claim, end.table,
-                   spans)
-    conn.commit()
+class Joined(NamedTuple):
+    """What an acknowledgement made in a shared transaction did (`Acker.ack_in`): claims deleted,
+    poison moved, and whether a chunk was full (more may be left)."""
+
+    gone: int
+    poison: int
+    full: bool
+
+
+def _forget(endpoint: Endpoint, cur: Cursor, end: ClaimOffset, pieces: list[Piece]) -> None:
+    """The records of the batches acknowledged up to `end` (`settled.forget`), with the ranges of
+    our numbers its `pieces` covered: it takes the sink's marks of them that no chunk took."""
+    e = endpoint
+    spans = [(p.after, p.upto) for p in pieces if p.upto > p.after and e.mode.ours(p.upto)]
+    settled.forget(e.dialect, cur, e.claims, e.options.consumer, end.claim, end.table, spans)
 
 
 def _held_chunk(chunks: Chunks, claim: prepared.PreparedClaim, lo: int, batch: int, conn: Connection) -> Chunk:

@@ -138,6 +138,12 @@ class Claimer:
         """Claim on the background thread (after any acknowledgement in flight)."""
         return self._background.submit(self._claim, self._ahead, request)
 
+    def claim_in(self, conn: Connection, request: ClaimRequest) -> ClaimOutcome:
+        """Claim in the caller's transaction on `conn`, which it commits (`QueueSet`: one transaction
+        for the claims of many queues). Not for a claim to be prepared: that ends its transaction."""
+        assert not (self.endpoint.mode.prepares and request.first is not None)
+        return self._transaction(conn, request)
+
     def _claim(self, session: Session, request: ClaimRequest) -> ClaimOutcome:
         return session.run(lambda conn: self._transaction(conn, request), self.endpoint.what("claim"))
 

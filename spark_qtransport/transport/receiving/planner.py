@@ -190,8 +190,37 @@ class Planner:
             claimed, _ = self._claim_now(limit if whole else self._foreground_size(limit), after)
             end = claimed or after
         self.last_end = end
-        if claim and limit is not None and self._more and o.claim_ahead and after is not None:
+        if claim:
+            self._claim_ahead(after, end, limit)
+        return end
+
+    def _claim_ahead(self, after: int | None, end: int, limit: int | None, *, least: int = 0) -> None:
+        """Claim the batch after `end` in the background if the last claim was full (claim-ahead
+        on), for a share of at least `least` messages."""
+        o = self.endpoint.options
+        if limit is not None and limit >= least and self._more and o.claim_ahead and after is not None:
             self._ahead = self._claimer.claim_ahead(self._request(limit, end))
+
+    def claim_request(self, after: int | None, limit: int | None, *, whole: bool = False) -> ClaimRequest | None:
+        """The one claim `plan(after, limit, whole=whole)` would make, for a caller that makes it in a
+        transaction shared with other queues' claims (`QueueSet`) and gives its outcome to `planned`;
+        None when this plan is not that one claim (claims held already, no limit, no numbers known
+        yet, a claim to be prepared: its transaction is its own)."""
+        held_max = self.held_max()
+        if (after is None or limit is None or (held_max is not None and held_max > after)
+                or self.endpoint.mode.prepares):
+            return None
+        return self._request(limit if whole else self._foreground_size(limit), after)
+
+    def planned(self, after: int, outcome: ClaimOutcome, limit: int | None) -> int:
+        """`plan`'s end for the claim `claim_request` asked for (at most `limit`), made by the
+        caller (`outcome`). The next batch is claimed ahead only for a share of `STARTER_CLAIM` or
+        more (`plan` claimed less while Spark waited): a thousand small queues' claims ahead would
+        be a transaction each, and the next trigger claims for all of them in one."""
+        claimed = self._apply(outcome).result
+        end = (claimed.max_claim if claimed is not None else None) or after
+        self.last_end = end
+        self._claim_ahead(after, end, limit, least=STARTER_CLAIM)
         return end
 
     def held_max(self, *, fresh: bool = False) -> int | None:

@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...dialects import Dialect, QueueAddress, Statement
-from ...errors import OffsetError, QueueNotFoundError
+from ...dialects import Connection, Dialect, QueueAddress, Statement
+from ...errors import DatabaseError, OffsetError, QueueNotFoundError
 from .. import session as db
 from ..selection import QueueSelection
 from .admission import fair_shares
+from .claimer import ClaimOutcome, ClaimRequest
 from .planner import ClaimOffset, ClaimSlice
 from .receiver import Receiver
 from .sessions import StreamSessions
@@ -41,6 +42,11 @@ log = logging.getLogger("spark_qtransport.receive")
 #: a queue, held to its end) stay well inside the server's lock table, which all sessions share
 #: (max_locks_per_transaction x max_connections: 1,920 entries at 30 connections)
 BACKLOGS_PER_STATEMENT = 200
+#: queues whose claims (or acknowledgements) one transaction makes: a claim locks five or so
+#: relations of its queue to the transaction's end (the queue, the claim table, their indexes), so
+#: 50 take about 300 of the lock table's entries; a transaction over a thousand queues would take
+#: most of a default server's 6,400 (max_locks_per_transaction 64 x max_connections 100)
+QUEUES_PER_TRANSACTION = 50
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,25 @@ class QueueSetOffset:
             '{"queues": {"public.Sales": {"claim": 42, "claimTable": "16384"}}}. A checkpoint of a one-queue '
             "stream cannot be reused for several queues: start this stream from a new checkpoint"
         )
+
+
+def _parts(items: list[T]) -> list[list[T]]:
+    """`items` in parts of at most `QUEUES_PER_TRANSACTION`, a transaction each."""
+    return [items[i:i + QUEUES_PER_TRANSACTION] for i in range(0, len(items), QUEUES_PER_TRANSACTION)]
+
+
+def _append_to(handed: list[tuple[Receiver, ClaimOffset]]) -> Callable[[Receiver, ClaimOffset], None]:
+    return lambda r, e: handed.append((r, e))
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """One queue's claim of a trigger, made with the other queues' (`QueueSet._claim_together`)."""
+
+    receiver: Receiver
+    after: int
+    share: int | None
+    request: ClaimRequest
 
 
 class QueueSet:
@@ -288,20 +313,83 @@ class QueueSet:
         self._demand = None
         shares = fair_shares(demand, limit) if limit is not None and len(active) > 1 else {}
         ends: dict[str, ClaimOffset] = {}
+        together: dict[str, _Claim] = {}  # the queues whose one claim is made in the shared transaction
+        last: list[tuple[Receiver, ClaimOffset]] = []  # an AvailableNow run's last acknowledgements
         for k, r in active.items():
             share = shares.get(k, limit)
-            plan = functools.partial(r.latest, self._start_for(k, r, starts), share, whole=whole, counted=True,
-                                     idle=not demand.get(k, 0))
+            plan = functools.partial(self._plan, r, self._start_for(k, r, starts), share, whole=whole,
+                                     idle=not demand.get(k, 0), together=functools.partial(together.__setitem__, k),
+                                     hand=_append_to(last))
             end: ClaimOffset | None = self._vanishing(k, plan, None)
             if end is not None:
                 ends[k] = end
+            elif k in starts and k not in together:
+                ends[k] = starts[k]
+        outcomes = self._claim_together(together)
+        failed: Exception | None = None
+        for k, c in together.items():
+            made = outcomes.get(k)
+            finish = (functools.partial(c.receiver.planner.plan, c.after, c.share, whole=whole) if made is None
+                      else functools.partial(c.receiver.planner.planned, c.after, made, c.share))
+            try:  # every claim made is applied, whatever one claiming alone raises
+                planned: int | None = self._vanishing(k, finish, None)
+            except Exception as exc:
+                failed = failed or exc
+                continue
+            if planned is not None:
+                ends[k] = c.receiver.end_plan(c.after, planned, hand=_append_to(last))
             elif k in starts:
                 ends[k] = starts[k]
+        if failed is not None:
+            raise failed
+        if last:  # the run ends here: every queue's last batch acknowledged now, in the foreground
+            self._ack_together(last, foreground=True)
+            for r, _ in last:
+                r.run_ended()
         for k in sorted((starts.keys() | self.receivers.keys()) - active.keys() - (self._gone - starts.keys())):
             end = self._drain(k, starts.get(k), limit)
             if end is not None:
                 ends[k] = end
         return QueueSetOffset(ends)
+
+    @staticmethod
+    def _plan(r: Receiver, start: ClaimOffset, share: int | None, *, whole: bool, idle: bool,
+              together: Callable[[_Claim], None], hand: Callable[[Receiver, ClaimOffset], None]) -> ClaimOffset | None:
+        """Plan one queue's batch (`Receiver.latest`), or, when it is one claim (`Planner.claim_request`),
+        hand that claim to `together` (None) to be made with the other queues'. An AvailableNow
+        run's last acknowledgement goes to `hand` (`Receiver.end_plan`)."""
+        after = r.begin_plan(start, counted=True)
+        request = None if idle or r.draining else r.planner.claim_request(after, share, whole=whole)
+        if request is None:
+            planned = r.planner.plan(after, share, claim=not (r.draining or idle), whole=whole)
+            return r.end_plan(after, planned, hand=hand)
+        assert after is not None  # (`claim_request` asks for no claim without it)
+        together(_Claim(r, after, share, request))
+        return None
+
+    def _claim_together(self, together: dict[str, _Claim]) -> dict[str, ClaimOutcome]:
+        """The claims of `together`'s queues in one transaction on the main session for every
+        `QUEUES_PER_TRANSACTION` of them, one commit for each: a stream over hundreds of queues
+        claims from each of them at every trigger. Nothing is applied until it has committed
+        (`Planner.planned`); if one fails, nothing of it was claimed, and each of its queues claims
+        alone (left out of what this returns), where a dropped queue or a refused statement is met
+        and named as when it claims alone."""
+        made: dict[str, ClaimOutcome] = {}
+        for part in _parts(list(together)):
+            if len(part) < 2:
+                continue
+
+            def claims(conn: Connection, part: list[str] = part) -> dict[str, ClaimOutcome]:
+                return {k: together[k].receiver.claimer.claim_in(conn, together[k].request) for k in part}
+
+            try:
+                made.update(self.sessions.main.run(claims, f"claiming for {self.stream.describe()}"))
+            except (QueueNotFoundError, DatabaseError) as exc:
+                if self.dialect.is_transient(exc.__cause__ or exc):
+                    raise  # the server is gone past its outage bound: each queue alone would wait as long again
+                log.info("claiming from %d queues of %s in one transaction failed (%s); each claims alone",
+                         len(part), self.stream.describe(), exc)
+        return made
 
     def _start_for(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> ClaimOffset:
         """A queue's start: its position in the offset, or its claim table's beginning (joining)."""
@@ -369,13 +457,64 @@ class QueueSet:
     def committed(self, upto: QueueSetOffset) -> None:
         """Every batch up to `upto` is in Spark's commit log: each queue of the stream
         acknowledges up to its position (`Receiver.committed`)."""
+        handed: list[tuple[Receiver, ClaimOffset]] = []
         for k, e in upto.queues.items():
             r = self.receivers.get(k)
             if r is not None and k not in self._gone:
                 try:
-                    r.committed(e)
+                    r.committed(e, hand=_append_to(handed))
                 except QueueNotFoundError:
                     log.info("not acknowledging queue %s: its claim table no longer exists", k)
+        if handed:
+            self.sessions.background.submit(self._ack_together, handed)
+
+    def _ack_together(self, handed: list[tuple[Receiver, ClaimOffset]], *, foreground: bool = False) -> None:
+        """On the background thread (or, `foreground`, on the driver's, at an AvailableNow run's
+        end): the acknowledgements Spark's commit asked for, those of the claim table with nothing
+        to copy (`Acker.join`) in one transaction for every `QUEUES_PER_TRANSACTION` queues; the
+        rest, or all of a transaction's if it fails for a reason of one queue (a dropped claim table, a refused
+        statement), each alone (`Acker.ack_logged`, `Acker.ack`). A lost acknowledgement is
+        repaired by the next, which deletes everything up to its own end."""
+        for part in _parts(handed):
+            self._ack_part(part, foreground=foreground)
+
+    def _ack_part(self, handed: list[tuple[Receiver, ClaimOffset]], *, foreground: bool) -> None:
+        """`_ack_together` for at most `QUEUES_PER_TRANSACTION` queues."""
+        joined = [(r, e) for r, e in handed if len(handed) > 1 and r.acker.join(e)]
+        alone = [(r, e) for r, e in handed if not any(r is j for j, _ in joined)]
+        if joined:
+            session = self.sessions.main if foreground else self.sessions.ahead
+            try:
+                made = session.run(lambda conn: [r.acker.ack_in(conn, e) for r, e in joined],
+                                   f"acknowledging for {self.stream.describe()}")
+            except Exception as exc:  # noqa: BLE001 - nothing acknowledged: each alone, or the next does it
+                for r, _ in joined:
+                    r.acker.left()
+                transient = self.dialect.is_transient(exc.__cause__ or exc)
+                if transient and foreground:
+                    raise  # past the outage bound: as the run's last acknowledgement alone would
+                log.log(logging.WARNING if transient else logging.INFO,
+                        "acknowledging %d queues of %s in one transaction failed (%s); %s", len(joined),
+                        self.stream.describe(), db.describe(self.dialect, exc),
+                        "the next acknowledgement makes it" if transient else "each acknowledges alone")
+                if not transient:
+                    alone = handed
+            else:
+                failed: Exception | None = None
+                for (r, e), m in zip(joined, made, strict=True):
+                    try:  # (every one, so each queue's acknowledgement ends: `Acker.joined`)
+                        r.acker.joined(session, e, m)
+                    except Exception as exc:  # noqa: BLE001 - as a failed acknowledgement alone: the next makes it
+                        failed = failed or exc
+                        log.warning("acknowledging claims up to %s on %s failed: %s", e.claim, r.endpoint.queue_text,
+                                    db.describe(self.dialect, exc))
+                if failed is not None and foreground:
+                    raise failed
+        for r, e in alone:
+            if foreground:
+                r.acker.ack(e)
+            else:
+                r.acker.ack_logged(e)
 
     def ack(self, end: QueueSetOffset, *, background: bool = False) -> None:
         for k, e in end.queues.items():

@@ -158,6 +158,15 @@ class Receiver:
         See `Planner.plan` (and `whole`); a claim made ahead for this batch is applied first.
         `counted`: `waiting` (or the stream's count of every queue) ran in this trigger, and did
         its housekeeping. `idle`: that count found nothing waiting, so no claim is tried."""
+        after = self.begin_plan(start, counted=counted)
+        end = self.planner.plan(after, limit, claim=not (self.draining or idle), whole=whole)
+        return self.end_plan(after, end)
+
+    def begin_plan(self, start: ClaimOffset | None, *, counted: bool = False) -> int | None:
+        """What planning a batch from `start` does before the claim (`latest`, and `QueueSet` when it
+        claims for several queues in one transaction): the trigger's housekeeping unless `counted`,
+        a run's first acknowledgement and takeover check, monitoring and the warden started. The
+        claim sequence the batch begins after."""
         if not counted:
             self.housekeeping()
         after = self.planner.start_after(start, self.table_id)  # after the set-up (`table_id`)
@@ -166,19 +175,34 @@ class Receiver:
         self._release_previous_run(start, after)
         self._warn_of_takeover(start, after)
         self._watch()
-        end = self.planner.plan(after, limit, claim=not (self.draining or idle), whole=whole)
+        return after
+
+    def end_plan(self, after: int | None, end: int, *,
+                 hand: Callable[[Receiver, ClaimOffset], None] | None = None) -> ClaimOffset:
+        """What planning does once the batch's end is known (see `latest`). An AvailableNow run's
+        last acknowledgement goes to `hand` if given (`QueueSet`: many queues' in one transaction),
+        which makes it in the foreground, then calls `run_ended`."""
         self._time_prepared()
         if self._available_now and after and end == after:
             # Nothing new in an AvailableNow run: Spark stops here without sending commit(start).
             # It asks for the next offset only once `start` is in its commit log, so those claims
             # are processed: acknowledge them, so a finished run leaves nothing claimed. In the
             # foreground, after any made in the background (`committed`): the run ends here.
-            self.ack(ClaimOffset(after, self.table_id))
-            if self.monitor is not None:
-                # The run ends here, and Spark may end this process without the source's stop():
-                # its last reports go now (bounded wait), not at the next interval.
-                self.monitor.flush()
+            last = ClaimOffset(after, self.table_id)
+            if hand is None:
+                self.ack(last)
+            elif self._acking(last):
+                hand(self, last)
+                return ClaimOffset(end, self.table_id)
+            self.run_ended()
         return ClaimOffset(end, self.table_id)
+
+    def run_ended(self) -> None:
+        """An AvailableNow run's last batch is acknowledged: the run ends here, and Spark may end
+        this process without the source's stop(), so monitoring's last reports go now (bounded
+        wait), not at the next interval."""
+        if self.monitor is not None:
+            self.monitor.flush()
 
     def first_batch(self, *, fresh: bool) -> ClaimOffset:
         """Spark 4.0/4.1, the first batch of a run (`SqlQueueStreamReader._first_batch`): the
@@ -285,14 +309,18 @@ class Receiver:
                 consumer, self.endpoint.queue_text, held[0], held[1],
             )
 
-    def committed(self, upto: ClaimOffset) -> None:
+    def committed(self, upto: ClaimOffset, *, hand: Callable[[Receiver, ClaimOffset], None] | None = None) -> None:
         """Every batch up to `upto` is in Spark's commit log (it asks for the next offset):
-        acknowledge up to it in the background, idle queue or not. A run's first planning
-        acknowledges the previous run's last batch itself, in the foreground
-        (`_release_previous_run`); an acknowledgement already made costs no statement."""
+        acknowledge up to it in the background, idle queue or not, or `hand` the acknowledgement to
+        the caller, who makes it on the background thread (`QueueSet`: many queues' in one
+        transaction). A run's first planning acknowledges the previous run's last batch itself, in
+        the foreground (`_release_previous_run`); an acknowledgement already made costs no statement."""
         if not self._released or upto.claim <= self._acked or upto.table != self.table_id:
             return
-        self.ack(upto, background=True)
+        if hand is None:
+            self.ack(upto, background=True)
+        elif self._acking(upto):
+            hand(self, upto)
 
     def settled_upto(self) -> int:
         """The highest claim of this consumer that a settled batch read (`transport.settled`): the
@@ -473,21 +501,28 @@ class Receiver:
         and this returns at once: nothing waits on an acknowledgement, and a lost one is repaired
         by the next, which deletes everything up to its own end.
         """
+        if not self._acking(end):
+            return 0
+        if background:
+            self.acker.ack_in_background(end)
+            return 0
+        return self.acker.ack(end)
+
+    def _acking(self, end: ClaimOffset) -> bool:
+        """Whether an acknowledgement up to `end` is to be made; if so, the warden is told and what
+        is held where is known (the ledger), before it is made."""
         if end.table != self.table_id:
             log.info("not acknowledging offset of a claim table that no longer exists: %s", end)
-            return 0
+            return False
         if end.claim <= self.acker.done(end.table):
-            return 0  # acknowledged already: an idle queue's repeated commit costs no statement
+            return False  # acknowledged already: an idle queue's repeated commit costs no statement
         self._acked = max(self._acked, end.claim)
         warden = self._warden()
         if warden is not None:  # Spark committed it: the warden finishes it if this process cannot
             warden.committed(self.options, end.table, end.claim)
         if self.planner.may_hold_prepared(end.claim):
             self.planner.held_max()  # what is held where (prepared, claim table), known before the ack
-        if background:
-            self.acker.ack_in_background(end)
-            return 0
-        return self.acker.ack(end)
+        return True
 
     def close(self) -> None:
         self._closed.set()
