@@ -735,3 +735,41 @@ def test_the_backlog_estimate_looks_above_a_claim_made_ahead(backend: Backend, q
         assert made.max_source > max(x.source_seq for x in read_batch(r, start, end))
         assert r.planner.estimate_floor() == made.max_source
         assert r.backlog() == 10
+
+
+def test_a_claim_waits_for_a_backlog_estimate_in_flight_and_keeps_fifo(backend: Backend, queues,  # type: ignore[no-untyped-def]
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress backlog is estimated on the background thread, and the estimate locks the
+    queue's first and last unlocked rows while it runs (`ReceiveSql.backlog`). A claim on the main
+    session beside it skipped the head row: one message came a batch late (CI, Spark 4.3). The
+    claim now waits for the estimate in flight (`Claimer.head`); the estimate here holds its locks
+    for a second."""
+    from spark_qtransport.transport import session as db
+
+    postgres_only(backend)
+    q, e = queues
+    held = threading.Event()
+
+    def slow_estimate(self: Receiver, session: Any) -> int:
+        stmt = self.dialect.backlog(self.options.queue, above=self.planner.estimate_floor())
+
+        def locked(c: Any) -> int:
+            (n,) = db.one(c.cursor(), stmt)
+            held.set()
+            time.sleep(1.0)  # its row locks held, as a slow server holds them
+            return int(n or 0)
+        return int(session.run(locked))
+
+    with receiving(backend, q, e, claim_ahead=False, claim_mode="table") as r:
+        for i in range(10):
+            backend.send(q, nsb_headers(f"m-{i:02d}"), b"{}")
+        start = r.initial_offset()
+        first = r.latest(start, 100)
+        assert [m.message_id for m in read_batch(r, start, first)] == [f"m-{i:02d}" for i in range(10)]
+        for i in range(10, 20):
+            backend.send(q, nsb_headers(f"m-{i:02d}"), b"{}")
+        monkeypatch.setattr(Receiver, "estimate", slow_estimate)
+        r.background.submit(r._refresh_backlog)  # as a progress report does
+        assert held.wait(30)
+        second = r.latest(first, 100)
+        assert [m.message_id for m in read_batch(r, first, second)] == [f"m-{i:02d}" for i in range(10, 20)]

@@ -10,6 +10,7 @@ headers as it does (`Claimer._take`): the headers come to the driver, never the 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -124,6 +125,10 @@ class Claimer:
         self._main, self._ahead, self._background = main, ahead, background
         self._table = table  # the claim table's id (a prepared claim's gid names it)
         self._ledger = ledger  # this consumer's claims: the planner's
+        #: held by a claim on the main session and by a backlog estimate on the background thread
+        #: (`Receiver._refresh_backlog`): the estimate locks the queue's first and last unlocked rows
+        #: (`ReceiveSql.backlog`), and a claim beside it would skip the head row, out of FIFO order
+        self.head = threading.Lock()
 
     def generations(self) -> tuple[int, int]:
         """Connections opened and dropped so far by both sessions: a claim whose commit went
@@ -131,8 +136,9 @@ class Claimer:
         return self._main.generation, self._ahead.generation
 
     def claim(self, request: ClaimRequest) -> ClaimOutcome:
-        """Claim now, on the main session."""
-        return self._claim(self._main, request)
+        """Claim now, on the main session (after any backlog estimate in flight: `head`)."""
+        with self.head:
+            return self._claim(self._main, request)
 
     def claim_ahead(self, request: ClaimRequest) -> Future[ClaimOutcome]:
         """Claim on the background thread (after any acknowledgement in flight)."""
@@ -142,7 +148,8 @@ class Claimer:
         """Claim in the caller's transaction on `conn`, which it commits (`QueueSet`: one transaction
         for the claims of many queues). Not for a claim to be prepared: that ends its transaction."""
         assert not (self.endpoint.mode.prepares and request.first is not None)
-        return self._transaction(conn, request)
+        with self.head:
+            return self._transaction(conn, request)
 
     def _claim(self, session: Session, request: ClaimRequest) -> ClaimOutcome:
         return session.run(lambda conn: self._transaction(conn, request), self.endpoint.what("claim"))

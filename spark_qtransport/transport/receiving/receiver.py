@@ -452,8 +452,8 @@ class Receiver:
 
         The estimate briefly locks the queue's first and last rows (SKIP LOCKED); run beside a
         claim-ahead it would make that claim skip the head row. So while the background thread
-        exists the estimate is made there, after the claim, and the last one finished is returned.
-        The first report waits for its estimate (at most `FIRST_ESTIMATE_WAIT`): it said 0 with
+        exists the estimate is made there, after the claim, and the last one finished is returned;
+        a claim on the main session waits for one in flight (`Claimer.head`). The first report waits for its estimate (at most `FIRST_ESTIMATE_WAIT`): it said 0 with
         27,000 messages waiting.
         """
         if not self.background.started:
@@ -474,7 +474,8 @@ class Receiver:
 
     def _refresh_backlog(self) -> int | None:
         try:
-            return self.estimate(self.ahead)
+            with self.claimer.head:  # never beside a claim on the main session (`Claimer.head`)
+                return self.estimate(self.ahead)
         except Exception as exc:  # noqa: BLE001 - a progress metric must not fail the query
             log.info("backlog estimate for %s failed: %s", self.options.queue, db.describe(self.dialect, exc))
             return None
