@@ -358,3 +358,42 @@ def test_a_busy_trigger_claims_and_acknowledges_many_queues_in_one_transaction(s
         assert all(be.count(f'"busy_{i:02d}"."audit.Claims"') == 0 for i in range(n))
     finally:
         qs.close()
+
+
+def test_a_small_slice_is_read_in_pages_up_to_its_last_claim_and_no_further(small: Backend) -> None:
+    """A tenant queue's share of a batch is a few claims: its slice is read in pages of 1 and 4
+    rows, and the page that ends on the slice's last claim is its last one: no page is asked for
+    only to find it empty (at 1,000 queues, a statement a queue a batch). A slice whose last page
+    comes short stops there as before."""
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    be = small
+    with be.connect() as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        c.execute('CREATE SCHEMA "pages_00"')
+        c.execute(PG_NSB_CREATE_QUEUE.format('"pages_00"."audit"'))
+    be.create_queue("error")
+    r = Receiver(ReceiveSettings.create(be.stream_url, "pages_00.audit", error_queue="error",  # type: ignore[attr-defined]
+                                        claim_ahead=False, claim_mode="table"))
+
+    def pages() -> int:
+        """Pages read from the queue's claim table so far (`ReceiveSql.read_claims` with a LIMIT)."""
+        with be.connect() as c:
+            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s"
+                                 " AND query LIKE %s", ('%FROM "pages_00"."audit.Claims"%', "%ORDER BY claim_seq LIMIT%"),
+                                 ).fetchone()[0])
+
+    try:
+        start = r.initial_offset()
+        for n, fetched, asked in ((5, [1, 4], 2), (12, [1, 4, 7], 3)):
+            be.send_many("pages_00.audit", [(nsb_headers(f"p{n}-{i}"), b"{}") for i in range(n)])
+            end = r.latest(start, n)
+            (part,) = r.slices(start, end)
+            before = pages()
+            assert [len(chunk) for chunk in read_chunks(part)] == fetched
+            assert pages() - before == asked, f"a slice of {n} claims read in {pages() - before} pages"
+            r.ack(end)
+            start = end
+    finally:
+        r.close()

@@ -90,6 +90,8 @@ class _SliceCursor:
             self.done = True
             return []
         self.after = int(rows[-1][0])
+        # the slice's last claim read: nothing is after it, so no page is asked for to learn that
+        self.last_page = self.last_page or self.after >= self.part.upto
         self.largest = max(self.largest, *(len(r[3] or "") + len(r[4] or b"") for r in rows))
         self.size = max(1, min(self.chunk, self.size * 4, self.budget // self.largest))
         return rows
@@ -97,7 +99,7 @@ class _SliceCursor:
     def _next_rows(self, conn: Connection, page: _Read) -> list[Sequence[Any]]:
         if self.cur is not None:  # not read in pages: the streaming cursor's next rows
             return list(self.cur.fetchmany(self.size))
-        if self.last_page:  # the page before came short: the slice has no more rows
+        if self.last_page:  # the page before came short or ended at the slice's last claim: no more rows
             return []
         cur = self.dialect.page_cursor(conn)
         try:
