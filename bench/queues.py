@@ -25,7 +25,11 @@ With `one` among the counts, one queue read by the `queue` option (a one-queue s
 the same way.
 
     python bench/queues.py --tenants one,10,100,1000 [--messages 20000] [--per-trigger 5000] [--idle-seconds 15]
-                           [--claim-mode table]
+                           [--claim-mode table] [--kinds]
+
+--kinds prints, after each busy run, its statements by kind (a tenant's schema taken out of the text):
+calls a queue a batch, planning and executing time; and the server's CPU by process (client
+backends, autovacuum, checkpointer, the exited ones).
 
 Uses $SQLQUEUE_URL if set, else an embedded PostgreSQL with fsync on (durable commits).
 """
@@ -90,6 +94,9 @@ def main() -> int:
     ap.add_argument("--idle-seconds", type=float, default=15.0, help="how long each idle stream is measured")
     ap.add_argument("--claim-mode", choices=["auto", "table", "prepared"], default="auto",
                     help="with --tenants: the stream's claimMode (default auto: prepared claims, which this server allows)")
+    ap.add_argument("--kinds", action="store_true",
+                    help="with --tenants: after each busy run, its statements by kind (pg_stat_statements, planning"
+                         " tracked) and the server's CPU by process")
     args = ap.parse_args()
     if args.tenants:
         from tenants import scale

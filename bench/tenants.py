@@ -106,6 +106,55 @@ class Watch:
 
 #: the streams' claimMode (`--claim-mode`)
 CLAIM_MODE = ["auto"]
+#: `--kinds`: after each busy run, the statements it ran by kind and the server's CPU by process
+KINDS = [False]
+#: a tenant's schema (or its claim table's) in a statement's text, so one kind is one line
+TENANT = r'"bench_t[0-9]+"'
+
+
+def reset_statements(conn: Any) -> None:
+    conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def statement_kinds(conn: Any, queue_batches: int, top: int = 18) -> list[tuple[str, float, float, float]]:
+    """The statements since the last reset by kind (the tenant's schema taken out of the text):
+    (kind, calls a queue a batch, planning ms, executing ms), most calls first."""
+    rows = conn.execute(
+        "SELECT regexp_replace(regexp_replace(query, %s, '\"T\"', 'g'), '\\s+', ' ', 'g') AS kind,"
+        " sum(calls), sum(total_plan_time), sum(total_exec_time) FROM pg_stat_statements"
+        f" WHERE {NOT_OURS.replace('%', '%%')} GROUP BY 1 ORDER BY 2 DESC LIMIT %s", (TENANT, top)).fetchall()
+    return [(str(k), int(c) / max(queue_batches, 1), float(p), float(e)) for k, c, p, e in rows]
+
+
+def cpu_by_process(postmaster: int | None) -> dict[str, float]:
+    """CPU seconds of the server's live processes by what their title says they are (client
+    backends, autovacuum, checkpointer, ...), and of the exited ones (the postmaster's reaped
+    children: autovacuum workers, closed connections) as "exited"."""
+    import os
+
+    from _common import _stat
+
+    if postmaster is None:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    own = _stat(postmaster) or []
+    out = {"exited": sum(int(v) for v in own[13:15]) / tick, "postmaster": sum(int(v) for v in own[11:13]) / tick}
+    for pid in os.listdir("/proc"):
+        if not (pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == postmaster):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        kind = title.removeprefix("postgres: ").split(" ")[0] if title.startswith("postgres: ") else "other"
+        kind = "client backends" if kind not in _SERVER_PROCESSES else kind
+        out[kind] = out.get(kind, 0.0) + sum(int(v) for v in s[11:15]) / tick
+    return out
+
+
+_SERVER_PROCESSES = {"checkpointer", "background", "walwriter", "autovacuum", "logical", "io", "walsummarizer",
+                     "archiver", "stats", "parallel"}
 
 
 def reader(spark: Any, url: str, per_trigger: int, *, one: bool = False) -> Any:
@@ -129,6 +178,9 @@ def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, p
          one: bool = False) -> dict[str, Any]:
     fill(url, n, messages, size)
     cost = Cost()
+    if KINDS[0]:
+        reset_statements(meter.conn)
+        cpu = cpu_by_process(meter.postmaster)
     before = statements(meter.conn)
     with Watch(url) as watch, checkpoint() as ckpt, meter.measure(cost):
         t = time.perf_counter()
@@ -137,9 +189,24 @@ def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, p
         q.awaitTermination()
         wall = time.perf_counter() - t
     r = stream_rates(q.recentProgress, messages, wall)
+    if KINDS[0]:
+        print_kinds(meter, n, r["batches"], cpu)
     return {**r, "pg_cpu_us_per_msg": cost.pg / messages * 1e6, "wal_bytes_per_msg": cost.wal / messages,
             "statements_per_batch": (statements(meter.conn) - before) / max(r["batches"], 1),
             "connections": watch.connections, "threads": watch.threads, "check": r["rows"] == messages}
+
+
+def print_kinds(meter: Meter, n: int, batches: int, cpu_before: dict[str, float]) -> None:
+    """`--kinds`: what the busy run just measured ran, by statement kind, and where the server's CPU went."""
+    kinds = statement_kinds(meter.conn, n * max(batches, 1))
+    print(f"\n  {n:,} queues, {batches} batches: statements by kind (calls a queue a batch; planning and executing ms"
+          " in all)\n  | calls/queue/batch | plan ms | exec ms | statement |\n  |---:|---:|---:|---|")
+    for kind, calls, plan, run in kinds:
+        print(f"  | {calls:.2f} | {plan:,.0f} | {run:,.0f} | `{kind[:110]}` |")
+    after = cpu_by_process(meter.postmaster)
+    spent = {k: after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in after}
+    print("  server CPU s by process: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
+                                                     if abs(v) >= 0.005), flush=True)
 
 
 def idle(spark: Any, url: str, meter: Meter, seconds: float, *, one: bool = False) -> dict[str, Any]:
@@ -176,9 +243,12 @@ def scale(args: argparse.Namespace, counts: list[str]) -> int:
     by the `queue` option (a one-queue stream)."""
     from spark_qtransport.cli.embedded import EmbeddedPostgres
 
-    CLAIM_MODE[0] = args.claim_mode
-    pg = EmbeddedPostgres(fsync=True, settings={"shared_preload_libraries": "pg_stat_statements", "max_connections": "100",
-                                                "pg_stat_statements.max": "20000"}).start()
+    CLAIM_MODE[0], KINDS[0] = args.claim_mode, args.kinds
+    settings = {"shared_preload_libraries": "pg_stat_statements", "max_connections": "100",
+                "pg_stat_statements.max": "20000"}
+    if args.kinds:
+        settings["pg_stat_statements.track_planning"] = "on"
+    pg = EmbeddedPostgres(fsync=True, settings=settings).start()
     rows = []
     try:
         import psycopg
