@@ -45,6 +45,13 @@ def small() -> Iterator[Backend]:
         yield be
 
 
+def reset_statements(c: Any) -> None:
+    """Start pg_stat_statements afresh for a test that counts statements: after the 300-queue
+    stream (`test_300_...`) this server kept no entry for new plain statements (SELECT, INSERT;
+    seen on PostgreSQL 18) until a reset, so a count could come out 0 whatever ran."""
+    c.execute("SELECT pg_stat_statements_reset()")
+
+
 def connector_connections(be: Backend) -> list[Any]:
     with be.connect() as c:
         return c.execute("SELECT pid, backend_start, state, left(query, 60) FROM pg_catalog.pg_stat_activity"
@@ -222,6 +229,7 @@ def test_an_idle_trigger_runs_the_same_few_statements_for_60_queues(small: Backe
     be = small
     with be.connect() as c:
         c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        reset_statements(c)
         for i in range(60):
             c.execute(f'CREATE SCHEMA "idle_{i:02d}"')
             c.execute(PG_NSB_CREATE_QUEUE.format(f'"idle_{i:02d}"."audit"'))
@@ -251,7 +259,7 @@ def test_an_idle_trigger_runs_the_same_few_statements_for_60_queues(small: Backe
         per_trigger = (statements() - before) / 5
         # two transactions (BEGIN, the statement, COMMIT): the resolution and the backlogs (which
         # progress reports too); a queue alone would run a claim or two per trigger (60: 120+)
-        assert per_trigger <= 6, per_trigger
+        assert 2 <= per_trigger <= 6, per_trigger  # (at least the resolution and the backlogs: counted)
         main = qs.sessions.main.current.info.backend_pid
         with be.connect() as c:
             (locks,) = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
@@ -371,9 +379,7 @@ def test_a_small_slice_is_read_in_pages_up_to_its_last_claim_and_no_further(smal
     be = small
     with be.connect() as c:
         c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        # a clean count: after the 300-queue stream above, the server no longer took in new
-        # statements' entries (seen on PostgreSQL 18: none of this test's were kept until a reset)
-        c.execute("SELECT pg_stat_statements_reset()")
+        reset_statements(c)
         c.execute('CREATE SCHEMA "pages_00"')
         c.execute(PG_NSB_CREATE_QUEUE.format('"pages_00"."audit"'))
     be.create_queue("error")
