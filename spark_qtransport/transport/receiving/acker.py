@@ -139,7 +139,7 @@ class Acker:
             if seen >= batch:
                 return Joined(retried, 0, full=True)
         if not d.poison_at_claim:
-            lo = self._gone[1] if self._gone[0] == end.table else 0
+            lo = self.done(end.table)
             chunk = self.chunks.plain(cur, upto=end.claim, batch=batch, after=lo)
             gone, poison = chunk.gone, chunk.poison
         else:
@@ -268,7 +268,7 @@ class Acker:
         after the last the one before read (and the first after where an earlier acknowledgement of
         this claim table got to: the claims before it are gone), never over their dead index entries.
         (claims deleted, poison moved)."""
-        lo = self._gone[1] if self._gone[0] == end.table else 0
+        lo = self.done(end.table)
         what, total, poison = self.endpoint.what("acknowledge"), 0, 0
         while True:
             done = session.run(functools.partial(_after, chunk, lo), what)

@@ -453,8 +453,9 @@ class Receiver:
         The estimate briefly locks the queue's first and last rows (SKIP LOCKED); run beside a
         claim-ahead it would make that claim skip the head row. So while the background thread
         exists the estimate is made there, after the claim, and the last one finished is returned;
-        a claim on the main session waits for one in flight (`Claimer.head`). The first report waits for its estimate (at most `FIRST_ESTIMATE_WAIT`): it said 0 with
-        27,000 messages waiting.
+        a claim on the main session waits for one in flight (`Claimer.head`). The first report
+        waits for its estimate (at most `FIRST_ESTIMATE_WAIT`): it said 0 with 27,000 messages
+        waiting.
         """
         if not self.background.started:
             return self.backlog()
