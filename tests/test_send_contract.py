@@ -461,12 +461,24 @@ def test_delay_with_time_to_be_received_is_refused(backend: Backend, queues: Any
     assert refused.value.column == "time_to_be_received" and "delayed" in str(refused.value)
 
 
+#: a delay the sender's own pass after its batch never finds due, however long the batch took
+LATER = 3600
+_MAKE_DUE = {"postgres": "UPDATE {} SET due = due - interval '2 hours'",
+             "sqlserver": "UPDATE {} SET Due = DATEADD(hour, -2, Due)"}
+
+
+def make_due(backend: Backend, delayed: Any) -> None:
+    """Make every row of the delayed table `delayed` (sent `LATER`) due now, for the mover under test."""
+    with backend.connect() as conn:
+        conn.cursor().execute(_MAKE_DUE[backend.name].format(backend.dialect.qualified(delayed)))
+
+
 def test_deferring_to_a_missing_queue_lands_in_the_error_queue(backend: Backend, queues: Any, names: Any) -> None:
     missing = names("Gone")
     s = Sender(backend, queues.sales, destination=missing, create_queues=True, error_queue=queues.error)
     backend.drop(missing)  # createQueues made it; it is gone by the time the message is due
-    s.send([msg("late", message_id="d1", delay=0.2)])
-    time.sleep(0.3)
+    s.send([msg("late", message_id="d1", delay=LATER)])
+    make_due(backend, s.options.delayed)
     assert Dispatcher(s.options).move_due().failed == 1
     [(h, body)] = received(backend, queues.error)
     assert h[H.MESSAGE_ID] == "d1" and body == b"late"
@@ -487,8 +499,11 @@ def test_delayed_delivery_disabled(backend: Backend, queues: Any) -> None:
 def test_two_movers_never_deliver_one_row_twice(backend: Backend, queues: Any) -> None:
     s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True)
     n = 3000
-    s.send([msg(str(i), message_id=f"d{i:05d}", delay=0.5) for i in range(n)])
-    time.sleep(0.6)
+    # the rows are made due all at once, for the movers alone
+    s.send([msg(str(i), message_id=f"d{i:05d}", delay=LATER) for i in range(n)])
+    delayed = backend.dialect.format_address(s.options.delayed)
+    assert backend.count(delayed) == n
+    make_due(backend, s.options.delayed)
     results = []
 
     def run() -> None:
@@ -499,7 +514,7 @@ def test_two_movers_never_deliver_one_row_twice(backend: Backend, queues: Any) -
             for _ in range(100):
                 r = mover.move(conn, max_batches=5)
                 total += r.moved
-                if backend.count(backend.dialect.format_address(s.options.delayed)) == 0:
+                if backend.count(delayed) == 0:
                     break
             results.append(total)
         finally:
@@ -545,14 +560,14 @@ def test_mover_notices_a_destination_dropped_after_it_was_seen(backend: Backend,
     later = backend.create_queue(names("Later"))
     s = Sender(backend, queues.sales, create_queues=True, error_queue=queues.error)
     mover = DelayedMover(backend.dialect, s.options.delayed, s.options.endpoint, s.options.error_queue)
-    s.send([msg("first", destination=later, delay=0.2)], batch_id=0)
-    time.sleep(0.3)
+    s.send([msg("first", destination=later, delay=LATER)], batch_id=0)
+    make_due(backend, s.options.delayed)
     conn = backend.dialect.connect(backend.parsed)
     try:
         assert mover.move(conn).moved == 1  # the mover now knows the queue
         backend.drop(later)
-        s.send([msg("second", message_id="d2", destination=later, delay=0.2)], batch_id=1)
-        time.sleep(0.3)
+        s.send([msg("second", message_id="d2", destination=later, delay=LATER)], batch_id=1)
+        make_due(backend, s.options.delayed)
         again = mover.move(conn)
     finally:
         conn.close()
@@ -584,10 +599,10 @@ def test_a_custom_delayed_suffix_is_where_the_sink_stores_and_moves_from(backend
                delayed_rule=_rule(backend, suffix="Timeouts"))
     sales = backend.address(queues.sales)
     assert s.options.delayed == sales.with_table(f"{sales.table}.Timeouts")
-    assert s.send([msg("later", message_id="d1", delay=0.3)]).delayed == 1
+    assert s.send([msg("later", message_id="d1", delay=LATER)]).delayed == 1
     assert backend.count(d.format_address(s.options.delayed)) == 1
     assert not _exists(backend, d.companion(sales, "Delayed"))
-    time.sleep(0.4)
+    make_due(backend, s.options.delayed)
     assert Dispatcher(s.options).move_due().moved == 1
     [(h, body)] = received(backend, queues.billing)
     assert (h[H.MESSAGE_ID], body) == ("d1", b"later") and H.FORWARD_DESTINATION not in h
@@ -604,10 +619,10 @@ def test_an_explicit_delayed_table_is_where_the_sink_stores_and_the_reader_moves
     rule = _rule(backend, table=table)
     s = Sender(backend, queues.sales, destination=queues.billing, create_queues=True, delayed_rule=rule)
     assert s.options.delayed == table
-    assert s.send([msg("later", message_id="d1", delay=0.3)]).delayed == 1
+    assert s.send([msg("later", message_id="d1", delay=LATER)]).delayed == 1
     assert backend.count(d.format_address(table)) == 1
     assert not _exists(backend, d.companion(backend.address(queues.sales), "Delayed"))
-    time.sleep(0.4)
+    make_due(backend, table)
     r = Receiver(ReceiveSettings.create(backend.url, queues.sales, error_queue=queues.error, delayed_rule=rule))
     try:
         r.latest(r.initial_offset(), 100)  # every trigger moves the due delayed messages first

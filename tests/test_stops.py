@@ -68,7 +68,7 @@ def interrupt(script: Path, args: list[str], signum: int, *, ready: str | float,
         # every process the job started, wherever it went (pyspark.daemon's workers move to process
         # groups of their own, a stream's warden to a session of its own)
         everything = psutil.Process(proc.pid).children(recursive=True)
-        jvms = [p for p in everything if "java" in p.name()]
+        jvms = [p for p in everything if _is_java(p)]
         before = log.read_text(errors="replace").splitlines()
         signalled = time.monotonic()
         if signum == signal.SIGINT:
@@ -114,6 +114,14 @@ def _ended(p: psutil.Process) -> bool:
         return p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def _is_java(p: psutil.Process) -> bool:
+    """Whether `p` is a JVM; a child that ended between the listing and this look is not one to wait for."""
+    try:
+        return "java" in p.name()
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _cmdline(p: psutil.Process) -> list[str]:
