@@ -359,7 +359,10 @@ def test_a_killed_driver_leaves_no_prepared_claim_past_its_bound(ppg: Backend, n
     wait_for(lambda: (markers / "during_read").exists(), START, "a read in progress", job)
     assert prepared_now(ppg, q)
     job.kill()
-    assert horizon_held(ppg), "the killed job's prepared claims hold the xmin horizon"
+    # the warden may park the claims at their bound while this looks (on a loaded machine the read
+    # began late in it): a horizon not held is wrong only while the claims are still prepared
+    held = horizon_held(ppg)
+    assert held or not prepared_now(ppg, q), "the killed job's prepared claims hold the xmin horizon"
     oldest, deadline = 0.0, time.monotonic() + 25
     while time.monotonic() < deadline and prepared_now(ppg, q):
         oldest = max([oldest, *(age for _, age in prepared_now(ppg, q))])
