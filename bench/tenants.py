@@ -74,11 +74,17 @@ def statements(conn: Any) -> float:
 
 
 class Watch:
-    """The most connections the connector held (pg_stat_activity, by its application name) and
-    the most threads of the driver's source runner process, sampled every 100 ms."""
+    """Sampled every 100 ms while a run goes on: the most connections the connector held
+    (pg_stat_activity, by its application name), the most threads of the driver's source runner
+    process, the most private memory (RssAnon) one of the connector's backends held, and, given the
+    postmaster, each server process's CPU as last seen alive (`cpu_by_process`: a backend's CPU is
+    read before it exits, not lost into the postmaster's total of reaped children)."""
 
-    def __init__(self, url: str) -> None:
-        self.url, self.connections, self.threads = url, 0, 0
+    def __init__(self, url: str, postmaster: int | None = None) -> None:
+        self.url, self.postmaster = url, postmaster
+        self.connections, self.threads, self.backend_mb = 0, 0, 0.0
+        #: pid -> (kind, CPU seconds first seen, CPU seconds last seen)
+        self.cpu: dict[int, tuple[str, float, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -90,18 +96,46 @@ class Watch:
         self._stop.set()
         self._thread.join()
 
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds each kind of server process spent while watched (as last seen alive)."""
+        out: dict[str, float] = {}
+        for kind, first, last in self.cpu.values():
+            out[kind] = out.get(kind, 0.0) + last - first
+        return out
+
     def _sample(self) -> None:
         import psutil
         import psycopg
 
         with psycopg.connect(self.url, autocommit=True) as c:
+            self._processes(first=True)
             while not self._stop.wait(0.1):
-                (n,) = c.execute("SELECT count(*) FROM pg_stat_activity"
-                                 " WHERE application_name = 'spark-qtransport'").fetchone()
-                self.connections = max(self.connections, int(n))
+                pids = [int(pid) for (pid,) in c.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'spark-qtransport'").fetchall()]
+                self.connections = max(self.connections, len(pids))
+                self.backend_mb = max(self.backend_mb, *(_private_mb(pid) for pid in pids), 0.0)
                 for p in psutil.process_iter(["cmdline", "num_threads"]):
                     if "pyspark.sql.streaming.python_streaming_source_runner" in (p.info["cmdline"] or ()):
                         self.threads = max(self.threads, int(p.info["num_threads"] or 0))
+                self._processes(first=False)
+
+    def _processes(self, *, first: bool) -> None:
+        for pid, (kind, seconds) in server_processes(self.postmaster).items():
+            was = self.cpu.get(pid)
+            # a process first seen after the run began spent all its CPU within it
+            self.cpu[pid] = (kind, seconds if first else 0.0, seconds) if was is None else (kind, was[1], seconds)
+
+
+def _private_mb(pid: int) -> float:
+    """A process's private memory (RssAnon: not the server's shared buffers), in MB; 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 #: the streams' claimMode (`--claim-mode`)
@@ -131,19 +165,16 @@ def statement_kinds(conn: Any, queue_batches: int, top: int = 18) -> list[tuple[
     return [(str(k), int(c) / max(queue_batches, 1), float(p), float(e)) for k, c, p, e in rows]
 
 
-def cpu_by_process(postmaster: int | None) -> dict[str, float]:
-    """CPU seconds of the server's live processes by what their title says they are (client
-    backends, autovacuum, checkpointer, ...), and of the exited ones (the postmaster's reaped
-    children: autovacuum workers, closed connections) as "exited"."""
+def server_processes(postmaster: int | None) -> dict[int, tuple[str, float]]:
+    """The server's live processes: pid -> (what its title says it is: client backends, autovacuum,
+    checkpointer, ...; its CPU seconds)."""
     import os
 
     from _common import _stat
 
     if postmaster is None:
         return {}
-    tick = os.sysconf("SC_CLK_TCK")
-    own = _stat(postmaster) or []
-    out = {"exited": sum(int(v) for v in own[13:15]) / tick, "postmaster": sum(int(v) for v in own[11:13]) / tick}
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
     for pid in os.listdir("/proc"):
         if not (pid.isdigit() and (s := _stat(int(pid))) and int(s[1]) == postmaster):
             continue
@@ -153,8 +184,8 @@ def cpu_by_process(postmaster: int | None) -> dict[str, float]:
         except OSError:
             continue
         kind = title.removeprefix("postgres: ").split(" ")[0] if title.startswith("postgres: ") else "other"
-        kind = "client backends" if kind not in _SERVER_PROCESSES else kind
-        out[kind] = out.get(kind, 0.0) + sum(int(v) for v in s[11:15]) / tick
+        out[int(pid)] = ("client backends" if kind not in _SERVER_PROCESSES else kind,
+                         sum(int(v) for v in s[11:15]) / tick)
     return out
 
 
@@ -184,10 +215,8 @@ def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, p
     fill(url, n, messages, size)
     cost = Cost()
     reset_statements(meter.conn)  # (see `reset_statements`)
-    if KINDS[0]:
-        cpu = cpu_by_process(meter.postmaster)
     before = statements(meter.conn)
-    with Watch(url) as watch, checkpoint() as ckpt, meter.measure(cost):
+    with Watch(url, meter.postmaster) as watch, checkpoint() as ckpt, meter.measure(cost):
         t = time.perf_counter()
         q = (reader(spark, url, per_trigger, one=one).writeStream.format("noop").option("checkpointLocation", ckpt)
              .trigger(availableNow=True).start())
@@ -195,21 +224,20 @@ def busy(spark: Any, url: str, meter: Meter, n: int, messages: int, size: int, p
         wall = time.perf_counter() - t
     r = stream_rates(q.recentProgress, messages, wall)
     if KINDS[0]:
-        print_kinds(meter, n, r["batches"], cpu)
+        print_kinds(meter, n, r["batches"], watch.cpu_by_process())
     return {**r, "pg_cpu_us_per_msg": cost.pg / messages * 1e6, "wal_bytes_per_msg": cost.wal / messages,
             "statements_per_batch": (statements(meter.conn) - before) / max(r["batches"], 1),
-            "connections": watch.connections, "threads": watch.threads, "check": r["rows"] == messages}
+            "connections": watch.connections, "threads": watch.threads, "backend_mb": watch.backend_mb,
+            "check": r["rows"] == messages}
 
 
-def print_kinds(meter: Meter, n: int, batches: int, cpu_before: dict[str, float]) -> None:
+def print_kinds(meter: Meter, n: int, batches: int, spent: dict[str, float]) -> None:
     """`--kinds`: what the busy run just measured ran, by statement kind, and where the server's CPU went."""
     kinds = statement_kinds(meter.conn, n * max(batches, 1))
     print(f"\n  {n:,} queues, {batches} batches: statements by kind (calls a queue a batch; planning and executing ms"
           " in all)\n  | calls/queue/batch | plan ms | exec ms | statement |\n  |---:|---:|---:|---|")
     for kind, calls, plan, run in kinds:
         print(f"  | {calls:.2f} | {plan:,.0f} | {run:,.0f} | `{kind[:110]}` |")
-    after = cpu_by_process(meter.postmaster)
-    spent = {k: after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in after}
     print("  server CPU s by process: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
                                                      if abs(v) >= 0.005), flush=True)
 
@@ -285,13 +313,14 @@ def scale(args: argparse.Namespace, counts: list[str]) -> int:
         pg.stop()
     print("\n| queues | busy msg/s steady | wall msg/s | PG CPU µs/msg | WAL B/msg | statements/batch |"
           " idle trigger ms p50 / p90 | latestOffset ms p50 | statements/idle trigger | PG CPU ms/idle trigger |"
-          " connections (most) | driver threads (most) | check |")
-    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|")
+          " connections (most) | backend MB (most) | driver threads (most) | check |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for n, b, i in rows:
         print(f"| {n} | {b['steady_rate']:,.0f} | {b['wall_rate']:,.0f} | {b['pg_cpu_us_per_msg']:,.1f}"
               f" | {b['wal_bytes_per_msg']:,.0f} | {b['statements_per_batch']:,.1f}"
               f" | {i['trigger_ms_p50']:.0f} / {i['trigger_ms_p90']:.0f} | {i['latest_offset_ms_p50']:.0f}"
               f" | {i['statements_per_trigger']:.1f} | {i['pg_cpu_ms_per_trigger']:.1f}"
-              f" | {max(b['connections'], i['connections'])} | {max(b['threads'], i['threads'])}"
+              f" | {max(b['connections'], i['connections'])} | {b['backend_mb']:.0f}"
+              f" | {max(b['threads'], i['threads'])}"
               f" | {'ok' if b['check'] else 'CHECK FAILED'} |")
     return 0 if all(b["check"] for _, b, _ in rows) else 1
