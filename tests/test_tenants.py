@@ -406,3 +406,61 @@ def test_a_small_slice_is_read_in_pages_up_to_its_last_claim_and_no_further(smal
             start = end
     finally:
         r.close()
+
+
+def test_a_tasks_later_slices_are_sized_by_the_rows_it_read_before(small: Backend) -> None:
+    """A Spark task reads many tenant queues' slices one after the other: the first is read in pages
+    of 1 and 4, as nothing is known of its rows; each later one asks first for as many rows as the
+    rows read so far allow (`RowSizes`, at most 16), so a few claims are one page."""
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
+    from spark_qtransport.transport.receiving.slices import RowSizes
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    be = small
+    with be.connect() as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        reset_statements(c)
+        c.execute('CREATE SCHEMA "sizes_00"')
+        c.execute(PG_NSB_CREATE_QUEUE.format('"sizes_00"."audit"'))
+    be.create_queue("error")
+    r = Receiver(ReceiveSettings.create(be.stream_url, "sizes_00.audit", error_queue="error",  # type: ignore[attr-defined]
+                                        claim_ahead=False, claim_mode="table"))
+
+    def pages() -> int:
+        with be.connect() as c:
+            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s"
+                                 " AND query LIKE %s", ('%FROM "sizes_00"."audit.Claims"%', "%ORDER BY claim_seq LIMIT%"),
+                                 ).fetchone()[0])
+
+    sizes = RowSizes()  # one task's
+    try:
+        start = r.initial_offset()
+        for n, fetched, asked in ((5, [1, 4], 2), (5, [5], 1), (40, [16, 24], 2)):
+            be.send_many("sizes_00.audit", [(nsb_headers(f"s{n}-{i}-{start.claim}"), b"{}") for i in range(n)])
+            end = r.latest(start, n)
+            (part,) = r.slices(start, end)
+            before = pages()
+            assert [len(chunk) for chunk in read_chunks(part, sizes=sizes)] == fetched
+            assert pages() - before == asked, f"a slice of {n} claims read in {pages() - before} pages"
+            r.ack(end)
+            start = end
+    finally:
+        r.close()
+    assert 0 < sizes.largest < 2000
+
+
+def test_a_first_fetch_sized_by_earlier_slices_stays_within_its_bounds() -> None:
+    """`RowSizes.first_fetch`: one row while nothing is known; else as many as the byte budget allows
+    for the largest row seen, never more than the slice's claims, the fetch's rows or 16."""
+    from spark_qtransport.transport.receiving.slices import RowSizes
+
+    sizes = RowSizes()
+    assert sizes.first_fetch(5, chunk=5000, budget=16 * 2**20) == 1
+    sizes.seen(1000)
+    assert sizes.first_fetch(5, chunk=5000, budget=16 * 2**20) == 5
+    assert sizes.first_fetch(500, chunk=5000, budget=16 * 2**20) == RowSizes.FIRST_MOST
+    assert sizes.first_fetch(500, chunk=3, budget=16 * 2**20) == 3
+    sizes.seen(20 * 2**20)  # a 20 MB row: one at a time, as before
+    assert sizes.first_fetch(500, chunk=5000, budget=16 * 2**20) == 1
+    sizes.seen(10)
+    assert sizes.largest == 20 * 2**20

@@ -25,7 +25,7 @@ from ..options.parse import ReaderOptions
 from ..transport.receiving.admission import TriggerGate
 from ..transport.receiving.queueset import QueueSet
 from ..transport.receiving.receiver import ClaimSlice, pack, read_batches, read_slice
-from ..transport.receiving.slices import record_batch
+from ..transport.receiving.slices import RowSizes, record_batch
 from ..transport.session import OUTAGES
 from ..transport.settings import MAX_AUTO_PARTITIONS, PARTITION_TARGET_ROWS, ReceiveSettings, StreamSettings
 from .schema import ARROW_READS, ARROW_SCHEMA, SCHEMA
@@ -297,10 +297,11 @@ class SqlQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ids = streaming_task()
         if ids is not None:  # the claims of the batch, for the sink to settle (transport.settled)
             record_batch(parts, query_id=ids[0], batch_id=ids[1])
+        sizes = RowSizes()  # a slice's first fetch sized by the rows of those read before it
         if not ARROW_READS:  # Spark 4.0/4.1: plain rows, converted by Spark
             for part in parts:
-                yield from read_slice(part)
+                yield from read_slice(part, sizes)
             return
         yield pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
         for part in parts:
-            yield from read_batches(part)
+            yield from read_batches(part, sizes)

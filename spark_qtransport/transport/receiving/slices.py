@@ -24,7 +24,8 @@ from ..watchdog import WATCHDOG
 from .decode import ReceivedMessage, rows_batch
 from .planner import ClaimSlice
 
-__all__ = ["FETCH_BYTES", "ReceivedMessage", "pack", "read_batches", "read_chunks", "read_slice", "record_batch"]
+__all__ = ["FETCH_BYTES", "ReceivedMessage", "RowSizes", "pack", "read_batches", "read_chunks", "read_slice",
+           "record_batch"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -35,6 +36,28 @@ FETCH_BYTES = 16 * 2**20
 
 #: the statement of a slice's read: its rows after a claim sequence, at most `limit` (None: all)
 _Read = Callable[[int, int | None], Statement]
+
+
+class RowSizes:
+    """The largest row one task has read so far, over its slices: a later slice's first fetch is
+    sized by it (`first_fetch`), so a tenant queue's few claims come in one page rather than in
+    pages of 1 and 4 (at 1,000 queues, a statement a queue a batch on the queue's claim table)."""
+
+    #: most rows a slice's first fetch asks for on what earlier slices read: rows of another queue
+    #: may be larger, and this bounds by how much a first fetch can overshoot the byte budget
+    FIRST_MOST = 16
+
+    def __init__(self) -> None:
+        self.largest = 0  # bytes of headers and body of the largest row read; 0: none read yet
+
+    def first_fetch(self, claims: int, *, chunk: int, budget: int) -> int:
+        """Rows a slice of at most `claims` claims asks for first: one while nothing is known."""
+        if not self.largest:
+            return 1
+        return max(1, min(claims, self.FIRST_MOST, chunk, budget // self.largest))
+
+    def seen(self, largest: int) -> None:
+        self.largest = max(self.largest, largest)
 
 
 def record_batch(parts: list[ClaimSlice], *, query_id: str, batch_id: int) -> None:
@@ -63,11 +86,12 @@ class _SliceCursor:
     the read is opened again after the last claim sequence handed out, so a retried fetch goes on
     where it stopped."""
 
-    def __init__(self, dialect: Dialect, part: ClaimSlice, *, chunk: int, budget: int) -> None:
+    def __init__(self, dialect: Dialect, part: ClaimSlice, *, chunk: int, budget: int, sizes: RowSizes) -> None:
         self.dialect, self.part = dialect, part
-        self.chunk, self.budget = chunk, budget
+        self.chunk, self.budget, self.sizes = chunk, budget, sizes
         self.after = part.after
-        self.size, self.largest = 1, 1  # rows to fetch next; bytes of the largest row seen
+        # rows to fetch next; bytes of the largest row seen
+        self.size, self.largest = sizes.first_fetch(part.upto - part.after, chunk=chunk, budget=budget), 1
         self.conn: Connection | None = None
         self.cur: Cursor | None = None  # the streaming cursor; None where the dialect reads in pages
         self.page: _Read | None = None  # the statement of a page (`read_in_pages`)
@@ -93,6 +117,7 @@ class _SliceCursor:
         # the slice's last claim read: nothing is after it, so no page is asked for to learn that
         self.last_page = self.last_page or self.after >= self.part.upto
         self.largest = max(self.largest, *(len(r[3] or "") + len(r[4] or b"") for r in rows))
+        self.sizes.seen(self.largest)
         self.size = max(1, min(self.chunk, self.size * 4, self.budget // self.largest))
         return rows
 
@@ -127,14 +152,16 @@ class _SliceCursor:
 
 
 def read_chunks(
-    part: ClaimSlice, *, chunk: int = _FETCH, budget: int = FETCH_BYTES
+    part: ClaimSlice, *, chunk: int = _FETCH, budget: int = FETCH_BYTES, sizes: RowSizes | None = None
 ) -> Iterator[list[Sequence[Any]]]:
     """Yield the raw claim rows of one slice in order, a fetch at a time, on a reused connection.
 
     Fetches are bounded by bytes as well as rows: the first asks for one row, each next one for
     at most `budget` bytes' worth of the largest row seen so far (never more than `chunk` rows,
     and at most four times the previous fetch, so a run of large rows after small ones is met
-    by a small fetch). 20 MB bodies come one at a time; 1 KB bodies still 5,000 at a time.
+    by a small fetch). 20 MB bodies come one at a time; 1 KB bodies still 5,000 at a time. With
+    `sizes`, the task's other slices read before this one size its first fetch (`RowSizes`): at
+    most `RowSizes.FIRST_MOST` rows, fewer if their rows were large.
 
     Rows are (claim_seq, native_id text, expires, headers text, body, source_seq, claimed_at).
     A transient fault mid-slice (the session terminated, the server restarting) does not fail the
@@ -143,7 +170,7 @@ def read_chunks(
     this batch, so the rest of the slice is still there.
     """
     dialect = dialect_named(part.dialect)
-    slice_cursor = _SliceCursor(dialect, part, chunk=chunk, budget=budget)
+    slice_cursor = _SliceCursor(dialect, part, chunk=chunk, budget=budget, sizes=sizes or RowSizes())
     try:
         while True:
             rows = db.with_retries(dialect, f"reading {part!r}", slice_cursor.fetch, after_failure=slice_cursor.drop,
@@ -188,14 +215,14 @@ def _open(dialect: Dialect, part: ClaimSlice, conn: Connection) -> tuple[Cursor 
     return cur, read
 
 
-def read_batches(part: ClaimSlice) -> Iterator[pa.RecordBatch]:
+def read_batches(part: ClaimSlice, sizes: RowSizes | None = None) -> Iterator[pa.RecordBatch]:
     """Yield the messages of one slice as record batches of the stream's output schema
     (`decode.ARROW_SCHEMA`), one per fetch; neither a fetch's rows nor its batch are held while the
-    next rows are fetched."""
+    next rows are fetched. `sizes`: what the task's slices read so far (`read_chunks`)."""
     # where the claim did not judge headers, the poison among these rows are left out: the
     # batch's acknowledgement moves them to the error queue (`ReceiveSql.poison_at_claim`)
     judge = not dialect_named(part.dialect).poison_at_claim
-    for rows in read_chunks(part):
+    for rows in read_chunks(part, sizes=sizes):
         batch = rows_batch(part.queue, rows, judge=judge)
         del rows
         if batch.num_rows:
@@ -203,9 +230,9 @@ def read_batches(part: ClaimSlice) -> Iterator[pa.RecordBatch]:
         del batch
 
 
-def read_slice(part: ClaimSlice) -> Iterator[ReceivedMessage]:
+def read_slice(part: ClaimSlice, sizes: RowSizes | None = None) -> Iterator[ReceivedMessage]:
     """Yield the messages of one slice (`ReceivedMessage`), decoded as `read_batches` decodes them."""
-    for batch in read_batches(part):
+    for batch in read_batches(part, sizes):
         for row in batch.to_pylist():
             yield ReceivedMessage(**{**row, "headers": dict(row["headers"])})
 
