@@ -120,6 +120,28 @@ def test_retries_are_acknowledged_without_auditing_too(backend: Backend, names: 
     assert backend.count(acks) == 1 and backend.count(backend.claims(q)) == 0
 
 
+def test_a_chunk_that_meets_a_retry_acknowledges_every_retry_up_to_the_end_once(backend: Backend, names: Any) -> None:
+    """A chunk's headers name a ServicePulse retry: the retries up to the acknowledgement's end are
+    acknowledged then, with those after the chunk (counted with it, and gone before the chunk that
+    would have read them); the chunks between acknowledge nothing twice."""
+    q, e, acks = _queues(backend, names, "Sales", "error", "acks")
+    ack_address = backend.dialect.format_address(backend.address(acks))
+
+    def retry(i: int) -> tuple[str, bytes]:
+        return nsb_headers(f"r{i}", **{H.RETRY_UNIQUE_MESSAGE_ID: f"u-{i}", H.RETRY_ACK_QUEUE: ack_address}), b"r"
+
+    backend.send_many(q, [(nsb_headers("m0"), b"x"), retry(1), (nsb_headers("m2"), b"x"), (nsb_headers("m3"), b"x"),
+                          retry(4)])
+    with receiving(backend, q, e, ack_batch=2) as r:
+        start = r.initial_offset()
+        end = r.latest(start, 1000)
+        assert r.ack(end) == 5
+        assert r.ack(end) == 0
+        report = r.report()
+    assert sorted(json.loads(h)[H.RETRY_UNIQUE_MESSAGE_ID] for _, h, _ in backend.rows(acks)) == ["u-1", "u-4"]
+    assert report["retryAcknowledged"] == 2 and backend.count(backend.claims(q)) == 0
+
+
 def test_a_reader_of_platform_queues_acknowledges_no_retry(backend: Backend, names: Any) -> None:
     """retryAcknowledgements=false (jobs/audit_to_delta.py on the audit queue): an audited retry's
     copy is taken like any other message, with and without copies to make."""

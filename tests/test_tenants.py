@@ -4,6 +4,7 @@ allows 30 connections: the stream holds a handful, whatever number of queues it 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import threading
 import time
@@ -464,3 +465,44 @@ def test_a_first_fetch_sized_by_earlier_slices_stays_within_its_bounds() -> None
     assert sizes.first_fetch(500, chunk=5000, budget=16 * 2**20) == 1
     sizes.seen(10)
     assert sizes.largest == 20 * 2**20
+
+
+def test_queues_acknowledged_together_look_for_retries_only_where_a_chunk_meets_one(small: Backend) -> None:
+    """The acknowledgements of many queues in one transaction (`Acker.ack_in`): the retries of the
+    queues whose claims hold one are acknowledged once each; a queue with none runs no statement to
+    look for them (the chunk's headers, read anyway, say there is none)."""
+    from spark_qtransport.options.parse import ReaderOptions
+    from spark_qtransport.transport.receiving.queueset import QueueSet
+    from spark_qtransport.wire import H
+
+    be, n = small, 4
+    with be.connect() as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        for i in range(n):
+            c.execute(f'CREATE SCHEMA "retry_{i:02d}"')
+            c.execute(PG_NSB_CREATE_QUEUE.format(f'"retry_{i:02d}"."audit"'))
+    be.create_queue("error")
+    acks = be.create_queue("retry_acks")
+    qs = QueueSet(ReaderOptions.stream({"url": be.stream_url, "queuePattern": '"retry_*"."audit"',  # type: ignore[attr-defined]
+                                        "errorQueue": "error", "claimMode": "table"}))
+    try:
+        start = qs.initial_offset()
+        for i in range(n):
+            rows = [(nsb_headers(f"m{i}-{j}"), b"{}") for j in range(3)]
+            if i % 2:
+                rows.append((nsb_headers(f"r{i}", **{H.RETRY_UNIQUE_MESSAGE_ID: f"u-{i}", H.RETRY_ACK_QUEUE: acks}),
+                             b"{}"))
+            be.send_many(f"retry_{i:02d}.audit", rows)
+        end = qs.latest(start, 100)
+        with be.connect() as c:
+            reset_statements(c)
+        qs.committed(end)
+        qs.sessions.background.drain()
+        with be.connect() as c:
+            (scans,) = c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
+                                 ("%strpos(headers%FOR UPDATE%",)).fetchone()
+        assert scans == n // 2, f"{scans} scans for retries over {n} queues, {n // 2} of them with one"
+        assert sorted(json.loads(h)[H.RETRY_UNIQUE_MESSAGE_ID] for _, h, _ in be.rows(acks)) == ["u-1", "u-3"]
+        assert all(be.count(f'"retry_{i:02d}"."audit.Claims"') == 0 for i in range(n))
+    finally:
+        qs.close()

@@ -134,13 +134,14 @@ class Acker:
         d, e = self.endpoint.dialect, self.endpoint
         o, cur, batch = e.options, conn.cursor(), e.options.ack_batch
         retried = 0
-        if o.acknowledge_retries:
+        if o.acknowledge_retries and d.poison_at_claim:  # no chunk reads the headers to find them in
             retried, seen = self.chunks.retried(cur, upto=end.claim, batch=batch, table=end.table)
             if seen >= batch:
                 return Joined(retried, 0, full=True)
         if not d.poison_at_claim:
             lo = self.done(end.table)
-            chunk = self.chunks.plain(cur, upto=end.claim, batch=batch, after=lo)
+            chunk = self.chunks.plain(cur, upto=end.claim, batch=batch, after=lo, table=end.table,
+                                      retries=o.acknowledge_retries)
             gone, poison = chunk.gone, chunk.poison
         else:
             gone, poison = db.rowcount(cur, d.ack_claims(e.claims, o.consumer, upto=end.claim, batch=batch)), 0
@@ -279,10 +280,16 @@ class Acker:
                 return total, poison
 
     def _ack_plain(self, session: Session, end: ClaimOffset) -> tuple[int, int]:
-        """ServicePulse retries first (their acknowledgements with their deletes), then plain
-        deletes. (claims deleted, poison moved)."""
+        """ServicePulse retries first (their acknowledgements with their deletes: in each chunk, where
+        the chunks read the headers), then plain deletes. (claims deleted, poison moved)."""
         d, o, what = self.endpoint.dialect, self.endpoint.options, self.endpoint.what("acknowledge")
         batch = o.ack_batch
+        if not d.poison_at_claim:  # the claim did not judge headers: each chunk is read, its poison moved and
+            # its retries acknowledged (`Chunks.plain`)
+            return self._chunks(
+                session, end, batch, lambda c, lo: self.chunks.plain(c.cursor(), upto=end.claim, batch=batch, after=lo,
+                                                                     table=end.table, retries=o.acknowledge_retries),
+                committed=self._committed)
         total = 0
         while o.acknowledge_retries:
             deleted, seen = session.run(
@@ -291,10 +298,6 @@ class Acker:
             total += deleted
             if seen < batch:
                 break
-        if not d.poison_at_claim:  # the claim did not judge headers: each chunk is read and its poison moved
-            gone, poison = self._chunks(
-                session, end, batch, lambda c, lo: self.chunks.plain(c.cursor(), upto=end.claim, batch=batch, after=lo))
-            return total + gone, poison
         stmt = d.ack_claims(self.endpoint.claims, o.consumer, upto=end.claim, batch=batch)
         while True:
             n = session.run(lambda c: db.rowcount(c.cursor(), stmt), what)

@@ -150,26 +150,39 @@ class Chunks:
             queue, target, xid=claim.xid, shift=claim.shift, claimed_at=claim.claimed_at, keys=keys, headers=headers,
             ttbr_ms=ttbr)
 
-    def plain(self, cur: Cursor, *, upto: int, batch: int, after: int = 0) -> Chunk:
+    def plain(self, cur: Cursor, *, upto: int, batch: int, after: int = 0, table: str = "",
+              retries: bool = False) -> Chunk:
         """Without copies to make, where the claim did not judge headers: move the poison among
-        the consumer's first `batch` claims in (after, upto] to the error queue, delete the rest."""
+        the consumer's first `batch` claims in (after, upto] to the error queue, delete the rest.
+        With `retries`, the ServicePulse retries among them (their headers name the acknowledgement
+        queue) are acknowledged first (`retried`, which locks and deletes them, and any it finds
+        after this chunk's last claim, counted here): the headers this chunk reads anyway tell
+        whether that is needed, so a chunk of no retry costs no statement more."""
         d, e = self.endpoint.dialect, self.endpoint
         rows = db.rows(cur, d.ack_headers(e.claims, e.options.consumer, upto=upto, batch=batch, after=after))
         if not rows:
             return Chunk(0, after)
+        gone, last = len(rows), int(rows[-1][0])
+        if retries and any(H.RETRY_ACK_QUEUE in text for _, text in rows):
+            gone += sum(1 for key in self._retried(cur, upto=upto, batch=batch, table=table)[0] if key > last)
         parsed = decode_header_texts([text for _, text in rows])
         poison = 0
         if None in parsed:
             keys = [int(seq) for (seq, _), h in zip(rows, parsed, strict=True) if h is None]
             poison = self._dead_letter(cur, keys, drop=False)
-        db.execute(cur, d.drop_claim_range(e.claims, e.options.consumer, lo=int(rows[0][0]), hi=int(rows[-1][0])))
-        return Chunk(len(rows), int(rows[-1][0]), poison)
+        db.execute(cur, d.drop_claim_range(e.claims, e.options.consumer, lo=int(rows[0][0]), hi=last))
+        return Chunk(gone, last, poison)
 
     def retried(self, cur: Cursor, *, upto: int, batch: int, table: str) -> tuple[int, int]:
         """Without copies to make: acknowledge the ServicePulse retries among the first `batch`
         of the consumer's claims <= upto whose headers mention one, and delete those claims.
         (claims deleted, claims looked at): a full page means the caller asks again. The rest
         are deleted by the plain acknowledgement."""
+        keys, seen = self._retried(cur, upto=upto, batch=batch, table=table)
+        return len(keys), seen
+
+    def _retried(self, cur: Cursor, *, upto: int, batch: int, table: str) -> tuple[list[int], int]:
+        """`retried`: (the claims acknowledged and deleted, claims looked at)."""
         d, e = self.endpoint.dialect, self.endpoint
         o = e.options
         self.after.begin()
@@ -182,7 +195,7 @@ class Chunks:
         retried, _ = self.after.acknowledge_retries(cur, keyed, self.after.now())
         if retried:
             db.execute(cur, d.drop_claims(e.claims, o.consumer, keys=retried))
-        return len(retried), len(found)
+        return retried, len(found)
 
     def _failed(self, cur: Cursor, table: str, *, keys: list[int] | None = None, after: int = 0,
                 upto: int = 0) -> set[int]:
