@@ -506,3 +506,59 @@ def test_queues_acknowledged_together_look_for_retries_only_where_a_chunk_meets_
         assert all(be.count(f'"retry_{i:02d}"."audit.Claims"') == 0 for i in range(n))
     finally:
         qs.close()
+
+
+def test_queues_acknowledged_together_forget_their_batches_in_one_statement(small: Backend) -> None:
+    """The records of the batches that many queues' acknowledgements in one transaction settle go in
+    one statement (`forget_together`); a queue whose claim table holds a failed mark forgets on its
+    own as well, and its mark of a claim acknowledged goes with it."""
+    from spark_qtransport.options.parse import ReaderOptions
+    from spark_qtransport.transport import settled
+    from spark_qtransport.transport.receiving.queueset import QueueSet
+    from spark_qtransport.transport.receiving.slices import record_batch
+
+    be, n = small, 4
+    d = be.dialect
+    with be.connect() as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        for i in range(n):
+            c.execute(f'CREATE SCHEMA "forget_{i:02d}"')
+            c.execute(PG_NSB_CREATE_QUEUE.format(f'"forget_{i:02d}"."audit"'))
+    be.create_queue("error")
+    qs = QueueSet(ReaderOptions.stream({"url": be.stream_url, "queuePattern": '"forget_*"."audit"',  # type: ignore[attr-defined]
+                                        "errorQueue": "error", "claimMode": "table"}))
+
+    def calls(like: str) -> int:
+        with be.connect() as c:
+            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
+                                 (like,)).fetchone()[0])
+
+    def records() -> int:
+        return be.count(d.format_address(d.batches_table()), "WHERE claims LIKE '%forget_%'")
+
+    try:
+        start = qs.initial_offset()
+        for batch_id, marked in ((0, None), (1, 2)):
+            for i in range(n):
+                be.send_many(f"forget_{i:02d}.audit", [(nsb_headers(f"m{i}-{j}-{batch_id}"), b"{}") for j in range(3)])
+            end = qs.latest(start, 100)
+            parts = qs.slices(start, end)
+            record_batch(parts, query_id="forget-query", batch_id=batch_id)
+            assert records() == n
+            if marked is not None:  # the sink failed one message of queue 2 (its mark, as the dispatch writes it)
+                part = next(p for p in parts if "forget_02" in p.queue)
+                stmt = settled.note_failed(d, part.claims, [part.upto])
+                with be.connect() as c:
+                    c.execute(stmt.sql, stmt.params)
+            with be.connect() as c:
+                reset_statements(c)
+            qs.committed(end)
+            qs.sessions.background.drain()
+            assert records() == 0
+            assert calls("%AS q(claims, consumer, upto, table_id)%") == 1, "the batches' records were not forgotten in one statement"
+            alone = calls("WITH marks AS (DELETE FROM%")
+            assert alone == (0 if marked is None else 1), f"{alone} queues forgot alone"
+            assert be.count(d.format_address(d.failed_table())) == 0
+            start = end
+    finally:
+        qs.close()

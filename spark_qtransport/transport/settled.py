@@ -155,6 +155,16 @@ def forget(dialect: Dialect, cur: Cursor, claims: QueueAddress, consumer: str, u
                                            claims_table=claims, table_id=table_id, spans=list(spans)))
 
 
+def forget_many(dialect: Dialect, cur: Cursor, queues: Sequence[BatchRead]) -> set[str] | None:
+    """`forget` for many queues' acknowledgements in one statement (`SettledSql.batches_forget_many`):
+    the rows of their batches up to each one's `upto` go; the claim-table ids among them that hold
+    a failed mark are returned, for `forget` of their own. None: the dialect forgets queue by queue."""
+    stmt = dialect.batches_forget_many(dialect.batches_table(), failed=dialect.failed_table(), queues=queues)
+    if stmt is None:
+        return None
+    return {str(t) for (t,) in db.rows(cur, stmt)}
+
+
 def note_failed(dialect: Dialect, claims: QueueAddress, keys: Sequence[int]) -> Statement:
     """In the sink's dispatch transaction: the statement that marks the claims `keys` of the claim
     table `claims` failed. The caller checked the tables are usable (`exists`)."""

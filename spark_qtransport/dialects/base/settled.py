@@ -79,6 +79,15 @@ class SettledSql(AddressingSql):
         acknowledgement, keeps its mark), and those of our numbers within `spans` ((after, upto]
         ranges of claims this consumer acknowledged: our numbers are a stream's own)."""
 
+    def batches_forget_many(self, table: QueueAddress, *, failed: QueueAddress,
+                            queues: Sequence[BatchRead]) -> Statement | None:
+        """`batches_forget` for many queues' acknowledgements at once, each up to its `upto` (its
+        `after` is not used): the rows of their batches ending at or below it deleted; and, as the
+        statement's rows, the claim-table ids (`table_id`) among them that hold any failed mark in
+        `failed`: those need their own `batches_forget` (usually none is there). None: the dialect
+        forgets queue by queue."""
+        return None
+
     @abstractmethod
     def failed_note(self, table: QueueAddress, *, claims: QueueAddress, keys: list[int]) -> Statement:
         """Mark the claims `keys` of the claim table `claims` failed (rowcount: marks written; a

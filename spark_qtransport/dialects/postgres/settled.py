@@ -54,6 +54,21 @@ class PostgresSettled(PostgresAddressing, SettledSql):
              "afters": [int(a) for a, _ in spans], "uptos": [int(u) for _, u in spans]},
         )
 
+    def batches_forget_many(self, table: QueueAddress, *, failed: QueueAddress,
+                            queues: Sequence[BatchRead]) -> Statement | None:
+        # the batches' rows by the index on (claims, consumer, upto_claim), and the marks' tables by
+        # the primary key's first column (table_id, claim_seq): one probe a queue each
+        return Statement(
+            "WITH q AS MATERIALIZED (SELECT * FROM unnest(%(claims)s::text[], %(consumers)s::text[],"
+            " %(uptos)s::bigint[], %(tables)s::text[]) AS q(claims, consumer, upto, table_id)),"
+            f" gone AS (DELETE FROM {self.qualified(table)} AS b USING q WHERE b.claims = q.claims"
+            " AND b.consumer = q.consumer AND b.upto_claim <= q.upto)"
+            f" SELECT q.table_id FROM q WHERE EXISTS (SELECT 1 FROM {self.qualified(failed)} AS f"
+            " WHERE f.table_id = q.table_id)",
+            {"claims": [r.claims for r in queues], "consumers": [r.consumer for r in queues],
+             "uptos": [int(r.upto) for r in queues], "tables": [str(r.table_id) for r in queues]},
+        )
+
     def failed_note(self, table: QueueAddress, *, claims: QueueAddress, keys: list[int]) -> Statement:
         # the claim table's identity as the reader's set-up reads it (`table_id`); ON CONFLICT: a
         # batch dispatched again (a retried transaction) marks nothing twice

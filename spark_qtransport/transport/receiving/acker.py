@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ...dialects import Connection, Cursor
+from ...dialects import BatchRead, Connection, Cursor
 from .. import session as db
 from .. import settled
 from ..platform.after import AfterProcessing
@@ -29,7 +29,7 @@ from .setup import Endpoint
 from .stats import ReceiveStats, dropped_note
 from .vacuum import VACUUM_MIN_ROWS, vacuum_if_due
 
-__all__ = ["Acker", "Joined"]
+__all__ = ["Acker", "Forget", "Joined", "forget_together"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -127,10 +127,11 @@ class Acker:
             return False
         return True
 
-    def ack_in(self, conn: Connection, end: ClaimOffset) -> Joined:
+    def ack_in(self, conn: Connection, end: ClaimOffset, *, forgets: list[Forget] | None = None) -> Joined:
         """A joined acknowledgement's statements, in the caller's transaction: what `_ack_plain` does
-        in one chunk of each kind, and the batches' records forgotten. A full chunk says more may be
-        left: `joined` acknowledges the rest alone."""
+        in one chunk of each kind, and the batches' records forgotten (or, given `forgets`, left to
+        the caller to forget with the other queues': `forget_together`). A full chunk says more may
+        be left: `joined` acknowledges the rest alone."""
         d, e = self.endpoint.dialect, self.endpoint
         o, cur, batch = e.options, conn.cursor(), e.options.ack_batch
         retried = 0
@@ -148,8 +149,16 @@ class Acker:
         if gone >= batch:
             return Joined(retried + gone, poison, full=True)
         if e.settling:
-            _forget(e, cur, end, self._pieces(end))
+            if forgets is None:
+                self.forget_in(cur, end)
+            else:
+                forgets.append(Forget(self, end))
         return Joined(retried + gone, poison, full=False)
+
+    def forget_in(self, cur: Cursor, end: ClaimOffset) -> None:
+        """In the caller's transaction: the records of the batches acknowledged up to `end`, and the
+        failed marks they leave (`_forget`)."""
+        _forget(self.endpoint, cur, end, self._pieces(end))
 
     def joined(self, session: Session, end: ClaimOffset, made: Joined) -> None:
         """The shared transaction committed `made`: the counts, the ledger; the rest alone if its
@@ -304,6 +313,30 @@ class Acker:
             total += n
             if n < batch:
                 return total, 0
+
+
+class Forget(NamedTuple):
+    """A joined acknowledgement's records to forget (`Acker.ack_in`, `forget_together`)."""
+
+    acker: Acker
+    end: ClaimOffset
+
+
+def forget_together(cur: Cursor, forgets: list[Forget]) -> None:
+    """In the caller's transaction: the records of many queues' joined acknowledgements forgotten in
+    one statement (`settled.forget_many`), and each queue whose claim table holds a failed mark then
+    forgets on its own (`Acker.forget_in`: which marks no claim needs is the claim table's to say).
+    At a thousand queues, a statement a transaction rather than one a queue."""
+    if not forgets:
+        return
+    e = forgets[0].acker.endpoint
+    d = e.dialect
+    reads = [BatchRead(d.qualified(f.acker.endpoint.claims), f.acker.endpoint.options.consumer, f.end.table, 0,
+                       f.end.claim) for f in forgets]
+    marked = settled.forget_many(d, cur, reads)
+    for f in forgets:
+        if marked is None or f.end.table in marked:
+            f.acker.forget_in(cur, f.end)
 
 
 class Joined(NamedTuple):

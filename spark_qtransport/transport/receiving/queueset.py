@@ -23,6 +23,7 @@ from ...dialects import Connection, Dialect, QueueAddress, Statement
 from ...errors import DatabaseError, OffsetError, QueueNotFoundError
 from .. import session as db
 from ..selection import QueueSelection
+from .acker import Forget, Joined, forget_together
 from .admission import fair_shares
 from .claimer import ClaimOutcome, ClaimRequest
 from .planner import ClaimOffset, ClaimSlice
@@ -72,6 +73,15 @@ class QueueSetOffset:
 def _parts(items: list[T]) -> list[list[T]]:
     """`items` in parts of at most `QUEUES_PER_TRANSACTION`, a transaction each."""
     return [items[i:i + QUEUES_PER_TRANSACTION] for i in range(0, len(items), QUEUES_PER_TRANSACTION)]
+
+
+def _ack_in(joined: list[tuple[Receiver, ClaimOffset]], conn: Connection) -> list[Joined]:
+    """Joined acknowledgements in one transaction (`QueueSet._ack_part`): each queue's chunk, then
+    the batches' records of them all forgotten together (`forget_together`)."""
+    forgets: list[Forget] = []
+    made = [r.acker.ack_in(conn, e, forgets=forgets) for r, e in joined]
+    forget_together(conn.cursor(), forgets)
+    return made
 
 
 def _append_to(handed: list[tuple[Receiver, ClaimOffset]]) -> Callable[[Receiver, ClaimOffset], None]:
@@ -485,8 +495,7 @@ class QueueSet:
         if joined:
             session = self.sessions.main if foreground else self.sessions.ahead
             try:
-                made = session.run(lambda conn: [r.acker.ack_in(conn, e) for r, e in joined],
-                                   f"acknowledging for {self.stream.describe()}")
+                made = session.run(functools.partial(_ack_in, joined), f"acknowledging for {self.stream.describe()}")
             except Exception as exc:  # noqa: BLE001 - nothing acknowledged: each alone, or the next does it
                 for r, _ in joined:
                     r.acker.left()
