@@ -369,84 +369,61 @@ def test_a_busy_trigger_claims_and_acknowledges_many_queues_in_one_transaction(s
         qs.close()
 
 
+def _pages_of_slices(be: Backend, schema: str, batches: list[int], sizes: Any = None) -> list[tuple[list[int], int]]:
+    """A tenant queue `schema`.audit given each of `batches` messages in turn, each batch's one
+    slice read (`read_chunks`, with `sizes` if given): per batch, the rows of each fetch and the
+    pages read from its claim table (`ReceiveSql.read_claims` with a LIMIT, by pg_stat_statements)."""
+    from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
+    from spark_qtransport.transport.settings import ReceiveSettings
+
+    with be.connect() as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        reset_statements(c)
+        c.execute(f'CREATE SCHEMA "{schema}"')
+        c.execute(PG_NSB_CREATE_QUEUE.format(f'"{schema}"."audit"'))
+    be.create_queue("error")
+    r = Receiver(ReceiveSettings.create(be.stream_url, f"{schema}.audit", error_queue="error",  # type: ignore[attr-defined]
+                                        claim_ahead=False, claim_mode="table"))
+
+    def pages() -> int:
+        with be.connect() as c:
+            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s"
+                                 " AND query LIKE %s", (f'%FROM "{schema}"."audit.Claims"%', "%ORDER BY claim_seq LIMIT%"),
+                                 ).fetchone()[0])
+
+    read = []
+    try:
+        start = r.initial_offset()
+        for b, n in enumerate(batches):
+            be.send_many(f"{schema}.audit", [(nsb_headers(f"{schema}-{b}-{i}"), b"{}") for i in range(n)])
+            end = r.latest(start, n)
+            (part,) = r.slices(start, end)
+            before = pages()
+            fetched = [len(chunk) for chunk in read_chunks(part, sizes=sizes)]
+            read.append((fetched, pages() - before))
+            r.ack(end)
+            start = end
+    finally:
+        r.close()
+    return read
+
+
 def test_a_small_slice_is_read_in_pages_up_to_its_last_claim_and_no_further(small: Backend) -> None:
     """A tenant queue's share of a batch is a few claims: its slice is read in pages of 1 and 4
     rows, and the page that ends on the slice's last claim is its last one: no page is asked for
     only to find it empty (at 1,000 queues, a statement a queue a batch). A slice whose last page
     comes short stops there as before."""
-    from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
-    from spark_qtransport.transport.settings import ReceiveSettings
-
-    be = small
-    with be.connect() as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        reset_statements(c)
-        c.execute('CREATE SCHEMA "pages_00"')
-        c.execute(PG_NSB_CREATE_QUEUE.format('"pages_00"."audit"'))
-    be.create_queue("error")
-    r = Receiver(ReceiveSettings.create(be.stream_url, "pages_00.audit", error_queue="error",  # type: ignore[attr-defined]
-                                        claim_ahead=False, claim_mode="table"))
-
-    def pages() -> int:
-        """Pages read from the queue's claim table so far (`ReceiveSql.read_claims` with a LIMIT)."""
-        with be.connect() as c:
-            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s"
-                                 " AND query LIKE %s", ('%FROM "pages_00"."audit.Claims"%', "%ORDER BY claim_seq LIMIT%"),
-                                 ).fetchone()[0])
-
-    try:
-        start = r.initial_offset()
-        for n, fetched, asked in ((5, [1, 4], 2), (12, [1, 4, 7], 3)):
-            be.send_many("pages_00.audit", [(nsb_headers(f"p{n}-{i}"), b"{}") for i in range(n)])
-            end = r.latest(start, n)
-            (part,) = r.slices(start, end)
-            before = pages()
-            assert [len(chunk) for chunk in read_chunks(part)] == fetched
-            assert pages() - before == asked, f"a slice of {n} claims read in {pages() - before} pages"
-            r.ack(end)
-            start = end
-    finally:
-        r.close()
+    assert _pages_of_slices(small, "pages_00", [5, 12]) == [([1, 4], 2), ([1, 4, 7], 3)]
 
 
 def test_a_tasks_later_slices_are_sized_by_the_rows_it_read_before(small: Backend) -> None:
     """A Spark task reads many tenant queues' slices one after the other: the first is read in pages
     of 1 and 4, as nothing is known of its rows; each later one asks first for as many rows as the
     rows read so far allow (`RowSizes`, at most 16), so a few claims are one page."""
-    from spark_qtransport.transport.receiving.receiver import Receiver, read_chunks
     from spark_qtransport.transport.receiving.slices import RowSizes
-    from spark_qtransport.transport.settings import ReceiveSettings
-
-    be = small
-    with be.connect() as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        reset_statements(c)
-        c.execute('CREATE SCHEMA "sizes_00"')
-        c.execute(PG_NSB_CREATE_QUEUE.format('"sizes_00"."audit"'))
-    be.create_queue("error")
-    r = Receiver(ReceiveSettings.create(be.stream_url, "sizes_00.audit", error_queue="error",  # type: ignore[attr-defined]
-                                        claim_ahead=False, claim_mode="table"))
-
-    def pages() -> int:
-        with be.connect() as c:
-            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s"
-                                 " AND query LIKE %s", ('%FROM "sizes_00"."audit.Claims"%', "%ORDER BY claim_seq LIMIT%"),
-                                 ).fetchone()[0])
 
     sizes = RowSizes()  # one task's
-    try:
-        start = r.initial_offset()
-        for n, fetched, asked in ((5, [1, 4], 2), (5, [5], 1), (40, [16, 24], 2)):
-            be.send_many("sizes_00.audit", [(nsb_headers(f"s{n}-{i}-{start.claim}"), b"{}") for i in range(n)])
-            end = r.latest(start, n)
-            (part,) = r.slices(start, end)
-            before = pages()
-            assert [len(chunk) for chunk in read_chunks(part, sizes=sizes)] == fetched
-            assert pages() - before == asked, f"a slice of {n} claims read in {pages() - before} pages"
-            r.ack(end)
-            start = end
-    finally:
-        r.close()
+    assert _pages_of_slices(small, "sizes_00", [5, 5, 40], sizes) == [([1, 4], 2), ([5], 1), ([16, 24], 2)]
     assert 0 < sizes.largest < 2000
 
 
@@ -467,24 +444,31 @@ def test_a_first_fetch_sized_by_earlier_slices_stays_within_its_bounds() -> None
     assert sizes.largest == 20 * 2**20
 
 
+def _tenant_stream(be: Backend, prefix: str, n: int) -> Any:
+    """`n` tenant queues "<prefix>_NN"."audit" (NServiceBus's DDL) and a stream over them by pattern,
+    claims in the claim table (a `QueueSet`, driven without Spark); pg_stat_statements installed."""
+    from spark_qtransport.options.parse import ReaderOptions
+    from spark_qtransport.transport.receiving.queueset import QueueSet
+
+    with be.connect() as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        for i in range(n):
+            c.execute(f'CREATE SCHEMA "{prefix}_{i:02d}"')
+            c.execute(PG_NSB_CREATE_QUEUE.format(f'"{prefix}_{i:02d}"."audit"'))
+    be.create_queue("error")
+    return QueueSet(ReaderOptions.stream({"url": be.stream_url, "queuePattern": f'"{prefix}_*"."audit"',  # type: ignore[attr-defined]
+                                          "errorQueue": "error", "claimMode": "table"}))
+
+
 def test_queues_acknowledged_together_look_for_retries_only_where_a_chunk_meets_one(small: Backend) -> None:
     """The acknowledgements of many queues in one transaction (`Acker.ack_in`): the retries of the
     queues whose claims hold one are acknowledged once each; a queue with none runs no statement to
     look for them (the chunk's headers, read anyway, say there is none)."""
-    from spark_qtransport.options.parse import ReaderOptions
-    from spark_qtransport.transport.receiving.queueset import QueueSet
     from spark_qtransport.wire import H
 
     be, n = small, 4
-    with be.connect() as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        for i in range(n):
-            c.execute(f'CREATE SCHEMA "retry_{i:02d}"')
-            c.execute(PG_NSB_CREATE_QUEUE.format(f'"retry_{i:02d}"."audit"'))
-    be.create_queue("error")
     acks = be.create_queue("retry_acks")
-    qs = QueueSet(ReaderOptions.stream({"url": be.stream_url, "queuePattern": '"retry_*"."audit"',  # type: ignore[attr-defined]
-                                        "errorQueue": "error", "claimMode": "table"}))
+    qs = _tenant_stream(be, "retry", n)
     try:
         start = qs.initial_offset()
         for i in range(n):
@@ -512,21 +496,12 @@ def test_queues_acknowledged_together_forget_their_batches_in_one_statement(smal
     """The records of the batches that many queues' acknowledgements in one transaction settle go in
     one statement (`forget_together`); a queue whose claim table holds a failed mark forgets on its
     own as well, and its mark of a claim acknowledged goes with it."""
-    from spark_qtransport.options.parse import ReaderOptions
     from spark_qtransport.transport import settled
-    from spark_qtransport.transport.receiving.queueset import QueueSet
     from spark_qtransport.transport.receiving.slices import record_batch
 
     be, n = small, 4
     d = be.dialect
-    with be.connect() as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        for i in range(n):
-            c.execute(f'CREATE SCHEMA "forget_{i:02d}"')
-            c.execute(PG_NSB_CREATE_QUEUE.format(f'"forget_{i:02d}"."audit"'))
-    be.create_queue("error")
-    qs = QueueSet(ReaderOptions.stream({"url": be.stream_url, "queuePattern": '"forget_*"."audit"',  # type: ignore[attr-defined]
-                                        "errorQueue": "error", "claimMode": "table"}))
+    qs = _tenant_stream(be, "forget", n)
 
     def calls(like: str) -> int:
         with be.connect() as c:
