@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from test_sqlserver_sql import ADDRESSES, simple_statements, statements
 
-from spark_qtransport.dialects.base import QueueAddress, Statement
+from spark_qtransport.dialects.base import BatchRead, QueueAddress, Statement
 from spark_qtransport.dialects.sqlserver import SqlServerDialect
 from spark_qtransport.dialects.sqlserver.statements import ROW_BOUND
 from spark_qtransport.errors import SchemaError
@@ -47,7 +47,11 @@ def every_statement() -> dict[str, list[Statement]]:
         "vacuum_due": D.vacuum_due(c, every_seconds=60, min_rows=1000),
         "schema_and_tables": D.schema_and_tables("dbo", ["Sales"]), "server_time_zone": D.server_time_zone(),
         "wal_settings": D.wal_settings(),
+        # queue by queue on SQL Server (`batches_forget`): no statement for many queues at once
+        "batches_forget_many": D.batches_forget_many(D.batches_table(), failed=D.failed_table(),
+                                                     queues=[BatchRead(D.qualified(c), "c", "1", 0, 9)]),
     }
+    assert optional["batches_forget_many"] is None
     assert D.read_transaction(one_snapshot=False) == []  # one snapshot only for prepared claims (none here)
     out["read_transaction"] = []
     out.update({name: [s] if s is not None else [] for name, s in optional.items()})
