@@ -127,32 +127,28 @@ class Acker:
             return False
         return True
 
-    def ack_in(self, conn: Connection, end: ClaimOffset, *, forgets: list[Forget] | None = None) -> Joined:
+    def ack_in(self, conn: Connection, end: ClaimOffset, forgets: list[Forget]) -> Joined:
         """A joined acknowledgement's statements, in the caller's transaction: what `_ack_plain` does
-        in one chunk of each kind, and the batches' records forgotten (or, given `forgets`, left to
-        the caller to forget with the other queues': `forget_together`). A full chunk says more may
-        be left: `joined` acknowledges the rest alone."""
+        in one chunk of each kind; the batches' records to forget are added to `forgets`, which the
+        caller forgets with the other queues' (`forget_together`). A full chunk says more may be
+        left: `joined` acknowledges the rest alone."""
         d, e = self.endpoint.dialect, self.endpoint
         o, cur, batch = e.options, conn.cursor(), e.options.ack_batch
         retried = 0
-        if o.acknowledge_retries and d.poison_at_claim:  # no chunk reads the headers to find them in
-            retried, seen = self.chunks.retried(cur, upto=end.claim, batch=batch, table=end.table)
-            if seen >= batch:
-                return Joined(retried, 0, full=True)
-        if not d.poison_at_claim:
-            lo = self.done(end.table)
-            chunk = self.chunks.plain(cur, upto=end.claim, batch=batch, after=lo, table=end.table,
+        if not d.poison_at_claim:  # the chunk reads the headers: its poison moved, its retries acknowledged
+            chunk = self.chunks.plain(cur, upto=end.claim, batch=batch, after=self.done(end.table), table=end.table,
                                       retries=o.acknowledge_retries)
             gone, poison = chunk.gone, chunk.poison
         else:
+            if o.acknowledge_retries:
+                retried, seen = self.chunks.retried(cur, upto=end.claim, batch=batch, table=end.table)
+                if seen >= batch:
+                    return Joined(retried, 0, full=True)
             gone, poison = db.rowcount(cur, d.ack_claims(e.claims, o.consumer, upto=end.claim, batch=batch)), 0
         if gone >= batch:
             return Joined(retried + gone, poison, full=True)
         if e.settling:
-            if forgets is None:
-                self.forget_in(cur, end)
-            else:
-                forgets.append(Forget(self, end))
+            forgets.append(Forget(self, end))
         return Joined(retried + gone, poison, full=False)
 
     def forget_in(self, cur: Cursor, end: ClaimOffset) -> None:

@@ -79,7 +79,7 @@ def _ack_in(joined: list[tuple[Receiver, ClaimOffset]], conn: Connection) -> lis
     """Joined acknowledgements in one transaction (`QueueSet._ack_part`): each queue's chunk, then
     the batches' records of them all forgotten together (`forget_together`)."""
     forgets: list[Forget] = []
-    made = [r.acker.ack_in(conn, e, forgets=forgets) for r, e in joined]
+    made = [r.acker.ack_in(conn, e, forgets) for r, e in joined]
     forget_together(conn.cursor(), forgets)
     return made
 
