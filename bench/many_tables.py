@@ -25,6 +25,7 @@ Each prints msg/s and the server's CPU per message (the postmaster and everythin
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -46,18 +47,10 @@ def take(table: str, share: int) -> str:
             f" FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}")
 
 
-def per_statement(conn: Any, tables: list[str], share: int) -> int:
+def per_statement(conn: Any, tables: list[str], share: int, *, prepare: bool | None = None) -> int:
     cur, n = conn.cursor(binary=True), 0
     for t in tables:
-        cur.execute(take(t, share))
-        n += len(cur.fetchall())
-    return n
-
-
-def prepared(conn: Any, tables: list[str], share: int) -> int:
-    cur, n = conn.cursor(binary=True), 0
-    for t in tables:
-        cur.execute(take(t, share), prepare=True)
+        cur.execute(take(t, share), prepare=prepare)
         n += len(cur.fetchall())
     return n
 
@@ -105,7 +98,7 @@ def main() -> int:
     ap.add_argument("--per-transaction", type=int, default=50)
     ap.set_defaults(messages=20_000, per_trigger=5_000)
     args = ap.parse_args()
-    ways = {"statement a table": per_statement, "prepared statement a table": prepared, "pipelined": pipelined,
+    ways = {"statement a table": per_statement, "prepared statement a table": functools.partial(per_statement, prepare=True), "pipelined": pipelined,
             "one statement per transaction": combined}
     results: list[tuple[str, Cost]] = []
     ok = True
