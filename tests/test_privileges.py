@@ -370,3 +370,31 @@ def test_privilege_statements_of_both_dialects() -> None:
             d.grants("r", {d.parse_address("Sales"): ["TRUNCATE"]})
     grants = ms.grants("r", {ms.parse_address("Sales@[s]@[other db]"): ["SELECT"]})
     assert [g.sql for g in grants] == ["EXEC [other db].sys.sp_executesql N'GRANT SELECT ON [s].[Sales] TO [r]'"]
+
+
+def test_the_idle_hint_of_a_sequence_the_role_may_not_read_is_no_row(pg: Backend, app: Role) -> None:
+    """A stream tells an idle queue by its sequence (`receiving/quiet.py`); a role with table
+    privileges only may not read it: the hint gives no row for it, not an error, so the queue is
+    peeked as before. Our own queues (64-bit identity) and NServiceBus's (serial) are both found."""
+    import psycopg
+    from psycopg import sql
+
+    from backends import PG_NSB_CREATE_QUEUE
+
+    d = PostgresDialect()
+    nsb, ours, plain = (d.parse_address(app.address(t)) for t in ("nsb", "ours", "plain"))
+    with pg.connect() as c:
+        c.execute(PG_NSB_CREATE_QUEUE.format(d.qualified(nsb)))
+        for stmt in d.create_queue(ours):
+            c.execute(stmt.sql, stmt.params)
+        c.execute(f"CREATE TABLE {d.qualified(plain)} (id uuid)")
+        c.execute(_sql("GRANT SELECT, DELETE ON ALL TABLES IN SCHEMA {} TO {}",
+                       sql.Identifier(app.schema), sql.Identifier(app.name)))
+    found = d.sequences_of([nsb, ours, plain, d.parse_address(app.address("missing"))])
+    with pg.connect() as c:
+        rows = c.execute(found.sql, found.params).fetchall()
+        assert [i for i, _, _ in rows] == [0, 1]
+        values = d.sequence_values([s for _, s, _ in rows])
+        assert c.execute(values.sql, values.params).fetchall() == [(0, 0), (1, 0)]
+    with psycopg.connect(app.url) as c:
+        assert c.execute(values.sql, values.params).fetchall() == []

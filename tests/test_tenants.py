@@ -537,3 +537,81 @@ def test_queues_acknowledged_together_forget_their_batches_in_one_statement(smal
             start = end
     finally:
         qs.close()
+
+
+def _peeks(be: Backend, schema: str) -> int:
+    """Backlog statements (`Dialect.backlogs`) run since the last reset that peeked `schema`'s queue."""
+    with be.connect() as c:
+        return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+                             " WHERE query LIKE %s AND query LIKE %s",
+                             ("%ORDER BY seq DESC LIMIT%", f'%"{schema}"."audit"%')).fetchone()[0])
+
+
+def _idle_triggers(qs: Any, start: Any, n: int) -> Any:
+    end = start
+    for _ in range(n):
+        end = qs.latest(end, 100)
+        qs.committed(end)
+        qs.sessions.background.drain()
+    return end
+
+
+def test_an_idle_queue_known_empty_by_its_sequence_is_not_peeked_until_it_moves(small: Backend) -> None:
+    """At each trigger one statement reads every queue's sequence; a queue known to be empty is not
+    peeked again while its sequence stands still: a message that moves it is claimed at the first
+    trigger after it was sent. A cached sequence tells nothing (peeked each trigger); a row that
+    names its own number is found at the queue's recheck."""
+    be, n = small, 4
+    qs = _tenant_stream(be, "quiet", n)
+    try:
+        end = _idle_triggers(qs, qs.initial_offset(), 4)  # set-up; seen empty; sure
+        with be.connect() as c:
+            reset_statements(c)
+        end = _idle_triggers(qs, end, 3)
+        assert [_peeks(be, f"quiet_{i:02d}") for i in range(n)] == [0] * n, "a quiet queue was peeked"
+        be.send("quiet_02.audit", nsb_headers("wakes"), b"{}")
+        end = qs.latest(end, 100)
+        assert end.queues['"quiet_02"."audit"'].claim > 0, "a message that moved its queue's sequence was not claimed"
+        assert [_peeks(be, f"quiet_{i:02d}") for i in range(n)] == [0, 0, 1, 0]
+        qs.committed(end)
+        with be.connect() as c:
+            c.execute('ALTER SEQUENCE "quiet_01"."audit_seq_seq" CACHE 20')  # a cached sequence tells nothing
+            reset_statements(c)
+        end = _idle_triggers(qs, end, 4)
+        assert _peeks(be, "quiet_01") == 4 and _peeks(be, "quiet_03") == 0
+        # a row that did not take its number from the sequence: found at the queue's next recheck
+        from spark_qtransport.transport.receiving.quiet import RECHECK
+
+        qs._quiet._clock = lambda: time.monotonic() + RECHECK  # noqa: SLF001 - every sure queue's recheck is due
+        with be.connect() as c:
+            c.execute('INSERT INTO "quiet_03"."audit" (id, headers, body, seq) VALUES (gen_random_uuid(), %s, %s, 1000)',
+                      (json.dumps(nsb_headers("numbered by hand")), b"{}"))
+        end = qs.latest(end, 100)
+        assert end.queues['"quiet_03"."audit"'].claim > 0
+        qs.committed(end)
+    finally:
+        qs.close()
+
+
+def test_a_queue_whose_sender_has_not_committed_is_peeked_until_it_has(small: Backend) -> None:
+    """A sender took its number before a peek and commits after it: the peek saw nothing, and the
+    sequence does not move again. The queue is not taken as empty while a transaction holds a
+    writer's lock on it, so the message is claimed at the first trigger after the commit."""
+    be = small
+    qs = _tenant_stream(be, "inflight", 2)
+    try:
+        end = _idle_triggers(qs, qs.initial_offset(), 4)
+        with be.connect(autocommit=False) as sender:
+            be.send("inflight_01.audit", nsb_headers("late commit"), b"{}", conn=sender)
+            end = _idle_triggers(qs, end, 4)  # seen empty with its sequence standing still, again and again
+            assert end.queues['"inflight_01"."audit"'].claim == 0
+            with be.connect() as c:
+                reset_statements(c)
+            end = _idle_triggers(qs, end, 2)
+            assert _peeks(be, "inflight_01") == 2 and _peeks(be, "inflight_00") == 0
+            sender.commit()
+        end = qs.latest(end, 100)
+        assert end.queues['"inflight_01"."audit"'].claim > 0, "the message committed late waits for a recheck"
+        qs.committed(end)
+    finally:
+        qs.close()

@@ -159,6 +159,23 @@ class ReceiveSql(AddressingSql):
         row locks, no writes, nothing that blocks on a competing consumer. An empty queue reads
         as 0; a queue some rows of which other consumers hold may read above what a claim finds."""
 
+    def sequences_of(self, queues: Sequence[QueueAddress]) -> Statement | None:
+        """A row (i, sequence oid, table oid) per queue of `queues` whose FIFO column draws from a
+        sequence; i its index in `queues`. None: the dialect has no such hint, and a stream peeks
+        every queue at each trigger (`receiving/quiet.py`)."""
+        return None
+
+    def sequence_values(self, sequences: Sequence[int]) -> Statement | None:
+        """Rows (i, the value last given out, 0 if none) for those of `sequences` (oids from
+        `sequences_of`) that still exist, give out one number at a time (no cache) and may be read;
+        i the index in `sequences`. None: the dialect has no such hint."""
+        return None
+
+    def tables_written(self, tables: Sequence[int]) -> Statement | None:
+        """Rows (i) for those of `tables` (oids from `sequences_of`) that a transaction holds (or
+        waits for) a lock on that more than reads them: one that may insert. None: no such hint."""
+        return None
+
     @abstractmethod
     def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
         """One row: (max claim sequence or NULL, min claim sequence or NULL) for the consumer."""

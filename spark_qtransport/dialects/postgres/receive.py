@@ -428,6 +428,44 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
                             f" - (SELECT seq FROM {q} ORDER BY seq LIMIT 1) + 1, 0)")
         return Statement(" UNION ALL ".join(branches))
 
+    def sequences_of(self, queues: Sequence[QueueAddress]) -> Statement:
+        # The sequence that owns the table's seq column: a serial's ('a') or an identity's ('i')
+        # dependency, as pg_get_serial_sequence finds it (which fails on a table without seq).
+        return Statement(
+            "SELECT t.i - 1, s.oid::bigint, a.attrelid::bigint"
+            " FROM pg_catalog.unnest(%(names)s::text[]) WITH ORDINALITY AS t(name, i)"
+            " JOIN pg_catalog.pg_attribute a ON a.attrelid = pg_catalog.to_regclass(t.name) AND a.attname = 'seq'"
+            " AND NOT a.attisdropped"
+            " JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+            " AND d.refobjid = a.attrelid AND d.refobjsubid = a.attnum"
+            " AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype IN ('a', 'i')"
+            " JOIN pg_catalog.pg_class s ON s.oid = d.objid AND s.relkind = 'S'",
+            {"names": [self.qualified(q) for q in queues]},
+        )
+
+    def sequence_values(self, sequences: Sequence[int]) -> Statement:
+        # pg_sequence_last_value reads the sequence's page as it is now, not as of a snapshot: a
+        # nextval shows at once, committed or not. NULL until the first nextval (0 here). Without
+        # SELECT or USAGE it fails before PostgreSQL 17 (NULL since): such a sequence gives no row.
+        return Statement(
+            "SELECT t.i - 1, COALESCE(pg_catalog.pg_sequence_last_value(s.seqrelid::pg_catalog.regclass), 0)"
+            " FROM pg_catalog.unnest(%(oids)s::oid[]) WITH ORDINALITY AS t(oid, i)"
+            " JOIN pg_catalog.pg_sequence s ON s.seqrelid = t.oid AND s.seqcache = 1"
+            " WHERE pg_catalog.has_sequence_privilege(t.oid, 'SELECT, USAGE')",
+            {"oids": [int(o) for o in sequences]},
+        )
+
+    def tables_written(self, tables: Sequence[int]) -> Statement:
+        # pg_locks lists fast-path locks and prepared transactions' too; a plain read holds
+        # AccessShareLock, any writer more (an INSERT RowExclusiveLock, from before its nextval).
+        return Statement(
+            "SELECT DISTINCT t.i - 1 FROM pg_catalog.unnest(%(oids)s::oid[]) WITH ORDINALITY AS t(oid, i)"
+            " JOIN pg_catalog.pg_locks l ON l.locktype = 'relation' AND l.relation = t.oid"
+            " AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
+            " AND l.mode <> 'AccessShareLock'",
+            {"oids": [int(o) for o in tables]},
+        )
+
     def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
         c = self.qualified(claims)
         return Statement(

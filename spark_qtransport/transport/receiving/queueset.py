@@ -27,6 +27,7 @@ from .acker import Forget, Joined, forget_together
 from .admission import fair_shares
 from .claimer import ClaimOutcome, ClaimRequest
 from .planner import ClaimOffset, ClaimSlice
+from .quiet import QuietQueues
 from .receiver import Receiver
 from .sessions import StreamSessions
 
@@ -125,6 +126,8 @@ class QueueSet:
         self._matched: tuple[tuple[Any, ...], dict[str, QueueAddress]] | None = None
         #: the backlog statement of each part of the queues (`_estimates`), kept while they stay
         self._backlog_sql: dict[tuple[str, ...], Statement] = {}
+        #: the queues known to be empty by their sequences, not peeked at this trigger
+        self._quiet = QuietQueues(self.dialect)
 
     @property
     def claimed(self) -> int:
@@ -279,10 +282,13 @@ class QueueSet:
         return r.held_beyond(self._start_for(key, r, starts))
 
     def _estimates(self, receivers: dict[str, Receiver]) -> dict[str, int]:
-        """The backlog estimates of `receivers`' queues, a statement per `BACKLOGS_PER_STATEMENT`.
+        """The backlog estimates of `receivers`' queues: 0 for those known to be empty by their
+        sequences (`QuietQueues`), the others peeked, a statement per `BACKLOGS_PER_STATEMENT`.
         A queue dropped meanwhile fails its statement: that part is estimated queue by queue."""
-        keys, session = sorted(receivers), self.sessions.main
-        found: dict[str, int] = {}
+        session, quiet = self.sessions.main, self._quiet
+        quiet.read(session.run, {k: r.options.queue for k, r in receivers.items()})
+        found = {k: 0 for k in receivers if quiet.quiet(k)}
+        keys = sorted(receivers.keys() - found.keys())
         for i in range(0, len(keys), BACKLOGS_PER_STATEMENT):
             part = keys[i:i + BACKLOGS_PER_STATEMENT]
             stmt = self._backlog_statement(tuple(part), receivers)
@@ -292,9 +298,11 @@ class QueueSet:
             except QueueNotFoundError:
                 for k in part:
                     found[k] = self._vanishing(k, functools.partial(receivers[k].estimate, session), 0)
+                    quiet.peeked(k, found[k])
                 continue
             for n, estimate in got:
                 found[part[int(n)]] = int(estimate or 0)
+                quiet.peeked(part[int(n)], found[part[int(n)]])
         return found
 
     def _vanishing(self, key: str, work: Callable[[], T], gone: T) -> T:

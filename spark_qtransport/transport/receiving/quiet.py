@@ -1,0 +1,148 @@
+"""Queues known to be empty without looking at them: a stream's idle check at many queues.
+
+A stream counts every queue's backlog at each trigger (`QueueSet.count`), an index probe of each
+queue table; at a thousand queues that is most of an idle trigger, and most of what idle tenants
+cost the server. A queue's rows draw their FIFO numbers from a sequence that only moves forward,
+and whoever inserts a row moves it first (NServiceBus, our sink, the delayed mover: none names
+`seq`). So one statement reads every queue's sequence (`Dialect.sequence_values`) and a queue is
+not peeked while its sequence stands where it stood when the queue was known to be empty.
+
+Known to be empty, not merely seen empty: a peek cannot see the row of a sender whose transaction
+took its number before the peek and commits after it. So the sequences are read first, then which
+queue tables a transaction holds a writer's lock on (an INSERT takes its lock before its number and
+keeps it to its end), then the peek. A queue whose peek found nothing, with no writer between its
+sequence's reading and the peek, is known to be empty up to that number: each sender that took one
+had ended before the peek, which saw its row if it committed. A row that reappears (a competing
+consumer's DELETE rolled back) was never invisible to a peek, which reads rows whatever their locks.
+Each such queue is still peeked every `RECHECK` seconds (spread out), in case a row arrives without
+its number (an INSERT naming `seq`).
+
+A queue whose sequence cannot be read (no sequence found, a cached sequence, no SELECT or USAGE on
+it, a dialect without the hint) is peeked at every trigger, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ...dialects import Connection, Dialect, QueueAddress
+from ...errors import DatabaseError
+from .. import session as db
+
+__all__ = ["QuietQueues", "RECHECK"]
+
+log = logging.getLogger("spark_qtransport.receive")
+
+#: a queue judged empty by its sequence is still peeked at least this often (seconds; each queue
+#: at a random point of the second half of the interval, so the peeks spread over the triggers)
+RECHECK = 30.0
+#: a queue whose sequence was not found is looked for again after this long (seconds)
+LOOK_AGAIN = 60.0
+
+Run = Callable[[Callable[[Connection], "_Readings"], str], "_Readings"]
+_Readings = tuple[list[tuple[int, int]], set[int]]
+
+
+@dataclass
+class _Queue:
+    """What is known of one queue's sequence."""
+
+    sequence: int | None  # its oid; None: none usable (looked for at `looked`)
+    table: int | None  # the queue table's oid
+    looked: float
+    value: int | None = None  # the sequence's value when the queue was known to be empty (module doc)
+    recheck: float = 0.0  # when such a queue is peeked anyway
+
+
+class QuietQueues:
+    """Per queue of a stream, whether its backlog can be taken as 0 without a peek this trigger.
+
+    Each trigger: `read` (one transaction: every queue's sequence, then the writers' locks on the
+    tables of the queues to be peeked; one more statement first for queues not looked up yet), then
+    `quiet(key)` for each queue, then `peeked(key, estimate)` for each queue peeked."""
+
+    def __init__(self, dialect: Dialect, *, clock: Callable[[], float] = time.monotonic,
+                 recheck: float = RECHECK) -> None:
+        self.dialect = dialect
+        #: the dialect has the hint (`Dialect.sequence_values`); without it every queue is peeked
+        self.enabled = dialect.sequence_values([]) is not None
+        self._clock, self._recheck = clock, recheck
+        self._queues: dict[str, _Queue] = {}
+        self._values: dict[str, int] = {}  # this trigger's readings
+        self._written: set[str] = set()  # queues a writer held a lock on after their reading
+
+    def read(self, run: Run, queues: Mapping[str, QueueAddress]) -> None:
+        """This trigger's readings of `queues`' sequences (a failure only means every queue is peeked)."""
+        self._values, self._written = {}, set()
+        if not self.enabled or not queues:
+            return
+        for gone in self._queues.keys() - queues.keys():
+            del self._queues[gone]
+        try:
+            self._look_up(run, queues)
+            keys = sorted(k for k in queues if self._queues[k].sequence is not None)
+            if not keys:
+                return
+            values, written = run(functools.partial(self._read, keys), "reading the queues' sequences")
+        except DatabaseError as exc:  # e.g. a queue dropped between the catalog and the sequence
+            log.debug("queues' sequences not read (%s): every queue is peeked this trigger", exc)
+            for q in self._queues.values():
+                q.sequence = None
+            return
+        self._values = {keys[i]: v for i, v in values}
+        for k in keys:  # no row: the sequence is gone, cached or not ours to read: look again later
+            if k not in self._values:
+                self._queues[k].sequence = None
+        self._written = {keys[i] for i in written}
+
+    def _read(self, keys: list[str], conn: Connection) -> _Readings:
+        """The sequences, then (after them: module doc) the writers' locks on the tables of the
+        queues that will be peeked."""
+        d, cur = self.dialect, conn.cursor()
+        stmt = d.sequence_values([self._queues[k].sequence or 0 for k in keys])
+        assert stmt is not None
+        values = [(int(i), int(v)) for i, v in db.rows(cur, stmt)]
+        peeked = [i for i, v in values if not self._quiet(keys[i], v)]
+        if not peeked:
+            return values, set()
+        stmt = d.tables_written([self._queues[keys[i]].table or 0 for i in peeked])
+        assert stmt is not None
+        return values, {peeked[int(j)] for (j,) in db.rows(cur, stmt)}
+
+    def _look_up(self, run: Run, queues: Mapping[str, QueueAddress]) -> None:
+        now = self._clock()
+        keys = sorted(k for k in queues if (q := self._queues.get(k)) is None
+                      or (q.sequence is None and now - q.looked >= LOOK_AGAIN))
+        if not keys:
+            return
+        stmt = self.dialect.sequences_of([queues[k] for k in keys])
+        assert stmt is not None
+        found = {int(i): (int(s), int(t)) for i, s, t in run(lambda c: db.rows(c.cursor(), stmt),  # type: ignore[arg-type, return-value]
+                                                             "looking up the queues' sequences")}
+        for i, k in enumerate(keys):
+            sequence, table = found.get(i, (None, None))
+            self._queues[k] = _Queue(sequence, table, now)
+
+    def _quiet(self, key: str, value: int | None) -> bool:
+        q = self._queues.get(key)
+        return q is not None and value is not None and value == q.value and self._clock() < q.recheck
+
+    def quiet(self, key: str) -> bool:
+        """Whether `key`'s queue is known to be empty without a peek this trigger."""
+        return self._quiet(key, self._values.get(key))
+
+    def peeked(self, key: str, estimate: int) -> None:
+        """A peek this trigger found `estimate` in `key`'s queue."""
+        q, value = self._queues.get(key), self._values.get(key)
+        if q is None:
+            return
+        if estimate or value is None or key in self._written:
+            q.value = None
+        else:
+            q.value = value
+            q.recheck = self._clock() + self._recheck * random.uniform(0.5, 1.0)
