@@ -43,6 +43,9 @@ log = logging.getLogger("spark_qtransport.receive")
 RECHECK = 30.0
 #: a queue whose sequence was not found is looked for again after this long (seconds)
 LOOK_AGAIN = 60.0
+#: sequences read in one transaction: reading one locks it to the transaction's end, and the
+#: server's lock table is shared by all sessions (`queueset.BACKLOGS_PER_STATEMENT`: 400 entries too)
+SEQUENCES_PER_TRANSACTION = 400
 
 Run = Callable[[Callable[[Connection], "_Readings"], str], "_Readings"]
 _Readings = tuple[list[tuple[int, int]], set[int]]
@@ -86,19 +89,20 @@ class QuietQueues:
         try:
             self._look_up(run, queues)
             keys = sorted(k for k in queues if self._queues[k].sequence is not None)
-            if not keys:
-                return
-            values, written = run(functools.partial(self._read, keys), "reading the queues' sequences")
+            for start in range(0, len(keys), SEQUENCES_PER_TRANSACTION):
+                part = keys[start:start + SEQUENCES_PER_TRANSACTION]
+                values, written = run(functools.partial(self._read, part), "reading the queues' sequences")
+                self._values.update((part[i], v) for i, v in values)
+                self._written.update(part[i] for i in written)
         except DatabaseError as exc:  # e.g. a queue dropped between the catalog and the sequence
             log.debug("queues' sequences not read (%s): every queue is peeked this trigger", exc)
             for q in self._queues.values():
                 q.sequence = None
+            self._values, self._written = {}, set()
             return
-        self._values = {keys[i]: v for i, v in values}
         for k in keys:  # no row: the sequence is gone, cached or not ours to read: look again later
             if k not in self._values:
                 self._queues[k].sequence = None
-        self._written = {keys[i] for i in written}
 
     def _read(self, keys: list[str], conn: Connection) -> _Readings:
         """The sequences, then (after them: module doc) the writers' locks on the tables of the
