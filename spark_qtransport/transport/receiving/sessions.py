@@ -28,7 +28,7 @@ from .. import session as db
 from ..platform.monitoring import ReportSession
 from ..session import Session
 from .background import Background
-from .setup import PreparedSlots
+from .setup import ConnectionFacts, PreparedSlots
 from .warden import Warden
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ class StreamSessions:
     def __init__(self, dialect: Dialect, url: Any, *, what: str) -> None:
         self.set_ups = SetUps()
         self.slots = PreparedSlots()
+        self.facts = ConnectionFacts()
         self.dialect = dialect
         self.main = Session(dialect, url, what=what, on_connect=self._connected)
         self.ahead = Session(dialect, url, what=what)
@@ -108,7 +109,7 @@ class StreamSessions:
 
     def join(self, set_up: EndpointSetUp) -> None:
         """A queue's set-up runs on every new main connection from now on."""
-        set_up.slots = self.slots
+        set_up.slots, set_up.facts = self.slots, self.facts
         self.set_ups.add(set_up)
 
     def leave(self, set_up: EndpointSetUp) -> None:

@@ -22,7 +22,7 @@ from .mode import ClaimMode
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
 
-__all__ = ["Endpoint", "LOCK_WAIT", "EndpointSetUp", "PreparedSlots"]
+__all__ = ["ConnectionFacts", "Endpoint", "LOCK_WAIT", "EndpointSetUp", "PreparedSlots"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
@@ -78,6 +78,22 @@ class PreparedSlots:
         return True
 
 
+class ConnectionFacts:
+    """What the set-ups of a stream's queues learned on its current main connection, so that a
+    thousand queues ask it once: the server's version, and the queues every one of them names
+    (an error queue, an audit queue) checked. Forgotten when the connection changes."""
+
+    def __init__(self) -> None:
+        self._conn: Connection | None = None
+        self.version: int | None = None
+        self.checked: set[str] = set()
+
+    def on(self, conn: Connection) -> ConnectionFacts:
+        if conn is not self._conn:
+            self._conn, self.version, self.checked = conn, None, set()
+        return self
+
+
 class EndpointSetUp:
     """`on_connect` of the receiver's main session: runs on each new main connection and keeps the
     claim table's identity (`table_id`), warning when it changes while the query runs."""
@@ -95,6 +111,8 @@ class EndpointSetUp:
         self.lock_wait = LOCK_WAIT
         #: the stream's share of the server's prepared transactions (`StreamSessions.join`)
         self.slots: PreparedSlots | None = None
+        #: what the stream's other queues' set-ups learned on the connection (`StreamSessions.join`)
+        self.facts = ConnectionFacts()
         self._mode_decided = False
 
     def ensure(self, conn: Connection) -> None:
@@ -104,9 +122,10 @@ class EndpointSetUp:
             self(conn)
 
     def __call__(self, conn: Connection) -> None:
-        """Check the queues, create our claim table, take the consumer lock (once per connection)."""
-        cur = conn.cursor()
-        self._check_server(cur)
+        """Check the queues, create our claim table, take the consumer lock (once per connection),
+        in one transaction (and one more where DDL ran)."""
+        cur, facts = conn.cursor(), self.facts.on(conn)
+        self._check_server(cur, facts)
         o = self.endpoint.options
         d, claims = self.endpoint.dialect, self.endpoint.claims
         if self.draining:
@@ -115,7 +134,12 @@ class EndpointSetUp:
                                          queue=self.endpoint.queue_text)
         else:
             for name, address in (("queue", o.queue), ("error_queue", o.error_queue), *o.platform_queues().items()):
+                shared = name != "queue" and f"{name} {d.qualified(address)}"
+                if shared and shared in facts.checked:
+                    continue  # (another queue of the stream names it too: checked on this connection)
                 self._check_queue(conn, cur, name, address)
+                if shared:
+                    facts.checked.add(shared)
             self._create_claims(conn, cur)
         self.endpoint.settling = settled.exists(d, o.url, conn, settled.READER)
         self._lock_consumer(conn, cur)
@@ -150,12 +174,14 @@ class EndpointSetUp:
         log.info("queue %s: claims are held in the claim table (claimMode %s): %s", self.endpoint.queue_text,
                  o.claim_mode, why)
 
-    def _check_server(self, cur: Cursor) -> None:
+    def _check_server(self, cur: Cursor, facts: ConnectionFacts) -> None:
         d = self.endpoint.dialect
         check = d.server_check()
         if check is not None:
-            (version,) = db.one(cur, check)
-            self.endpoint.dialect, problem = d.adapt_to_server(int(version), self.endpoint.claims)
+            if facts.version is None:
+                (version,) = db.one(cur, check)
+                facts.version = int(version)
+            self.endpoint.dialect, problem = d.adapt_to_server(facts.version, self.endpoint.claims)
             if problem:
                 raise field_error("url", problem, kind=SchemaError, queue=self.endpoint.queue_text)
         o = self.endpoint.options
@@ -192,8 +218,9 @@ class EndpointSetUp:
         helpers = d.helpers_exist(claims)
         if helpers is not None and not db.one(cur, helpers)[0]:
             ddl += d.create_helpers(claims)
-        db.install(d, cur, ddl)
-        conn.commit()
+        if ddl:
+            db.install(d, cur, ddl)
+            conn.commit()
 
     def _lock_consumer(self, conn: Connection, cur: Cursor) -> None:
         """Take the session lock that makes this query the endpoint's only receiver on the queue.
@@ -206,9 +233,9 @@ class EndpointSetUp:
         warned = False
         while True:
             (locked,) = db.one(cur, d.try_lock_consumer(self.endpoint.claims, o.consumer))
-            conn.commit()
-            if locked:
+            if locked:  # (a session's lock: the set-up's transaction goes on)
                 return
+            conn.commit()  # no transaction held open while waiting
             if self._clock() >= deadline:
                 raise ConsumerBusyError(
                     f"endpoint {o.consumer!r} is already receiving from queue {d.format_address(o.queue)} "
