@@ -615,3 +615,33 @@ def test_a_queue_whose_sender_has_not_committed_is_peeked_until_it_has(small: Ba
         qs.committed(end)
     finally:
         qs.close()
+
+
+def test_a_streams_set_ups_ask_what_they_share_once_per_connection(small: Backend) -> None:
+    """The set-ups of a stream's queues on its main connection ask the server's version once and
+    check the error queue they all name once; each queue checks its own table and claim table and
+    takes its consumer lock."""
+    be, n = small, 5
+    qs = _tenant_stream(be, "shared", n)
+
+    def calls(like: str) -> int:
+        with be.connect() as c:
+            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
+                                 (like,)).fetchone()[0])
+
+    try:
+        qs.initial_offset()  # creates the claim tables
+    finally:
+        qs.close()
+    qs = _tenant_stream(be, "shared", 0)  # the same queues, by the same pattern: their claim tables exist
+    try:
+        with be.connect() as c:
+            reset_statements(c)
+        qs.initial_offset()
+        # the connection's limit and the server's version (one entry: the same statement to the server)
+        assert calls("%current_setting($1)::int") == 2
+        # a queue's own table and its claim table each; the error queue once
+        assert calls("SELECT lower(a.attname), format_type%") == 2 * n + 1
+        assert calls("%pg_try_advisory_lock%") == n
+    finally:
+        qs.close()
