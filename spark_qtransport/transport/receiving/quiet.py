@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ...dialects import Connection, Dialect, QueueAddress
 from ...errors import DatabaseError
@@ -47,8 +48,8 @@ LOOK_AGAIN = 60.0
 #: server's lock table is shared by all sessions (`queueset.BACKLOGS_PER_STATEMENT`: 400 entries too)
 SEQUENCES_PER_TRANSACTION = 400
 
-Run = Callable[[Callable[[Connection], "_Readings"], str], "_Readings"]
-_Readings = tuple[list[tuple[int, int]], set[int]]
+#: `Session.run`: a function of a connection run in a transaction, retried; its operation's name
+Run = Callable[[Callable[[Connection], Any], str], Any]
 
 
 @dataclass
@@ -65,9 +66,10 @@ class _Queue:
 class QuietQueues:
     """Per queue of a stream, whether its backlog can be taken as 0 without a peek this trigger.
 
-    Each trigger: `read` (one transaction: every queue's sequence, then the writers' locks on the
-    tables of the queues to be peeked; one more statement first for queues not looked up yet), then
-    `quiet(key)` for each queue, then `peeked(key, estimate)` for each queue peeked."""
+    Each trigger: `read` (a transaction per `SEQUENCES_PER_TRANSACTION` queues: their sequences,
+    then the writers' locks on the tables of those to be peeked; one more statement first for
+    queues not looked up yet), then `quiet(key)` for each queue, then `peeked(key, estimate)` for
+    each queue peeked."""
 
     def __init__(self, dialect: Dialect, *, clock: Callable[[], float] = time.monotonic,
                  recheck: float = RECHECK) -> None:
@@ -77,11 +79,12 @@ class QuietQueues:
         self._clock, self._recheck = clock, recheck
         self._queues: dict[str, _Queue] = {}
         self._values: dict[str, int] = {}  # this trigger's readings
+        self._quiet: set[str] = set()  # this trigger's queues known to be empty: not peeked
         self._written: set[str] = set()  # queues a writer held a lock on after their reading
 
     def read(self, run: Run, queues: Mapping[str, QueueAddress]) -> None:
         """This trigger's readings of `queues`' sequences (a failure only means every queue is peeked)."""
-        self._values, self._written = {}, set()
+        self._values, self._quiet, self._written = {}, set(), set()
         if not self.enabled or not queues:
             return
         for gone in self._queues.keys() - queues.keys():
@@ -91,32 +94,34 @@ class QuietQueues:
             keys = sorted(k for k in queues if self._queues[k].sequence is not None)
             for start in range(0, len(keys), SEQUENCES_PER_TRANSACTION):
                 part = keys[start:start + SEQUENCES_PER_TRANSACTION]
-                values, written = run(functools.partial(self._read, part), "reading the queues' sequences")
+                values, quiet, written = run(functools.partial(self._read, part), "reading the queues' sequences")
                 self._values.update((part[i], v) for i, v in values)
+                self._quiet.update(part[i] for i in quiet)
                 self._written.update(part[i] for i in written)
         except DatabaseError as exc:  # e.g. a queue dropped between the catalog and the sequence
             log.debug("queues' sequences not read (%s): every queue is peeked this trigger", exc)
             for q in self._queues.values():
                 q.sequence = None
-            self._values, self._written = {}, set()
+            self._values, self._quiet, self._written = {}, set(), set()
             return
         for k in keys:  # no row: the sequence is gone, cached or not ours to read: look again later
             if k not in self._values:
                 self._queues[k].sequence = None
 
-    def _read(self, keys: list[str], conn: Connection) -> _Readings:
-        """The sequences, then (after them: module doc) the writers' locks on the tables of the
-        queues that will be peeked."""
-        d, cur = self.dialect, conn.cursor()
+    def _read(self, keys: list[str], conn: Connection) -> tuple[list[tuple[int, int]], set[int], set[int]]:
+        """The sequences; the queues known to be empty by them; then (after the sequences: module
+        doc) which of the others, the queues to be peeked, a writer holds a lock on."""
+        d, cur, now = self.dialect, conn.cursor(), self._clock()
         stmt = d.sequence_values([self._queues[k].sequence or 0 for k in keys])
         assert stmt is not None
         values = [(int(i), int(v)) for i, v in db.rows(cur, stmt)]
-        peeked = [i for i, v in values if not self._quiet(keys[i], v)]
+        quiet = {i for i, v in values if self._queues[keys[i]].value == v and now < self._queues[keys[i]].recheck}
+        peeked = [i for i, _ in values if i not in quiet]
         if not peeked:
-            return values, set()
+            return values, quiet, set()
         stmt = d.tables_written([self._queues[keys[i]].table or 0 for i in peeked])
         assert stmt is not None
-        return values, {peeked[int(j)] for (j,) in db.rows(cur, stmt)}
+        return values, quiet, {peeked[int(j)] for (j,) in db.rows(cur, stmt)}
 
     def _look_up(self, run: Run, queues: Mapping[str, QueueAddress]) -> None:
         now = self._clock()
@@ -126,19 +131,15 @@ class QuietQueues:
             return
         stmt = self.dialect.sequences_of([queues[k] for k in keys])
         assert stmt is not None
-        found = {int(i): (int(s), int(t)) for i, s, t in run(lambda c: db.rows(c.cursor(), stmt),  # type: ignore[arg-type, return-value]
-                                                             "looking up the queues' sequences")}
+        rows = run(lambda c: db.rows(c.cursor(), stmt), "looking up the queues' sequences")
+        found = {int(i): (int(s), int(t)) for i, s, t in rows}
         for i, k in enumerate(keys):
             sequence, table = found.get(i, (None, None))
             self._queues[k] = _Queue(sequence, table, now)
 
-    def _quiet(self, key: str, value: int | None) -> bool:
-        q = self._queues.get(key)
-        return q is not None and value is not None and value == q.value and self._clock() < q.recheck
-
     def quiet(self, key: str) -> bool:
         """Whether `key`'s queue is known to be empty without a peek this trigger."""
-        return self._quiet(key, self._values.get(key))
+        return key in self._quiet
 
     def peeked(self, key: str, estimate: int) -> None:
         """A peek this trigger found `estimate` in `key`'s queue."""
