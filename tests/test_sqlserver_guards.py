@@ -418,7 +418,7 @@ def test_every_entry_point_checks_the_level() -> None:
 
 
 def test_receiver_start_refuses_a_low_level() -> None:
-    from spark_qtransport.transport.receiving.setup import Endpoint, EndpointSetUp
+    from spark_qtransport.transport.receiving.setup import ConnectionFacts, Endpoint, EndpointSetUp
 
     class Options:
         queue, error_queue = QueueAddress("Sales"), QueueAddress("error")
@@ -429,5 +429,5 @@ def test_receiver_start_refuses_a_low_level() -> None:
     endpoint = Endpoint(Options(), D, D.claims_table(QueueAddress("Sales")))  # type: ignore[arg-type]
 
     with pytest.raises(SchemaError, match=r"^url: database \[Shop\] is at compatibility level 110"):
-        EndpointSetUp(endpoint)._check_server(_Levels([("Shop", 110)]))
-    EndpointSetUp(endpoint)._check_server(_Levels([("Shop", 130)]))
+        EndpointSetUp(endpoint)._check_server(_Levels([("Shop", 110)]), ConnectionFacts())
+    EndpointSetUp(endpoint)._check_server(_Levels([("Shop", 130)]), ConnectionFacts())
