@@ -645,3 +645,42 @@ def test_a_streams_set_ups_ask_what_they_share_once_per_connection(small: Backen
         assert calls("%pg_try_advisory_lock%") == n
     finally:
         qs.close()
+
+
+def test_a_streams_first_planning_reads_what_its_queues_hold_together_and_takes_over_what_one_holds(
+        small: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    """A run's first planning over many queues reads what each holds in transactions shared by the
+    queues (`QueueSet._look_first`), not a few of its own each. A queue whose consumer holds nothing
+    runs nothing more; one holding another query's claims (same endpoint, a new checkpoint) reads
+    its claim table's consumers and settled batches, warns that it takes them over and plans them."""
+    be, n = small, 6
+    qs = _tenant_stream(be, "look", n)
+    try:  # another query of the same endpoint claims 3 messages of one queue and dies unacknowledged
+        be.send_many('"look_04"."audit"', [(nsb_headers(f"m{i}"), b"{}") for i in range(3)])
+        end = qs.latest(qs.initial_offset(), 100)
+        assert end.queues['"look_04"."audit"'].claim == 3
+    finally:
+        qs.close()
+
+    def calls(like: str) -> int:
+        with be.connect() as c:
+            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
+                                 (like,)).fetchone()[0])
+
+    qs = _tenant_stream(be, "look", 0)
+    try:
+        start = qs.initial_offset()
+        with be.connect() as c:
+            reset_statements(c)
+        with caplog.at_level("WARNING", logger="spark_qtransport"):
+            end = qs.latest(start, 100)
+        assert end.queues['"look_04"."audit"'].claim == 3, "the claims taken over were not planned again"
+        warned = [r.getMessage() for r in caplog.records if "takes over" in r.getMessage()]
+        assert len(warned) == 1 and 'queue "look_04"."audit"' in warned[0] and "takes over 3 message(s)" in warned[0]
+        assert calls('%FROM "look_0_"."audit.Claims" WHERE consumer = $_ ORDER BY claim_seq DESC%') == n
+        assert calls("SELECT consumer, count(*)%") == 1  # only where something is held
+        assert calls('SELECT max(upto_claim) FROM%') == 1
+        assert calls("BEGIN%") <= 6, "the queues' first reads are not shared"
+        qs.committed(end)
+    finally:
+        qs.close()

@@ -18,7 +18,7 @@ from .. import session as db
 from ..session import Session
 from .claimer import Claimer, ClaimOutcome, ClaimRequest
 from .ledger import Ledger
-from .prepared import listed
+from .prepared import Prepared, listed
 from .setup import Endpoint
 from .stats import ReceiveStats, dropped_note
 
@@ -237,14 +237,24 @@ class Planner:
             self._held_seen = self._claimer.generations()
         return self._held
 
-    def _read_held(self, conn: Connection) -> None:
+    def held_known(self) -> bool:
+        """Whether `held_max` knows what is held without a statement."""
+        return self._held_seen is not None and self._held_seen == self._claimer.generations()
+
+    def read_held_in(self, conn: Connection, *, server: list[Prepared] | None = None) -> None:
+        """`held_max(fresh=True)` in the caller's transaction (`Receiver.first_look`); the server's
+        prepared transactions from `server` if given (`prepared.all_on_server`)."""
+        self._read_held(conn, server=server)
+        self._held_seen = self._claimer.generations()
+
+    def _read_held(self, conn: Connection, *, server: list[Prepared] | None = None) -> None:
         """What this consumer holds, read from the server: claim-table claims and prepared ones."""
         d, cur = self.endpoint.dialect, conn.cursor()
         high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))
         self.ledger.replace_table(None if high is None else (int(low), int(high)))
         table = self._table()
         if self.endpoint.mode.possible and table:  # (no claim table known yet: no claim of this run either)
-            self.ledger.replace_prepared(listed(self.endpoint, cur, table))
+            self.ledger.replace_prepared(listed(self.endpoint, cur, table, server=server))
         self._held = self.ledger.highest()
 
     def may_hold_prepared(self, end: int) -> bool:

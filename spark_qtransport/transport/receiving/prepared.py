@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ...dialects import NUMBER_BASE, Connection, Cursor
+from ...dialects import NUMBER_BASE, Connection, Cursor, Dialect
 from .. import session as db
 from .judge import judged
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .setup import Endpoint
 
 __all__ = ["GID_PREFIX", "NUMBER_BASE", "Prepared", "PreparedClaim", "commit", "consumer_token",
-           "consumer_tokens", "forget_progress", "listed", "note_progress", "on_server", "park", "prefix_of", "progress"]
+           "consumer_tokens", "forget_progress", "listed", "all_on_server", "note_progress", "on_server", "park", "prefix_of", "progress"]
 
 #: every gid of a claim of ours starts with this
 GID_PREFIX = "sqlqueue:"
@@ -140,12 +140,21 @@ def on_server(rows: Iterable[Sequence[Any]]) -> list[Prepared]:
     return out
 
 
-def listed(endpoint: Endpoint, cur: Cursor, table: str) -> list[PreparedClaim]:
-    """The prepared claims the endpoint's consumer holds on the server now, oldest first."""
-    d, tokens = endpoint.dialect, consumer_tokens(endpoint.options.consumer)
-    found = [p.claim for p in on_server(db.rows(cur, d.list_prepared(prefix_of(table))))
-             if p.claim is not None and p.claim.consumer in tokens]
+def listed(endpoint: Endpoint, cur: Cursor, table: str, *, server: list[Prepared] | None = None) -> list[PreparedClaim]:
+    """The prepared claims the endpoint's consumer holds on the server now, oldest first; from
+    `server` if given (`all_on_server`, read in the caller's transaction: many queues' in one)."""
+    tokens, prefix = consumer_tokens(endpoint.options.consumer), prefix_of(table)
+    if server is None:
+        server = on_server(db.rows(cur, endpoint.dialect.list_prepared(prefix)))
+    found = [p.claim for p in server
+             if p.gid.startswith(prefix) and p.claim is not None and p.claim.consumer in tokens]
     return sorted(found, key=lambda c: c.first)
+
+
+def all_on_server(dialect: Dialect, cur: Cursor) -> list[Prepared]:
+    """Every prepared transaction of ours in this database (`listed` of many queues from one reading:
+    the server keeps a handful, `max_prepared_transactions`)."""
+    return on_server(db.rows(cur, dialect.list_prepared(GID_PREFIX)))
 
 
 def commit(conn: Connection, endpoint: Endpoint, claim: PreparedClaim) -> bool:

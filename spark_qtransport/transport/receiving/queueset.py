@@ -27,6 +27,7 @@ from .acker import Forget, Joined, forget_together
 from .admission import fair_shares
 from .claimer import ClaimOutcome, ClaimRequest
 from .planner import ClaimOffset, ClaimSlice
+from .prepared import all_on_server
 from .quiet import QuietQueues
 from .receiver import Receiver
 from .sessions import StreamSessions
@@ -225,8 +226,9 @@ class QueueSet:
         """Spark 4.0/4.1, the first batch of a run: every queue's held claims and waiting messages
         (`Receiver.first_batch`); no shares, as that batch takes all."""
         ends: dict[str, ClaimOffset] = {}
-        for k, a in sorted(self.current().items()):
-            r = self.receiver(k, a, draining=False)
+        active = {k: self.receiver(k, a, draining=False) for k, a in sorted(self.current().items())}
+        self._look_first({}, active, takeover=fresh)
+        for k, r in active.items():
             end = self._vanishing(k, functools.partial(r.first_batch, fresh=fresh), None)
             if end is not None:
                 ends[k] = end
@@ -249,6 +251,7 @@ class QueueSet:
         (`Dialect.backlogs`, `BACKLOGS_PER_STATEMENT` queues a statement). Does each queue's
         housekeeping first (a claim made ahead applied, due delayed messages moved)."""
         self._find_delayed(active)
+        self._look_first(starts, active)
         held: dict[str, int] = {}
         for k, r in active.items():
             held[k] = self._vanishing(k, functools.partial(self._held_of, k, r, starts), -1)
@@ -276,6 +279,39 @@ class QueueSet:
         rows = self.sessions.main.run(lambda c: db.rows(c.cursor(), stmt), f"delayed tables of {self.stream.describe()}")
         for i, exists in rows:
             active[keys[int(i)]].delayed.found(bool(exists))
+
+    def _look_first(self, starts: dict[str, ClaimOffset], active: dict[str, Receiver], *,
+                    takeover: bool = True) -> None:
+        """The queues whose held claims are not known (a run's first trigger, a queue joining, a
+        new connection) read them, and those planning their first batch from a new checkpoint (with
+        `takeover`) what the takeover check reads (`Receiver.first_look`), in one transaction on the main session
+        for every `QUEUES_PER_TRANSACTION` of them: a start over 1,000 queues is 20 transactions,
+        not 2,000. A part that fails is left to each queue's own reads, where a dropped queue is
+        met and named as when it plans alone."""
+        due: dict[str, tuple[Receiver, bool]] = {}
+        for k, r in active.items():
+            check = takeover and self._vanishing(k, functools.partial(r.takeover_due, self._start_for(k, r, starts)),
+                                                 False)
+            if check or not r.planner.held_known():
+                due[k] = (r, check)
+        for part in _parts(sorted(due)):
+            if len(part) < 2:
+                continue
+
+            def look(conn: Connection, part: list[str] = part) -> None:
+                possible = any(due[k][0].endpoint.mode.possible for k in part)
+                server = all_on_server(self.dialect, conn.cursor()) if possible else None
+                for k in part:
+                    r, takeover = due[k]
+                    r.first_look(conn, takeover=takeover, server=server)
+
+            try:
+                self.sessions.main.run(look, f"reading the claims held in {self.stream.describe()}")
+            except (QueueNotFoundError, DatabaseError) as exc:
+                if self.dialect.is_transient(exc.__cause__ or exc):
+                    raise
+                log.info("reading the claims held in %d queues of %s in one transaction failed (%s); each reads alone",
+                         len(part), self.stream.describe(), exc)
 
     def _held_of(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> int:
         r.housekeeping()

@@ -27,15 +27,17 @@ them for the Spark reader.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...dialects import Dialect, QueueAddress
+from ...dialects import Connection, Dialect, QueueAddress
 from .. import session as db
 from .. import settled
 from ..platform.after import AfterProcessing, BatchTimes
@@ -46,6 +48,7 @@ from .claimer import Claimer
 from .ledger import Ledger
 from .mover import DueDelayed
 from .planner import ClaimOffset, ClaimSlice, Planner
+from .prepared import Prepared
 from .sessions import StreamSessions
 from .setup import Endpoint, EndpointSetUp
 from .slices import pack, read_batches, read_chunks, read_slice
@@ -61,6 +64,15 @@ log = logging.getLogger("spark_qtransport.receive")
 
 #: seconds the first progress report of a run waits for the backlog's estimate (`reported_backlog`)
 FIRST_ESTIMATE_WAIT = 2.0
+
+
+@dataclass(frozen=True)
+class _TakeoverLook:
+    """What the takeover check reads (`Receiver._warn_of_takeover`): the highest claim a settled
+    batch read (0: none, or not read) and the claim table's consumers (name, claims, oldest)."""
+
+    settled: int
+    consumers: list[tuple[str, int, Any]]
 
 
 class Receiver:
@@ -97,6 +109,7 @@ class Receiver:
         self._released = False  # claims up to the first planned start (a previous run's last batch)
         self._acked = 0  # the highest end acknowledged (or handed to the background thread)
         self._takeover_checked = False
+        self._look: _TakeoverLook | None = None  # what `first_look` read for `_warn_of_takeover`
         self._available_now = False  # Trigger.AvailableNow: the run ends when nothing new is found
         self._backlog: int | None = None
         self._backlog_refresh: Future[int | None] | None = None
@@ -223,7 +236,7 @@ class Receiver:
         # the previous run's last batch is acknowledged by Spark's commit() of this batch's start;
         # this run's batches stay replayable until Spark commits them (`_release_previous_run`)
         self._released = True
-        held = self.planner.held_max(fresh=True) or 0
+        held = self.planner.held_max() or 0  # read at this run's start (or by `first_look` just now)
         if self.draining:
             return ClaimOffset(held, table)
         saved, self.planner.target = self.planner.target, self._high_water()
@@ -281,24 +294,59 @@ class Receiver:
         if self.monitor is not None:
             self.monitor.start()
 
+    def takeover_due(self, start: ClaimOffset | None) -> bool:
+        """Whether planning from `start` is this run's first from a new checkpoint (claim 0: nothing
+        logged yet), which checks for claims to take over (`_warn_of_takeover`)."""
+        return (not self._takeover_checked and start is not None
+                and self.planner.start_after(start, self.table_id) == 0)
+
+    def first_look(self, conn: Connection, *, takeover: bool, server: list[Prepared] | None = None) -> None:
+        """In the caller's transaction (`QueueSet`: many queues' first looks in one): what this
+        consumer holds (`Planner.read_held_in`) and, with `takeover`, what the takeover check reads
+        (the settled batches' highest claim, the claim table's consumers). `_warn_of_takeover`
+        uses it instead of a transaction of its own. `server`: the server's prepared transactions,
+        read once for many queues (`prepared.all_on_server`)."""
+        if takeover:
+            self._look = self._takeover_look(conn, settled_too=True, server=server)
+        else:
+            self.planner.read_held_in(conn, server=server)
+
+    def _takeover_look(self, conn: Connection, *, settled_too: bool,
+                       server: list[Prepared] | None = None) -> _TakeoverLook:
+        # what this consumer holds first: holding nothing (a start's usual case), it has nothing to
+        # take over or acknowledge, and the other two statements are not needed
+        self.planner.read_held_in(conn, server=server)
+        if self.planner.ledger.highest() is None:
+            return _TakeoverLook(0, [])
+        cur = conn.cursor()
+        upto = (settled.settled_upto(self.dialect, cur, self.claims, self.options.consumer, self.table_id)
+                if settled_too and self.endpoint.settling else 0)
+        rows = db.rows(cur, self.dialect.claim_stats(self.claims))
+        return _TakeoverLook(upto, [(str(who), int(n), oldest) for who, n, oldest in rows])
+
     def _warn_of_takeover(self, start: ClaimOffset | None, after: int | None) -> None:
         """Once per run: a query planning its first batch from a new checkpoint (claim 0: nothing
         logged yet) that finds claims of its endpoint takes over what another query claimed and
-        never acknowledged. They are delivered again, here; if that query handled them, twice."""
+        never acknowledged. They are delivered again, here; if that query handled them, twice.
+        What it reads was read by `first_look` if that ran; claims a settled batch read are
+        acknowledged first (`ack_settled`), and what is held read again after."""
         if self._takeover_checked or start is None or after != 0:
             return
         self._takeover_checked = True
-        self.ack_settled()
+        look, self._look = self._look, None
+        if look is None:
+            look = self.main.run(functools.partial(self._takeover_look, settled_too=True),
+                                 self.endpoint.what("peek claims"))
+        if look.settled > self.acker.done(self.table_id):
+            self.ack_settled()
+            look = self.main.run(functools.partial(self._takeover_look, settled_too=False),
+                                 self.endpoint.what("peek claims"))
         consumer = self.options.consumer
-        stmt = self.dialect.claim_stats(self.claims)
-        rows = self.main.run(lambda c: db.rows(c.cursor(), stmt), self.endpoint.what("peek claims"))
-        held = next(((int(n), oldest) for who, n, oldest in rows if who == consumer and n), None)
-        if self.endpoint.mode.possible:
-            self.planner.held_max(fresh=True)
-            ours = self.planner.ledger.prepared()
-            if ours:
-                n = (held[0] if held else 0) + sum(c.last - c.first + 1 for c in ours)
-                held = (n, held[1] if held else f"{ours[0].claimed_at} UTC (a prepared transaction)")
+        held = next(((n, oldest) for who, n, oldest in look.consumers if who == consumer and n), None)
+        ours = self.planner.ledger.prepared()
+        if ours:
+            n = (held[0] if held else 0) + sum(c.last - c.first + 1 for c in ours)
+            held = (n, held[1] if held else f"{ours[0].claimed_at} UTC (a prepared transaction)")
         if held is not None:
             self.stats.taken_over = held[0]
             log.warning(

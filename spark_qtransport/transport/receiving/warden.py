@@ -67,10 +67,15 @@ class Warden:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     #: (what, queue) -> the last (claim table, claim) told; under `_lock` (told from the background thread too)
     _told: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    #: queue -> its settings, watched but not sent yet (`watch`); under `_lock`
+    _unsent: dict[str, ReceiveSettings] = field(default_factory=dict)
 
     def watch(self, settings: ReceiveSettings) -> None:
-        # the settings hold the URL (its password): through the pipe, never an argument or the environment
-        self._send({"watch": _key(settings), "settings": _pickled(settings)})
+        """The warden learns of the queue, and is sent its settings with the first order about it:
+        a queue that never holds a batch (most of a stream over hundreds of idle ones) is nothing
+        the warden must finish, and costs the pipe nothing."""
+        with self._lock:
+            self._unsent.setdefault(_key(settings), settings)
 
     def committed(self, settings: ReceiveSettings, table: str, claim: int) -> None:
         """Every claim of the queue up to `claim` (in claim table `table`) is processed: Spark
@@ -87,7 +92,9 @@ class Warden:
 
     def prepared(self, settings: ReceiveSettings) -> None:
         """The queue holds prepared claims: they are parked at the end, whatever else."""
-        self._send({"prepared": _key(settings)})
+        key = _key(settings)
+        with self._lock:
+            self._write(key, {"prepared": key})
 
     def _tell(self, what: str, settings: ReceiveSettings, table: str, claim: int) -> None:
         key = _key(settings)
@@ -96,20 +103,22 @@ class Warden:
             if told is not None and told[0] == table and told[1] >= claim:
                 return
             self._told[(what, key)] = (table, claim)
-            self._write({what: key, "table": table, "claim": claim})
+            self._write(key, {what: key, "table": table, "claim": claim})
 
-    def _send(self, order: dict[str, Any]) -> None:
-        with self._lock:
-            self._write(order)
-
-    def _write(self, order: dict[str, Any]) -> None:
-        """Under `_lock`: one order down the pipe (the warden started first)."""
+    def _write(self, key: str, order: dict[str, Any]) -> None:
+        """Under `_lock`: one order about queue `key` down the pipe (the warden started first),
+        after that queue's settings if they are not sent yet (`watch`)."""
         try:
             if self._proc is None:
                 self._proc = self._start()
             assert self._proc.stdin is not None
+            settings = self._unsent.get(key)
+            if settings is not None:
+                # the settings hold the URL (its password): through the pipe, never an argument or the environment
+                self._proc.stdin.write(json.dumps({"watch": key, "settings": _pickled(settings)}) + "\n")
             self._proc.stdin.write(json.dumps(order) + "\n")
             self._proc.stdin.flush()
+            self._unsent.pop(key, None)
         except OSError as exc:  # the stream goes on; a restart finishes what the warden could not
             log.warning("the stream's warden could not be told (%s): %s", next(iter(order)), exc)
 
