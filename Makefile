@@ -76,6 +76,7 @@ bench: setup
 	$(PY) bench/audit.py
 	$(PY) bench/queues.py
 	$(PY) bench/many_tables.py
+	$(PY) bench/start.py
 
 # mutation testing of the unit tier's pure modules (mutmut, pinned in tests/mutation/run.py; about 15-25 minutes on
 # 2 cores): a table of killed and surviving mutants per module; survivors' diffs in reports/tmp/mutation/

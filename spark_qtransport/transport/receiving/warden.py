@@ -2,7 +2,7 @@
 
 Spark ends a query's source process without calling its ``stop()``: after ``query.stop()``, at the
 end of an AvailableNow run, at a clean exit, at Ctrl-C, as after a SIGKILL. So what a stream must
-do at its end is done by a process that outlives it. Each stream starts one at its first planning:
+do at its end is done by a process that outlives it. Each stream starts one with its first batch:
 a process in a session of its own, with a minimal environment (no secrets, nothing a process
 manager finds the job by), told over a pipe each queue's settings and, as Spark commits batches,
 how far each queue's claims are planned, committed (Spark asked for the next offset, or committed
@@ -59,8 +59,9 @@ def _pickled(value: Any) -> str:
 
 @dataclass
 class Warden:
-    """The stream's end of the pipe: `watch` each queue at its first planning, tell it what Spark
-    `committed`, `release` when the stream stops itself."""
+    """The stream's end of the pipe: `watch` each queue at its first planning (its settings go with
+    the first order about it), tell it what Spark `committed`, `release` when the stream stops
+    itself."""
 
     bound: float
     _proc: subprocess.Popen[str] | None = None
