@@ -284,12 +284,14 @@ class QueueSet:
                     takeover: bool = True) -> None:
         """The queues whose held claims are not known (a run's first trigger, a queue joining, a
         new connection) read them, and those planning their first batch from a new checkpoint (with
-        `takeover`) what the takeover check reads (`Receiver.first_look`), in one transaction on the main session
-        for every `QUEUES_PER_TRANSACTION` of them: a start over 1,000 queues is 20 transactions,
-        not 2,000. A part that fails is left to each queue's own reads, where a dropped queue is
+        `takeover`) what the takeover check reads (`Receiver.first_look`), in one transaction on the
+        main session for every `QUEUES_PER_TRANSACTION` of them: a start over 1,000 queues is 20
+        transactions, not 4,000. A part that fails is left to each queue's own reads, where a dropped queue is
         met and named as when it plans alone."""
         due: dict[str, tuple[Receiver, bool]] = {}
         for k, r in active.items():
+            if r.takeover_checked and r.planner.held_known():
+                continue  # every trigger after a queue's first: nothing to read
             check = takeover and self._vanishing(k, functools.partial(r.takeover_due, self._start_for(k, r, starts)),
                                                  False)
             if check or not r.planner.held_known():

@@ -294,6 +294,11 @@ class Receiver:
         if self.monitor is not None:
             self.monitor.start()
 
+    @property
+    def takeover_checked(self) -> bool:
+        """This run's check for claims to take over is behind it (or was not needed)."""
+        return self._takeover_checked
+
     def takeover_due(self, start: ClaimOffset | None) -> bool:
         """Whether planning from `start` is this run's first from a new checkpoint (claim 0: nothing
         logged yet), which checks for claims to take over (`_warn_of_takeover`)."""
