@@ -5,7 +5,9 @@
 N schemas "t_NNNN" with NServiceBus's queue table "audit" each, and an "error" queue; then a stream
 over them by pattern (`queuePattern "t_*"."audit"`, a `QueueSet` driven as Spark's driver drives it):
 its first offset (each queue's set-up: checks, claim table, consumer lock), its first planning (what
-each queue holds, the check for claims to take over, the backlog) and the idle trigger after it. The
+each queue holds, the check for claims to take over, the backlog), the idle trigger after it, and the
+trigger after the server ended the stream's sessions (a reconnect: every queue's set-up and consumer
+lock again on the new connection). The
 first stream creates the claim tables (a first start ever); the next ones find them (a restart). The
 database's side as pg_stat_statements counts it: transactions and statements of the first planning.
 """
@@ -41,6 +43,14 @@ def statements(url: str) -> tuple[int, int]:
         return int(row[0]), int(row[1])
 
 
+def terminate(url: str) -> None:
+    """End every session of the connector (they name themselves spark-qtransport)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'spark-qtransport'")
+
+
 def reset_statements(url: str) -> None:
     import psycopg
 
@@ -61,10 +71,17 @@ def once(url: str, mode: str) -> dict[str, float]:
         transactions, stmts = statements(url)
         qs.committed(end)
         t2 = time.perf_counter()
-        qs.latest(end, 1000)
+        end = qs.latest(end, 1000)
         idle = time.perf_counter() - t2
+        qs.committed(end)
+        qs.sessions.background.drain()
+        terminate(url)  # the server ends the stream's sessions (a failover, a restart): the next trigger reconnects
+        t3 = time.perf_counter()
+        qs.latest(end, 1000)
+        reconnect = time.perf_counter() - t3
         return {"first offset s": offset, "first planning s": planning, "start s": offset + planning,
-                "idle trigger ms": idle * 1000, "planning transactions": transactions, "planning statements": stmts}
+                "idle trigger ms": idle * 1000, "reconnect s": reconnect, "planning transactions": transactions,
+                "planning statements": stmts}
     finally:
         qs.close()
 
