@@ -231,10 +231,8 @@ class Planner:
         acknowledgement only deletes claims at or below a batch's start. Read again with `fresh`
         and after either session opened a new connection (a claim whose commit went unanswered
         may have committed). An idle queue so costs no statement per trigger."""
-        seen = self._claimer.generations()
-        if fresh or self._held_seen != seen:
-            self._main.run(self._read_held, self.endpoint.what("peek claims"))
-            self._held_seen = self._claimer.generations()
+        if fresh or not self.held_known():
+            self._main.run(self.read_held_in, self.endpoint.what("peek claims"))
         return self._held
 
     def held_known(self) -> bool:
@@ -242,13 +240,9 @@ class Planner:
         return self._held_seen is not None and self._held_seen == self._claimer.generations()
 
     def read_held_in(self, conn: Connection, *, server: list[Prepared] | None = None) -> None:
-        """`held_max(fresh=True)` in the caller's transaction (`Receiver.first_look`); the server's
-        prepared transactions from `server` if given (`prepared.all_on_server`)."""
-        self._read_held(conn, server=server)
-        self._held_seen = self._claimer.generations()
-
-    def _read_held(self, conn: Connection, *, server: list[Prepared] | None = None) -> None:
-        """What this consumer holds, read from the server: claim-table claims and prepared ones."""
+        """What this consumer holds, read from the server in the caller's transaction: claim-table
+        claims and prepared ones (`held_max`; `Receiver.first_look`, many queues' in one). The
+        server's prepared transactions from `server` if given (`prepared.all_on_server`)."""
         d, cur = self.endpoint.dialect, conn.cursor()
         high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))
         self.ledger.replace_table(None if high is None else (int(low), int(high)))
@@ -256,6 +250,7 @@ class Planner:
         if self.endpoint.mode.possible and table:  # (no claim table known yet: no claim of this run either)
             self.ledger.replace_prepared(listed(self.endpoint, cur, table, server=server))
         self._held = self.ledger.highest()
+        self._held_seen = self._claimer.generations()
 
     def may_hold_prepared(self, end: int) -> bool:
         """Whether claims up to `end` may be held by prepared transactions (`ClaimMode.may_hold`).

@@ -296,24 +296,15 @@ class QueueSet:
                                                  False)
             if check or not r.planner.held_known():
                 due[k] = (r, check)
-        for part in _parts(sorted(due)):
-            if len(part) < 2:
-                continue
 
-            def look(conn: Connection, part: list[str] = part) -> None:
-                possible = any(due[k][0].endpoint.mode.possible for k in part)
-                server = all_on_server(self.dialect, conn.cursor()) if possible else None
-                for k in part:
-                    r, takeover = due[k]
-                    r.first_look(conn, takeover=takeover, server=server)
+        def look(conn: Connection, part: list[str]) -> None:
+            possible = any(due[k][0].endpoint.mode.possible for k in part)
+            server = all_on_server(self.dialect, conn.cursor()) if possible else None
+            for k in part:
+                r, takeover = due[k]
+                r.first_look(conn, takeover=takeover, server=server)
 
-            try:
-                self.sessions.main.run(look, f"reading the claims held in {self.stream.describe()}")
-            except (QueueNotFoundError, DatabaseError) as exc:
-                if self.dialect.is_transient(exc.__cause__ or exc):
-                    raise
-                log.info("reading the claims held in %d queues of %s in one transaction failed (%s); each reads alone",
-                         len(part), self.stream.describe(), exc)
+        self._in_parts(sorted(due), look, doing="reading the claims held in", alone="reads")
 
     def _held_of(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> int:
         r.housekeeping()
@@ -430,22 +421,36 @@ class QueueSet:
         (`Planner.planned`); if one fails, nothing of it was claimed, and each of its queues claims
         alone (left out of what this returns), where a dropped queue or a refused statement is met
         and named as when it claims alone."""
+
+        def claims(conn: Connection, part: list[str]) -> dict[str, ClaimOutcome]:
+            return {k: together[k].receiver.claimer.claim_in(conn, together[k].request) for k in part}
+
         made: dict[str, ClaimOutcome] = {}
-        for part in _parts(list(together)):
+        for outcomes in self._in_parts(list(together), claims, doing="claiming from", alone="claims"):
+            made.update(outcomes)
+        return made
+
+    def _in_parts(self, keys: list[str], work: Callable[[Connection, list[str]], T], *, doing: str,
+                  alone: str) -> list[T]:
+        """`work(conn, part)` in one transaction on the main session, one commit, for every
+        `QUEUES_PER_TRANSACTION` of `keys`' queues; what each part returned. A part of one queue is
+        left to that queue. A part that fails for good (a dropped queue, a refused statement) is
+        logged and left to each of its queues alone, where the failure is met and named as when it
+        works alone; a transient one is raised: the server is gone past its outage bound, and each
+        queue alone would wait as long again. `doing`, `alone`: the log line's words."""
+        done: list[T] = []
+        for part in _parts(keys):
             if len(part) < 2:
                 continue
-
-            def claims(conn: Connection, part: list[str] = part) -> dict[str, ClaimOutcome]:
-                return {k: together[k].receiver.claimer.claim_in(conn, together[k].request) for k in part}
-
             try:
-                made.update(self.sessions.main.run(claims, f"claiming for {self.stream.describe()}"))
+                done.append(self.sessions.main.run(lambda conn, part=part: work(conn, part),  # type: ignore[misc]
+                                                   f"{doing} {self.stream.describe()}"))
             except (QueueNotFoundError, DatabaseError) as exc:
                 if self.dialect.is_transient(exc.__cause__ or exc):
-                    raise  # the server is gone past its outage bound: each queue alone would wait as long again
-                log.info("claiming from %d queues of %s in one transaction failed (%s); each claims alone",
-                         len(part), self.stream.describe(), exc)
-        return made
+                    raise
+                log.info("%s %d queues of %s in one transaction failed (%s); each %s alone",
+                         doing, len(part), self.stream.describe(), exc, alone)
+        return done
 
     def _start_for(self, key: str, r: Receiver, starts: dict[str, ClaimOffset]) -> ClaimOffset:
         """A queue's start: its position in the offset, or its claim table's beginning (joining)."""
