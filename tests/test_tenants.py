@@ -482,9 +482,7 @@ def test_queues_acknowledged_together_look_for_retries_only_where_a_chunk_meets_
             reset_statements(c)
         qs.committed(end)
         qs.sessions.background.drain()
-        with be.connect() as c:
-            (scans,) = c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
-                                 ("%strpos(headers%FOR UPDATE%",)).fetchone()
+        scans = _calls(be, "%strpos(headers%FOR UPDATE%")
         assert scans == n // 2, f"{scans} scans for retries over {n} queues, {n // 2} of them with one"
         assert sorted(json.loads(h)[H.RETRY_UNIQUE_MESSAGE_ID] for _, h, _ in be.rows(acks)) == ["u-1", "u-3"]
         assert all(be.count(f'"retry_{i:02d}"."audit.Claims"') == 0 for i in range(n))
@@ -502,11 +500,6 @@ def test_queues_acknowledged_together_forget_their_batches_in_one_statement(smal
     be, n = small, 4
     d = be.dialect
     qs = _tenant_stream(be, "forget", n)
-
-    def calls(like: str) -> int:
-        with be.connect() as c:
-            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
-                                 (like,)).fetchone()[0])
 
     def records() -> int:
         return be.count(d.format_address(d.batches_table()), "WHERE claims LIKE '%forget_%'")
@@ -530,13 +523,20 @@ def test_queues_acknowledged_together_forget_their_batches_in_one_statement(smal
             qs.committed(end)
             qs.sessions.background.drain()
             assert records() == 0
-            assert calls("%AS q(claims, consumer, upto, table_id)%") == 1, "the batches' records were not forgotten in one statement"
-            alone = calls("WITH marks AS (DELETE FROM%")
+            assert _calls(be, "%AS q(claims, consumer, upto, table_id)%") == 1, "the batches' records were not forgotten in one statement"
+            alone = _calls(be, "WITH marks AS (DELETE FROM%")
             assert alone == (0 if marked is None else 1), f"{alone} queues forgot alone"
             assert be.count(d.format_address(d.failed_table())) == 0
             start = end
     finally:
         qs.close()
+
+
+def _calls(be: Backend, like: str) -> int:
+    """Calls since the last reset of the statements whose text is LIKE `like` (pg_stat_statements)."""
+    with be.connect() as c:
+        return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
+                             (like,)).fetchone()[0])
 
 
 def _peeks(be: Backend, schema: str) -> int:
@@ -624,11 +624,6 @@ def test_a_streams_set_ups_ask_what_they_share_once_per_connection(small: Backen
     be, n = small, 5
     qs = _tenant_stream(be, "shared", n)
 
-    def calls(like: str) -> int:
-        with be.connect() as c:
-            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
-                                 (like,)).fetchone()[0])
-
     try:
         qs.initial_offset()  # creates the claim tables
     finally:
@@ -639,10 +634,10 @@ def test_a_streams_set_ups_ask_what_they_share_once_per_connection(small: Backen
             reset_statements(c)
         qs.initial_offset()
         # the connection's limit and the server's version (one entry: the same statement to the server)
-        assert calls("%current_setting($1)::int") == 2
+        assert _calls(be, "%current_setting($1)::int") == 2
         # a queue's own table and its claim table each; the error queue once
-        assert calls("SELECT lower(a.attname), format_type%") == 2 * n + 1
-        assert calls("%pg_try_advisory_lock%") == n
+        assert _calls(be, "SELECT lower(a.attname), format_type%") == 2 * n + 1
+        assert _calls(be, "%pg_try_advisory_lock%") == n
     finally:
         qs.close()
 
@@ -662,11 +657,6 @@ def test_a_streams_first_planning_reads_what_its_queues_hold_together_and_takes_
     finally:
         qs.close()
 
-    def calls(like: str) -> int:
-        with be.connect() as c:
-            return int(c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
-                                 (like,)).fetchone()[0])
-
     qs = _tenant_stream(be, "look", 0)
     try:
         start = qs.initial_offset()
@@ -677,10 +667,10 @@ def test_a_streams_first_planning_reads_what_its_queues_hold_together_and_takes_
         assert end.queues['"look_04"."audit"'].claim == 3, "the claims taken over were not planned again"
         warned = [r.getMessage() for r in caplog.records if "takes over" in r.getMessage()]
         assert len(warned) == 1 and 'queue "look_04"."audit"' in warned[0] and "takes over 3 message(s)" in warned[0]
-        assert calls('%FROM "look_0_"."audit.Claims" WHERE consumer = $_ ORDER BY claim_seq DESC%') == n
-        assert calls("SELECT consumer, count(*)%") == 1  # only where something is held
-        assert calls('SELECT max(upto_claim) FROM%') == 1
-        assert calls("BEGIN%") <= 6, "the queues' first reads are not shared"
+        assert _calls(be, '%FROM "look_0_"."audit.Claims" WHERE consumer = $_ ORDER BY claim_seq DESC%') == n
+        assert _calls(be, "SELECT consumer, count(*)%") == 1  # only where something is held
+        assert _calls(be, 'SELECT max(upto_claim) FROM%') == 1
+        assert _calls(be, "BEGIN%") <= 6, "the queues' first reads are not shared"
         qs.committed(end)
     finally:
         qs.close()
