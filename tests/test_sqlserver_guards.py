@@ -53,9 +53,12 @@ def every_statement() -> dict[str, list[Statement]]:
         # no hint of an idle queue by its sequence (receiving/quiet.py): every queue is peeked
         "sequences_of": D.sequences_of([D.parse_address("Sales")]), "sequence_values": D.sequence_values([1]),
         "tables_written": D.tables_written([1]),
+        # no catalog version: a pattern is matched at every trigger
+        "catalog_version": D.catalog_version(),
     }
     assert optional["batches_forget_many"] is None
     assert optional["sequences_of"] is optional["sequence_values"] is optional["tables_written"] is None
+    assert optional["catalog_version"] is None
     assert D.read_transaction(one_snapshot=False) == []  # one snapshot only for prepared claims (none here)
     out["read_transaction"] = []
     out.update({name: [s] if s is not None else [] for name, s in optional.items()})

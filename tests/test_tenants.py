@@ -593,6 +593,38 @@ def test_an_idle_queue_known_empty_by_its_sequence_is_not_peeked_until_it_moves(
         qs.close()
 
 
+def test_a_pattern_is_resolved_again_only_when_the_catalog_changes(small: Backend) -> None:
+    """An idle trigger reads the catalog's version, not the pattern's candidates: a queue created,
+    renamed away or dropped changes it, and the next trigger resolves the pattern again."""
+    be, n = small, 4
+    resolve, version = "WITH t AS MATERIALIZED%", "SELECT count(*), max(c.xmin::text::bigint)%"
+    qs = _tenant_stream(be, "cat", n)
+    try:
+        end = _idle_triggers(qs, qs.initial_offset(), 3)
+        with be.connect() as c:
+            reset_statements(c)
+        end = _idle_triggers(qs, end, 3)
+        assert (_calls(be, resolve), _calls(be, version)) == (0, 3), "the pattern was resolved with nothing changed"
+        with be.connect() as c:
+            c.execute('CREATE SCHEMA "cat_99"')
+            c.execute(PG_NSB_CREATE_QUEUE.format('"cat_99"."audit"'))
+        be.send("cat_99.audit", nsb_headers("new tenant"), b"{}")
+        end = qs.latest(end, 100)
+        assert end.queues['"cat_99"."audit"'].claim > 0, "a queue created joins at the next trigger"
+        qs.committed(end)
+        with be.connect() as c:
+            c.execute('ALTER TABLE "cat_00"."audit" RENAME TO "renamed"')
+        end = _idle_triggers(qs, end, 1)
+        assert '"cat_00"."audit"' not in qs.current(), "a queue renamed away is still read"
+        with be.connect() as c:
+            c.execute('DROP TABLE "cat_01"."audit"')
+        end = _idle_triggers(qs, end, 1)
+        assert '"cat_01"."audit"' not in qs.current(), "a dropped queue is still read"
+        assert _calls(be, resolve) == 3
+    finally:
+        qs.close()
+
+
 def test_a_queue_whose_sender_has_not_committed_is_peeked_until_it_has(small: Backend) -> None:
     """A sender took its number before a peek and commits after it: the peek saw nothing, and the
     sequence does not move again. The queue is not taken as empty while a transaction holds a

@@ -74,6 +74,13 @@ class OperationsSql(AddressingSql):
         (a superset the caller filters exactly): a pattern over a thousand tenants reads their
         tables, not the whole catalog's."""
 
+    def catalog_version(self) -> Statement | None:
+        """One row that changes whenever a table is created, dropped, renamed or altered: a stream
+        by pattern resolves it again (`list_queues`) only when this changed, read before it in the
+        same transaction. None: the dialect has no such reading (the pattern is resolved at every
+        trigger)."""
+        return None
+
     @abstractmethod
     def queue_stats(self, queue: QueueAddress) -> Statement:
         """One row: (messages, expired, lowest sequence, highest sequence): counted, not estimated

@@ -71,6 +71,14 @@ class PostgresOperations(PostgresAddressing, OperationsSql):
             {"limit": int(limit), "preview": check_preview(preview)},
         )
 
+    def catalog_version(self) -> Statement:
+        # A new pg_class row (CREATE, and ALTER or RENAME, which write the relation's row anew)
+        # has the highest xmin; a DROP lowers the count. One pass over pg_class (about 2 ms at a
+        # thousand tenants, against 10 ms for list_queues' per-candidate column checks). An xid
+        # that wrapped around and a DROP balanced by a CREATE together could hide a change: the
+        # caller resolves again after a while whatever this says (`queueset.RESOLVE_AGAIN`).
+        return Statement("SELECT count(*), max(c.xmin::text::bigint) FROM pg_catalog.pg_class c")
+
     def list_queues(self, *, like: tuple[str, str] | None = None) -> Statement:
         # Each table's schema by its oid (an index lookup a candidate), never a join: psycopg
         # prepares a statement run often, and a generic plan of a join filtered by names is a

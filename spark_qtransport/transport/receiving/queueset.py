@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -50,6 +51,9 @@ BACKLOGS_PER_STATEMENT = 200
 #: 50 take about 300 of the lock table's entries; a transaction over a thousand queues would take
 #: most of a default server's 6,400 (max_locks_per_transaction 64 x max_connections 100)
 QUEUES_PER_TRANSACTION = 50
+#: a pattern is resolved again at least this often (seconds), even when the catalog's version
+#: (`Dialect.catalog_version`) says nothing changed
+RESOLVE_AGAIN = 60.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,8 @@ class QueueSet:
         self._backlogs: dict[str, tuple[int, int]] = {}
         #: the catalog rows the pattern was last judged on, and the queues it matched, by key
         self._matched: tuple[tuple[Any, ...], dict[str, QueueAddress]] | None = None
+        #: the catalog's version at the last resolution (`_resolve`), and when that was (monotonic)
+        self._catalog: tuple[Any, float] = (None, 0.0)
         #: the backlog statement of each part of the queues (`_estimates`), kept while they stay
         self._backlog_sql: dict[tuple[str, ...], Statement] = {}
         #: the queues known to be empty by their sequences, not peeked at this trigger
@@ -163,13 +169,28 @@ class QueueSet:
         return {self.key(a): a for a in found}
 
     def _resolve(self) -> dict[str, QueueAddress]:
-        """The queues the pattern matches now, by key: one catalog statement; its rows judged
-        again only when they changed since the last trigger."""
+        """The queues the pattern matches now, by key: the catalog's version (`Dialect.catalog_version`),
+        and only when it changed (or `RESOLVE_AGAIN` has passed) the catalog statement; its rows
+        judged again only when they changed since the last trigger. The version is read first: a
+        table created after it makes the next trigger's differ."""
         o, d = self.stream, self.dialect
         assert self.selection.pattern is not None
-        stmt = d.list_queues(like=self.selection.pattern.like(d))
-        rows = tuple(tuple(r) for r in self.sessions.main.run(lambda c: db.rows(c.cursor(), stmt),
-                                                              f"resolving {o.describe()}"))
+        stmt, version = d.list_queues(like=self.selection.pattern.like(d)), d.catalog_version()
+        now = time.monotonic()
+
+        def resolve(conn: Connection) -> tuple[Any, tuple[tuple[Any, ...], ...] | None]:
+            cur = conn.cursor()
+            seen = None if version is None else tuple(db.rows(cur, version)[0])
+            if (seen is not None and self._matched is not None and seen == self._catalog[0]
+                    and now - self._catalog[1] < RESOLVE_AGAIN):
+                return seen, None
+            return seen, tuple(tuple(r) for r in db.rows(cur, stmt))
+
+        seen, rows = self.sessions.main.run(resolve, f"resolving {o.describe()}")
+        if rows is None:
+            assert self._matched is not None
+            return dict(self._matched[1])
+        self._catalog = (seen, now)
         if self._matched is None or self._matched[0] != rows:
             self._matched = (rows, self._keyed(self.selection.matching(
                 rows, d, excluded=o.excluded, own_table=lambda a: o.routing.is_own_table(d, a))))
