@@ -625,6 +625,35 @@ def test_a_pattern_is_resolved_again_only_when_the_catalog_changes(small: Backen
         qs.close()
 
 
+def test_an_idle_queue_with_nothing_held_is_not_planned(small: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle trigger plans no queue that has nothing waiting and nothing held beyond its start
+    (`Receiver.at_rest`): its end is its start. A queue with a message is planned, and claims it."""
+    from spark_qtransport.transport.receiving.receiver import Receiver
+
+    be, n = small, 4
+    qs = _tenant_stream(be, "rest", n)
+    planned: list[str] = []
+    begin = Receiver.begin_plan
+
+    def counted(self: Receiver, *args: Any, **kwargs: Any) -> Any:
+        planned.append(self.endpoint.queue_text)
+        return begin(self, *args, **kwargs)
+
+    try:
+        end = _idle_triggers(qs, qs.initial_offset(), 3)
+        monkeypatch.setattr(Receiver, "begin_plan", counted)
+        after = _idle_triggers(qs, end, 3)
+        assert planned == [] and after == end
+        be.send("rest_02.audit", nsb_headers("wakes"), b"{}")
+        after = qs.latest(after, 100)
+        assert planned == ['"rest_02"."audit"'] and after.queues['"rest_02"."audit"'].claim > 0
+        assert {k: e for k, e in after.queues.items() if k != '"rest_02"."audit"'} == \
+            {k: e for k, e in end.queues.items() if k != '"rest_02"."audit"'}
+        qs.committed(after)
+    finally:
+        qs.close()
+
+
 def test_a_queue_whose_sender_has_not_committed_is_peeked_until_it_has(small: Backend) -> None:
     """A sender took its number before a peek and commits after it: the peek saw nothing, and the
     sequence does not move again. The queue is not taken as empty while a transaction holds a

@@ -194,6 +194,14 @@ class Planner:
             self._claim_ahead(after, end, limit)
         return end
 
+    def at_rest(self, after: int) -> bool:
+        """`plan(after, ..., claim=False)` without a call or a statement, when it is known to end at
+        `after`: what is held is known and none of it lies beyond (an idle queue's trigger)."""
+        if not self.held_known() or (self._held is not None and self._held > after):
+            return False
+        self.last_end = after
+        return True
+
     def _claim_ahead(self, after: int | None, end: int, limit: int | None, *, least: int = 0) -> None:
         """Claim the batch after `end` in the background if the last claim was full (claim-ahead
         on), for a share of at least `least` messages."""

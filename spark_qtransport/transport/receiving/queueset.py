@@ -384,6 +384,9 @@ class QueueSet:
         together: dict[str, _Claim] = {}  # the queues whose one claim is made in the shared transaction
         last: list[tuple[Receiver, ClaimOffset]] = []  # an AvailableNow run's last acknowledgements
         for k, r in active.items():
+            if not demand.get(k, 0) and (begin := starts.get(k)) is not None and r.at_rest(begin):
+                ends[k] = begin  # an idle queue with nothing to do (no statement, so no `_vanishing`)
+                continue
             share = shares.get(k, limit)
             plan = functools.partial(self._plan, r, self._start_for(k, r, starts), share, whole=whole,
                                      idle=not demand.get(k, 0), together=functools.partial(together.__setitem__, k),

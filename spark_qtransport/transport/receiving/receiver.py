@@ -190,6 +190,22 @@ class Receiver:
         self._watch()
         return after
 
+    def at_rest(self, start: ClaimOffset) -> bool:
+        """Whether an idle trigger's planning from `start` (nothing waiting, housekeeping done: see
+        `QueueSet.latest`) ends at `start` with nothing to do, known without a statement: the run's
+        first planning is behind it (acknowledged, takeover checked, watched), the set-up is that of
+        the open connection, nothing is held beyond `start`, no prepared claim waits for its timer.
+        Then the plan is made here (`Planner.at_rest`) and `start` is the batch's end: a thousand
+        idle queues cost a few microseconds each a trigger, not a plan each."""
+        up = self.set_up
+        if (self.draining or self._available_now or not (self._released and self._takeover_checked and self._watched)
+                or up.table_id is None or up.conn is not self.main.current or start.table != up.table_id
+                or self.planner.start_after(start, up.table_id) != start.claim
+                or (not self._timed and self.planner.ledger.prepared())):
+            return False
+        self._start_monitoring()
+        return self.planner.at_rest(start.claim)
+
     def end_plan(self, after: int | None, end: int, *,
                  hand: Callable[[Receiver, ClaimOffset], None] | None = None) -> ClaimOffset:
         """What planning does once the batch's end is known (see `latest`). An AvailableNow run's
