@@ -131,6 +131,9 @@ class QueueSet:
         self._matched: tuple[tuple[Any, ...], dict[str, QueueAddress]] | None = None
         #: the catalog's version at the last resolution (`_resolve`), and when that was (monotonic)
         self._catalog: tuple[Any, float] = (None, 0.0)
+        #: the offset last read or encoded, and its dict: Spark hands the end of an idle trigger back
+        #: as the next one's start, and the reader reads a start twice (at 1,000 queues 2 ms each)
+        self._known: tuple[Any, QueueSetOffset] | None = None
         #: the backlog statement of each part of the queues (`_estimates`), kept while they stay
         self._backlog_sql: dict[tuple[str, ...], Statement] = {}
         #: the queues known to be empty by their sequences, not peeked at this trigger
@@ -218,15 +221,24 @@ class QueueSet:
         """An offset from Spark's checkpoint: a one-queue stream's plain `ClaimOffset`, a
         several-queue stream's map (with or without Spark 4.0/4.1's ``run`` tag). A checkpoint
         cannot switch between the two."""
+        known = self._known
+        if known is not None and (d is known[0] or d == known[0]):
+            return known[1]  # the offset given last, or read last (a trigger reads its start twice)
         if self.single is not None:
-            return QueueSetOffset({self.single: ClaimOffset.from_dict(d)})
-        return QueueSetOffset.from_dict(d)
+            parsed = QueueSetOffset({self.single: ClaimOffset.from_dict(d)})
+        else:
+            parsed = QueueSetOffset.from_dict(d)
+        self._known = (d, parsed)
+        return parsed
 
     def encode(self, offset: QueueSetOffset) -> dict[str, Any]:
         """`offset` as Spark keeps it: the form `offset` reads."""
         if self.single is not None:
-            return offset.queues[self.single].to_dict()
-        return offset.to_dict()
+            d = offset.queues[self.single].to_dict()
+        else:
+            d = offset.to_dict()
+        self._known = (d, offset)
+        return d
 
     def _one(self) -> Receiver:
         """A one-queue stream's receiver."""
