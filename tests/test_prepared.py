@@ -769,3 +769,81 @@ def test_the_marks_of_prepared_claims_go_with_their_commit_and_spare_another_con
     finally:
         a.close()
         b.close()
+
+
+def _drive(pg: Backend, q: str, e: str, mode: str, per_trigger: int) -> Any:
+    """A one-queue stream over `q`, driven as Spark's driver drives it (no Spark)."""
+    from spark_qtransport.options.parse import ReaderOptions
+    from spark_qtransport.transport.receiving.queueset import QueueSet
+
+    return QueueSet(ReaderOptions.stream({"url": pg.url, "queue": q, "errorQueue": e, "claimMode": mode,
+                                          "maxMessagesPerTrigger": str(per_trigger)}))
+
+
+def _trigger(qs: Any, end: Any, per_trigger: int) -> Any:
+    nxt = qs.latest(end, per_trigger)
+    qs.committed(end)  # the batch before is processed
+    qs.sessions.background.drain()
+    return nxt
+
+
+@pytest.mark.parametrize("mode", ["prepared", "table"])
+def test_a_scan_from_the_queue_head_steps_over_the_rows_its_claims_took_whole(
+        ppg: Backend, names: Any, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows our claims deleted stay in the index until vacuum (while a prepared claim holds the
+    server's horizon, unmarked): a claim that finds nothing above its low-water mark looks again
+    from the queue head only between the ranges this run's claims took whole (`swept.py`), not
+    through them. Every message is still claimed once."""
+    d = ppg.dialect
+    q, e = ppg.create_queue(names("Swept")), ppg.create_queue(names("error"))
+    ppg.send_many(q, [(nsb_headers(f"m{i:04d}"), b"x") for i in range(3000)])
+    with ppg.connect() as c:
+        (high,) = c.execute(f"SELECT max(seq) FROM {ppg.q(q)}").fetchone()
+    peeks: list[tuple[int, int | None]] = []
+    peek = type(d).peek
+
+    def recorded(self: Any, queue: Any, *, after: int, upto: int | None) -> Any:
+        peeks.append((after, upto))
+        return peek(self, queue, after=after, upto=upto)
+
+    monkeypatch.setattr(type(d), "peek", recorded)
+    qs = _drive(ppg, q, e, mode, 1000)
+    try:
+        end = qs.initial_offset()
+        for _ in range(8):
+            end = _trigger(qs, end, 1000)
+        assert ppg.count(q) == 0 and qs.claimed == 3000
+        peeks.clear()
+        end = _trigger(qs, end, 1000)  # nothing left: a scan from the queue head
+        assert peeks and all(after >= high for after, _ in peeks), f"a peek walked from the queue head: {peeks}"
+        ppg.send_many(q, [(nsb_headers("late"), b"x")])
+        end = _trigger(qs, end, 1000)
+        end = _trigger(qs, end, 1000)
+        assert ppg.count(q) == 0 and qs.claimed == 3001
+    finally:
+        qs.close()
+
+
+@pytest.mark.parametrize("mode", ["prepared", "table"])
+def test_rows_another_consumer_let_go_below_our_claims_are_claimed(ppg: Backend, names: Any, mode: str) -> None:
+    """Rows a competing consumer held while we claimed around them, then released by rolling back,
+    lie below our low-water mark, inside the range of a claim that did not take it whole: a scan
+    from the queue head finds them."""
+    import psycopg
+
+    q, e = ppg.create_queue(names("LetGo")), ppg.create_queue(names("error"))
+    ppg.send_many(q, [(nsb_headers(f"m{i:02d}"), b"x") for i in range(20)])
+    other = psycopg.connect(ppg.url)  # NServiceBus's receive holds three rows in the middle
+    other.execute(f"SELECT seq FROM {ppg.q(q)} WHERE seq IN (SELECT seq FROM {ppg.q(q)} ORDER BY seq OFFSET 5 LIMIT 3)"
+                  " ORDER BY seq FOR UPDATE").fetchall()
+    qs = _drive(ppg, q, e, mode, 100)
+    try:
+        end = _trigger(qs, qs.initial_offset(), 100)
+        assert qs.claimed == 17
+        other.rollback()
+        for _ in range(3):
+            end = _trigger(qs, end, 100)
+        assert qs.claimed == 20 and ppg.count(q) == 0
+    finally:
+        other.close()
+        qs.close()
