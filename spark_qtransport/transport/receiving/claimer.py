@@ -36,7 +36,6 @@ from .judge import judged
 from .ledger import Ledger
 from .prepared import NUMBER_BASE, PreparedClaim, consumer_token
 from .setup import Endpoint
-from .swept import Swept
 
 __all__ = ["ClaimOutcome", "ClaimRequest", "Claimer", "pick"]
 
@@ -121,12 +120,11 @@ class Claimer:
     state of its own: each claim returns a `ClaimOutcome` for the planner to apply."""
 
     def __init__(self, endpoint: Endpoint, main: Session, ahead: Session, background: Background,
-                 table: Callable[[], str], *, ledger: Ledger, swept: Swept) -> None:
+                 table: Callable[[], str], *, ledger: Ledger) -> None:
         self.endpoint = endpoint
         self._main, self._ahead, self._background = main, ahead, background
         self._table = table  # the claim table's id (a prepared claim's gid names it)
         self._ledger = ledger  # this consumer's claims: the planner's
-        self._swept = swept  # the ranges of queue rows this run's claims took whole: the planner's
         #: held by a claim on the main session and by a backlog estimate on the background thread
         #: (`Receiver._refresh_backlog`): the estimate locks the queue's first and last unlocked rows
         #: (`ReceiveSql.backlog`), and a claim beside it would skip the head row, out of FIFO order
@@ -163,9 +161,9 @@ class Claimer:
         d, o = self.endpoint.dialect, self.endpoint.options
         cur = conn.cursor()
         after = request.after
-        if after == 0 or db.first(cur, d.peek(o.queue, after=after, upto=request.upto)) is None:
-            # from the queue head (no low-water mark, or nothing above it): between our own rows
-            head = self._head(cur, request.upto)
+        if db.first(cur, d.peek(o.queue, after=after, upto=request.upto)) is None:
+            # nothing above the low-water mark: look once more from the queue head
+            head = self._head(cur, request.upto) if after != 0 else None
             if head is None:
                 return ClaimOutcome(request)
             after = head
@@ -255,20 +253,17 @@ class Claimer:
         return ClaimOutcome(request, claim, ForwardResult(), after, held)
 
     def _head(self, cur: Cursor, upto: int | None) -> int | None:
-        """Where a claim from the queue head begins (None: no row to claim): the first gap with an
-        unlocked row in it between the rows this consumer's prepared claims hold and the ranges
-        this run's claims took whole (`swept.py`). A peek steps over locked rows and the index
-        entries of deleted ones one by one, and ours stand at the head of the queue until
-        committed, then until vacuum: looking between them, not through them, spares the server a
-        walk over every row claimed since."""
+        """Where a claim from the queue head begins (None: no row to claim): the first gap between
+        the rows this consumer's prepared claims hold with an unlocked row in it. A peek steps over
+        locked rows one by one, and ours stand at the head of the queue until committed: looking
+        between them, not through them, spares the server a walk over two claims' rows."""
         d, o = self.endpoint.dialect, self.endpoint.options
         after = 0
-        for low, high in self._swept.covered((c.low - 1, c.high) for c in self._ledger.prepared()):
-            if low > after and db.first(cur, d.peek(o.queue, after=after, upto=_lower(low, upto))) is not None:
+        for claim in sorted(self._ledger.prepared(), key=lambda c: c.low):
+            gap = d.peek(o.queue, after=after, upto=_lower(claim.low - 1, upto))
+            if claim.low - 1 > after and db.first(cur, gap) is not None:
                 return after
-            after = max(after, high)
-            if upto is not None and after >= upto:
-                return None
+            after = max(after, claim.high)
         return after if db.first(cur, d.peek(o.queue, after=after, upto=upto)) is not None else None
 
     def _prepare(self, conn: Connection, cur: Cursor, claim: PreparedClaim) -> bool:

@@ -21,7 +21,6 @@ from .ledger import Ledger
 from .prepared import Prepared, listed
 from .setup import Endpoint
 from .stats import ReceiveStats, dropped_note
-from .swept import Swept
 
 __all__ = ["ClaimOffset", "ClaimSlice", "PreparedRead", "LOW_WATER_TTL", "Planner", "STARTER_CLAIM"]
 
@@ -114,16 +113,13 @@ class Planner:
     changes it; a claim made ahead is applied when the next batch is planned."""
 
     def __init__(self, endpoint: Endpoint, claimer: Claimer, main: Session, stats: ReceiveStats,
-                 *, clock: Callable[[], float] = time.monotonic, ledger: Ledger, swept: Swept | None = None,
+                 *, clock: Callable[[], float] = time.monotonic, ledger: Ledger,
                  table: Callable[[], str] = lambda: "") -> None:
         self.endpoint, self.stats = endpoint, stats
         self._claimer, self._main, self._clock = claimer, main, clock
         #: the claims this consumer holds, in the claim table and prepared (`ledger.py`), and the
         #: claim table's id
         self.ledger = ledger
-        #: the ranges of queue rows this run's claims took whole (`swept.py`): a scan from the queue
-        #: head steps over them
-        self.swept = swept if swept is not None else Swept(clock=clock)
         self._table = table
         self.last_end: int | None = None
         self.target: int | None = None  # Trigger.AvailableNow: highest queue sequence to take
@@ -316,7 +312,6 @@ class Planner:
             self._low_water = _LowWater()
             return outcome
         self._record(outcome)
-        self._swept(outcome)
         if result.max_claim is not None and self._held_seen is not None:
             self._held = max(self._held or 0, result.max_claim)
         if outcome.prepared is not None:
@@ -332,16 +327,6 @@ class Planner:
         else:
             self._low_water = _LowWater()
         return outcome
-
-    def _swept(self, outcome: ClaimOutcome) -> None:
-        """A claim that took every sequence number of its range, from its lowest row (a prepared
-        claim's) or from where it scanned, to its highest, left no gap there (`swept.py`)."""
-        result = outcome.result
-        if result is None or not result.deleted or result.max_source is None:
-            return
-        low = outcome.prepared.low if outcome.prepared is not None else outcome.scanned_from + 1
-        if result.deleted == result.max_source - low + 1:
-            self.swept.took(low - 1, result.max_source)
 
     def estimate_floor(self) -> int:
         """The queue sequence a backlog estimate looks above: the highest row this consumer's

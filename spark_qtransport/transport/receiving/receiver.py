@@ -53,7 +53,6 @@ from .sessions import StreamSessions
 from .setup import Endpoint, EndpointSetUp
 from .slices import pack, read_batches, read_chunks, read_slice
 from .stats import ReceiveStats
-from .swept import Swept
 from .warden import Warden
 
 if TYPE_CHECKING:
@@ -98,10 +97,8 @@ class Receiver:
         self.main, self.ahead, self.background = self.sessions.main, self.sessions.ahead, self.sessions.background
         table = self._known_table_id
         ledger = Ledger()  # the claims this consumer holds: the planner's, seen by the claimer
-        swept = Swept(clock=clock)  # the queue rows this run's claims took whole: the planner's, seen by the claimer
-        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background, table, ledger=ledger, swept=swept)
-        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock, table=table, ledger=ledger,
-                               swept=swept)
+        self.claimer = Claimer(self.endpoint, self.main, self.ahead, self.background, table, ledger=ledger)
+        self.planner = Planner(self.endpoint, self.claimer, self.main, self.stats, clock=clock, table=table, ledger=ledger)
         self.times = BatchTimes()
         self.monitor = (Monitor(options, reports=self.sessions.reports(options))
                         if options.monitoring_queue is not None else None)
