@@ -769,3 +769,44 @@ def test_the_marks_of_prepared_claims_go_with_their_commit_and_spare_another_con
     finally:
         a.close()
         b.close()
+
+
+def _drive(pg: Backend, q: str, e: str, mode: str, per_trigger: int) -> Any:
+    """A one-queue stream over `q`, driven as Spark's driver drives it (no Spark)."""
+    from spark_qtransport.options.parse import ReaderOptions
+    from spark_qtransport.transport.receiving.queueset import QueueSet
+
+    return QueueSet(ReaderOptions.stream({"url": pg.url, "queue": q, "errorQueue": e, "claimMode": mode,
+                                          "maxMessagesPerTrigger": str(per_trigger)}))
+
+
+def _trigger(qs: Any, end: Any, per_trigger: int) -> Any:
+    nxt = qs.latest(end, per_trigger)
+    qs.committed(end)  # the batch before is processed
+    qs.sessions.background.drain()
+    return nxt
+
+
+@pytest.mark.parametrize("mode", ["prepared", "table"])
+def test_rows_another_consumer_let_go_below_our_claims_are_claimed(ppg: Backend, names: Any, mode: str) -> None:
+    """Rows a competing consumer held while we claimed around them, then released by rolling back,
+    lie below our low-water mark, inside the range of a claim that did not take it whole: a scan
+    from the queue head finds them."""
+    import psycopg
+
+    q, e = ppg.create_queue(names("LetGo")), ppg.create_queue(names("error"))
+    ppg.send_many(q, [(nsb_headers(f"m{i:02d}"), b"x") for i in range(20)])
+    other = psycopg.connect(ppg.url)  # NServiceBus's receive holds three rows in the middle
+    other.execute(f"SELECT seq FROM {ppg.q(q)} WHERE seq IN (SELECT seq FROM {ppg.q(q)} ORDER BY seq OFFSET 5 LIMIT 3)"
+                  " ORDER BY seq FOR UPDATE").fetchall()
+    qs = _drive(ppg, q, e, mode, 100)
+    try:
+        end = _trigger(qs, qs.initial_offset(), 100)
+        assert qs.claimed == 17
+        other.rollback()
+        for _ in range(3):
+            end = _trigger(qs, end, 100)
+        assert qs.claimed == 20 and ppg.count(q) == 0
+    finally:
+        other.close()
+        qs.close()
