@@ -509,7 +509,8 @@ def drain(spark, url: str, queue: str, n: int, per_trigger: int,  # type: ignore
 
 def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int,  # type: ignore[no-untyped-def]
                    *, new_messages: bool = False, meter: Meter | None = None,
-                   options: dict[str, str] | None = None, destination_column: bool = False) -> dict:
+                   options: dict[str, str] | None = None, destination_column: bool = False,
+                   check: bool = True) -> dict:
     """The connector moves the n messages of `src` to `out` exactly once: queue -> Spark ->
     writeStream.format("sqlqueue") (endpoint `src`, option destination `out`, every batch dispatched
     through its outbox), Trigger.AvailableNow; checks `out` holds n distinct NServiceBus message ids.
@@ -518,7 +519,10 @@ def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int
     header of a new message. `options` are more reader options (claimMode, ...); with
     `destination_column` the stream selects `out` as a literal `destination` column instead of the
     sink's option. With `meter`, the database's CPU and WAL from the stream's creation until
-    its last claim is acknowledged (`metered`; the check is not metered)."""
+    its last claim is acknowledged (`metered`; the check is not metered). A caller that meters
+    the call itself passes `check=False` and checks `out` after its meter stopped: the check reads
+    every row of `out` (a JSON parse each, and with data checksums the rows' hint bits written to
+    WAL), as much as a quarter of the path's own CPU and WAL."""
     import shutil
     import tempfile
 
@@ -541,8 +545,9 @@ def queue_to_queue(spark, url: str, src: str, out: str, n: int, per_trigger: int
         q.awaitTermination()
         wall = time.perf_counter() - t
     shutil.rmtree(ckpt, ignore_errors=True)
-    got = counted(url, out)
-    assert got == (n, n), (got, n)
+    if check:
+        got = counted(url, out)
+        assert got == (n, n), (got, n)
     return {**stream_rates(q.recentProgress, n, wall), **cost}
 
 

@@ -356,7 +356,10 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
                     connector(f"qq {how} {mode}", src, mode,
                               lambda src=src, out=out, how=how, mode=mode: queue_to_queue(
                                   spark, url, src, out, n, k, new_messages=True, options={"claimMode": mode},
-                                  destination_column=how == "column"))
+                                  destination_column=how == "column", check=False))
+                    # checked outside the meter, as the floor's output is (`floor_into`)
+                    got = counted(url, out)
+                    assert got == (n, n), f"{out} holds {got[0]:,} rows, {got[1]:,} distinct ids; expected {n:,}"
                     drop(url, src, out, endpoints=(src,))
 
         if "audit" in chosen:
