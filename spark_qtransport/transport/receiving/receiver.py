@@ -150,13 +150,20 @@ class Receiver:
 
     @property
     def table_id(self) -> str:
-        if self.set_up.table_id is None or self.set_up.conn is not self.main.current:
+        table = self._set_up_table()
+        if table is None:
             # through the session: a failure to connect or set up (a wrong password, a missing
             # database) is our DatabaseError naming the queue, a transient one is retried. A new
             # connection ran the set-up already; a queue joining a stream's open one runs it here.
             self.main.run(self.set_up.ensure)
-        assert self.set_up.table_id is not None
-        return self.set_up.table_id
+            table = self.set_up.table_id
+        assert table is not None
+        return table
+
+    def _set_up_table(self) -> str | None:
+        """The claim table's id if the set-up ran on the main session's open connection, else None."""
+        up = self.set_up
+        return up.table_id if up.conn is self.main.current else None
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -197,11 +204,10 @@ class Receiver:
         the open connection, nothing is held beyond `start`, no prepared claim waits for its timer.
         Then the plan is made here (`Planner.at_rest`) and `start` is the batch's end: a thousand
         idle queues cost a few microseconds each a trigger, not a plan each."""
-        up = self.set_up
+        table = self._set_up_table()
         if (self.draining or self._available_now or not (self._released and self._takeover_checked and self._watched)
-                or up.table_id is None or up.conn is not self.main.current or start.table != up.table_id
-                or self.planner.start_after(start, up.table_id) != start.claim
-                or (not self._timed and self.planner.ledger.prepared())):
+                or table is None or start.table != table or self.planner.start_after(start, table) != start.claim
+                or self._prepared_untimed()):
             return False
         self._start_monitoring()
         return self.planner.at_rest(start.claim)
@@ -441,9 +447,13 @@ class Receiver:
     def _warden(self) -> Warden | None:
         return self.sessions.warden(self.options.prepared_timeout) if self._watched else None
 
+    def _prepared_untimed(self) -> bool:
+        """This run holds a prepared claim and the timer that parks old ones is not running yet."""
+        return not self._timed and bool(self.planner.ledger.prepared())
+
     def _time_prepared(self) -> None:
         """Once this run holds a prepared claim, a timer parks the ones older than their bound."""
-        if not self._timed and self.planner.ledger.prepared():
+        if self._prepared_untimed():
             self._timed = True
             warden = self._warden()
             if warden is not None:
