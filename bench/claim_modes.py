@@ -286,6 +286,11 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
     def step(what: str) -> None:
         print(f"  [{name}] {what} ...", flush=True, file=sys.stderr)
 
+    def holds_all(queue: str, m: int = n) -> None:
+        """`queue` holds `m` rows with `m` distinct message ids, checked after a path's meter stopped."""
+        got = counted(url, queue)
+        assert got == (m, m), f"{queue} holds {got[0]:,} rows, {got[1]:,} distinct ids; expected {m:,}"
+
     def plain(key: str, m: int, path: Callable[[], float]) -> dict[str, Any]:
         r: dict[str, Any] = {}
         with metered(meter, m, r):
@@ -309,7 +314,7 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
         """A floor that moves the rows of `src` into `out` (`floor_runs`); after each run `out` must
         hold every message once."""
         def done() -> None:
-            assert counted(url, out) == (n, n)
+            holds_all(out)
             drop(url, src, out)
 
         floor_runs(key, what, lambda: fresh(url, src, n, size, out), lambda: path(src, out), done)
@@ -358,8 +363,7 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
                                   spark, url, src, out, n, k, new_messages=True, options={"claimMode": mode},
                                   destination_column=how == "column", check=False))
                     # checked outside the meter, as the floor's output is (`floor_into`)
-                    got = counted(url, out)
-                    assert got == (n, n), f"{out} holds {got[0]:,} rows, {got[1]:,} distinct ids; expected {n:,}"
+                    holds_all(out)
                     drop(url, src, out, endpoints=(src,))
 
         if "audit" in chosen:
@@ -373,8 +377,7 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
                 connector(f"audit {mode}", src, mode,
                           lambda src=src, audit=audit, mode=mode: drain(
                               spark, url, src, n, k, {"claimMode": mode, "auditQueue": audit}))
-                got = counted(url, audit)
-                assert got == (n, n), f"the audit queue holds {got[0]:,} rows, {got[1]:,} distinct ids; expected {n:,}"
+                holds_all(audit)
                 drop(url, src, audit)
 
         if "tenants" in chosen:
@@ -400,7 +403,7 @@ def run_server(spark: Any, url: str, name: str, args: Any, modes: list[str], cho
             src, out = f"{tag}NsbIn", f"{tag}NsbOut"
             fresh(url, src, m, size, out)
             plain("nsb", m, lambda: nsb_receive_send(url, src, out, m, 2))
-            assert counted(url, out) == (m, m)
+            holds_all(out, m)
             drop(url, src, out)
     finally:
         meter.close()
