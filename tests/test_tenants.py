@@ -654,25 +654,35 @@ def test_an_idle_queue_with_nothing_held_is_not_planned(small: Backend, monkeypa
         qs.close()
 
 
-def test_a_queue_whose_sender_has_not_committed_is_peeked_until_it_has(small: Backend) -> None:
+def test_a_queue_whose_sender_has_not_committed_is_peeked_until_it_has(small: Backend,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A sender took its number before a peek and commits after it: the peek saw nothing, and the
     sequence does not move again. The queue is not taken as empty while a transaction holds a
-    writer's lock on it, so the message is claimed at the first trigger after the commit."""
+    writer's lock on it, so the message is claimed at the first trigger after the commit. The
+    writers' locks are read once a trigger, after the sequences of every part of the queues."""
+    from spark_qtransport.transport.receiving import quiet
+
+    monkeypatch.setattr(quiet, "SEQUENCES_PER_TRANSACTION", 2)  # two parts: 00 and 01, 02 and 03
     be = small
-    qs = _tenant_stream(be, "inflight", 2)
+    qs = _tenant_stream(be, "inflight", 4)
     try:
         end = _idle_triggers(qs, qs.initial_offset(), 4)
-        with be.connect(autocommit=False) as sender:
-            be.send("inflight_01.audit", nsb_headers("late commit"), b"{}", conn=sender)
+        with be.connect(autocommit=False) as one, be.connect(autocommit=False) as other:
+            be.send("inflight_01.audit", nsb_headers("late commit"), b"{}", conn=one)
+            be.send("inflight_03.audit", nsb_headers("later commit"), b"{}", conn=other)
             end = _idle_triggers(qs, end, 4)  # seen empty with its sequence standing still, again and again
-            assert end.queues['"inflight_01"."audit"'].claim == 0
+            assert end.queues['"inflight_01"."audit"'].claim == 0 and end.queues['"inflight_03"."audit"'].claim == 0
             with be.connect() as c:
                 reset_statements(c)
             end = _idle_triggers(qs, end, 2)
-            assert _peeks(be, "inflight_01") == 2 and _peeks(be, "inflight_00") == 0
-            sender.commit()
+            assert [_peeks(be, f"inflight_{i:02d}") for i in range(4)] == [0, 2, 0, 2]
+            assert _calls(be, "%pg_sequence_last_value%") == 4, "a statement a part a trigger"
+            assert _calls(be, "%pg_locks%") == 2, "the writers' locks of both parts in one statement a trigger"
+            one.commit()
+            other.commit()
         end = qs.latest(end, 100)
         assert end.queues['"inflight_01"."audit"'].claim > 0, "the message committed late waits for a recheck"
+        assert end.queues['"inflight_03"."audit"'].claim > 0
         qs.committed(end)
     finally:
         qs.close()

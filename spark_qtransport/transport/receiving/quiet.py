@@ -67,9 +67,9 @@ class QuietQueues:
     """Per queue of a stream, whether its backlog can be taken as 0 without a peek this trigger.
 
     Each trigger: `read` (a transaction per `SEQUENCES_PER_TRANSACTION` queues: their sequences,
-    then the writers' locks on the tables of those to be peeked; one more statement first for
-    queues not looked up yet), then `quiet(key)` for each queue, then `peeked(key, estimate)` for
-    each queue peeked."""
+    and in the last, after them, the writers' locks on the tables of all those to be peeked; one
+    more statement first for queues not looked up yet), then `quiet(key)` for each queue, then
+    `peeked(key, estimate)` for each queue peeked."""
 
     def __init__(self, dialect: Dialect, *, clock: Callable[[], float] = time.monotonic,
                  recheck: float = RECHECK) -> None:
@@ -92,12 +92,16 @@ class QuietQueues:
         try:
             self._look_up(run, queues)
             keys = sorted(k for k in queues if self._queues[k].sequence is not None)
+            peeked: list[str] = []  # the earlier parts' queues to be peeked
             for start in range(0, len(keys), SEQUENCES_PER_TRANSACTION):
                 part = keys[start:start + SEQUENCES_PER_TRANSACTION]
-                values, quiet, written = run(functools.partial(self._read, part), "reading the queues' sequences")
+                last = start + SEQUENCES_PER_TRANSACTION >= len(keys)
+                values, quiet, written = run(functools.partial(self._read, part, peeked if last else None),
+                                             "reading the queues' sequences")
                 self._values.update((part[i], v) for i, v in values)
                 self._quiet.update(part[i] for i in quiet)
-                self._written.update(part[i] for i in written)
+                peeked += [part[i] for i, _ in values if i not in quiet]
+                self._written.update(written)
         except DatabaseError as exc:  # e.g. a queue dropped between the catalog and the sequence
             log.debug("queues' sequences not read (%s): every queue is peeked this trigger", exc)
             for q in self._queues.values():
@@ -108,18 +112,22 @@ class QuietQueues:
             if k not in self._values:
                 self._queues[k].sequence = None
 
-    def _read(self, keys: list[str], conn: Connection) -> tuple[list[tuple[int, int]], set[int], set[int]]:
-        """The sequences; the queues known to be empty by them; then (after the sequences: module
-        doc) which of the others, the queues to be peeked, a writer holds a lock on."""
+    def _read(self, keys: list[str], earlier: list[str] | None,
+              conn: Connection) -> tuple[list[tuple[int, int]], set[int], set[str]]:
+        """The sequences of `keys`; which of them are known to be empty by them; and in the last
+        part (`earlier`: the other parts' queues to be peeked), after every sequence (module doc),
+        which of the queues to be peeked a writer holds a lock on: one statement a trigger."""
         d, cur, now = self.dialect, conn.cursor(), self._clock()
         stmt = d.sequence_values([self._queues[k].sequence or 0 for k in keys])
         assert stmt is not None
         values = [(int(i), int(v)) for i, v in db.rows(cur, stmt)]
         quiet = {i for i, v in values if self._queues[keys[i]].value == v and now < self._queues[keys[i]].recheck}
-        peeked = [i for i, _ in values if i not in quiet]
+        if earlier is None:
+            return values, quiet, set()
+        peeked = earlier + [keys[i] for i, _ in values if i not in quiet]
         if not peeked:
             return values, quiet, set()
-        stmt = d.tables_written([self._queues[keys[i]].table or 0 for i in peeked])
+        stmt = d.tables_written([self._queues[k].table or 0 for k in peeked])
         assert stmt is not None
         return values, quiet, {peeked[int(j)] for (j,) in db.rows(cur, stmt)}
 
