@@ -593,6 +593,24 @@ def test_an_idle_queue_known_empty_by_its_sequence_is_not_peeked_until_it_moves(
         qs.close()
 
 
+def test_one_busy_queue_among_idle_ones_gets_the_whole_trigger(small: Backend) -> None:
+    """maxMessagesPerTrigger is shared among the queues with messages waiting: the idle ones claim
+    nothing, so they take no share of it (they took 1 each, and a busy queue beside 29 idle ones
+    got 1 message of 20 a trigger)."""
+    be = small
+    qs = _tenant_stream(be, "lone", 30)
+    try:
+        end = _idle_triggers(qs, qs.initial_offset(), 2)
+        for i in range(50):
+            be.send("lone_07.audit", nsb_headers(f"m{i}"), b"{}")
+        before = qs.claimed
+        end = qs.latest(end, 20)
+        assert qs.claimed - before == 20, "the busy queue's share is the whole trigger's"
+        qs.committed(end)
+    finally:
+        qs.close()
+
+
 def test_a_pattern_is_resolved_again_only_when_the_catalog_changes(small: Backend) -> None:
     """An idle trigger reads the catalog's version, not the pattern's candidates: a queue created,
     renamed away or dropped changes it, and the next trigger resolves the pattern again."""

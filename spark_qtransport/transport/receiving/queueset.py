@@ -391,7 +391,9 @@ class QueueSet:
         active = self._active()
         demand = self._demand if counted and self._demand is not None else self.count(starts, active)
         self._demand = None
-        shares = fair_shares(demand, limit) if limit is not None and len(active) > 1 else {}
+        # shared among the queues with something to take: the others plan without a claim (`_plan`)
+        wanting = {k: n for k, n in demand.items() if n > 0}
+        shares = fair_shares(wanting, limit) if limit is not None and len(active) > 1 and wanting else {}
         ends: dict[str, ClaimOffset] = {}
         together: dict[str, _Claim] = {}  # the queues whose one claim is made in the shared transaction
         last: list[tuple[Receiver, ClaimOffset]] = []  # an AvailableNow run's last acknowledgements
