@@ -596,7 +596,7 @@ def test_an_idle_queue_known_empty_by_its_sequence_is_not_peeked_until_it_moves(
 def test_one_busy_queue_among_idle_ones_gets_the_whole_trigger(small: Backend) -> None:
     """maxMessagesPerTrigger is shared among the queues with messages waiting: the idle ones claim
     nothing, so they take no share of it (they took 1 each, and a busy queue beside 29 idle ones
-    got 1 message of 20 a trigger)."""
+    got 1 message of 20 a trigger). The progress report names only what is not 0."""
     be = small
     qs = _tenant_stream(be, "lone", 30)
     try:
@@ -606,6 +606,12 @@ def test_one_busy_queue_among_idle_ones_gets_the_whole_trigger(small: Backend) -
         before = qs.claimed
         end = qs.latest(end, 20)
         assert qs.claimed - before == 20, "the busy queue's share is the whole trigger's"
+        # the progress report: totals first; a queue's counters and backlog only where not 0
+        report = qs.report()
+        assert report["claimed"] == 20 and report["backlog"] == 30 and report["expired"] == 0
+        busy, idle = report["queues"]['"lone_07"."audit"'], report["queues"]['"lone_08"."audit"']
+        assert busy["claimed"] == 20 and busy["backlog"] == 30 and "expired" not in busy
+        assert sorted(idle) == ["claim", "claimTable"] and len(report["queues"]) == 30
         qs.committed(end)
     finally:
         qs.close()

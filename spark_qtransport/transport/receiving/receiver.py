@@ -506,13 +506,17 @@ class Receiver:
         (n,) = session.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("backlog"))
         return int(n or 0)
 
-    def report(self) -> dict[str, Any]:
-        """The last planned end offset and this run's counters, for progress reports."""
+    def report(self, *, compact: bool = False) -> dict[str, Any]:
+        """The last planned end offset and this run's counters, for progress reports; `compact`:
+        only the counters that are not 0 (an entry of a several-queue stream's report)."""
         end = ClaimOffset(self.planner.last_end or 0, self.table_id).to_dict()
         s = self.stats
-        return {**end, "claimed": s.claimed, "expired": s.expired, "poison": s.poison,
-                "forwarded": s.forwarded, "forwardFailed": s.forward_failed, "deadLettered": s.dead_lettered,
-                "takenOver": s.taken_over, **self._platform_report()}
+        counters = {"claimed": s.claimed, "expired": s.expired, "poison": s.poison,
+                    "forwarded": s.forwarded, "forwardFailed": s.forward_failed, "deadLettered": s.dead_lettered,
+                    "takenOver": s.taken_over, **self._platform_report()}
+        if compact:
+            counters = {k: v for k, v in counters.items() if v}
+        return {**end, **counters}
 
     def _platform_report(self) -> dict[str, int]:
         a, o = self.stats, self.options
