@@ -55,7 +55,7 @@ QUEUES_PER_TRANSACTION = 50
 #: (`Dialect.catalog_version`) says nothing changed
 RESOLVE_AGAIN = 60.0
 #: the totals a several-queue stream's progress report always has (`QueueSet.report`; the
-#: platform's counters too where a queue has them)
+#: platform's counters, such as `audited`, once one is not 0)
 REPORT_TOTALS = ("backlog", "claimed", "expired", "poison", "forwarded", "forwardFailed", "deadLettered", "takenOver")
 
 
