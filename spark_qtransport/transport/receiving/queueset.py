@@ -30,7 +30,7 @@ from .claimer import ClaimOutcome, ClaimRequest
 from .planner import ClaimOffset, ClaimSlice
 from .prepared import all_on_server
 from .quiet import QuietQueues
-from .receiver import Receiver
+from .receiver import REPORTED, Receiver
 from .sessions import StreamSessions
 
 T = TypeVar("T")
@@ -54,9 +54,6 @@ QUEUES_PER_TRANSACTION = 50
 #: a pattern is resolved again at least this often (seconds), even when the catalog's version
 #: (`Dialect.catalog_version`) says nothing changed
 RESOLVE_AGAIN = 60.0
-#: the totals a several-queue stream's progress report always has (`QueueSet.report`; the
-#: platform's counters, such as `audited`, once one is not 0)
-REPORT_TOTALS = ("backlog", "claimed", "expired", "poison", "forwarded", "forwardFailed", "deadLettered", "takenOver")
 
 
 @dataclass(frozen=True)
@@ -534,20 +531,20 @@ class QueueSet:
             return {**r.report(), "backlog": r.reported_backlog(), "queue": r.endpoint.queue_text,
                     "endpoint": r.options.consumer}
         queues: dict[str, dict[str, Any]] = {}
-        totals = dict.fromkeys(REPORT_TOTALS, 0)
+        totals = dict.fromkeys(("backlog", *REPORTED), 0)  # the platform's counters once one is not 0
         for k, r in sorted(self.receivers.items()):
             estimate, claimed = self._backlogs.get(k, (0, r.claimed))
             try:
-                entry = r.report(compact=True)
+                position = r.position()
             except QueueNotFoundError:  # dropped: it leaves at the next trigger, and says so then
                 continue
+            counters = r.counters(compact=True)
             backlog = max(0, estimate - (r.claimed - claimed))
             if backlog:
-                entry["backlog"] = backlog
-            for name, n in entry.items():
-                if name not in ("claim", "claimTable"):
-                    totals[name] = totals.get(name, 0) + n
-            queues[k] = entry
+                counters["backlog"] = backlog
+            for name, n in counters.items():
+                totals[name] = totals.get(name, 0) + n
+            queues[k] = {**position, **counters}
         return {**totals, "queues": queues}
 
     # -- partitions and acknowledgement -------------------------------------------------------

@@ -58,12 +58,15 @@ from .warden import Warden
 if TYPE_CHECKING:
     from ..settings import ReceiveSettings
 
-__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "pack", "read_batches", "read_chunks", "read_slice", "ReceiveStats"]
+__all__ = ["ClaimOffset", "ClaimSlice", "Receiver", "pack", "read_batches", "read_chunks", "read_slice", "ReceiveStats", "REPORTED"]
 
 log = logging.getLogger("spark_qtransport.receive")
 
 #: seconds the first progress report of a run waits for the backlog's estimate (`reported_backlog`)
 FIRST_ESTIMATE_WAIT = 2.0
+#: the counters a receiver reports in progress: by their name there, of `ReceiveStats`' field
+REPORTED = {"claimed": "claimed", "expired": "expired", "poison": "poison", "forwarded": "forwarded",
+            "forwardFailed": "forward_failed", "deadLettered": "dead_lettered", "takenOver": "taken_over"}
 
 
 @dataclass(frozen=True)
@@ -506,17 +509,21 @@ class Receiver:
         (n,) = session.run(lambda c: db.one(c.cursor(), stmt), self.endpoint.what("backlog"))
         return int(n or 0)
 
-    def report(self, *, compact: bool = False) -> dict[str, Any]:
-        """The last planned end offset and this run's counters, for progress reports; `compact`:
-        only the counters that are not 0 (an entry of a several-queue stream's report)."""
-        end = ClaimOffset(self.planner.last_end or 0, self.table_id).to_dict()
+    def report(self) -> dict[str, Any]:
+        """The last planned end offset and this run's counters, for progress reports."""
+        return {**self.position(), **self.counters()}
+
+    def position(self) -> dict[str, Any]:
+        """The last planned end offset, as progress reports show it."""
+        return ClaimOffset(self.planner.last_end or 0, self.table_id).to_dict()
+
+    def counters(self, *, compact: bool = False) -> dict[str, int]:
+        """This run's counters (`REPORTED`, the platform's where configured); `compact`: only those
+        that are not 0 (an entry of a several-queue stream's report)."""
         s = self.stats
-        counters = {"claimed": s.claimed, "expired": s.expired, "poison": s.poison,
-                    "forwarded": s.forwarded, "forwardFailed": s.forward_failed, "deadLettered": s.dead_lettered,
-                    "takenOver": s.taken_over, **self._platform_report()}
-        if compact:
-            counters = {k: v for k, v in counters.items() if v}
-        return {**end, **counters}
+        counters = {name: getattr(s, field) for name, field in REPORTED.items()}
+        counters.update(self._platform_report())
+        return {k: v for k, v in counters.items() if v} if compact else counters
 
     def _platform_report(self) -> dict[str, int]:
         a, o = self.stats, self.options
