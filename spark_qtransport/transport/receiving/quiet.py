@@ -96,11 +96,11 @@ class QuietQueues:
             for start in range(0, len(keys), SEQUENCES_PER_TRANSACTION):
                 part = keys[start:start + SEQUENCES_PER_TRANSACTION]
                 last = start + SEQUENCES_PER_TRANSACTION >= len(keys)
-                values, quiet, written = run(functools.partial(self._read, part, peeked if last else None),
-                                             "reading the queues' sequences")
+                values, quiet, mine, written = run(functools.partial(self._read, part, peeked if last else None),
+                                                   "reading the queues' sequences")
                 self._values.update((part[i], v) for i, v in values)
                 self._quiet.update(part[i] for i in quiet)
-                peeked += [part[i] for i, _ in values if i not in quiet]
+                peeked += mine
                 self._written.update(written)
         except DatabaseError as exc:  # e.g. a queue dropped between the catalog and the sequence
             log.debug("queues' sequences not read (%s): every queue is peeked this trigger", exc)
@@ -113,23 +113,23 @@ class QuietQueues:
                 self._queues[k].sequence = None
 
     def _read(self, keys: list[str], earlier: list[str] | None,
-              conn: Connection) -> tuple[list[tuple[int, int]], set[int], set[str]]:
-        """The sequences of `keys`; which of them are known to be empty by them; and in the last
-        part (`earlier`: the other parts' queues to be peeked), after every sequence (module doc),
-        which of the queues to be peeked a writer holds a lock on: one statement a trigger."""
+              conn: Connection) -> tuple[list[tuple[int, int]], set[int], list[str], set[str]]:
+        """The sequences of `keys`; which of them are known to be empty by them; the others, to be
+        peeked; and in the last part (`earlier`: the other parts' queues to be peeked), after every
+        sequence (module doc), which of the queues to be peeked a writer holds a lock on: one
+        statement a trigger."""
         d, cur, now = self.dialect, conn.cursor(), self._clock()
         stmt = d.sequence_values([self._queues[k].sequence or 0 for k in keys])
         assert stmt is not None
         values = [(int(i), int(v)) for i, v in db.rows(cur, stmt)]
         quiet = {i for i, v in values if self._queues[keys[i]].value == v and now < self._queues[keys[i]].recheck}
-        if earlier is None:
-            return values, quiet, set()
-        peeked = earlier + [keys[i] for i, _ in values if i not in quiet]
+        mine = [keys[i] for i, _ in values if i not in quiet]
+        peeked = [] if earlier is None else earlier + mine
         if not peeked:
-            return values, quiet, set()
+            return values, quiet, mine, set()
         stmt = d.tables_written([self._queues[k].table or 0 for k in peeked])
         assert stmt is not None
-        return values, quiet, {peeked[int(j)] for (j,) in db.rows(cur, stmt)}
+        return values, quiet, mine, {peeked[int(j)] for (j,) in db.rows(cur, stmt)}
 
     def _look_up(self, run: Run, queues: Mapping[str, QueueAddress]) -> None:
         now = self._clock()
