@@ -226,6 +226,8 @@ def spark() -> Iterator[object]:
         # a Python worker's connection back to the JVM may take long while three test workers' JVMs,
         # jobs and servers share two cores ("Python worker failed to connect back"; default 15 s)
         .config("spark.python.authenticate.socketTimeout", "60s")
+        # as conf/spark-defaults.conf: the JVM talks to Python processes over Unix sockets (4.1 and later)
+        .config("spark.python.unix.domain.socket.enabled", "true")
         .getOrCreate()
     )
     _spark.remember_jars(session, delta)
