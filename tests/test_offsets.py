@@ -63,7 +63,7 @@ def test_the_newest_shapes_are_written_back_as_they_were() -> None:
 def test_an_offset_over_a_thousand_queues_fits_in_one_spark_buffer() -> None:
     """Spark passes a stream's offset between the JVM and the source's process at every trigger
     through a 64 KB buffer; over TCP a larger message can wait 40 ms for a delayed acknowledgement
-    (`QueueSetOffset`). The offset over 1,000 tenant queues stays well inside it."""
+    (`QueueSetOffset`). The offset over 1,000 tenant queues (about 60 KB) stays inside it."""
     from spark_qtransport.transport.receiving.queueset import QueueSetOffset
 
     # prepared claims' numbers (2**62 and up: 19 digits), claim tables' ids of 7 digits
