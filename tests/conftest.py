@@ -226,7 +226,9 @@ def spark() -> Iterator[object]:
         # a Python worker's connection back to the JVM may take long while three test workers' JVMs,
         # jobs and servers share two cores ("Python worker failed to connect back"; default 15 s)
         .config("spark.python.authenticate.socketTimeout", "60s")
-        # as conf/spark-defaults.conf: the JVM talks to Python processes over Unix sockets (4.1 and later)
+        # the tests' session only (not conf/spark-defaults.conf): Python processes talk to the JVM over
+        # Unix sockets (4.1 and later), which passes rows faster; its BrokenPipeError stacks at a stop
+        # land in pytest's capture, where no test reads them
         .config("spark.python.unix.domain.socket.enabled", "true")
         .getOrCreate()
     )

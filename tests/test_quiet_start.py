@@ -93,3 +93,13 @@ def test_another_line_s_fetch_leaves_the_checkout_s_local_conf_alone() -> None:
     assert local.stat().st_mtime_ns == before
     compat = (ROOT / "tests" / "compat" / "run.py").read_text()
     assert '"fetch-jars", "--jars-only"' in compat
+
+
+def test_the_jobs_keep_sparks_tcp_sockets_to_python() -> None:
+    """The jobs and the demo leave `spark.python.unix.domain.socket.enabled` at Spark's default. Over
+    Unix sockets, an idle Python worker whose socket the JVM closes at `spark.stop()` fails its last
+    flush with EPIPE, and pyspark's daemon prints that `BrokenPipeError` stack to the user in some
+    runs (over TCP such a write lands in the socket's buffer unnoticed). docs/reading.md offers the
+    setting with that caveat."""
+    conf = _spark.read_conf()
+    assert conf.get("spark.python.unix.domain.socket.enabled", "false").lower() != "true"
