@@ -14,7 +14,7 @@ from test_stream import Collect, run_available_now
 
 from backends import Backend, nsb_headers
 from spark_qtransport.dialects import dialect_named
-from spark_qtransport.transport.receiving.admission import TriggerGate, fair_shares
+from spark_qtransport.transport.receiving.admission import TriggerGate, fair_shares, taking_turns
 from spark_qtransport.transport.selection import QueuePattern, split_queue_list
 
 
@@ -45,7 +45,25 @@ def test_fair_shares_never_starve_a_small_queue() -> None:
     assert fair_shares({"a": 0, "b": 0}, 1000) == {"a": 1, "b": 1}  # an estimate may miss a new message
     shares = fair_shares({f"q{i}": 10**6 for i in range(7)}, 1000)
     assert sum(shares.values()) == 1000 and max(shares.values()) - min(shares.values()) <= 1
-    assert sum(fair_shares({f"q{i}": 5 for i in range(20)}, 10).values()) == 20  # at least one each
+    assert sum(fair_shares({f"q{i:02d}": 1 for i in range(20)}, 10).values()) == 20  # at least one each
+
+
+def test_busy_queues_a_batch_cannot_serve_usefully_take_turns() -> None:
+    """1,000 queues of 20 messages and batches of 5,000: 250 queues' 20 a batch, not 1,000 queues' 5;
+    the next batch begins after the last queue served, and wraps round; a batch smaller than a turn
+    moves on to the next queue each time; a queue that wants less than a turn takes what it wants."""
+    assert not taking_turns({f"q{i}": 10**6 for i in range(7)}, 1000)  # 7 x 142: shared as before
+    demand = {f"q{i:03d}": 20 for i in range(1000)}
+    assert taking_turns(demand, 5000)
+    first = fair_shares(demand, 5000)
+    assert list(first) == [f"q{i:03d}" for i in range(250)] and set(first.values()) == {20}
+    assert list(fair_shares(demand, 5000, after="q249"))[:2] == ["q250", "q251"]
+    wrapped = fair_shares(demand, 5000, after="q900")
+    assert list(wrapped)[:100] == [f"q{i:03d}" for i in range(901, 1000)] + ["q000"] and len(wrapped) == 250
+    big = {"a": 1000, "b": 1000, "c": 1000}
+    assert [fair_shares(big, 30, after=k) for k in (None, "a", "b", "c")] == [{"a": 30}, {"b": 30}, {"c": 30}, {"a": 30}]
+    assert fair_shares({"a": 1000, "b": 5, "c": 1000}, 150) == {"a": 100, "b": 5, "c": 45}
+    assert fair_shares({f"q{i:02d}": 5 for i in range(20)}, 10) == {"q00": 5, "q01": 5}
 
 
 def test_trigger_gate_waits_for_min_or_delay() -> None:

@@ -617,6 +617,57 @@ def test_one_busy_queue_among_idle_ones_gets_the_whole_trigger(small: Backend) -
         qs.close()
 
 
+def test_busy_queues_a_batch_cannot_serve_usefully_take_turns(small: Backend) -> None:
+    """30 queues of 10 messages and batches of 50: five queues' 10 messages a batch, in the order of
+    their keys and round again, not every queue's 1 or 2 (each queue's statements cost the server
+    about as much for 10 rows as for 1). A turn whose counts were stale (another consumer took its
+    queues' messages between the count and the claim) passes to the next queues in the same
+    trigger, so a batch is planned while any queue has messages."""
+    be, n = small, 30
+    qs = _tenant_stream(be, "turn", n)
+    queues = [f"turn_{i:02d}.audit" for i in range(n)]
+
+    def fill() -> None:
+        with be.connect(autocommit=False) as conn:
+            for q in queues:
+                for j in range(10):
+                    be.send(q, nsb_headers(f"{q}-{j}-{time.monotonic_ns()}"), b"{}", conn=conn)
+            conn.commit()
+
+    def served(before: list[int]) -> list[int]:
+        """The queues a batch took messages from, by number, and how many from each."""
+        now = [be.count(q) for q in queues]
+        return [before[i] - now[i] for i in range(n)]
+
+    try:
+        end = _idle_triggers(qs, qs.initial_offset(), 1)
+        fill()
+        taken = []
+        for _ in range(6):
+            before = [be.count(q) for q in queues]
+            end = qs.latest(end, 50)
+            qs.committed(end)
+            qs.sessions.background.drain()
+            taken.append(served(before))
+        for b, batch in enumerate(taken):  # batch b took queues 5b .. 5b+4, each whole
+            assert batch == [10 if 5 * b <= i < 5 * b + 5 else 0 for i in range(n)], f"batch {b}: {batch}"
+        assert qs.claimed == 10 * n and qs.latest(end, 50) == end
+
+        # the last batch's 50 messages were all there were (no turns): the next turns begin after
+        # the last queue served in turns, 24
+        fill()
+        assert qs.waiting(end) == 10 * n  # counted: the next turn is queues 25-29
+        with be.connect() as c:  # another consumer empties them before the claim
+            for q in queues[25:]:
+                c.execute(f'DELETE FROM "{q.split(".")[0]}"."audit"')
+        before = [be.count(q) for q in queues]
+        end = qs.latest(end, 50, counted=True)
+        assert served(before) == [10 if i < 5 else 0 for i in range(n)], "the stale turn was not passed on"
+        qs.committed(end)
+    finally:
+        qs.close()
+
+
 def test_a_pattern_is_resolved_again_only_when_the_catalog_changes(small: Backend) -> None:
     """An idle trigger reads the catalog's version, not the pattern's candidates: a queue created,
     renamed away or dropped changes it, and the next trigger resolves the pattern again."""

@@ -233,7 +233,8 @@ REGISTRY: tuple[Option, ...] = (
            cli="--error-queue"),
     Option("maxMessagesPerTrigger", INT, "most messages claimed per micro-batch (Trigger.Once, which reads all, "
            "claims in chunks of this size); over several queues it is shared fairly: a queue wanting less than an "
-           "equal share gets all it wants, the others share the rest", READ_ONLY,
+           "equal share gets all it wants, the others share the rest; busy queues it cannot give 100 each take "
+           "turns of 100", READ_ONLY,
            default=defaults.DEFAULT_MAX_MESSAGES, shown=str(defaults.DEFAULT_MAX_MESSAGES), minimum=1,
            maximum=MAX_MAX_MESSAGES, field="max_messages"),
     Option("minMessagesPerTrigger", INT, "as Kafka's minOffsetsPerTrigger: a micro-batch starts only once this many "

@@ -5,7 +5,7 @@ a `QueueSet`; a one-queue stream is one of one (`QueueSet.single`): its checkpoi
 
 The offset holds one claim position per queue (`QueueSetOffset`). Each batch's rows are shared
 among the queues by max-min fairness over their backlogs (`fair_shares`), so a small queue is
-never starved by a large one. With a pattern the queues are resolved again at each trigger: a
+never starved by a large one; busy queues too many to give each a useful share take turns. With a pattern the queues are resolved again at each trigger: a
 queue that appears joins from its head; one that disappears (dropped, renamed, no longer
 matching) is read to the end of what was claimed from it, then leaves the stream with one log line.
 """
@@ -26,7 +26,7 @@ from ...errors import DatabaseError, OffsetError, QueueNotFoundError
 from .. import session as db
 from ..selection import QueueSelection
 from .acker import Forget, Joined, forget_together
-from .admission import fair_shares
+from .admission import fair_shares, taking_turns
 from .claimer import ClaimOutcome, ClaimRequest
 from .planner import ClaimOffset, ClaimSlice
 from .prepared import all_on_server
@@ -144,6 +144,8 @@ class QueueSet:
         self._gone: set[str] = set()  # queues that left the stream, read to their end
         #: each queue's messages waiting, as `waiting` last counted them (`latest(counted=True)` uses them)
         self._demand: dict[str, int] | None = None
+        #: the last queue a batch served while the busy queues took turns (`fair_shares`)
+        self._turn: str | None = None
         #: each queue's backlog as the last count estimated it, and its claimed total then (`report`)
         self._backlogs: dict[str, tuple[int, int]] = {}
         #: the catalog rows the pattern was last judged on, and the queues it matched, by key
@@ -402,7 +404,12 @@ class QueueSet:
         """Plan the next batch over every queue: each queue's share of `limit` (None: all), the
         held claims of leaving queues; a leaving queue with nothing left leaves the offset.
         Every queue is counted first (`count`: a statement for many queues); a queue with nothing
-        waiting tries no claim. `counted`: `waiting` ran in this trigger; its counts are used."""
+        waiting tries no claim. `counted`: `waiting` ran in this trigger; its counts are used.
+
+        When the busy queues take turns (`fair_shares`: too many to give each a turn's messages) and
+        none of this batch's turns moved its queue on (their counts were stale: another consumer took
+        the messages), the next queues take theirs in the same trigger: a batch is planned while any
+        queue has messages, and an AvailableNow run ends only when none has."""
         starts = dict(start.queues) if start is not None else {}
         if self.single is not None:  # nothing to share: the receiver plans (and counts) itself
             k = self.single
@@ -411,18 +418,47 @@ class QueueSet:
         demand = self._demand if counted and self._demand is not None else self.count(starts, active)
         self._demand = None
         # shared among the queues with something to take: the others plan without a claim (`_plan`)
-        wanting = {k: n for k, n in demand.items() if n > 0}
-        shares = fair_shares(wanting, limit) if limit is not None and len(active) > 1 and wanting else {}
+        wanting = {k: n for k, n in demand.items() if n > 0 and k in active}
+        sharing = limit is not None and len(active) > 1
         ends: dict[str, ClaimOffset] = {}
-        together: dict[str, _Claim] = {}  # the queues whose one claim is made in the shared transaction
         last: list[tuple[Receiver, ClaimOffset]] = []  # an AvailableNow run's last acknowledgements
-        for k, r in active.items():
-            if not demand.get(k, 0) and (begin := starts.get(k)) is not None and r.at_rest(begin):
+        rest = dict(active)
+        while True:
+            shares = fair_shares(wanting, limit, after=self._turn) if limit is not None and sharing and wanting else {}
+            turns = limit is not None and bool(shares) and taking_turns(wanting, limit)  # the others' turns come in later batches
+            if turns:
+                self._turn = list(shares)[-1]  # the next batch's turns begin after it
+            group = {k: rest.pop(k) for k in (list(shares) if turns else list(rest))}
+            self._plan_queues(group, starts, demand, shares, limit, whole, ends, last)
+            if not turns or any(ends.get(k) != starts.get(k) for k in group):
+                break
+            wanting = {k: n for k, n in wanting.items() if k not in group}
+        self._plan_queues(rest, starts, {}, {}, limit, whole, ends, last)  # their turn is not this batch's
+        if last:  # the run ends here: every queue's last batch acknowledged now, in the foreground
+            self._ack_together(last, foreground=True)
+            for r, _ in last:
+                r.run_ended()
+        for k in sorted((starts.keys() | self.receivers.keys()) - active.keys() - (self._gone - starts.keys())):
+            end = self._drain(k, starts.get(k), limit)
+            if end is not None:
+                ends[k] = end
+        return QueueSetOffset(ends)
+
+    def _plan_queues(self, queues: dict[str, Receiver], starts: dict[str, ClaimOffset], demand: dict[str, int],
+                     shares: dict[str, int], limit: int | None, whole: bool, ends: dict[str, ClaimOffset],
+                     last: list[tuple[Receiver, ClaimOffset]]) -> None:
+        """Plan `queues`' batches into `ends` (`latest`): a queue `demand` counts messages in claims its
+        share of `limit` (`shares`; all of `limit` without one), the claims of many in shared transactions
+        (`_claim_together`); the others plan from what they hold, without a claim. An AvailableNow run's
+        last acknowledgements go to `last`."""
+        together: dict[str, _Claim] = {}  # the queues whose one claim is made in the shared transaction
+        for k, r in queues.items():
+            idle = not demand.get(k, 0)
+            if idle and (begin := starts.get(k)) is not None and r.at_rest(begin):
                 ends[k] = begin  # an idle queue with nothing to do (no statement, so no `_vanishing`)
                 continue
-            share = shares.get(k, limit)
-            plan = functools.partial(self._plan, r, self._start_for(k, r, starts), share, whole=whole,
-                                     idle=not demand.get(k, 0), together=functools.partial(together.__setitem__, k),
+            plan = functools.partial(self._plan, r, self._start_for(k, r, starts), shares.get(k, limit), whole=whole,
+                                     idle=idle, together=functools.partial(together.__setitem__, k),
                                      hand=_append_to(last))
             end: ClaimOffset | None = self._vanishing(k, plan, None)
             if end is not None:
@@ -446,15 +482,6 @@ class QueueSet:
                 ends[k] = starts[k]
         if failed is not None:
             raise failed
-        if last:  # the run ends here: every queue's last batch acknowledged now, in the foreground
-            self._ack_together(last, foreground=True)
-            for r, _ in last:
-                r.run_ended()
-        for k in sorted((starts.keys() | self.receivers.keys()) - active.keys() - (self._gone - starts.keys())):
-            end = self._drain(k, starts.get(k), limit)
-            if end is not None:
-                ends[k] = end
-        return QueueSetOffset(ends)
 
     @staticmethod
     def _plan(r: Receiver, start: ClaimOffset, share: int | None, *, whole: bool, idle: bool,
