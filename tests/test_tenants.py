@@ -765,8 +765,9 @@ def test_a_queue_whose_sender_has_not_committed_is_peeked_until_it_has(small: Ba
 
 def test_a_streams_set_ups_ask_what_they_share_once_per_connection(small: Backend) -> None:
     """The set-ups of a stream's queues on its main connection ask the server's version once and
-    check the error queue they all name once; each queue checks its own table and claim table and
-    takes its consumer lock."""
+    check the error queue they all name once; every queue's own table and claim table are read in
+    one statement, and every consumer lock taken in one more (`look_ahead`): the very locks a
+    query of the same endpoint on one of those queues then fails to take."""
     be, n = small, 5
     qs = _tenant_stream(be, "shared", n)
 
@@ -781,9 +782,17 @@ def test_a_streams_set_ups_ask_what_they_share_once_per_connection(small: Backen
         qs.initial_offset()
         # the connection's limit and the server's version (one entry: the same statement to the server)
         assert _calls(be, "%current_setting($1)::int") == 2
-        # a queue's own table and its claim table each; the error queue once
-        assert _calls(be, "SELECT lower(a.attname), format_type%") == 2 * n + 1
-        assert _calls(be, "%pg_try_advisory_lock%") == n
+        # every queue's own table and claim table, and the error queue, in one statement; the locks in one
+        assert _calls(be, "SELECT lower(a.attname), format_type%") == 0
+        assert _calls(be, "%lower(a.attname), pg_catalog.format_type%") == 1
+        assert _calls(be, "%pg_try_advisory_lock%") == 1
+        d = be.dialect
+        with be.connect() as c:  # another session: each queue's lock, as a query of its own asks for it
+            for i in range(n):
+                claims = d.claims_table(d.parse_address(f"shared_{i:02d}.audit"))
+                stmt = d.try_lock_consumer(claims, "audit")
+                taken = c.execute(stmt.sql, stmt.params).fetchone()[0]
+                assert taken is False, f"queue shared_{i:02d}: the stream's consumer lock was not held"
     finally:
         qs.close()
 
@@ -813,7 +822,8 @@ def test_a_streams_first_planning_reads_what_its_queues_hold_together_and_takes_
         assert end.queues['"look_04"."audit"'].claim == 3, "the claims taken over were not planned again"
         warned = [r.getMessage() for r in caplog.records if "takes over" in r.getMessage()]
         assert len(warned) == 1 and 'queue "look_04"."audit"' in warned[0] and "takes over 3 message(s)" in warned[0]
-        assert _calls(be, '%FROM "look_0_"."audit.Claims" WHERE consumer = $_ ORDER BY claim_seq DESC%') == n
+        # what each consumer holds: one statement for the queues of a transaction (`Dialect.max_claims`)
+        assert _calls(be, '%FROM "look_0_"."audit.Claims" WHERE consumer = $_ ORDER BY claim_seq DESC%') == 1
         assert _calls(be, "SELECT consumer, count(*)%") == 1  # only where something is held
         assert _calls(be, 'SELECT max(upto_claim) FROM%') == 1
         assert _calls(be, "BEGIN%") <= 6, "the queues' first reads are not shared"

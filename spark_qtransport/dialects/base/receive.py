@@ -43,6 +43,18 @@ class ReceiveSql(AddressingSql):
     def unlock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
         """Release the lock taken by `try_lock_consumer`."""
 
+    def columns_of(self, tables: Sequence[QueueAddress]) -> Statement | None:
+        """One statement for `queue_columns` of several tables (a stream's set-ups on a new
+        connection): rows of (i, lower-cased column name, type name, `table_id`), i the table's
+        index in `tables`, in each table's column order; none for a table `queue_columns` finds
+        none of. None: the dialect has no such statement, and each set-up asks for its own."""
+        return None
+
+    def try_lock_consumers(self, pairs: Sequence[tuple[QueueAddress, str]]) -> Statement | None:
+        """One statement for `try_lock_consumer` of several (claim table, consumer) pairs: a row
+        (i, taken) per pair, the very lock `try_lock_consumer` takes. None: each set-up takes its own."""
+        return None
+
     @abstractmethod
     def peek(self, queue: QueueAddress, *, after: int, upto: int | None) -> Statement:
         """One row, one column: the lowest unlocked queue sequence > after (and <= upto), or NULL.
@@ -179,6 +191,11 @@ class ReceiveSql(AddressingSql):
     @abstractmethod
     def max_claim(self, claims: QueueAddress, consumer: str) -> Statement:
         """One row: (max claim sequence or NULL, min claim sequence or NULL) for the consumer."""
+
+    def max_claims(self, pairs: Sequence[tuple[QueueAddress, str]]) -> Statement | None:
+        """One statement for `max_claim` of several (claim table, consumer) pairs: a row (i, max,
+        min) per pair, i its index in `pairs`. None: each queue asks alone."""
+        return None
 
     @abstractmethod
     def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:

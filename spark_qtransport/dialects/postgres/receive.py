@@ -106,13 +106,37 @@ class PostgresReceive(PostgresAddressing, ReceiveSql):
             params,
         )
 
-    def _lock_key(self, claims: QueueAddress, consumer: str) -> tuple[str, dict[str, Any]]:
+    def columns_of(self, tables: Sequence[QueueAddress]) -> Statement:
+        # `queue_columns` and `table_id` of each table, by the same to_regclass of the same text
+        return Statement(
+            "SELECT t.i - 1, lower(a.attname), pg_catalog.format_type(a.atttypid, a.atttypmod), c.oid::text"
+            " FROM pg_catalog.unnest(%(names)s::text[]) WITH ORDINALITY AS t(name, i)"
+            " JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(t.name) AND c.relkind IN ('r', 'p')"
+            " JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            " ORDER BY t.i, a.attnum",
+            {"names": [self.qualified(t) for t in tables]},
+        )
+
+    @staticmethod
+    def _lock_key_of(regclass: str, consumer: str) -> str:
         # Keyed by the claim table's oid, not by its spelling: `Sales`, `public.Sales` and
         # `"public"."Sales"` are one table, so one lock. The oid is digits, so the text
-        # "sqlqueue consumer <oid> <consumer>" cannot be read two ways.
+        # "sqlqueue consumer <oid> <consumer>" cannot be read two ways. The one key of
+        # `try_lock_consumer`, `try_lock_consumers` and `unlock_consumer`.
+        return f"pg_catalog.hashtextextended('sqlqueue consumer ' || {regclass}::oid::text || ' ' || {consumer}, 0)"
+
+    def _lock_key(self, claims: QueueAddress, consumer: str) -> tuple[str, dict[str, Any]]:
         expr, params = self._regclass(claims)
-        key = f"pg_catalog.hashtextextended('sqlqueue consumer ' || {expr}::oid::text || ' ' || %(consumer)s, 0)"
-        return key, {**params, "consumer": consumer}
+        return self._lock_key_of(expr, "%(consumer)s"), {**params, "consumer": consumer}
+
+    def try_lock_consumers(self, pairs: Sequence[tuple[QueueAddress, str]]) -> Statement:
+        key = self._lock_key_of("pg_catalog.to_regclass(t.name)", "t.consumer")
+        return Statement(
+            f"SELECT t.i - 1, pg_catalog.pg_try_advisory_lock({key})"
+            " FROM ROWS FROM (pg_catalog.unnest(%(names)s::text[]), pg_catalog.unnest(%(consumers)s::text[]))"
+            " WITH ORDINALITY AS t(name, consumer, i)",
+            {"names": [self.qualified(c) for c, _ in pairs], "consumers": [consumer for _, consumer in pairs]},
+        )
 
     def try_lock_consumer(self, claims: QueueAddress, consumer: str) -> Statement:
         key, params = self._lock_key(claims, consumer)
@@ -475,6 +499,16 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
             f" (SELECT claim_seq FROM {c} WHERE consumer = %(consumer)s ORDER BY claim_seq LIMIT 1)",
             {"consumer": consumer},
         )
+
+    def max_claims(self, pairs: Sequence[tuple[QueueAddress, str]]) -> Statement:
+        # `max_claim`'s two index probes a pair, one UNION ALL branch a pair
+        branches, params = [], {}
+        for i, (claims, consumer) in enumerate(pairs):
+            c, name = self.qualified(claims), f"consumer{int(i)}"
+            branches.append(f"SELECT {int(i)}, (SELECT claim_seq FROM {c} WHERE consumer = %({name})s ORDER BY claim_seq"
+                            f" DESC LIMIT 1), (SELECT claim_seq FROM {c} WHERE consumer = %({name})s ORDER BY claim_seq LIMIT 1)")
+            params[name] = consumer
+        return Statement(" UNION ALL ".join(branches), params)
 
     def nth_claim(self, claims: QueueAddress, consumer: str, *, after: int, n: int) -> Statement:
         return Statement(

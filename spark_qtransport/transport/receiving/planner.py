@@ -247,12 +247,15 @@ class Planner:
         """Whether `held_max` knows what is held without a statement."""
         return self._held_seen is not None and self._held_seen == self._claimer.generations()
 
-    def read_held_in(self, conn: Connection, *, server: list[Prepared] | None = None) -> None:
+    def read_held_in(self, conn: Connection, *, server: list[Prepared] | None = None,
+                     bounds: tuple[Any, Any] | None = None) -> None:
         """What this consumer holds, read from the server in the caller's transaction: claim-table
         claims and prepared ones (`held_max`; `Receiver.first_look`, many queues' in one). The
-        server's prepared transactions from `server` if given (`prepared.all_on_server`)."""
+        server's prepared transactions from `server` if given (`prepared.all_on_server`); the claim
+        table's (max, min) from `bounds` if given (`Dialect.max_claims`, read in that transaction)."""
         d, cur = self.endpoint.dialect, conn.cursor()
-        high, low = db.one(cur, d.max_claim(self.endpoint.claims, self.endpoint.options.consumer))
+        high, low = bounds if bounds is not None else db.one(cur, d.max_claim(self.endpoint.claims,
+                                                                             self.endpoint.options.consumer))
         self.ledger.replace_table(None if high is None else (int(low), int(high)))
         table = self._table()
         if self.endpoint.mode.possible and table:  # (no claim table known yet: no claim of this run either)

@@ -267,8 +267,8 @@ class QueueSet:
         return self.receiver(self.single)
 
     def initial_offset(self) -> QueueSetOffset:
-        return QueueSetOffset({k: self.receiver(k, a, draining=False).initial_offset()
-                               for k, a in sorted(self.current().items())})
+        active = self._active()
+        return QueueSetOffset({k: active[k].initial_offset() for k in sorted(active)})
 
     def prepare_available_now(self) -> None:
         now = self.current()
@@ -280,7 +280,7 @@ class QueueSet:
         """Spark 4.0/4.1, the first batch of a run: every queue's held claims and waiting messages
         (`Receiver.first_batch`); no shares, as that batch takes all."""
         ends: dict[str, ClaimOffset] = {}
-        active = {k: self.receiver(k, a, draining=False) for k, a in sorted(self.current().items())}
+        active = dict(sorted(self._active().items()))
         self._look_first({}, active, takeover=fresh)
         for k, r in active.items():
             end = self._vanishing(k, functools.partial(r.first_batch, fresh=fresh), None)
@@ -297,7 +297,12 @@ class QueueSet:
         return sum(self._demand.values())
 
     def _active(self) -> dict[str, Receiver]:
-        return {k: self.receiver(k, a, draining=False) for k, a in self.current().items()}
+        """The receivers of the queues the stream reads now; those not yet set up on the main
+        connection read what their set-ups ask in a few statements first (`look_ahead`)."""
+        active = {k: self.receiver(k, a, draining=False) for k, a in self.current().items()}
+        if len(active) > 1:
+            self.sessions.set_up_together([r.set_up for r in active.values()])
+        return active
 
     def count(self, starts: dict[str, ClaimOffset], active: dict[str, Receiver]) -> dict[str, int]:
         """Each queue's messages a batch planned now could take: its claims held beyond its start
@@ -354,9 +359,13 @@ class QueueSet:
         def look(conn: Connection, part: list[str]) -> None:
             possible = any(due[k][0].endpoint.mode.possible for k in part)
             server = all_on_server(self.dialect, conn.cursor()) if possible else None
+            bounds: dict[str, tuple[Any, Any]] = {}
+            both = self.dialect.max_claims([(due[k][0].claims, due[k][0].options.consumer) for k in part])
+            if both is not None:  # every queue's held claims in one statement
+                bounds = {part[int(i)]: (high, low) for i, high, low in db.rows(conn.cursor(), both)}
             for k in part:
                 r, takeover = due[k]
-                r.first_look(conn, takeover=takeover, server=server)
+                r.first_look(conn, takeover=takeover, server=server, bounds=bounds.get(k))
 
         self._in_parts(sorted(due), look, doing="reading the claims held in", alone="reads")
 

@@ -330,22 +330,24 @@ class Receiver:
         return (not self._takeover_checked and start is not None
                 and self.planner.start_after(start, self.table_id) == 0)
 
-    def first_look(self, conn: Connection, *, takeover: bool, server: list[Prepared] | None = None) -> None:
+    def first_look(self, conn: Connection, *, takeover: bool, server: list[Prepared] | None = None,
+                   bounds: tuple[Any, Any] | None = None) -> None:
         """In the caller's transaction (`QueueSet`: many queues' first looks in one): what this
         consumer holds (`Planner.read_held_in`) and, with `takeover`, what the takeover check reads
         (the settled batches' highest claim, the claim table's consumers). `_warn_of_takeover`
         uses it instead of a transaction of its own. `server`: the server's prepared transactions,
-        read once for many queues (`prepared.all_on_server`)."""
+        read once for many queues (`prepared.all_on_server`); `bounds`: this consumer's claims'
+        (max, min), read in one statement for many queues (`Dialect.max_claims`)."""
         if takeover:
-            self._look = self._takeover_look(conn, settled_too=True, server=server)
+            self._look = self._takeover_look(conn, settled_too=True, server=server, bounds=bounds)
         else:
-            self.planner.read_held_in(conn, server=server)
+            self.planner.read_held_in(conn, server=server, bounds=bounds)
 
-    def _takeover_look(self, conn: Connection, *, settled_too: bool,
-                       server: list[Prepared] | None = None) -> _TakeoverLook:
+    def _takeover_look(self, conn: Connection, *, settled_too: bool, server: list[Prepared] | None = None,
+                       bounds: tuple[Any, Any] | None = None) -> _TakeoverLook:
         # what this consumer holds first: holding nothing (a start's usual case), it has nothing to
         # take over or acknowledge, and the other two statements are not needed
-        self.planner.read_held_in(conn, server=server)
+        self.planner.read_held_in(conn, server=server, bounds=bounds)
         if self.planner.ledger.highest() is None:
             return _TakeoverLook(0, [])
         cur = conn.cursor()

@@ -28,7 +28,7 @@ from .. import session as db
 from ..platform.monitoring import ReportSession
 from ..session import Session
 from .background import Background
-from .setup import ConnectionFacts, PreparedSlots
+from .setup import ConnectionFacts, PreparedSlots, look_ahead
 from .warden import Warden
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class SetUps:
 
     def __call__(self, conn: Connection) -> None:
         several = len(self._set_ups) > 1
+        look_ahead(conn, list(self._set_ups.values()))
         for set_up in list(self._set_ups.values()):
             try:
                 set_up(conn)
@@ -111,6 +112,15 @@ class StreamSessions:
         """A queue's set-up runs on every new main connection from now on."""
         set_up.slots, set_up.facts = self.slots, self.facts
         self.set_ups.add(set_up)
+
+    def set_up_together(self, set_ups: list[EndpointSetUp]) -> None:
+        """Before queues that joined the stream run their set-ups on the open main connection (its
+        first planning: each queue's `ensure`), read what they will ask in a few statements
+        (`look_ahead`). Opening the connection here runs every set-up (`SetUps`) instead."""
+        current = self.main.current
+        if current is not None and sum(s.conn is not current for s in set_ups) < 2:
+            return
+        self.main.run(lambda conn: look_ahead(conn, set_ups), "setting up the queues of a stream")
 
     def leave(self, set_up: EndpointSetUp) -> None:
         """A queue leaves the stream: its consumer lock is released, the connection stays."""
