@@ -1,6 +1,6 @@
-"""How long a stream over many existing tenant queues takes to start, without Spark.
+"""How long a stream over many existing tenant queues takes to start, without Spark and through it.
 
-    python bench/start.py [--tenants 1000] [--claim-mode table|prepared] [--repeat 3]
+    python bench/start.py [--tenants 1000] [--claim-mode table|prepared] [--repeat 3] [--spark]
 
 N schemas "t_NNNN" with NServiceBus's queue table "audit" each, and an "error" queue; then a stream
 over them by pattern (`queuePattern "t_*"."audit"`, a `QueueSet` driven as Spark's driver drives it):
@@ -10,6 +10,15 @@ trigger after the server ended the stream's sessions (a reconnect: every queue's
 lock again on the new connection). The
 first stream creates the claim tables (a first start ever); the next ones find them (a restart). The
 database's side as pg_stat_statements counts it: transactions and statements of the first planning.
+
+With --spark the same stream runs through Spark (`local[2]`, conf/spark-defaults.conf, a noop sink,
+Spark's default trigger) and what a user waits for is timed: from `start()` until the batch that
+receives one message put in a queue before (a start: Spark's query set-up, the source's Python
+process and its first offset and planning, the batch itself), with the first trigger's parts as
+Spark reports them; then, with the stream idle, the server ends the stream's sessions and one more
+message is put in a queue, and the time until its batch ends is a reconnect (the next trigger sets
+every queue up again on new connections). The first query starts on a new checkpoint (claim tables
+created); each next one restarts from that checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import NSB_QUEUE_DDL, arguments  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
+
+from _common import NSB_QUEUE_DDL, arguments, nsb_headers  # noqa: E402
 
 
 def stream(url: str, mode: str):  # type: ignore[no-untyped-def]
@@ -86,11 +97,78 @@ def once(url: str, mode: str) -> dict[str, float]:
         qs.close()
 
 
+def put(url: str, queue: str) -> None:
+    """One message with NServiceBus's headers in `queue` (a schema-qualified name, quoted)."""
+    import uuid
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        message_id = str(uuid.uuid4())
+        c.execute(f"INSERT INTO {queue} (id, headers, body) VALUES (%s, %s, %s)",
+                  (message_id, nsb_headers(message_id), b"{}"))
+
+
+def received(query, rows: int, timeout: float = 120.0) -> dict:  # type: ignore[no-untyped-def]
+    """Wait until `query` has received `rows` rows in all; the progress of the batch that got there."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        got = 0
+        for progress in query.recentProgress:
+            got += progress["numInputRows"]
+            if got >= rows:
+                return progress
+        if query.exception() is not None:
+            raise RuntimeError(f"the query failed: {query.exception()}")
+        time.sleep(0.005)
+    raise TimeoutError(f"{rows} row(s) not received in {timeout:.0f} s")
+
+
+def through_spark(url: str, mode: str, tenants: int, repeat: int) -> list[dict[str, float]]:
+    import shutil
+    import tempfile
+
+    from _spark import session
+
+    spark = session("sqlqueue-start")
+    ckpt = tempfile.mkdtemp(prefix="bench-start-")
+    runs = []
+    try:
+        for i in range(1 + repeat):
+            df = (spark.readStream.format("sqlqueue").option("url", url).option("queuePattern", '"t_*"."audit"')
+                  .option("errorQueue", "error").option("claimMode", mode).load())
+            put(url, f'"t_{(2 * i) % tenants:04d}"."audit"')
+            t0 = time.perf_counter()
+            query = df.writeStream.format("noop").option("checkpointLocation", ckpt).start()
+            try:
+                first = received(query, 1)
+                start = time.perf_counter() - t0
+                parts = first["durationMs"]
+                time.sleep(1.0)  # idle triggers
+                terminate(url)
+                put(url, f'"t_{(2 * i + 1) % tenants:04d}"."audit"')
+                t1 = time.perf_counter()
+                received(query, 2)
+                reconnect = time.perf_counter() - t1
+            finally:
+                query.stop()
+            runs.append({"start s": start, "its latestOffset s": parts.get("latestOffset", 0) / 1000,
+                         "its queryPlanning s": parts.get("queryPlanning", 0) / 1000,
+                         "its trigger s": parts.get("triggerExecution", 0) / 1000, "reconnect s": reconnect})
+            print(f"  {'first start' if i == 0 else f'restart {i}'}: start {start:.2f} s, reconnect {reconnect:.2f} s",
+                  flush=True)
+    finally:
+        spark.stop()
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return runs
+
+
 def main() -> int:
     ap = arguments(__doc__)
     ap.add_argument("--tenants", type=int, default=1000)
     ap.add_argument("--claim-mode", choices=["table", "prepared"], default="table")
     ap.add_argument("--repeat", type=int, default=3, help="restarts measured after the first start (default 3)")
+    ap.add_argument("--spark", action="store_true", help="through Spark: a query's start and a reconnect")
     args = ap.parse_args()
     import psycopg
 
@@ -105,8 +183,11 @@ def main() -> int:
                     c.execute(NSB_QUEUE_DDL.format(f't_{i:04d}"."audit'))
                 c.execute(NSB_QUEUE_DDL.format("error"))
         print(f"PostgreSQL: embedded, fsync on; {args.tenants:,} tenant queues (NServiceBus's DDL), "
-              f"claimMode {args.claim_mode}; no Spark\n")
-        runs = [once(pg.url, args.claim_mode) for _ in range(1 + args.repeat)]
+              f"claimMode {args.claim_mode}; " + ("through Spark" if args.spark else "no Spark") + "\n", flush=True)
+        if args.spark:
+            runs = through_spark(pg.url, args.claim_mode, args.tenants, args.repeat)
+        else:
+            runs = [once(pg.url, args.claim_mode) for _ in range(1 + args.repeat)]
     keys = list(runs[0])
     print("| | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
