@@ -5,9 +5,10 @@ a `QueueSet`; a one-queue stream is one of one (`QueueSet.single`): its checkpoi
 
 The offset holds one claim position per queue (`QueueSetOffset`). Each batch's rows are shared
 among the queues by max-min fairness over their backlogs (`fair_shares`), so a small queue is
-never starved by a large one; busy queues too many to give each a useful share take turns. With a pattern the queues are resolved again at each trigger: a
-queue that appears joins from its head; one that disappears (dropped, renamed, no longer
-matching) is read to the end of what was claimed from it, then leaves the stream with one log line.
+never starved by a large one; busy queues too many to give each a useful share take turns. With a
+pattern the queues are resolved again at each trigger: a queue that appears joins from its head;
+one that disappears (dropped, renamed, no longer matching) is read to the end of what was claimed
+from it, then leaves the stream with one log line.
 """
 
 from __future__ import annotations
@@ -434,7 +435,8 @@ class QueueSet:
         rest = dict(active)
         while True:
             shares = fair_shares(wanting, limit, after=self._turn) if limit is not None and sharing and wanting else {}
-            turns = limit is not None and bool(shares) and taking_turns(wanting, limit)  # the others' turns come in later batches
+            # taking turns: the queues not in `shares` have theirs in later batches
+            turns = limit is not None and bool(shares) and taking_turns(wanting, limit)
             if turns:
                 self._turn = list(shares)[-1]  # the next batch's turns begin after it
             group = {k: rest.pop(k) for k in (list(shares) if turns else list(rest))}
