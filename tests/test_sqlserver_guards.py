@@ -55,8 +55,12 @@ def every_statement() -> dict[str, list[Statement]]:
         "tables_written": D.tables_written([1]),
         # no catalog version: a pattern is matched at every trigger
         "catalog_version": D.catalog_version(),
+        # each queue's set-up and held claims asked alone (`look_ahead`, `_look_first`): no statement for many
+        "columns_of": D.columns_of([q]), "try_lock_consumers": D.try_lock_consumers([(c, "Sales")]),
+        "max_claims": D.max_claims([(c, "Sales")]),
     }
     assert optional["batches_forget_many"] is None
+    assert optional["columns_of"] is optional["try_lock_consumers"] is optional["max_claims"] is None
     assert optional["sequences_of"] is optional["sequence_values"] is optional["tables_written"] is None
     assert optional["catalog_version"] is None
     assert D.read_transaction(one_snapshot=False) == []  # one snapshot only for prepared claims (none here)
