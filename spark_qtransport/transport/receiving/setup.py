@@ -102,7 +102,7 @@ class ConnectionFacts:
         return self
 
     def forget(self, qualified: str) -> None:
-        """A table created (or dropped) on this connection: its columns and id are read again."""
+        """A table's columns and id are read again when next asked for (a queue's set-up has run)."""
         self.columns.pop(qualified, None)
         self.ids.pop(qualified, None)
 
@@ -188,6 +188,13 @@ class EndpointSetUp:
         """Check the queues, create our claim table, take the consumer lock (once per connection),
         in one transaction (and one more where DDL ran)."""
         cur, facts = conn.cursor(), self.facts.on(conn)
+        try:
+            self._set_up(conn, cur, facts)
+        finally:  # what `look_ahead` read for this queue serves this set-up only: a later one asks afresh
+            for table in (self.endpoint.options.queue, self.endpoint.claims):
+                facts.forget(self.endpoint.dialect.qualified(table))
+
+    def _set_up(self, conn: Connection, cur: Cursor, facts: ConnectionFacts) -> None:
         self._check_server(cur, facts)
         o = self.endpoint.options
         d, claims = self.endpoint.dialect, self.endpoint.claims
@@ -265,7 +272,6 @@ class EndpointSetUp:
             db.warn_about_name(d, address)
             db.install(d, cur, d.create_queue(address))
             conn.commit()
-            self.facts.forget(d.qualified(address))
             cols = db.columns(cur, d.queue_columns(address))
         text = d.format_address(address)
         if not cols:
@@ -287,7 +293,6 @@ class EndpointSetUp:
         if ddl:
             db.install(d, cur, ddl)
             conn.commit()
-            self.facts.forget(d.qualified(claims))
 
     def _columns(self, cur: Cursor, table: QueueAddress) -> dict[str, str]:
         """`table`'s columns (`Dialect.queue_columns`), as `look_ahead` read them on this connection
